@@ -1,1 +1,12 @@
-"""placeholder"""
+"""minidl: a small define-by-run deep-learning library on NumPy or CuPy (no MPI in here).
+
+    from minidl import Tensor, nn, functional as F, optim
+"""
+from minidl import backend, functional, models, nn, optim
+from minidl.backend import get_backend, set_backend
+from minidl.flat import FlatParameters, flatten
+from minidl.gradcheck import gradcheck
+from minidl.tensor import Parameter, Tensor, no_grad
+
+__all__ = ["Tensor", "Parameter", "no_grad", "gradcheck", "FlatParameters", "flatten",
+           "backend", "functional", "models", "nn", "optim", "get_backend", "set_backend"]

@@ -1,0 +1,67 @@
+"""One flat buffer: a model's parameters (and gradients) as views into one contiguous vector.
+
+Distributed algorithms move parameters and gradients as one vector: a data-parallel step is
+one allreduce on ``flat.grad``, a parameter-server shard is a slice ``flat.data[start:stop]``,
+and an optimizer can update everything at once through ``flat.as_parameter()``. Layers keep
+their shaped arrays, which after flattening are *views* into the vectors:
+
+    flat = FlatParameters(model.parameters())
+    model.weight.data is a view of flat.data[0:k]    (reshaped)
+    model.weight.grad is a view of flat.grad[0:k]
+
+Views survive only in-place updates (``data[...] = ``, ``-=``, ``+=``); every optimizer,
+``zero_grad`` and ``load_state_dict`` in minidl updates in place. ``in_sync()`` checks it.
+"""
+from minidl import backend
+from minidl.tensor import Parameter
+
+
+class FlatParameters:
+    def __init__(self, parameters):
+        self.parameters = list(parameters)
+        if not self.parameters:
+            raise ValueError("FlatParameters: no parameters given")
+        dtypes = {str(parameter.dtype) for parameter in self.parameters}
+        if len(dtypes) != 1:
+            raise TypeError(f"FlatParameters: all parameters must share one dtype, got {sorted(dtypes)}")
+        if len({id(parameter) for parameter in self.parameters}) != len(self.parameters):
+            raise ValueError("FlatParameters: a parameter appears twice")
+        xp = backend.xp()
+        total = sum(parameter.size for parameter in self.parameters)
+        self.data = xp.empty(total, dtype=self.parameters[0].dtype)
+        self.grad = xp.zeros(total, dtype=self.parameters[0].dtype)
+        self.offsets = []
+        start = 0
+        for parameter in self.parameters:
+            stop = start + parameter.size
+            self.data[start:stop] = parameter.data.reshape(-1)
+            if parameter.grad is not None:
+                self.grad[start:stop] = parameter.grad.reshape(-1)
+            parameter.data = self.data[start:stop].reshape(parameter.shape)
+            parameter.grad = self.grad[start:stop].reshape(parameter.shape)
+            self.offsets.append((start, stop))
+            start = stop
+
+    @property
+    def size(self):
+        return self.data.size
+
+    def as_parameter(self):
+        """A single Parameter whose data and grad are the flat vectors (for optimizers)."""
+        whole = Parameter(self.data)
+        whole.grad = self.grad
+        return whole
+
+    def zero_grad(self):
+        self.grad[...] = 0
+
+    def in_sync(self):
+        """True if every parameter's data and grad still share memory with the flat vectors."""
+        xp = backend.get_array_module(self.data)
+        return all(xp.shares_memory(parameter.data, self.data) and xp.shares_memory(parameter.grad, self.grad)
+                   for parameter in self.parameters)
+
+
+def flatten(model):
+    """Flatten ``model``'s parameters in place; returns the ``FlatParameters``."""
+    return FlatParameters(model.parameters())

@@ -1,0 +1,53 @@
+"""The models every algorithm trains: an MLP and a small CNN for the 8x8 digits, LeNet-5 for 28x28.
+
+All take images (N, 1, H, W) and return logits (N, 10); all are seeded by ``rng``.
+"""
+from minidl.nn import Conv2d, Flatten, Linear, MaxPool2d, ReLU, Sequential
+
+
+def mlp(rng, in_features=64, hidden=(128, 64), classes=10):
+    """Flatten -> [Linear -> ReLU] x len(hidden) -> Linear."""
+    layers, width = [Flatten()], in_features
+    for size in hidden:
+        layers += [Linear(width, size, rng=rng), ReLU()]
+        width = size
+    layers.append(Linear(width, classes, rng=rng, init="glorot"))
+    return Sequential(*layers)
+
+
+def small_cnn(rng, classes=10):
+    """For 8x8 digits: conv 3x3 (16) -> pool -> conv 3x3 (32) -> pool -> 32*2*2 -> 10.
+
+        (N, 1, 8, 8) -> (N, 16, 8, 8) -> (N, 16, 4, 4) -> (N, 32, 4, 4) -> (N, 32, 2, 2) -> (N, 10)
+    """
+    return Sequential(
+        Conv2d(1, 16, 3, padding=1, rng=rng), ReLU(), MaxPool2d(2),
+        Conv2d(16, 32, 3, padding=1, rng=rng), ReLU(), MaxPool2d(2),
+        Flatten(), Linear(32 * 2 * 2, classes, rng=rng, init="glorot"),
+    )
+
+
+def lenet5(rng, classes=10):
+    """LeNet-5 (LeCun et al. 1998) with ReLU and max pooling, for 28x28 inputs:
+
+        (N, 1, 28, 28) -conv5 pad2-> (N, 6, 28, 28) -pool-> (N, 6, 14, 14) -conv5-> (N, 16, 10, 10)
+        -pool-> (N, 16, 5, 5) -> 400 -> 120 -> 84 -> 10
+    """
+    return Sequential(
+        Conv2d(1, 6, 5, padding=2, rng=rng), ReLU(), MaxPool2d(2),
+        Conv2d(6, 16, 5, rng=rng), ReLU(), MaxPool2d(2),
+        Flatten(),
+        Linear(400, 120, rng=rng), ReLU(),
+        Linear(120, 84, rng=rng), ReLU(),
+        Linear(84, 10 if classes is None else classes, rng=rng, init="glorot"),
+    )
+
+
+MODELS = {"mlp": mlp, "cnn": small_cnn, "lenet5": lenet5}
+
+
+def build(name, rng):
+    """The model called ``name`` ('mlp', 'cnn' or 'lenet5')."""
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}")
+    return MODELS[name](rng)

@@ -1,0 +1,92 @@
+"""Max and average pooling over k x k windows, written as a loop over the k*k window offsets.
+
+    out[n, c, ho, wo] = max (or mean) over i, j < k of x_pad[n, c, ho*stride + i, wo*stride + j]
+    Ho = (H + 2 padding - k) // stride + 1
+
+Max pooling takes ``maximum`` over k*k strided slices of the input (no reshape-and-reduce, no
+index arrays); its backward sends each output gradient to the *first* window position (in
+row-major offset order) that holds the maximum, so ties are not counted twice. Max pooling pads
+with -inf, average pooling with zeros (the zeros count in the mean).
+"""
+from minidl.backend import get_array_module
+
+
+def _check(x_shape, kernel_size, stride, padding, name):
+    if len(x_shape) != 4:
+        raise ValueError(f"{name}: input must be (N, C, H, W), got shape {tuple(x_shape)}")
+    if kernel_size < 1 or stride < 1 or padding < 0:
+        raise ValueError(f"{name}: need kernel_size >= 1, stride >= 1, padding >= 0; "
+                         f"got {kernel_size}, {stride}, {padding}")
+    if 2 * padding > kernel_size:
+        raise ValueError(f"{name}: padding {padding} is more than half the kernel size {kernel_size}")
+    h, w = x_shape[2] + 2 * padding, x_shape[3] + 2 * padding
+    if kernel_size > h or kernel_size > w:
+        raise ValueError(f"{name}: kernel {kernel_size} is larger than the padded input ({h}, {w}) "
+                         f"of input shape {tuple(x_shape)}")
+    return (h - kernel_size) // stride + 1, (w - kernel_size) // stride + 1
+
+
+def _pad(x, padding, value):
+    if padding == 0:
+        return x
+    xp = get_array_module(x)
+    n, c, h, w = x.shape
+    out = xp.full((n, c, h + 2 * padding, w + 2 * padding), value, dtype=x.dtype)
+    out[:, :, padding:padding + h, padding:padding + w] = x
+    return out
+
+
+def _window(x_pad, i, j, stride, out_h, out_w):
+    return x_pad[:, :, i:i + stride * (out_h - 1) + 1:stride, j:j + stride * (out_w - 1) + 1:stride]
+
+
+def max_pool_forward(x, kernel_size, stride, padding):
+    xp = get_array_module(x)
+    out_h, out_w = _check(x.shape, kernel_size, stride, padding, "max_pool2d")
+    x_pad = _pad(x, padding, -xp.inf)
+    out = _window(x_pad, 0, 0, stride, out_h, out_w).copy()
+    for i in range(kernel_size):
+        for j in range(kernel_size):
+            xp.maximum(out, _window(x_pad, i, j, stride, out_h, out_w), out=out)
+    cache = {"x_pad": x_pad, "out": out, "x_shape": x.shape, "kernel_size": kernel_size,
+             "stride": stride, "padding": padding}
+    return out, cache
+
+
+def max_pool_backward(grad_out, cache):
+    xp = get_array_module(grad_out)
+    x_pad, out, k, stride, padding = (cache["x_pad"], cache["out"], cache["kernel_size"],
+                                      cache["stride"], cache["padding"])
+    out_h, out_w = out.shape[2:]
+    grad_x_pad = xp.zeros(x_pad.shape, dtype=grad_out.dtype)
+    taken = xp.zeros(out.shape, dtype=bool)          # outputs whose maximum was already routed
+    for i in range(k):
+        for j in range(k):
+            hit = (_window(x_pad, i, j, stride, out_h, out_w) == out) & ~taken
+            _window(grad_x_pad, i, j, stride, out_h, out_w)[...] += grad_out * hit
+            taken |= hit
+    h, w = cache["x_shape"][2:]
+    return grad_x_pad[:, :, padding:padding + h, padding:padding + w]
+
+
+def avg_pool_forward(x, kernel_size, stride, padding):
+    out_h, out_w = _check(x.shape, kernel_size, stride, padding, "avg_pool2d")
+    x_pad = _pad(x, padding, 0)
+    out = _window(x_pad, 0, 0, stride, out_h, out_w).copy()
+    for i in range(kernel_size):
+        for j in range(kernel_size):
+            if i or j:
+                out += _window(x_pad, i, j, stride, out_h, out_w)
+    return out / (kernel_size * kernel_size)
+
+
+def avg_pool_backward(grad_out, x_shape, kernel_size, stride, padding):
+    xp = get_array_module(grad_out)
+    n, c, h, w = x_shape
+    out_h, out_w = grad_out.shape[2:]
+    grad_x_pad = xp.zeros((n, c, h + 2 * padding, w + 2 * padding), dtype=grad_out.dtype)
+    share = grad_out / (kernel_size * kernel_size)
+    for i in range(kernel_size):
+        for j in range(kernel_size):
+            _window(grad_x_pad, i, j, stride, out_h, out_w)[...] += share
+    return grad_x_pad[:, :, padding:padding + h, padding:padding + w]

@@ -1,0 +1,160 @@
+"""A define-by-run autograd: ``Tensor`` records how it was made, ``backward()`` runs the chain rule.
+
+Every operation in ``minidl.functional`` computes its result and, when gradients are wanted,
+stores a small ``backward`` closure beside it: given the gradient of the final scalar with
+respect to the result, it returns the gradients with respect to each input. ``backward()``
+visits the recorded graph in reverse topological order and adds up those gradients.
+
+    x = Tensor(xp.ones((2, 3)), requires_grad=True)
+    loss = (x * x).sum()
+    loss.backward()          # x.grad == 2 * x.data
+
+Gradients accumulate: a leaf's ``grad`` is *added to* (in place) by every ``backward()``, until
+``zero_grad()``. In-place accumulation matters here: a model's ``grad`` arrays can be views into
+one flat gradient vector (``minidl.flat``), and an in-place add keeps them views.
+"""
+import contextlib
+
+from minidl import backend
+
+_grad_enabled = True
+
+
+@contextlib.contextmanager
+def no_grad():
+    """Inside this block operations record no graph (evaluation, optimizer updates)."""
+    global _grad_enabled
+    previous, _grad_enabled = _grad_enabled, False
+    try:
+        yield
+    finally:
+        _grad_enabled = previous
+
+
+def is_grad_enabled():
+    return _grad_enabled
+
+
+_FLOAT_KINDS = "f"
+
+
+class Tensor:
+    """An array (``data``, NumPy or CuPy) with an optional gradient (``grad``, same shape)."""
+
+    def __init__(self, data, requires_grad=False):
+        if isinstance(data, Tensor):
+            raise TypeError("Tensor(data): data is already a Tensor; use tensor.data or tensor.detach()")
+        xp = backend.xp()
+        if not hasattr(data, "dtype") or backend.get_array_module(data) is not xp:
+            data = xp.asarray(data)
+            if data.dtype.kind in "iub":              # python numbers: default float32
+                data = data.astype(xp.float32)
+        if data.dtype.kind not in _FLOAT_KINDS:
+            raise TypeError(f"Tensor needs a floating-point array, got dtype {data.dtype} "
+                            "(labels and indices stay plain integer arrays)")
+        self.data = data
+        self.grad = None
+        self.requires_grad = bool(requires_grad)
+        self._parents = ()
+        self._backward = None
+        self.op = ""
+
+    # ---- array-like facts -------------------------------------------------------------
+    shape = property(lambda self: self.data.shape)
+    dtype = property(lambda self: self.data.dtype)
+    ndim = property(lambda self: self.data.ndim)
+    size = property(lambda self: self.data.size)
+
+    def __len__(self):
+        return len(self.data)
+
+    def __repr__(self):
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        return f"Tensor(shape={self.shape}, dtype={self.dtype}{grad}{', op=' + self.op if self.op else ''})"
+
+    def item(self):
+        return self.data.item()
+
+    def numpy(self):
+        return backend.to_numpy(self.data)
+
+    def detach(self):
+        """A Tensor sharing this data, cut off from the graph."""
+        return Tensor(self.data)
+
+    def zero_grad(self):
+        if self.grad is not None:
+            self.grad[...] = 0          # in place: grad may be a view into a flat vector
+
+    # ---- the chain rule -----------------------------------------------------------------
+    def backward(self, grad=None):
+        """Accumulate d(self)/d(leaf) into ``leaf.grad`` for every leaf with requires_grad.
+
+        ``grad`` is the gradient flowing into ``self``; it defaults to 1 for a one-element tensor.
+        """
+        xp = backend.get_array_module(self.data)
+        if not self.requires_grad:
+            raise RuntimeError("backward() on a tensor that does not require grad "
+                               "(no input had requires_grad=True, or it was made under no_grad())")
+        if grad is None:
+            if self.size != 1:
+                raise RuntimeError(f"backward() without a gradient needs a one-element tensor, "
+                                   f"got shape {self.shape}; pass grad= of that shape")
+            grad = xp.ones_like(self.data)
+        else:
+            grad = grad.data if isinstance(grad, Tensor) else xp.asarray(grad, dtype=self.dtype)
+            if grad.shape != self.shape:
+                raise ValueError(f"backward(grad): grad has shape {grad.shape}, tensor has shape {self.shape}")
+
+        # reverse topological order, iteratively (deep graphs would overflow recursion)
+        order, seen, stack = [], set(), [(self, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if expanded:
+                order.append(node)
+                continue
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            stack.append((node, True))
+            stack.extend((parent, False) for parent in node._parents if parent.requires_grad)
+
+        grads = {id(self): grad}
+        for node in reversed(order):
+            node_grad = grads.pop(id(node), None)
+            if node_grad is None:
+                continue
+            if node._backward is None:                      # a leaf: accumulate
+                if node.grad is None:
+                    node.grad = xp.array(node_grad, dtype=node.dtype, copy=True)
+                else:
+                    node.grad += node_grad
+                continue
+            for parent, parent_grad in zip(node._parents, node._backward(node_grad)):
+                if parent_grad is None or not parent.requires_grad:
+                    continue
+                if id(parent) in grads:
+                    grads[id(parent)] = grads[id(parent)] + parent_grad
+                else:
+                    grads[id(parent)] = parent_grad
+
+
+class Parameter(Tensor):
+    """A Tensor that a ``Module`` registers as one of its trainable parameters."""
+
+    def __init__(self, data):
+        super().__init__(data, requires_grad=True)
+
+    def __repr__(self):
+        return f"Parameter(shape={self.shape}, dtype={self.dtype})"
+
+
+def result(data, parents, backward, op):
+    """The output Tensor of an operation; records the graph only if some input needs a gradient."""
+    out = Tensor(data)
+    if _grad_enabled and any(parent.requires_grad for parent in parents):
+        out.requires_grad = True
+        out._parents = tuple(parents)
+        out._backward = backward
+        out.op = op
+    return out
