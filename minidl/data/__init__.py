@@ -1,0 +1,26 @@
+"""Data for minidl: the embedded digits, an IDX (MNIST) reader, synthetic convex problems,
+rank sharding and mini-batching.
+
+Everything here is plain NumPy on the host; training code moves each batch to the backend.
+
+    load_digits()                        embedded UCI digits: float32 (1797, 1, 8, 8), int64 (1797,)
+    train_test_split(x, y, 0.2, rng)     seeded random split -> x_train, y_train, x_test, y_test
+    digits_split(seed=0)                 the two above together
+    read_idx(path), load_mnist(dir)      MNIST / Fashion-MNIST files the user already has
+    least_squares(n, d, rng)             convex problems with a known optimum w_star
+    logistic_regression(n, d, rng)
+    shard(n, rank, size)                 the contiguous block of rows this rank owns
+    shard_sizes(n, size)
+    batches(n, batch_size, rng)          one epoch of (shuffled) mini-batch index arrays
+"""
+from minidl.data.digits import digits_split, load_digits, train_test_split
+from minidl.data.idx import load_mnist, read_idx
+from minidl.data.sharding import batches, shard, shard_sizes
+from minidl.data.synthetic import LeastSquares, LogisticRegression, least_squares, logistic_regression
+
+__all__ = [
+    "load_digits", "train_test_split", "digits_split",
+    "read_idx", "load_mnist",
+    "least_squares", "logistic_regression", "LeastSquares", "LogisticRegression",
+    "shard", "shard_sizes", "batches",
+]

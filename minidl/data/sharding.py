@@ -1,0 +1,69 @@
+"""Rank sharding and mini-batching: which rows of the data set each rank, and each step, sees.
+
+Sharding splits ``n`` rows into ``size`` contiguous blocks whose lengths differ by at most one;
+the first ``n % size`` ranks get the longer blocks::
+
+    n = 10, size = 4:   rank 0: 0 1 2 | rank 1: 3 4 5 | rank 2: 6 7 | rank 3: 8 9
+
+Contiguous blocks (rather than a stride ``rank::size``) keep each shard a plain slice, which is
+what a parameter server's "shard of the flat parameter vector" also is, so the same function
+serves both. Shuffle the data once (with a seeded generator) before sharding if the rows are
+sorted by class.
+"""
+import numpy as np
+
+from minidl.data._checks import check_generator, check_int
+
+
+def shard_sizes(n, size):
+    """Length of each of the ``size`` blocks of ``n`` rows: ``n // size`` plus one for the first ``n % size``.
+
+    Returns an int64 array of length ``size`` that sums to ``n``. When ``size > n`` the last
+    ``size - n`` entries are 0 (those ranks get no rows); algorithms that cannot run with an
+    empty shard must reject that themselves.
+    """
+    n = check_int("n", n, minimum=0)
+    size = check_int("size", size, minimum=1)
+    base, extra = divmod(n, size)
+    sizes = np.full(size, base, dtype=np.int64)
+    sizes[:extra] += 1
+    return sizes
+
+
+def shard(n, rank, size):
+    """Indices (int64, ascending) of the rows that rank ``rank`` of ``size`` ranks owns out of ``n``.
+
+    Rank ``r`` owns ``[start, start + n // size + (r < n % size))`` with
+    ``start = r * (n // size) + min(r, n % size)``. Over all ranks the blocks are disjoint and
+    cover ``0 .. n-1`` exactly once, for any ``n >= 0`` and ``size >= 1``. When ``size > n``
+    ranks ``n .. size-1`` get an empty array; algorithms that need every rank to hold data must
+    check for that themselves.
+    """
+    n = check_int("n", n, minimum=0)
+    size = check_int("size", size, minimum=1)
+    rank = check_int("rank", rank)
+    if not 0 <= rank < size:
+        raise ValueError(f"rank must be in [0, {size}) for size={size}, got {rank}")
+    base, extra = divmod(n, size)
+    start = rank * base + min(rank, extra)
+    stop = start + base + (1 if rank < extra else 0)
+    return np.arange(start, stop, dtype=np.int64)
+
+
+def batches(n, batch_size, rng=None, drop_last=False):
+    """Iterate over one epoch of ``n`` rows as int64 index arrays of length ``batch_size``.
+
+    With ``rng`` (a ``numpy.random.Generator``) the order is ``rng.permutation(n)``, so the same
+    seed gives the same batches and each call draws a fresh order (call once per epoch). Without
+    ``rng`` the order is ``0 .. n-1``. The last batch is shorter when ``batch_size`` does not
+    divide ``n``; ``drop_last=True`` leaves it out, so every batch has exactly ``batch_size`` rows.
+    Arguments are checked when the function is called, not at the first ``next()``.
+    """
+    n = check_int("n", n, minimum=0)
+    batch_size = check_int("batch_size", batch_size, minimum=1)
+    rng = check_generator("rng", rng, allow_none=True)
+    if not isinstance(drop_last, (bool, np.bool_)):
+        raise TypeError(f"drop_last must be a bool, got {drop_last!r}")
+    order = np.arange(n, dtype=np.int64) if rng is None else rng.permutation(n).astype(np.int64)
+    stop = n - n % batch_size if drop_last else n
+    return (order[start:start + batch_size] for start in range(0, stop, batch_size))
