@@ -39,20 +39,17 @@ def gradcheck(fn, inputs, eps=1e-6, atol=1e-6, rtol=1e-5, seed=0):
             continue
         analytic = tensor.grad if tensor.grad is not None else xp.zeros_like(tensor.data)
         numeric = xp.zeros_like(tensor.data)
-        flat, numeric_flat = tensor.data.reshape(-1), numeric.reshape(-1)
-        for k in range(flat.size):
-            saved = float(flat[k])
-            flat[k] = saved + eps
+        for index in numpy.ndindex(*tensor.shape):
+            saved = float(tensor.data[index])
+            tensor.data[index] = saved + eps
             plus = loss()
-            flat[k] = saved - eps
+            tensor.data[index] = saved - eps
             minus = loss()
-            flat[k] = saved
-            numeric_flat[k] = (plus - minus) / (2 * eps)
+            tensor.data[index] = saved
+            numeric[index] = (plus - minus) / (2 * eps)
         error = xp.abs(analytic - numeric) - (atol + rtol * xp.abs(numeric))
         if analytic.shape != numeric.shape or bool((error > 0).any()):
-            worst = int(error.argmax())
-            index = numpy.unravel_index(worst, numeric.shape)
+            index = numpy.unravel_index(int(error.argmax()), numeric.shape)
             raise AssertionError(f"gradcheck: input {position} (shape {tensor.shape}) entry {index}: "
-                                 f"analytic {float(analytic.reshape(-1)[worst]):.10g} vs numerical "
-                                 f"{float(numeric_flat[worst]):.10g}")
+                                 f"analytic {float(analytic[index]):.10g} vs numerical {float(numeric[index]):.10g}")
     return True

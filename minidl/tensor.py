@@ -45,7 +45,7 @@ class Tensor:
         if isinstance(data, Tensor):
             raise TypeError("Tensor(data): data is already a Tensor; use tensor.data or tensor.detach()")
         xp = backend.xp()
-        if not hasattr(data, "dtype") or backend.get_array_module(data) is not xp:
+        if not isinstance(data, xp.ndarray):          # numbers, lists, NumPy scalars, host arrays
             data = xp.asarray(data)
             if data.dtype.kind in "iub":              # python numbers: default float32
                 data = data.astype(xp.float32)

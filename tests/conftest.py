@@ -20,3 +20,19 @@ settings.register_profile(
     max_examples=int(os.environ.get("MINIDL_HYPOTHESIS_EXAMPLES", 25)),
 )
 settings.load_profile("minidl")
+
+
+import pytest  # noqa: E402
+
+from minidl import backend  # noqa: E402
+
+
+@pytest.fixture(params=["numpy", "cupy"])
+def backend_name(request):
+    """Run a test on each backend; CuPy is skipped, saying why, where no GPU is present."""
+    if request.param == "cupy" and not backend.cupy_available():
+        pytest.skip("CuPy backend: no CuPy installation with a CUDA GPU on this machine")
+    previous = backend.get_backend()
+    backend.set_backend(request.param)
+    yield request.param
+    backend.set_backend(previous)

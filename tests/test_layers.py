@@ -1,0 +1,136 @@
+"""Layers: each kernel against a slow, obviously-correct loop version, and against finite differences."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from minidl import Tensor, backend, functional as F, gradcheck, nn
+from tests import strategies
+
+
+# ---- slow references: the formulas, one output element at a time ----------------------------
+def naive_conv2d(x, weight, stride, padding):
+    n, c, h, w = x.shape
+    f, _, kh, kw = weight.shape
+    x_pad = np.pad(x, ((0, 0), (0, 0), (padding, padding), (padding, padding)))
+    out_h, out_w = (h + 2 * padding - kh) // stride + 1, (w + 2 * padding - kw) // stride + 1
+    out = np.zeros((n, f, out_h, out_w))
+    for b in range(n):
+        for k in range(f):
+            for i in range(out_h):
+                for j in range(out_w):
+                    window = x_pad[b, :, i * stride:i * stride + kh, j * stride:j * stride + kw]
+                    out[b, k, i, j] = np.sum(window * weight[k])
+    return out
+
+
+def naive_pool(x, k, stride, padding, reduce):
+    n, c, h, w = x.shape
+    fill = -np.inf if reduce is np.max else 0.0
+    x_pad = np.pad(x, ((0, 0), (0, 0), (padding, padding), (padding, padding)), constant_values=fill)
+    out_h, out_w = (h + 2 * padding - k) // stride + 1, (w + 2 * padding - k) // stride + 1
+    out = np.zeros((n, c, out_h, out_w))
+    for i in range(out_h):
+        for j in range(out_w):
+            out[:, :, i, j] = reduce(x_pad[:, :, i * stride:i * stride + k, j * stride:j * stride + k], axis=(2, 3))
+    return out
+
+
+def naive_max_pool_grad(x, grad_out, k, stride, padding):
+    """Each output's gradient goes to the first (row-major) maximum of its window."""
+    x_pad = np.pad(x, ((0, 0), (0, 0), (padding, padding), (padding, padding)), constant_values=-np.inf)
+    grad = np.zeros_like(x_pad)
+    n, c, out_h, out_w = grad_out.shape
+    for b in range(n):
+        for ch in range(c):
+            for i in range(out_h):
+                for j in range(out_w):
+                    window = x_pad[b, ch, i * stride:i * stride + k, j * stride:j * stride + k]
+                    r, s = np.unravel_index(np.argmax(window), window.shape)
+                    grad[b, ch, i * stride + r, j * stride + s] += grad_out[b, ch, i, j]
+    h, w = x.shape[2:]
+    return grad[:, :, padding:padding + h, padding:padding + w]
+
+
+@pytest.mark.parametrize("algorithm", ["direct", "im2col"])
+@given(setting=strategies.conv_settings(), seed=strategies.seeds)
+def test_conv2d_equals_the_naive_loop_and_its_gradients_match_finite_differences(backend_name, algorithm, setting, seed):
+    n, c, f, h, w, k, stride, padding = setting
+    rng = np.random.default_rng(seed)
+    x = Tensor(rng.standard_normal((n, c, h, w)), requires_grad=True)
+    weight = Tensor(rng.standard_normal((f, c, k, k)), requires_grad=True)
+    bias = Tensor(rng.standard_normal(f), requires_grad=True)
+    out = F.conv2d(x, weight, bias, stride, padding, algorithm)
+    expected = naive_conv2d(x.numpy(), weight.numpy(), stride, padding) + bias.numpy()[None, :, None, None]
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-10, atol=1e-10)
+    assert gradcheck(lambda a, b, c_: F.conv2d(a, b, c_, stride, padding, algorithm), [x, weight, bias])
+
+
+@given(setting=strategies.conv_settings(max_channels=2), seed=strategies.seeds, data=st.data())
+def test_max_and_avg_pool_equal_naive_loops(backend_name, setting, seed, data):
+    n, c, _, h, w, _, stride, _ = setting
+    k = data.draw(st.integers(1, min(h, w, 3)))
+    padding = data.draw(st.integers(0, k // 2))
+    rng = np.random.default_rng(seed)
+    x = Tensor(rng.standard_normal((n, c, h, w)), requires_grad=True)
+    out = F.max_pool2d(x, k, stride, padding)
+    np.testing.assert_array_equal(out.numpy(), naive_pool(x.numpy(), k, stride, padding, np.max))
+    grad_out = rng.standard_normal(out.shape)
+    out.backward(backend.asarray(grad_out))
+    np.testing.assert_allclose(backend.to_numpy(x.grad),
+                               naive_max_pool_grad(x.numpy(), grad_out, k, stride, padding), atol=1e-12)
+    avg = F.avg_pool2d(x, k, stride, padding)
+    np.testing.assert_allclose(avg.numpy(), naive_pool(x.numpy(), k, stride, padding, np.mean), atol=1e-12)
+    assert gradcheck(lambda t: F.avg_pool2d(t, k, stride, padding), [x])
+
+
+def test_max_pool_sends_a_tied_maximum_to_one_position_only():
+    x = Tensor(np.ones((1, 1, 2, 2)), requires_grad=True)
+    F.max_pool2d(x, 2).sum().backward()
+    np.testing.assert_array_equal(x.grad[0, 0], [[1.0, 0.0], [0.0, 0.0]])
+
+
+def test_linear_is_x_times_weight_plus_bias():
+    rng = np.random.default_rng(0)
+    layer = nn.Linear(4, 3, rng=rng, dtype="float64")
+    x = rng.standard_normal((5, 4))
+    expected = x @ layer.weight.numpy() + layer.bias.numpy()
+    np.testing.assert_allclose(layer(Tensor(x)).numpy(), expected, rtol=1e-12)
+    assert gradcheck(lambda t: layer(t), [Tensor(x, requires_grad=True)])
+
+
+def test_he_initialisation_has_the_stated_spread():
+    layer = nn.Linear(400, 300, rng=np.random.default_rng(0))
+    assert layer.weight.numpy().std() == pytest.approx(np.sqrt(2 / 400), rel=0.02)   # 120000 draws
+    assert np.all(layer.bias.numpy() == 0)
+
+
+def test_same_seed_same_weights_other_seed_other_weights():
+    from minidl import models
+    a = models.small_cnn(np.random.default_rng(1)).state_dict()
+    b = models.small_cnn(np.random.default_rng(1)).state_dict()
+    c = models.small_cnn(np.random.default_rng(2)).state_dict()
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert not np.array_equal(a["0.weight"], c["0.weight"])
+
+
+@pytest.mark.parametrize("name, side", [("mlp", 8), ("cnn", 8), ("lenet5", 28)])
+def test_models_give_ten_logits_and_a_gradient_for_every_parameter(name, side):
+    from minidl import models
+    model = models.build(name, np.random.default_rng(0))
+    x = Tensor(np.random.default_rng(1).standard_normal((3, 1, side, side)).astype(np.float32))
+    logits = model(x)
+    assert logits.shape == (3, 10)
+    F.softmax_cross_entropy(logits, np.array([0, 1, 2])).backward()
+    assert all(p.grad is not None and np.any(p.grad != 0) for p in model.parameters())
+
+
+def test_conv_errors_name_shapes_and_limits():
+    x = Tensor(np.zeros((1, 3, 5, 5)))
+    with pytest.raises(ValueError, match=r"\(1, 3, 5, 5\).*3 channels.*\(4, 2, 3, 3\)"):
+        F.conv2d(x, Tensor(np.zeros((4, 2, 3, 3))))
+    with pytest.raises(ValueError, match="larger than the padded input"):
+        F.conv2d(x, Tensor(np.zeros((4, 3, 7, 7))))
+    with pytest.raises(ValueError, match="unknown algorithm 'nope'"):
+        F.conv2d(x, Tensor(np.zeros((4, 3, 3, 3))), algorithm="nope")
+    with pytest.raises(ValueError, match=r"Linear\(4, 3\).*\(2, 5\)"):
+        nn.Linear(4, 3, rng=np.random.default_rng(0))(Tensor(np.zeros((2, 5))))
