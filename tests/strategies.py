@@ -34,3 +34,7 @@ def conv_settings(draw, max_batch=3, max_channels=3, max_side=7):
     width = draw(st.integers(max(1, kernel - 2 * padding), max_side))
     return (draw(st.integers(1, max_batch)), draw(st.integers(1, max_channels)),
             draw(st.integers(1, max_channels)), height, width, kernel, stride, padding)
+
+# collectives (tests/test_collectives.py)
+collective_dtypes = st.sampled_from(["float32", "float64", "int32", "int64"])
+reduction_ops = st.sampled_from(["sum", "max", "min", "mean"])

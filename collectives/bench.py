@@ -1,0 +1,205 @@
+"""Benchmark: every allreduce here against MPI's own Allreduce, and against the cost model.
+
+    OMP_NUM_THREADS=1 mpiexec -n 4 python -m collectives.bench [--json out.json] [--plot out.png]
+    mpiexec -n 2 python -m collectives.bench --quick             # a few seconds, for a smoke test
+    mpiexec -n 4 python -m collectives.bench --sizes 4K,1M,64M --algorithms ring,auto
+
+1. alpha and beta from a ping-pong between ranks 0 and 1 (half the round trip, 8 B .. 4 MiB),
+   fitted as t = alpha + beta m by least squares on relative error, so the small messages fix
+   alpha and the large ones beta;
+2. gamma: the time per byte of numpy's element-wise add into a float32 vector (out=), timed on
+   every rank at once, as in an allreduce;
+3. for each size (float32 vectors, 4 KiB .. 64 MiB by default) and each algorithm, the time
+   of one call, check=False (no agreement check), compared with comm.Allreduce on the same
+   buffers, and with cost.predict(...) at the fitted alpha, beta, gamma.
+
+A time is the slowest rank's mean over a batch of calls between barriers (batches of >= 0.05 s),
+and the best of three batches, taken in turn with the other algorithms so that noise from
+other processes on the machine hits all of them alike.
+
+Each rank's BLAS pool is pinned to 1 thread (set below, before numpy loads; the collectives
+themselves use no BLAS, only element-wise ufuncs).
+"""
+import os
+
+for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_variable] = "1"
+
+import argparse          # noqa: E402  (after the thread pinning on purpose)
+import json              # noqa: E402
+import time              # noqa: E402
+
+import numpy as np       # noqa: E402
+from mpi4py import MPI   # noqa: E402
+
+from . import auto, butterfly, cost, naive, rabenseifner, ring, tree   # noqa: E402
+
+ALGORITHMS = {"naive": naive.allreduce, "tree": tree.allreduce, "butterfly": butterfly.allreduce,
+              "ring": ring.allreduce, "rabenseifner": rabenseifner.allreduce, "auto": auto.allreduce}
+DEFAULT_SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+QUICK_SIZES = [4 << 10, 256 << 10]
+
+
+def parse_size(text):
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().rstrip("IB")
+    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
+
+
+def human(nbytes):
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes} B"
+
+
+def timed(comm, call, min_seconds, rounds_done=None):
+    """Seconds per call: slowest rank's mean over a batch lasting >= min_seconds."""
+    comm.Barrier()
+    start = time.perf_counter()
+    call()
+    first = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
+    repeats = max(1, min(10000, int(min_seconds / max(first, 1e-7))))
+    comm.Barrier()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        call()
+    mine = (time.perf_counter() - start) / repeats
+    return comm.allreduce(mine, op=MPI.MAX)
+
+
+def fit_alpha_beta(comm, min_seconds):
+    """Ping-pong between ranks 0 and 1; returns (alpha, beta, [(bytes, seconds)])."""
+    rank = comm.Get_rank()
+    points = []
+    for nbytes in [8 << (2 * k) for k in range(10)] + [4 << 20]:
+        message = np.zeros(nbytes, dtype=np.uint8)
+
+        def ping_pong():
+            if rank == 0:
+                comm.Send(message, dest=1, tag=1)
+                comm.Recv(message, source=1, tag=1)
+            elif rank == 1:
+                comm.Recv(message, source=0, tag=1)
+                comm.Send(message, dest=0, tag=1)
+        best = min(timed(comm, ping_pong, min_seconds) for _ in range(3))
+        points.append((nbytes, best / 2))
+    sizes = np.array([p[0] for p in points], dtype=float)
+    seconds = np.array([p[1] for p in points])
+    # least squares on relative error: minimise sum ((alpha + beta m - t) / t)^2
+    design = np.stack([1 / seconds, sizes / seconds], axis=1)
+    (alpha, beta), *_ = np.linalg.lstsq(design, np.ones_like(seconds), rcond=None)
+    return float(alpha), float(beta), points
+
+
+def fit_gamma(comm, min_seconds, nbytes=4 << 20):
+    """Seconds per byte of an element-wise float32 add, all ranks at once."""
+    into = np.ones(nbytes // 4, dtype=np.float32)
+    incoming = np.ones_like(into)
+    return min(timed(comm, lambda: np.add(into, incoming, out=into), min_seconds) for _ in range(3)) / nbytes
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", help="comma-separated message sizes, e.g. 4K,1M,64M")
+    parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
+    parser.add_argument("--quick", action="store_true", help="two small sizes, short batches")
+    parser.add_argument("--min-time", type=float, default=0.05, help="seconds per timed batch")
+    parser.add_argument("--rounds", type=int, default=3, help="batches per measurement (best kept)")
+    parser.add_argument("--json", help="write one JSON object per measurement to this file")
+    parser.add_argument("--plot", help="write a PNG of time against size")
+    args = parser.parse_args(argv)
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else (
+        QUICK_SIZES if args.quick else DEFAULT_SIZES)
+    min_time = 0.002 if args.quick else args.min_time
+    rounds = 1 if args.quick else args.rounds
+    names = [name.strip() for name in args.algorithms.split(",")]
+
+    if size > 1:
+        alpha, beta, points = fit_alpha_beta(comm, min_time)
+    else:
+        alpha, beta, points = 0.0, 0.0, []
+    gamma = fit_gamma(comm, min_time)
+    if rank == 0:
+        print(f"# p = {size}; {MPI.Get_library_version().splitlines()[0].strip()}")
+        print(f"# ping-pong fit: alpha = {alpha * 1e6:.2f} us, beta = {beta * 1e9:.4f} ns/B "
+              f"({1 / beta / 1e9 if beta > 0 else float('inf'):.2f} GB/s); gamma = {gamma * 1e9:.4f} ns/B")
+        for nbytes, seconds in points:
+            print(f"#   ping-pong {human(nbytes):>9}: {seconds * 1e6:10.2f} us  "
+                  f"(fit {(alpha + beta * nbytes) * 1e6:10.2f} us)")
+        print(f"{'bytes':>9} {'algorithm':<13} {'measured us':>12} {'x MPI':>7} {'model us':>10} {'model/meas':>10}")
+
+    records = []
+    for nbytes in sizes:
+        count = max(nbytes // 4, 1)
+        sendbuf = np.full(count, rank + 1, dtype=np.float32)
+        recvbuf = np.empty_like(sendbuf)
+        expected = np.float32(size * (size + 1) / 2)
+
+        calls = {"mpi": lambda: comm.Allreduce(sendbuf, recvbuf, op=MPI.SUM)}
+        for name in names:
+            calls[name] = (lambda f: lambda: f(comm, sendbuf, recvbuf, op="sum", check=False))(ALGORITHMS[name])
+        best = {}
+        for _ in range(rounds):                    # interleaved, best batch kept
+            for name, call in calls.items():
+                seconds = timed(comm, call, min_time)
+                best[name] = min(best.get(name, np.inf), seconds)
+                if not np.all(recvbuf == expected):
+                    raise SystemExit(f"rank {rank}: {name} gave a wrong sum at {nbytes} bytes")
+        for name in calls:
+            if name == "mpi":
+                model_name = "lower bound"
+            elif name == "auto":
+                model_name = auto.choose(size, count * 4).__name__.split(".")[-1]
+            else:
+                model_name = name
+            model = cost.predict(model_name, size, count * 4, alpha, beta, gamma)
+            record = {"algorithm": name, "p": size, "bytes": count * 4, "seconds": best[name],
+                      "mpi_seconds": best["mpi"], "ratio": best[name] / best["mpi"],
+                      "model_seconds": model, "model": model_name,
+                      "alpha": alpha, "beta": beta, "gamma": gamma}
+            records.append(record)
+            if rank == 0:
+                label = name if name != "auto" else f"auto({model_name})"
+                print(f"{human(count * 4):>9} {label:<13} {best[name] * 1e6:12.1f} {record['ratio']:7.2f} "
+                      f"{model * 1e6:10.1f} {model / best[name]:10.2f}", flush=True)
+
+    if rank == 0 and args.json:
+        with open(args.json, "w") as file:
+            json.dump(records, file, indent=1)
+    if rank == 0 and args.plot:
+        plot(records, args.plot, size)
+    return records
+
+
+def plot(records, path, size):
+    """Time against size, log-log: measured points, model lines, MPI_Allreduce in black."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    names = list(dict.fromkeys(r["algorithm"] for r in records))
+    colours = dict(zip([n for n in names if n != "mpi"], plt.get_cmap("tab10").colors))
+    for name in names:
+        mine = [r for r in records if r["algorithm"] == name]
+        x = [r["bytes"] for r in mine]
+        colour = "black" if name == "mpi" else colours[name]
+        axes.plot(x, [r["seconds"] for r in mine], "o-" if name == "mpi" else "o", color=colour,
+                  label="MPI_Allreduce" if name == "mpi" else name, ms=4)
+        if name not in ("mpi",):
+            axes.plot(x, [r["model_seconds"] for r in mine], "--", color=colour, lw=1)
+    axes.set_xscale("log", base=2)
+    axes.set_yscale("log")
+    axes.set_xlabel("bytes per rank")
+    axes.set_ylabel("seconds per allreduce")
+    axes.set_title(f"allreduce on p = {size}: measured (dots) and alpha-beta-gamma model (dashes)")
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=80)
+    plt.close(figure)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""What every public collective does around its algorithm: arguments, in-place use, staging.
+
+    allreduce(comm, sendbuf, recvbuf, op)           # the public function of each module
+      1. look at this rank's own arguments          (1-D, contiguous, numeric, same dtype and length)
+      2. agree with the other ranks (check=True)    (collectives.check: one small message per step)
+      3. copy sendbuf into recvbuf                  (unless sendbuf is MPI.IN_PLACE or recvbuf itself)
+      4. stage a CuPy buffer to host memory         (unless MPI is CUDA-aware)
+      5. run the algorithm in place on one vector   (the module's heart, e.g. ring.ring_allreduce_in_place)
+      6. finish the op (mean: divide by p) and copy a staged buffer back to the device
+
+Every heart therefore sees one contiguous 1-D vector `data` that holds this rank's input on
+entry and the result on exit, and only point-to-point calls move it.
+
+Blocks. Algorithms that split the vector (ring, Rabenseifner, reduce-scatter, allgather) cut
+n elements into `parts` blocks whose sizes differ by at most one, the first n % parts blocks
+one element longer: n = 10, parts = 4 gives counts [3, 3, 2, 2] at offsets [0, 3, 6, 8].
+Blocks may be empty (n < parts); they are still sent, as zero-byte messages, so the number of
+messages never depends on n (except n == 0, where nothing is sent at all).
+
+CuPy. A CuPy array is given to MPI only after the device is synchronised (the kernels that
+wrote it have finished). If MPI is not CUDA-aware (the default assumption: set
+MINIDL_CUDA_AWARE_MPI=1 when it is), the vector is copied to host memory, reduced there with
+numpy, and copied back; if it is, device pointers go to MPI directly and `ops.combine`
+reduces on the device and synchronises before the next send.
+"""
+import os
+
+import numpy as np
+from mpi4py import MPI
+
+from .check import agree, dtype_code
+from .ops import OPS, array_module, base_op, finish
+
+
+def block_counts(n, parts):
+    """Sizes of `parts` nearly equal blocks of n elements, the first n % parts one longer."""
+    base, extra = divmod(n, parts)
+    return [base + 1 if i < extra else base for i in range(parts)]
+
+
+def block_offsets(counts):
+    """Start of each block: offsets[i] = counts[0] + ... + counts[i-1]."""
+    offsets = [0]
+    for count in counts[:-1]:
+        offsets.append(offsets[-1] + count)
+    return offsets
+
+
+def cuda_aware_mpi():
+    """Whether device pointers may go to MPI directly (MINIDL_CUDA_AWARE_MPI=1), default no."""
+    return os.environ.get("MINIDL_CUDA_AWARE_MPI", "0") == "1"
+
+
+def to_mpi(array):
+    """The array MPI should see: a host copy of a CuPy array, unless MPI is CUDA-aware."""
+    xp = array_module(array)
+    if xp is np:
+        return array
+    xp.cuda.get_current_stream().synchronize()   # kernels writing `array` must be done
+    return array if cuda_aware_mpi() else xp.asnumpy(array)
+
+
+def copy_into(target, source):
+    """target[...] = source, where source may be a host copy of a device target."""
+    if array_module(target) is array_module(source):
+        target[...] = source
+    else:
+        target.set(source)                       # host -> device
+        array_module(target).cuda.get_current_stream().synchronize()
+
+
+def from_mpi(staged, array):
+    """Copy a staged host vector back into the device array it came from (no-op otherwise)."""
+    if staged is not array:
+        copy_into(array, staged)
+
+
+def describe_problem(buffer, role, length=None, dtype=None):
+    """Why `buffer` cannot be used (a string), or None."""
+    if not hasattr(buffer, "dtype") or not hasattr(buffer, "ndim"):
+        return f"{role} must be a numpy or cupy array, not {type(buffer).__name__}"
+    if buffer.ndim != 1:
+        return f"{role} must be 1-D (flatten it first), got shape {buffer.shape}"
+    if not buffer.flags.c_contiguous:
+        return f"{role} must be contiguous (a strided view cannot be sent as one buffer)"
+    if buffer.dtype.kind not in "iufc":
+        return f"{role} has dtype {buffer.dtype}, not a number type"
+    if dtype is not None and buffer.dtype != dtype:
+        return f"{role} has dtype {buffer.dtype} but the other buffer has {dtype}"
+    if length is not None and buffer.size != length:
+        return f"{role} has {buffer.size} elements but should have {length}"
+    return None
+
+
+def validate(comm, name, buffers, op, check, root=0, problem=None):
+    """Steps 1 and 2: this rank's own arguments, then (check=True) agreement with every rank.
+
+    buffers: list of (array, role, expected length or None). The first one is the full vector:
+    its length and dtype must agree across ranks, and the others must have its dtype.
+    With check=True a problem on any rank raises MismatchError on every rank; with
+    check=False it raises ValueError on the rank that has it only (the others may then hang).
+    """
+    first = buffers[0][0]
+    dtype = getattr(first, "dtype", None)
+    for buffer, role, length in buffers:
+        problem = problem or describe_problem(buffer, role, length, dtype)
+    if problem is None and op not in OPS:
+        problem = f"unknown op {op!r}; choose one of {OPS}"
+    if check:
+        ok = problem is None
+        agree(comm, name, {"length": first.size if ok else -1,
+                           "dtype": dtype_code(dtype) if ok else -1,
+                           "op": OPS.index(op) if ok else -1,
+                           "root": root}, problem)
+    elif problem:
+        raise ValueError(f"{name} on rank {comm.Get_rank()}: {problem}")
+
+
+def allreduce_arguments(comm, name, sendbuf, recvbuf, op, check, root=0):
+    """validate() for the (sendbuf, recvbuf) pair of an allreduce or reduce; True if in place."""
+    in_place = sendbuf is MPI.IN_PLACE or sendbuf is recvbuf
+    buffers = [(recvbuf, "recvbuf", None)]
+    problem = None
+    if not in_place:
+        buffers.append((sendbuf, "sendbuf", getattr(recvbuf, "size", None)))
+        if (describe_problem(sendbuf, "sendbuf") is None and describe_problem(recvbuf, "recvbuf") is None
+                and array_module(sendbuf).shares_memory(sendbuf, recvbuf)):
+            problem = "sendbuf overlaps recvbuf without being the same array (use MPI.IN_PLACE)"
+    validate(comm, name, buffers, op, check, root, problem)
+    return in_place
+
+
+def run_allreduce(heart, comm, sendbuf, recvbuf, op="sum", check=True, name="allreduce"):
+    """Steps 1-6 around `heart(comm, data, base_op)`; returns recvbuf.
+
+    recvbuf=None allocates the result (sendbuf must then be an array).
+    """
+    if recvbuf is None:
+        recvbuf = array_module(sendbuf).empty_like(sendbuf)
+    in_place = allreduce_arguments(comm, name, sendbuf, recvbuf, op, check)
+    if not in_place:
+        recvbuf[...] = sendbuf
+    data = to_mpi(recvbuf)
+    if comm.Get_size() > 1 and data.size > 0:
+        heart(comm, data, base_op(op))
+    finish(data, op, comm.Get_size())
+    from_mpi(data, recvbuf)
+    return recvbuf

@@ -1,0 +1,63 @@
+"""Butterfly (recursive doubling) allreduce: lg p rounds, each an exchange of whole vectors.
+
+Papers: Ben-Nun & Hoefler (ACM CSUR 2019), allreduce cost table, "Butterfly"; Thakur,
+Rabenseifner & Gropp (IJHPCA 2005), recursive doubling, MPICH's MPI_Allreduce for short
+messages, with the fold-in for non-powers of two (collectives/fold.py).
+
+Schedule, p = 8: at the round with `distance` d, rank r swaps its whole vector with
+partner r XOR d and both reduce, so after round d every rank holds the reduction over its
+aligned group of 2d ranks:
+
+    distance 1:  0<->1  2<->3  4<->5  6<->7     each holds a sum over 2 ranks
+    distance 2:  0<->2  1<->3  4<->6  5<->7     ... over 4 ranks
+    distance 4:  0<->4  1<->5  2<->6  3<->7     ... over all 8
+
+Both partners combine the same two partial results (a + b on one side, b + a on the other,
+which IEEE arithmetic makes bitwise equal), so every rank ends with identical bits.
+
+Restriction: the exchange needs a power of two; other p fold in first (fold.py), which adds
+2 alpha + 2 n beta + n gamma for the folded pairs.
+Cost (p a power of two): lg p alpha + lg p n beta + lg p n gamma: the fewest rounds possible,
+but each carries all n bytes, so it is the choice for small vectors.
+Deadlock-freedom: each round is one Sendrecv with one partner; MPI pairs the two halves
+internally whatever its eager/rendezvous switch decides.
+
+    mpiexec -n 4 python -m collectives.butterfly
+"""
+from mpi4py import MPI
+
+from .buffers import run_allreduce
+from .fold import fold_in, fold_out, largest_power_of_two, world_rank
+from .ops import array_module, combine
+from .tags import EXCHANGE
+
+
+def butterfly_allreduce_in_place(comm, data, op):
+    """The heart: fold in, lg pof2 exchange rounds, fold out. `data` in place."""
+    size = comm.Get_size()
+    pof2 = largest_power_of_two(size)
+    newrank = fold_in(comm, data, op)            # None: this rank sits out until fold_out
+    if newrank is not None:
+        incoming = array_module(data).empty_like(data)
+        distance = 1
+        while distance < pof2:
+            partner = world_rank(newrank ^ distance, size - pof2)
+            comm.Sendrecv(data, partner, EXCHANGE, incoming, partner, EXCHANGE)
+            combine(data, incoming, op)
+            distance *= 2
+    fold_out(comm, data)
+
+
+def allreduce(comm, sendbuf, recvbuf=None, op="sum", check=True):
+    """recvbuf <- op over ranks of sendbuf, by recursive doubling. See the module docstring.
+
+    sendbuf may be MPI.IN_PLACE (or recvbuf itself); op is "sum", "max", "min" or "mean";
+    check=False skips the agreement check on lengths and dtypes (collectives.check).
+    """
+    return run_allreduce(butterfly_allreduce_in_place, comm, sendbuf, recvbuf, op, check,
+                         "butterfly allreduce")
+
+
+if __name__ == "__main__":
+    from .demo import demo
+    demo(allreduce, MPI.COMM_WORLD)

@@ -1,0 +1,140 @@
+"""The alpha-beta-gamma cost of every algorithm: per rank exactly, and on the critical path.
+
+Model (Hockney; Thakur, Rabenseifner & Gropp 2005; Ben-Nun & Hoefler 2019): sending one
+message of m bytes takes alpha + m beta; reducing m bytes takes m gamma. For an allreduce of
+n bytes on p ranks, with lg = log2 and pof2 the largest power of two <= p:
+
+    algorithm     critical path                                                  paper's table
+    naive         2 (p-1) alpha + 2 (p-1) n beta + (p-1) n gamma                 (notes' baseline)
+    tree          2 ceil(lg p) (alpha + n beta) + ceil(lg p) n gamma             Tree
+    butterfly     lg p (alpha + n beta + n gamma)                                Butterfly
+    ring          2 (p-1) alpha + 2 (p-1)/p n beta + (p-1)/p n gamma             Pipeline
+    rabenseifner  2 lg p alpha + 2 (p-1)/p n beta + (p-1)/p n gamma              RedScat+Gat
+    lower bound   lg p alpha + 2 (p-1)/p n beta + (p-1)/p n gamma
+
+butterfly and rabenseifner with p not a power of two run on pof2 ranks (p -> pof2 above) and
+add the fold-in's 2 alpha + 2 n beta + n gamma.
+
+`per_rank(algorithm, p, n, itemsize, rank)` gives what one rank does, exactly, counting the
+uneven blocks (block_counts: n elements in `parts` blocks, the first n % parts one longer):
+the messages it sends, the bytes it sends, and the bytes it receives and reduces into its own
+data. The tests run every algorithm through collectives.trace and assert that each rank's
+traced messages equal these numbers: that is what ties the code to the table above.
+Here n is in elements (so uneven blocks are exact); `predict` takes bytes.
+"""
+import math
+from dataclasses import dataclass
+
+from .buffers import block_counts
+from .fold import largest_power_of_two
+
+ALGORITHMS = ("naive", "tree", "butterfly", "ring", "rabenseifner")
+
+
+@dataclass(frozen=True)
+class RankCost:
+    messages: int        # point-to-point messages this rank sends
+    bytes_sent: int      # total bytes in them
+    bytes_reduced: int   # bytes this rank receives and combines into its own data (the gamma work)
+
+
+def ceil_lg(p):
+    """ceil(log2 p), with ceil_lg(1) = 0."""
+    return (p - 1).bit_length()
+
+
+def _children(relative, p):
+    """Children of `relative` in the binomial tree on p ranks: relative + mask, mask < lowbit."""
+    lowbit = relative & -relative if relative else 1 << ceil_lg(p)
+    return sum(1 for k in range(ceil_lg(p) + 1) if (1 << k) < lowbit and relative + (1 << k) < p)
+
+
+def _aligned_group(counts, q, k):
+    """Elements in the aligned group of 2^k blocks that holds block q."""
+    start = (q >> k) << k
+    return sum(counts[start:start + (1 << k)])
+
+
+def per_rank(algorithm, p, n, itemsize, rank):
+    """RankCost of `rank` in an allreduce of n elements of `itemsize` bytes on p ranks."""
+    if n == 0 or p == 1:
+        return RankCost(0, 0, 0)
+    if algorithm == "naive":                          # root 0 gathers, reduces, sends back
+        if rank == 0:
+            return RankCost(p - 1, (p - 1) * n * itemsize, (p - 1) * n * itemsize)
+        return RankCost(1, n * itemsize, 0)
+    if algorithm == "tree":                           # root 0: reduce up, broadcast down
+        children = _children(rank, p)
+        messages = (1 if rank else 0) + children      # one send to the parent, one per child
+        return RankCost(messages, messages * n * itemsize, children * n * itemsize)
+    if algorithm == "ring":
+        counts = block_counts(n, p)
+        sent = (n - counts[rank]) + (n - counts[(rank + 1) % p])
+        return RankCost(2 * (p - 1), sent * itemsize, (n - counts[(rank - 1) % p]) * itemsize)
+    if algorithm in ("butterfly", "rabenseifner"):
+        pof2 = largest_power_of_two(p)
+        rem, rounds = p - pof2, pof2.bit_length() - 1
+        if rank < 2 * rem and rank % 2 == 0:          # folds in and sits out
+            return RankCost(1, n * itemsize, 0)
+        folded = rank < 2 * rem                       # odd partner: reduces one more, sends back
+        newrank = rank // 2 if folded else rank - rem
+        if algorithm == "butterfly":
+            messages, sent, reduced = rounds, rounds * n, rounds * n
+        else:
+            counts = block_counts(n, pof2)
+            doubling = sum(_aligned_group(counts, newrank, k) for k in range(rounds))
+            messages, sent, reduced = 2 * rounds, (n - counts[newrank]) + doubling, doubling
+        if folded:
+            messages, sent, reduced = messages + 1, sent + n, reduced + n
+        return RankCost(messages, sent * itemsize, reduced * itemsize)
+    raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {ALGORITHMS}")
+
+
+def critical_path(algorithm, p, nbytes):
+    """(alpha steps, beta bytes, gamma bytes) on the critical path: the paper's formula."""
+    if p == 1 or nbytes == 0:
+        return 0, 0.0, 0.0
+    n = float(nbytes)
+    if algorithm == "naive":
+        return 2 * (p - 1), 2 * (p - 1) * n, (p - 1) * n
+    if algorithm == "tree":
+        lg = ceil_lg(p)
+        return 2 * lg, 2 * lg * n, lg * n
+    if algorithm == "ring":
+        return 2 * (p - 1), 2 * (p - 1) / p * n, (p - 1) / p * n
+    if algorithm == "lower bound":
+        return ceil_lg(p), 2 * (p - 1) / p * n, (p - 1) / p * n
+    if algorithm in ("butterfly", "rabenseifner"):
+        pof2 = largest_power_of_two(p)
+        lg = pof2.bit_length() - 1
+        if algorithm == "butterfly":
+            steps, sent, reduced = lg, lg * n, lg * n
+        else:
+            steps, sent, reduced = 2 * lg, 2 * (pof2 - 1) / pof2 * n, (pof2 - 1) / pof2 * n
+        if pof2 != p:                                 # fold-in and fold-out
+            steps, sent, reduced = steps + 2, sent + 2 * n, reduced + n
+        return steps, sent, reduced
+    raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {ALGORITHMS}")
+
+
+def predict(algorithm, p, nbytes, alpha, beta, gamma=0.0):
+    """Predicted seconds: alpha * steps + beta * bytes + gamma * reduced bytes on the critical path."""
+    steps, sent, reduced = critical_path(algorithm, p, nbytes)
+    return alpha * steps + beta * sent + gamma * reduced
+
+
+def table(p, nbytes, alpha, beta, gamma=0.0):
+    """Text table of every algorithm's critical path and predicted time at p, nbytes."""
+    lines = [f"p = {p}, n = {nbytes} bytes, alpha = {alpha:.3g} s, beta = {beta:.3g} s/B, "
+             f"gamma = {gamma:.3g} s/B",
+             f"{'algorithm':<13} {'messages':>8} {'bytes sent':>12} {'bytes reduced':>14} {'predicted':>11}"]
+    for algorithm in ALGORITHMS + ("lower bound",):
+        steps, sent, reduced = critical_path(algorithm, p, nbytes)
+        seconds = predict(algorithm, p, nbytes, alpha, beta, gamma)
+        lines.append(f"{algorithm:<13} {steps:>8} {sent:>12.0f} {reduced:>14.0f} {seconds * 1e6:>9.1f} us")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(table(4, 1 << 20, 5e-6, 1e-10, 1e-10))
+    print(f"\n(lg 4 = {math.log2(4):.0f}; run `mpiexec -n 2 python -m collectives.bench` to fit alpha, beta, gamma)")

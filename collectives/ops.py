@@ -1,0 +1,57 @@
+"""Reduction operators: sum, max, min, and mean (a sum, divided by p at the end).
+
+Every algorithm reduces with `combine(into, incoming, op)`, which updates `into` in place.
+All three base operators are commutative and associative on integers; on floats `+` is
+commutative but not associative, so different algorithms may round differently (each one
+still gives the same bits on every rank: see the algorithm modules).
+
+Mean means "sum over ranks, then divide by p" on every rank. On integer buffers the division
+is numpy's floor division (`//`): over 2 ranks holding 1 and 2 the mean is 3 // 2 = 1, and for
+-1 and -2 it is -3 // 2 = -2 (rounded towards minus infinity, like Python's `//`). That keeps an
+integer result in an integer buffer instead of silently changing the dtype.
+"""
+import numpy as np
+
+OPS = ("sum", "max", "min", "mean")
+
+
+def base_op(op):
+    """The operator the algorithm runs with: mean is a sum followed by `finish`."""
+    if op not in OPS:
+        raise ValueError(f"unknown reduction op {op!r}; choose one of {OPS}")
+    return "sum" if op == "mean" else op
+
+
+def array_module(array):
+    """numpy, or cupy for a CuPy array (imported only when one is seen)."""
+    if type(array).__module__.split(".")[0] == "cupy":
+        import cupy
+        return cupy
+    return np
+
+
+def combine(into, incoming, op):
+    """into <- into (op) incoming, element-wise and in place."""
+    xp = np if type(into) is np.ndarray else array_module(into)
+    if op == "sum":
+        xp.add(into, incoming, out=into)
+    elif op == "max":
+        xp.maximum(into, incoming, out=into)
+    elif op == "min":
+        xp.minimum(into, incoming, out=into)
+    else:
+        raise ValueError(f"combine: unknown base op {op!r}")
+    if xp is not np:
+        # CUDA-aware MPI reads device memory directly: the kernel that wrote `into` must have
+        # finished before the next MPI call hands `into` to the network.
+        xp.cuda.get_current_stream().synchronize()
+
+
+def finish(data, op, size):
+    """Apply the last step of `op` once the sum (or max, min) is complete: mean divides by p."""
+    if op != "mean":
+        return
+    if data.dtype.kind in "iu":
+        data //= size
+    else:
+        data /= size

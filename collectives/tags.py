@@ -1,0 +1,38 @@
+"""MPI tags, one per phase of a collective, and the phase names the tracer prints.
+
+Every phase of every algorithm sends with its own tag. That does two jobs:
+
+- correctness: a message of one phase can never be matched by a receive of another phase,
+  even when a fast rank is already one phase (or one call) ahead of its neighbour;
+- tracing: `collectives.trace` turns the tag of each recorded message back into the phase
+  name ("reduce-scatter", "allgather", ...), and knows whether the receiver reduces what it
+  receives (so a trace can count the bytes reduced, the gamma term of the cost model).
+
+The values are arbitrary but unusual, so they do not collide with tags a user program may
+already send on the same communicator.
+"""
+
+CHECK = 7101            # the agreement check on lengths and dtypes (collectives.check)
+FOLD_IN = 7102          # non-power-of-two: even rank hands its vector to its odd neighbour
+FOLD_OUT = 7103         # non-power-of-two: odd rank hands the result back
+GATHER = 7104           # naive: every rank sends its vector to the root
+SEND_BACK = 7105        # naive: the root sends the result to every rank
+REDUCE = 7106           # binomial tree: child sends its partial result to its parent
+BROADCAST = 7107        # binomial tree: parent sends the result to its children
+EXCHANGE = 7108         # butterfly: partners swap whole vectors
+REDUCE_SCATTER = 7109   # ring and Rabenseifner: blocks travel and are reduced
+ALLGATHER = 7110        # ring and Rabenseifner: reduced blocks travel and are copied
+
+# tag -> (phase name, whether the receiver combines the incoming data into its own)
+PHASES = {
+    CHECK: ("check", True),
+    FOLD_IN: ("fold-in", True),
+    FOLD_OUT: ("fold-out", False),
+    GATHER: ("gather", True),
+    SEND_BACK: ("send-back", False),
+    REDUCE: ("reduce", True),
+    BROADCAST: ("broadcast", False),
+    EXCHANGE: ("exchange", True),
+    REDUCE_SCATTER: ("reduce-scatter", True),
+    ALLGATHER: ("allgather", False),
+}

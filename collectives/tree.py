@@ -1,0 +1,128 @@
+"""Binomial tree allreduce: reduce to rank 0 along a binomial tree, then broadcast down the same tree.
+
+Papers: Ben-Nun & Hoefler (ACM CSUR 2019), allreduce cost table, "Tree"; Thakur, Rabenseifner
+& Gropp (IJHPCA 2005), binomial-tree MPI_Reduce and MPI_Bcast (MPICH's short-message choice).
+
+Schedule, p = 8 (`relative` rank = rank - root mod p; the step is `mask` = 1, 2, 4):
+
+    reduce:     mask 1          mask 2          mask 4
+                1 -> 0          2 -> 0          4 -> 0
+                3 -> 2          6 -> 4
+                5 -> 4
+                7 -> 6
+    broadcast:  mask 4          mask 2          mask 1
+                0 -> 4          0 -> 2          0 -> 1
+                                4 -> 6          2 -> 3
+                                                4 -> 5, 6 -> 7
+
+In the reduce, a rank whose `relative` has bit `mask` set sends its partial result to
+relative - mask and is done; the others receive from relative + mask (if it exists) and reduce.
+The broadcast walks the same edges backwards. Any p works: missing children are skipped.
+
+Cost: 2 ceil(lg p) alpha + 2 ceil(lg p) n beta + ceil(lg p) n gamma (the root receives
+ceil(lg p) vectors and sends ceil(lg p)). Latency logarithmic, but every message carries the
+whole vector, so it is the choice for small vectors only.
+Deadlock-freedom: blocking Send/Recv along tree edges: the waits form a tree, never a cycle.
+
+    mpiexec -n 4 python -m collectives.tree
+
+Building blocks, public and tested on their own: `reduce(comm, sendbuf, recvbuf, op, root)`
+and `broadcast(comm, buf, root)`.
+"""
+from mpi4py import MPI
+
+from .buffers import allreduce_arguments, from_mpi, run_allreduce, to_mpi, validate
+from .ops import array_module, base_op, combine, finish
+from .tags import BROADCAST, REDUCE
+
+
+def tree_reduce_in_place(comm, data, op, root=0):
+    """Binomial-tree reduce of `data` to `root`; on other ranks `data` ends as a partial result."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    relative = (rank - root) % size
+    incoming = array_module(data).empty_like(data)
+    mask = 1
+    while mask < size:
+        if relative & mask:
+            # my subtree is complete: hand it to my parent and stop
+            comm.Send(data, dest=(relative - mask + root) % size, tag=REDUCE)
+            break
+        child = relative + mask
+        if child < size:
+            comm.Recv(incoming, source=(child + root) % size, tag=REDUCE)
+            combine(data, incoming, op)
+        mask *= 2
+
+
+def tree_broadcast_in_place(comm, data, root=0):
+    """Binomial-tree broadcast of `data` from `root` (the reduce's edges, walked backwards)."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    relative = (rank - root) % size
+    # receive from my parent: the lowest set bit of `relative` names the edge
+    mask = 1
+    while mask < size:
+        if relative & mask:
+            comm.Recv(data, source=(relative - mask + root) % size, tag=BROADCAST)
+            break
+        mask *= 2
+    # send to my children, the largest subtree first
+    mask //= 2
+    while mask > 0:
+        if relative + mask < size:
+            comm.Send(data, dest=(relative + mask + root) % size, tag=BROADCAST)
+        mask //= 2
+
+
+def tree_allreduce_in_place(comm, data, op):
+    """The heart: reduce to rank 0, then broadcast from rank 0."""
+    tree_reduce_in_place(comm, data, op, root=0)
+    tree_broadcast_in_place(comm, data, root=0)
+
+
+def allreduce(comm, sendbuf, recvbuf=None, op="sum", check=True):
+    """recvbuf <- op over ranks of sendbuf, by binomial reduce + broadcast. See the module docstring.
+
+    sendbuf may be MPI.IN_PLACE (or recvbuf itself); op is "sum", "max", "min" or "mean";
+    check=False skips the agreement check on lengths and dtypes (collectives.check).
+    """
+    return run_allreduce(tree_allreduce_in_place, comm, sendbuf, recvbuf, op, check, "tree allreduce")
+
+
+def reduce(comm, sendbuf, recvbuf=None, op="sum", root=0, check=True):
+    """recvbuf on `root` <- op over ranks of sendbuf (binomial tree). Returns recvbuf on root, None elsewhere.
+
+    Other ranks may pass recvbuf=None; sendbuf may be MPI.IN_PLACE on the root (recvbuf holds
+    the root's input then). `sendbuf` itself is never modified.
+    """
+    rank, size = comm.Get_rank(), comm.Get_size()
+    if rank != root or recvbuf is None:
+        # only the root's recvbuf matters: elsewhere the subtree is reduced in a scratch copy
+        if sendbuf is MPI.IN_PLACE:
+            sendbuf = recvbuf
+        recvbuf = array_module(sendbuf).empty_like(sendbuf) if hasattr(sendbuf, "dtype") else sendbuf
+    in_place = allreduce_arguments(comm, "reduce", sendbuf, recvbuf, op, check, root=root)
+    if not in_place:
+        recvbuf[...] = sendbuf
+    data = to_mpi(recvbuf)
+    if size > 1 and data.size > 0:
+        tree_reduce_in_place(comm, data, base_op(op), root)
+    if rank != root:
+        return None
+    finish(data, op, size)
+    from_mpi(data, recvbuf)
+    return recvbuf
+
+
+def broadcast(comm, buf, root=0, check=True):
+    """buf on every rank <- buf on `root` (binomial tree), in place. Returns buf."""
+    validate(comm, "broadcast", [(buf, "buf", None)], "sum", check, root=root)
+    data = to_mpi(buf)
+    if comm.Get_size() > 1 and data.size > 0:
+        tree_broadcast_in_place(comm, data, root)
+    from_mpi(data, buf)
+    return buf
+
+
+if __name__ == "__main__":
+    from .demo import demo
+    demo(allreduce, MPI.COMM_WORLD)

@@ -1,0 +1,390 @@
+"""collectives: every allreduce and building block on real MPI ranks, tied to closed forms and to cost.py.
+
+Expected values come from outside the code under test: every rank can compute every other
+rank's fill values (they depend only on rank and index), so the exact reduction is one numpy
+call on a stacked array. Fill values are small integers, so sums are exact in float32 too and
+any reduction order must give the same bits. Message counts come from cost.py's formulas.
+"""
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from mpi4py import MPI
+from pytest_mpi import parallel_assert
+
+import collectives
+from collectives import bench, cost, trace
+from collectives.check import MismatchError
+from collectives.buffers import block_counts, block_offsets
+from tests import strategies
+
+ALGORITHMS = collectives.ALGORITHMS                    # naive, tree, butterfly, ring, rabenseifner, auto
+TRACED = cost.ALGORITHMS                               # the five with a cost formula
+NUMPY_OPS = {"sum": np.sum, "max": np.max, "min": np.min, "mean": np.sum}
+SMALL_P = [1, 2, 3, 4]
+LARGE_P = [5, 6, 7, 8]
+
+
+def fill(rank, length, dtype):
+    """Rank-dependent small integers (negative ones too), exact in every dtype tested."""
+    index = np.arange(length)
+    return (((index * 7 + 3 * rank) % 11) - 5 + rank).astype(dtype)
+
+
+def expected_allreduce(size, length, dtype, op):
+    """The exact result, from every rank's fill values stacked: numpy, not collectives."""
+    stacked = np.stack([fill(rank, length, dtype) for rank in range(size)]) if length else \
+        np.zeros((size, 0), dtype=dtype)
+    result = NUMPY_OPS[op](stacked, axis=0).astype(dtype)
+    if op == "mean":                                    # sum, then divide in the buffer's dtype
+        if result.dtype.kind in "iu":
+            result //= size
+        else:
+            result /= size
+    return result
+
+
+def same_on_every_rank(comm, array):
+    """True on every rank if every rank holds the same bytes."""
+    return all(other == array.tobytes() for other in comm.allgather(array.tobytes()))
+
+
+def run_allreduce(comm, algorithm, length, dtype, op, in_place):
+    mine = fill(comm.rank, length, dtype)
+    if in_place == "IN_PLACE":
+        result = mine.copy()
+        collectives.allreduce(comm, MPI.IN_PLACE, result, op=op, algorithm=algorithm)
+    elif in_place == "same array":
+        result = mine.copy()
+        collectives.allreduce(comm, result, result, op=op, algorithm=algorithm)
+    else:
+        result = collectives.allreduce(comm, mine, np.empty_like(mine), op=op, algorithm=algorithm)
+        parallel_assert(bool(np.array_equal(mine, fill(comm.rank, length, dtype))),
+                        f"{algorithm} modified sendbuf")
+    return result
+
+
+def check_every_algorithm(length, dtype, op, in_place):
+    comm = MPI.COMM_WORLD
+    expected = expected_allreduce(comm.size, length, dtype, op)
+    for algorithm in ALGORITHMS:
+        result = run_allreduce(comm, algorithm, length, dtype, op, in_place)
+        parallel_assert(result.dtype == np.dtype(dtype) and result.shape == (length,),
+                        f"{algorithm}: got {result.dtype} {result.shape}")
+        parallel_assert(bool(np.array_equal(result, expected)),
+                        f"rank {comm.rank}: {algorithm} {op} of {length} {dtype} ({in_place}) gave "
+                        f"{result[:8]}..., expected {expected[:8]}...")
+        parallel_assert(same_on_every_rank(comm, result), f"{algorithm}: ranks disagree")
+
+
+in_place_modes = st.sampled_from(["separate", "IN_PLACE", "same array"])
+
+
+# ---------------------------------------------------------------------------------------------
+# every algorithm computes the exact reduction, identical on every rank
+
+@pytest.mark.parallel(nprocs=SMALL_P)
+@settings(max_examples=30)
+@given(length=st.integers(0, 70), dtype=strategies.collective_dtypes, op=strategies.reduction_ops,
+       in_place=in_place_modes)
+def test_every_allreduce_equals_the_exact_reduction_of_rank_fill_values(length, dtype, op, in_place):
+    check_every_algorithm(length, dtype, op, in_place)
+
+
+@pytest.mark.parallel(nprocs=LARGE_P)
+@settings(max_examples=6)
+@given(length=st.integers(0, 40), dtype=strategies.collective_dtypes, op=strategies.reduction_ops,
+       in_place=in_place_modes)
+def test_every_allreduce_equals_the_exact_reduction_on_5_to_8_ranks(length, dtype, op, in_place):
+    check_every_algorithm(length, dtype, op, in_place)
+
+
+@pytest.mark.parallel(nprocs=[1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("length", [0, 1, 2, 3, 5, 7, 8, 9])
+def test_lengths_around_p_and_below_p(length):
+    # n < p leaves some blocks empty; n not divisible by p makes them uneven
+    check_every_algorithm(length, "float64", "sum", "separate")
+
+
+@pytest.mark.parallel(nprocs=[2, 3, 4])
+@settings(max_examples=5)
+@given(seed=strategies.seeds, length=st.integers(1, 200))
+def test_random_floats_give_identical_bits_on_every_rank_and_the_sum_to_rounding(seed, length):
+    comm = MPI.COMM_WORLD
+    every = [np.random.default_rng([seed, rank]).standard_normal(length) for rank in range(comm.size)]
+    exact = np.sum(every, axis=0)
+    for algorithm in ALGORITHMS:
+        result = collectives.allreduce(comm, every[comm.rank], algorithm=algorithm)
+        parallel_assert(same_on_every_rank(comm, result), f"{algorithm}: ranks disagree bitwise")
+        parallel_assert(bool(np.allclose(result, exact, rtol=1e-12, atol=1e-12)), f"{algorithm}: {result}")
+
+
+@pytest.mark.parallel(nprocs=[2, 3, 4])
+def test_large_vectors_above_the_eager_limit_do_not_deadlock():
+    # 1 MiB and more per message: MPI switches to rendezvous, where a send waits for its receive
+    comm = MPI.COMM_WORLD
+    length = 300_001
+    expected = expected_allreduce(comm.size, length, "float32", "sum")
+    for algorithm in ALGORITHMS:
+        result = collectives.allreduce(comm, fill(comm.rank, length, "float32"), algorithm=algorithm)
+        parallel_assert(bool(np.array_equal(result, expected)), f"{algorithm} wrong at {length}")
+
+
+@pytest.mark.parallel(nprocs=[2, 3])
+def test_integer_mean_is_floor_division_of_the_sum():
+    comm = MPI.COMM_WORLD
+    mine = np.array([comm.rank + 1, -(comm.rank + 1)], dtype=np.int64)
+    for algorithm in ALGORITHMS:
+        result = collectives.allreduce(comm, mine, op="mean", algorithm=algorithm)
+        total = comm.size * (comm.size + 1) // 2
+        parallel_assert(result.tolist() == [total // comm.size, -total // comm.size], f"{algorithm}: {result}")
+
+
+# ---------------------------------------------------------------------------------------------
+# the building blocks
+
+@pytest.mark.parallel(nprocs=[1, 2, 3, 4, 5])
+@settings(max_examples=10)
+@given(length=st.integers(0, 40), dtype=strategies.collective_dtypes, root_seed=st.integers(0, 100))
+def test_broadcast_gives_every_rank_the_roots_buffer(length, dtype, root_seed):
+    comm = MPI.COMM_WORLD
+    root = root_seed % comm.size
+    buf = fill(comm.rank, length, dtype)
+    collectives.broadcast(comm, buf, root=root)
+    parallel_assert(bool(np.array_equal(buf, fill(root, length, dtype))), f"rank {comm.rank}: {buf}")
+
+
+@pytest.mark.parallel(nprocs=[1, 2, 3, 4, 5])
+@settings(max_examples=10)
+@given(length=st.integers(0, 40), dtype=strategies.collective_dtypes, op=strategies.reduction_ops,
+       root_seed=st.integers(0, 100))
+def test_reduce_gives_the_root_the_exact_reduction(length, dtype, op, root_seed):
+    comm = MPI.COMM_WORLD
+    root = root_seed % comm.size
+    mine = fill(comm.rank, length, dtype)
+    result = collectives.reduce(comm, mine, np.empty_like(mine) if comm.rank == root else None, op=op, root=root)
+    if comm.rank == root:
+        ok = np.array_equal(result, expected_allreduce(comm.size, length, dtype, op))
+    else:
+        ok = result is None
+    parallel_assert(bool(ok), f"rank {comm.rank} (root {root}): {result}")
+    parallel_assert(bool(np.array_equal(mine, fill(comm.rank, length, dtype))), "reduce modified sendbuf")
+
+
+@pytest.mark.parallel(nprocs=[1, 2, 3, 4, 5])
+@settings(max_examples=10)
+@given(length=st.integers(0, 40), dtype=strategies.collective_dtypes, op=strategies.reduction_ops)
+def test_reduce_scatter_gives_rank_r_block_r_of_the_reduction(length, dtype, op):
+    comm = MPI.COMM_WORLD
+    counts = block_counts(length, comm.size)
+    start = block_offsets(counts)[comm.rank]
+    result = collectives.reduce_scatter(comm, fill(comm.rank, length, dtype), op=op)
+    expected = expected_allreduce(comm.size, length, dtype, op)[start:start + counts[comm.rank]]
+    parallel_assert(bool(np.array_equal(result, expected)), f"rank {comm.rank}: {result} != {expected}")
+
+
+@pytest.mark.parallel(nprocs=[1, 2, 3, 4, 5])
+@settings(max_examples=10)
+@given(length=st.integers(0, 40), dtype=strategies.collective_dtypes, in_place=st.booleans())
+def test_allgather_puts_every_ranks_block_in_rank_order(length, dtype, in_place):
+    comm = MPI.COMM_WORLD
+    counts = block_counts(length, comm.size)
+    offsets = block_offsets(counts)
+    # block r of the expected vector comes from rank r
+    expected = np.concatenate([fill(r, length, dtype)[offsets[r]:offsets[r] + counts[r]]
+                               for r in range(comm.size)]) if length else np.zeros(0, dtype)
+    mine = fill(comm.rank, length, dtype)[offsets[comm.rank]:offsets[comm.rank] + counts[comm.rank]]
+    recvbuf = np.zeros(length, dtype=dtype)
+    if in_place:
+        recvbuf[offsets[comm.rank]:offsets[comm.rank] + counts[comm.rank]] = mine
+        collectives.allgather(comm, MPI.IN_PLACE, recvbuf)
+    else:
+        collectives.allgather(comm, mine, recvbuf)
+    parallel_assert(bool(np.array_equal(recvbuf, expected)), f"rank {comm.rank}: {recvbuf}")
+
+
+def test_block_counts_cover_n_and_differ_by_at_most_one():
+    for n in range(0, 40):
+        for parts in range(1, 10):
+            counts = block_counts(n, parts)
+            assert sum(counts) == n and max(counts) - min(counts) <= 1 and counts == sorted(counts, reverse=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# traced messages equal cost.py's formulas
+
+@pytest.mark.parallel(nprocs=[1, 2, 3, 4, 5, 6, 7, 8])
+@pytest.mark.parametrize("length", [0, 1, 3, 8, 37])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_traced_messages_bytes_and_reductions_equal_the_cost_formulas(length, dtype):
+    comm = MPI.COMM_WORLD
+    traced = trace.TracedComm(comm)
+    itemsize = np.dtype(dtype).itemsize
+    for algorithm in TRACED:
+        traced.reset()
+        collectives.allreduce(traced, fill(comm.rank, length, dtype), algorithm=algorithm, check=False)
+        measured = trace.counts(traced.messages, comm.rank)
+        formula = cost.per_rank(algorithm, comm.size, length, itemsize, comm.rank)
+        parallel_assert(measured == (formula.messages, formula.bytes_sent, formula.bytes_reduced),
+                        f"{algorithm} p={comm.size} n={length} rank {comm.rank}: traced {measured}, "
+                        f"cost.py {formula}")
+        everything = trace.gather(traced)
+        if comm.rank == 0:
+            sent = sum(m.nbytes for m in everything if m.direction == "send")
+            received = sum(m.nbytes for m in everything if m.direction == "recv")
+            pairs = trace.match(everything)
+            consistent = sent == received and 2 * len(pairs) == len(everything)
+        else:
+            consistent = True
+        parallel_assert(consistent, f"{algorithm}: sends and receives do not pair up")
+
+
+@pytest.mark.parallel(nprocs=[1, 2, 3, 4, 5, 8])
+def test_the_agreement_check_costs_a_butterfly_on_nine_int64():
+    # the docstring of collectives.check: (lg p + 2) alpha at most, 72-byte messages
+    comm = MPI.COMM_WORLD
+    traced = trace.TracedComm(comm)
+    collectives.allreduce(traced, np.ones(5), algorithm="ring", check=True)
+    checks = [m for m in traced.messages if m.phase == "check"]
+    sent = [m for m in checks if m.direction == "send"]
+    formula = cost.per_rank("butterfly", comm.size, 9, 8, comm.rank)
+    parallel_assert((len(sent), sum(m.nbytes for m in sent)) == (formula.messages, formula.bytes_sent),
+                    f"rank {comm.rank}: {len(sent)} check messages, {formula}")
+
+
+@pytest.mark.parallel(nprocs=[4])
+def test_trace_prints_as_text_and_draws_a_spacetime_png(tmp_path_factory):
+    comm = MPI.COMM_WORLD
+    traced = trace.TracedComm(comm)
+    collectives.allreduce(traced, np.ones(12), algorithm="ring", check=False)
+    messages = trace.gather(traced)
+    ok = True
+    if comm.rank == 0:
+        text = trace.format_text(messages)
+        ok = "0 -> 1" in text and "reduce-scatter 2" in text and "allgather 0" in text
+        for clock in ("wall", "steps"):
+            path = tmp_path_factory.mktemp("trace") / f"ring_{clock}.png"
+            trace.plot_spacetime(messages, path, "ring", clock=clock)
+            ok = ok and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        slots = trace.logical_times(messages)
+        ok = ok and max(slots.values()) == 2 * (comm.size - 1) - 1   # 6 steps, one after another
+    parallel_assert(bool(ok), "trace text or picture wrong")
+
+
+# ---------------------------------------------------------------------------------------------
+# cost.py against the paper's table
+
+@given(p=st.integers(1, 64), elements=st.integers(0, 500))
+def test_per_rank_costs_reduce_to_the_papers_formulas(p, elements):
+    n = elements * p                                   # divisible, so blocks are equal
+    lg = (p - 1).bit_length()
+    if n == 0 or p == 1:
+        assert all(cost.per_rank(a, p, n, 4, 0) == cost.RankCost(0, 0, 0) for a in TRACED)
+        return
+    ring = [cost.per_rank("ring", p, n, 1, r) for r in range(p)]
+    assert all(c == cost.RankCost(2 * (p - 1), 2 * (p - 1) * n // p, (p - 1) * n // p) for c in ring)
+    root = cost.per_rank("naive", p, n, 1, 0)
+    assert root == cost.RankCost(p - 1, (p - 1) * n, (p - 1) * n)
+    assert cost.per_rank("tree", p, n, 1, 0).messages == lg           # + lg received = 2 ceil(lg p) steps
+    assert sum(cost.per_rank("tree", p, n, 1, r).messages for r in range(p)) == 2 * (p - 1)
+    if p & (p - 1) == 0:                                              # power of two
+        for r in range(p):
+            assert cost.per_rank("butterfly", p, n, 1, r) == cost.RankCost(lg, lg * n, lg * n)
+            assert cost.per_rank("rabenseifner", p, n, 1, r) == cost.RankCost(
+                2 * lg, 2 * (p - 1) * n // p, (p - 1) * n // p)
+
+
+def test_predicted_times_order_like_the_paper():
+    alpha, beta, gamma = 2e-6, 1e-10, 3e-11
+    small, large = 4096, 64 << 20
+    for p in (4, 8, 16):
+        at = {a: cost.predict(a, p, large, alpha, beta, gamma) for a in TRACED + ("lower bound",)}
+        assert at["lower bound"] <= at["rabenseifner"] <= at["ring"] < at["butterfly"] < at["tree"] < at["naive"]
+        assert cost.predict("butterfly", p, small, alpha, beta, gamma) < cost.predict("ring", p, small, alpha, beta, gamma)
+
+
+# ---------------------------------------------------------------------------------------------
+# bad input: a clear error on every rank, not a hang
+
+@pytest.mark.parallel(nprocs=[2, 3, 4, 5])
+@pytest.mark.parametrize("what", ["length", "dtype", "op", "shape"])
+def test_mismatched_arguments_raise_on_every_rank(what):
+    comm = MPI.COMM_WORLD
+    odd_one = comm.size - 1
+    for algorithm in ALGORITHMS:
+        length, dtype, op = 10, np.float64, "sum"
+        if comm.rank == odd_one:
+            length, dtype, op = {"length": (11, dtype, op), "dtype": (length, np.float32, op),
+                                 "op": (length, dtype, "max"), "shape": (length, dtype, op)}[what]
+        mine = np.ones(length, dtype=dtype)
+        if what == "shape" and comm.rank == odd_one:
+            mine = np.ones((2, 5), dtype=dtype)
+        try:
+            collectives.allreduce(comm, mine, op=op, algorithm=algorithm)
+            message = None
+        except MismatchError as error:
+            message = str(error)
+        word = {"length": "length", "dtype": "dtype", "op": "op", "shape": "1-D"}[what]
+        parallel_assert(message is not None, f"rank {comm.rank}: {algorithm} raised nothing")
+        parallel_assert(word in message or f"rank {odd_one} passed bad" in message, f"rank {comm.rank}: {message}")
+
+
+@pytest.mark.parallel(nprocs=[2, 3])
+def test_mismatched_building_block_arguments_raise_on_every_rank():
+    comm = MPI.COMM_WORLD
+    length = 10 + (comm.rank == 1)
+    for call in (lambda: collectives.broadcast(comm, np.ones(length)),
+                 lambda: collectives.reduce(comm, np.ones(length)),
+                 lambda: collectives.reduce_scatter(comm, np.ones(length)),
+                 lambda: collectives.allgather(comm, np.ones(1), np.ones(length))):
+        with pytest.raises(MismatchError):
+            call()
+
+
+def test_unknown_algorithm_is_refused():
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        collectives.allreduce(MPI.COMM_SELF, np.ones(3), algorithm="hypercube")
+
+
+# ---------------------------------------------------------------------------------------------
+# CuPy buffers (staged through the host unless MPI is CUDA-aware)
+
+def _cupy_or_skip():
+    try:
+        import cupy
+        cupy.cuda.runtime.getDeviceCount()
+        return cupy
+    except Exception:                                   # no module, no driver, no device
+        pytest.skip("no GPU/CuPy")
+
+
+@pytest.mark.parallel(nprocs=[1, 2, 3])
+def test_cupy_buffers_give_the_same_result_as_numpy():
+    cupy = _cupy_or_skip()
+    comm = MPI.COMM_WORLD
+    expected = expected_allreduce(comm.size, 37, "float32", "sum")
+    for algorithm in ALGORITHMS:
+        result = collectives.allreduce(comm, cupy.asarray(fill(comm.rank, 37, "float32")), algorithm=algorithm)
+        parallel_assert(isinstance(result, cupy.ndarray) and bool(np.array_equal(cupy.asnumpy(result), expected)),
+                        f"{algorithm} on CuPy")
+
+
+# ---------------------------------------------------------------------------------------------
+# the benchmark runs (a smoke test; the numbers themselves are not tested)
+
+@pytest.mark.parallel(nprocs=[1, 2])
+def test_bench_quick_writes_json_with_the_documented_fields(tmp_path_factory):
+    comm = MPI.COMM_WORLD
+    path = tmp_path_factory.mktemp("bench") / "bench.json" if comm.rank == 0 else None
+    path = comm.bcast(str(path) if path else None)
+    records = bench.main(["--quick", "--sizes", "4K", "--algorithms", "ring,auto", "--json", path])
+    ok = True
+    if comm.rank == 0:
+        with open(path) as file:
+            written = json.load(file)
+        fields = {"algorithm", "p", "bytes", "seconds", "mpi_seconds", "ratio", "model_seconds", "alpha", "beta"}
+        ok = (written == records and {r["algorithm"] for r in written} == {"mpi", "ring", "auto"}
+              and all(fields <= set(r) and r["bytes"] == 4096 and r["seconds"] > 0 for r in written))
+    parallel_assert(bool(ok), "bench JSON")
