@@ -84,9 +84,10 @@ def build_model(name, seed, dataset="digits"):
         raise ValueError("--model cnn is for the 8x8 digits; use --model lenet5 (or mlp) with mnist")
     if dataset == "digits" and name == "lenet5":
         raise ValueError("--model lenet5 expects 28x28 images; use --model cnn (or mlp) with digits")
-    model = models.build(name, numpy.random.default_rng(seed))
-    if name == "mlp" and dataset == "mnist":
-        model = models.mlp(numpy.random.default_rng(seed), in_features=784)
+    rng = numpy.random.default_rng(seed)
+    if name == "mlp":
+        return models.mlp(rng, in_features=784 if dataset == "mnist" else 64)
+    model = models.build(name, rng)
     return model
 
 

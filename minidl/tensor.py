@@ -46,8 +46,9 @@ class Tensor:
             raise TypeError("Tensor(data): data is already a Tensor; use tensor.data or tensor.detach()")
         xp = backend.xp()
         if not isinstance(data, xp.ndarray):          # numbers, lists, NumPy scalars, host arrays
+            typed = hasattr(data, "dtype")
             data = xp.asarray(data)
-            if data.dtype.kind in "iub":              # python numbers: default float32
+            if not typed and data.dtype.kind in "iubf":   # python numbers and lists: float32
                 data = data.astype(xp.float32)
         if data.dtype.kind not in _FLOAT_KINDS:
             raise TypeError(f"Tensor needs a floating-point array, got dtype {data.dtype} "
