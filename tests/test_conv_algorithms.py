@@ -1,0 +1,161 @@
+"""The four convolution algorithms (and ``auto``) compute the same thing as ``direct``.
+
+Ben-Nun & Hoefler 2018, section 4.2: direct, im2col, FFT and Winograd are four ways to compute
+one convolutional layer. Each is checked against ``direct`` (itself checked against a naive loop
+and finite differences in tests/test_layers.py): forward and both gradients, under hypothesis-drawn
+batch sizes, channels, image sizes, kernels, paddings and the strides the algorithm supports.
+
+Tolerances, as max|algorithm - reference| <= tol * max|reference| per array:
+- float64: 1e-11. Every algorithm is exact in exact arithmetic (FFT and Winograd are identities,
+  not approximations), so only rounding is left: measured <= ~2e-15 on these shapes.
+- float32 (against the float64 ``direct``): 5e-6, about 40 float32 epsilons. Measured on 300
+  random shapes (up to 16 channels, kernels up to the image size) and on (4, 64, 32, 32) 3x3 and
+  (2, 16, 64, 64) 11x11: worst im2col 6.7e-7, fft 6.4e-7, winograd 6.8e-7 (grad_weight). In this
+  norm F(2x2, 3x3) loses at most ~2x im2col's accuracy and the FFT (pocketFFT, log-depth sums) none;
+  the bound leaves ~7x headroom for other BLAS/FFT libraries and sums up to a few thousand terms.
+"""
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from minidl import Tensor, backend, conv, functional as F, gradcheck
+from minidl.conv import auto, cost, direct
+
+ALGORITHMS = ["im2col", "fft", "winograd", "auto"]
+FLOAT64_TOL = 1e-11
+FLOAT32_TOL = 5e-6
+
+
+@st.composite
+def shapes_for(draw, algorithm, max_channels=4, max_side=9):
+    """(n, c, f, h, w, k, stride, padding) that ``algorithm`` supports, with an output of at least 1x1."""
+    kernel = 3 if algorithm == "winograd" else draw(st.integers(1, 5))
+    stride = 1 if algorithm == "winograd" else draw(st.integers(1, 3))
+    padding = draw(st.integers(0, 2))
+    h = draw(st.integers(max(1, kernel - 2 * padding), max_side))
+    w = draw(st.integers(max(1, kernel - 2 * padding), max_side))
+    return (draw(st.integers(1, 3)), draw(st.integers(1, max_channels)), draw(st.integers(1, max_channels)),
+            h, w, kernel, stride, padding)
+
+
+def run(name, x, weight, grad_out, stride, padding):
+    """(out, grad_x, grad_weight) of algorithm ``name`` through the kernel interface, as NumPy arrays."""
+    kernel = conv.get(name, x.shape, weight.shape, stride, padding)
+    out, cache = kernel.forward(x, weight, stride, padding)
+    grad_x, grad_weight = kernel.backward(grad_out, cache, need_x=True, need_weight=True)
+    return tuple(backend.to_numpy(a) for a in (out, grad_x, grad_weight))
+
+
+def reference(x, weight, grad_out, stride, padding):
+    """``direct`` in float64 on the host: the oracle."""
+    x, weight, grad_out = (backend.to_numpy(a).astype(np.float64) for a in (x, weight, grad_out))
+    out, cache = direct.forward(x, weight, stride, padding)
+    return (out,) + direct.backward(grad_out, cache, need_x=True, need_weight=True)
+
+
+def relative_error(actual, expected):
+    assert actual.shape == expected.shape, f"shape {actual.shape} != {expected.shape}"
+    return float(np.abs(actual - expected).max() / max(np.abs(expected).max(), 1e-30))
+
+
+def draw_arrays(setting, seed, dtype):
+    n, c, f, h, w, k, stride, padding = setting
+    xp, rng = backend.xp(), np.random.default_rng(seed)
+    out_h, out_w = conv.output_size(h, k, stride, padding), conv.output_size(w, k, stride, padding)
+    return tuple(xp.asarray(rng.standard_normal(shape), dtype=dtype)
+                 for shape in ((n, c, h, w), (f, c, k, k), (n, f, out_h, out_w)))
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@given(data=st.data(), seed=st.integers(0, 2**32 - 1))
+def test_every_algorithm_equals_direct_forward_and_both_gradients_in_float64(backend_name, algorithm, data, seed):
+    setting = data.draw(shapes_for(algorithm))
+    stride, padding = setting[6], setting[7]
+    x, weight, grad_out = draw_arrays(setting, seed, "float64")
+    for name, actual, expected in zip(("out", "grad_x", "grad_weight"), run(algorithm, x, weight, grad_out, stride, padding),
+                                      reference(x, weight, grad_out, stride, padding)):
+        assert relative_error(actual, expected) <= FLOAT64_TOL, f"{algorithm} {name} for setting {setting}"
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@given(data=st.data(), seed=st.integers(0, 2**32 - 1))
+def test_float32_error_against_float64_direct_is_within_the_measured_bound(backend_name, algorithm, data, seed):
+    setting = data.draw(shapes_for(algorithm, max_channels=16, max_side=12))
+    stride, padding = setting[6], setting[7]
+    x, weight, grad_out = draw_arrays(setting, seed, "float32")
+    results = run(algorithm, x, weight, grad_out, stride, padding)
+    assert all(a.dtype == np.float32 for a in results), "float32 in, float32 out"
+    for name, actual, expected in zip(("out", "grad_x", "grad_weight"), results,
+                                      reference(x, weight, grad_out, stride, padding)):
+        assert relative_error(actual, expected) <= FLOAT32_TOL, f"{algorithm} {name} for setting {setting}"
+
+
+def test_winograd_and_fft_on_a_wide_layer_in_float32():
+    """A 64-channel 3x3 layer: the shape Winograd is for, and longer sums than hypothesis draws."""
+    setting = (2, 64, 64, 12, 12, 3, 1, 1)
+    x, weight, grad_out = draw_arrays(setting, 7, "float32")
+    expected = reference(x, weight, grad_out, 1, 1)
+    for algorithm in ("im2col", "fft", "winograd"):
+        for actual, wanted in zip(run(algorithm, x, weight, grad_out, 1, 1), expected):
+            assert relative_error(actual, wanted) <= FLOAT32_TOL, algorithm
+
+
+def test_the_check_rejects_a_true_convolution_and_a_one_pixel_shift():
+    """The comparison can fail: a flipped kernel (convolution, not correlation) or a shifted output is caught."""
+    setting = (2, 3, 4, 8, 8, 3, 1, 1)
+    x, weight, grad_out = draw_arrays(setting, 3, "float64")
+    expected = reference(x, weight, grad_out, 1, 1)[0]
+    flipped = run("fft", x, weight[:, :, ::-1, ::-1].copy(), grad_out, 1, 1)[0]
+    shifted = np.roll(run("winograd", x, weight, grad_out, 1, 1)[0], 1, axis=3)
+    assert relative_error(flipped, expected) > 1e-2
+    assert relative_error(shifted, expected) > 1e-2
+
+
+@pytest.mark.parametrize("algorithm", ["fft", "winograd"])
+def test_conv2d_through_autograd_matches_finite_differences(algorithm):
+    rng = np.random.default_rng(5)
+    stride = 2 if algorithm == "fft" else 1
+    x = Tensor(rng.standard_normal((2, 2, 6, 5)), requires_grad=True)
+    weight = Tensor(rng.standard_normal((3, 2, 3, 3)), requires_grad=True)
+    bias = Tensor(rng.standard_normal(3), requires_grad=True)
+    assert gradcheck(lambda a, b, c: F.conv2d(a, b, c, stride, 1, algorithm), [x, weight, bias])
+
+
+@pytest.mark.parametrize("kernel_size, stride, words", [(3, 2, "stride 1"), (5, 1, "3x3"), (1, 1, "3x3")])
+def test_winograd_refuses_what_it_cannot_do_and_names_the_limitation(kernel_size, stride, words):
+    x = Tensor(np.zeros((1, 2, 8, 8), dtype=np.float32))
+    weight = Tensor(np.zeros((2, 2, kernel_size, kernel_size), dtype=np.float32))
+    with pytest.raises(ValueError, match=words):
+        F.conv2d(x, weight, stride=stride, algorithm="winograd")
+
+
+@pytest.mark.parametrize("shape, expected", [
+    (((8, 64, 16, 16), (64, 64, 3, 3), 1, 1), "winograd"),
+    (((8, 64, 16, 16), (64, 64, 3, 3), 2, 1), "im2col"),          # Winograd cannot stride
+    (((8, 8, 16, 16), (8, 8, 3, 3), 1, 1), "im2col"),             # too few channels to pay
+    (((2, 4, 40, 40), (4, 4, auto.FFT_MIN_KERNEL, auto.FFT_MIN_KERNEL), 1, 0), "fft"),
+    (((64, 1, 28, 28), (6, 1, 5, 5), 1, 2), "im2col"),            # LeNet's first layer
+])
+def test_auto_follows_its_measured_rule(shape, expected):
+    assert auto.choose_name(*shape) == expected
+    assert conv.get("auto", *shape) is conv.get(expected, *shape)
+
+
+def test_cost_counts_im2col_as_the_definition_and_winograd_as_sixteen_products_per_tile():
+    x_shape, weight_shape = (2, 3, 8, 10), (4, 3, 3, 3)              # Ho, Wo = 8, 10 with padding 1
+    assert cost.cost("im2col", x_shape, weight_shape, 1, 1)["multiplies"] == 2 * 4 * 3 * 9 * 8 * 10
+    tiles = 2 * 4 * 5
+    winograd = cost.cost("winograd", x_shape, weight_shape, 1, 1)
+    assert winograd["multiplies"] == 16 * 4 * 3 * tiles + 42 * 4 * 3       # + G g G^T (six 1/2 entries)
+    # the product terms alone give Lavin & Gray's 36/16 = 2.25
+    assert (2 * 4 * 3 * 9 * 8 * 10) / (16 * 4 * 3 * tiles) == 2.25
+
+
+def test_cost_of_fft_does_not_grow_with_the_kernel_but_im2col_does():
+    x_shape, small, large = (2, 4, 46, 46), (4, 4, 3, 3), (4, 4, 15, 15)     # same transform size
+    fft_small, fft_large = (cost.cost("fft", x_shape, w, 1, 0)["multiplies"] for w in (small, large))
+    im2col_small, im2col_large = (cost.cost("im2col", x_shape, w, 1, 0)["multiplies"] for w in (small, large))
+    assert fft_small == fft_large
+    assert im2col_large == im2col_small * (15 * 15 * 32 * 32) // (3 * 3 * 44 * 44)
+    with pytest.raises(ValueError, match="no cost model"):
+        cost.cost("auto", x_shape, small, 1, 1)
