@@ -1,0 +1,485 @@
+"""Benchmarks (numbers, not tests): minidl beside PyTorch CPU and beside the machine's GEMM rate.
+
+    python -m minidl.bench                 conv / pooling / linear layers and two training steps (issue 2)
+    python -m minidl.bench conv            the four convolution algorithms, their cost table, the
+                                           Winograd channel sweep and the FFT kernel-size crossover
+    python -m minidl.bench layers          Hegde & Usmani 2016, section 4: a conv layer and a fully
+                                           connected layer over sizes, NumPy vs CuPy (if a GPU) vs PyTorch
+    options: --json PATH  --plot PATH (conv, layers)  --threads N (default 1)  --repeats R  --quick  --no-torch
+
+Every case is timed as forward + backward (and, for a training step, the optimizer update);
+the reported time is the minimum over ``--repeats`` runs after a warm-up, since the minimum is
+the least disturbed by other processes on the machine. minidl and PyTorch each run in their own
+process (``--worker``), started with the same thread count in OMP_NUM_THREADS,
+OPENBLAS_NUM_THREADS and MKL_NUM_THREADS (and ``torch.set_num_threads``), so neither library's
+thread pool or allocator disturbs the other. PyTorch is only a yardstick: it is imported here
+and nowhere else in minidl, and the PyTorch columns are empty when it is not installed.
+
+``gflops`` counts the direct method's 2 * N * F * C * kh * kw * Ho * Wo floating-point operations
+per pass (three passes for forward + backward) whatever the algorithm, so a faster algorithm shows
+as a higher "effective" rate; ``gemm_gflops`` is float32 NumPy matmul of two n x n matrices.
+"""
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy
+
+# ---- the cases ---------------------------------------------------------------------------------
+# conv: (batch, in_channels, out_channels, side, kernel, stride, padding)
+LARGE_CONV = (32, 64, 64, 32, 3, 1, 1)
+LENET_CONV1 = (64, 1, 6, 28, 5, 1, 2)
+LENET_CONV2 = (64, 6, 16, 14, 5, 1, 0)
+
+
+def main_cases(quick):
+    """Issue 2: the large conv, LeNet-5's layers at batch 64, and two training steps."""
+    large = (2, 8, 8, 8, 3, 1, 1) if quick else LARGE_CONV
+    batch = 4 if quick else 64
+    return [
+        {"case": "conv2d large fwd+bwd", "kind": "conv", "shape": large, "algorithm": "im2col",
+         "target_ratio": 1.5, "target_gemm_fraction": 0.5},
+        {"case": "conv2d large fwd+bwd (auto)", "kind": "conv", "shape": large, "algorithm": "auto"},
+        {"case": "lenet conv1 fwd+bwd", "kind": "conv", "shape": (batch,) + LENET_CONV1[1:], "algorithm": "im2col"},
+        {"case": "lenet pool1 fwd+bwd", "kind": "pool", "shape": (batch, 6, 28, 2)},
+        {"case": "lenet conv2 fwd+bwd", "kind": "conv", "shape": (batch,) + LENET_CONV2[1:], "algorithm": "im2col"},
+        {"case": "lenet pool2 fwd+bwd", "kind": "pool", "shape": (batch, 16, 10, 2)},
+        {"case": "lenet fc1 fwd+bwd", "kind": "linear", "shape": (batch, 400, 120)},
+        {"case": "lenet fc2 fwd+bwd", "kind": "linear", "shape": (batch, 120, 84)},
+        {"case": "lenet fc3 fwd+bwd", "kind": "linear", "shape": (batch, 84, 10)},
+        {"case": "lenet5 train step", "kind": "step", "model": "lenet5", "batch": batch, "target_ratio": 1.5},
+        {"case": "mlp 784-256-256-10 train step", "kind": "step", "model": "mlp", "batch": batch, "target_ratio": 1.0},
+    ]
+
+
+def conv_cases(quick):
+    """Issue 6: every algorithm on the LeNet and large shapes, a channel sweep, a kernel sweep."""
+    algorithms = ("direct", "im2col", "fft", "winograd", "auto")
+    if quick:
+        shapes = {"large": (2, 4, 4, 8, 3, 1, 1)}
+        channels, kernels, kernel_side = (4, 8), (3, 5), 12
+    else:
+        shapes = {"lenet conv1": LENET_CONV1, "lenet conv2": LENET_CONV2, "large": LARGE_CONV}
+        channels, kernels, kernel_side = (8, 16, 32, 64, 128), (3, 5, 7, 9, 11, 13, 15, 17, 21), 64
+    cases = []
+    for label, shape in shapes.items():
+        cases += [{"case": f"{label}", "kind": "conv", "shape": shape, "algorithm": a} for a in algorithms]
+    for width in channels:        # Winograd's regime: 3x3, stride 1, channel count grows
+        shape = (2 if quick else 16, width, width, 8 if quick else 32, 3, 1, 1)
+        cases += [{"case": f"channels {width}", "kind": "conv", "shape": shape, "algorithm": a, "sweep": "channels",
+                   "x": width} for a in ("im2col", "winograd", "fft")]
+    for k in kernels:             # FFT's regime: the kernel grows, the image stays ("same" padding)
+        shape = (2 if quick else 8, 4 if quick else 16, 4 if quick else 16, kernel_side, k, 1, k // 2)
+        cases += [{"case": f"kernel {k}x{k}", "kind": "conv", "shape": shape, "algorithm": a, "sweep": "kernel", "x": k}
+                  for a in ("im2col", "fft") + (("direct",) if k <= 7 else ())]
+    return cases
+
+
+def layers_cases(quick):
+    """Hegde & Usmani 2016, section 4.2: a convolution layer and a fully connected layer over sizes."""
+    channels = (4, 8) if quick else (16, 32, 64, 128)
+    widths = (64, 128) if quick else (256, 512, 1024, 2048, 4096)
+    batch_conv, side, batch_fc = (2, 8, 8) if quick else (32, 32, 128)
+    cases = [{"case": f"conv {c}->{c} {side}x{side}", "kind": "conv", "shape": (batch_conv, c, c, side, 3, 1, 1),
+              "algorithm": "im2col", "sweep": "conv", "x": c} for c in channels]
+    cases += [{"case": f"fc {w}x{w}", "kind": "linear", "shape": (batch_fc, w, w), "sweep": "fc", "x": w} for w in widths]
+    return cases
+
+
+SUITES = {"main": main_cases, "conv": conv_cases, "layers": layers_cases}
+
+
+def conv_flops(shape):
+    """2 N F C kh kw Ho Wo per pass, times three passes (forward, grad_x, grad_weight)."""
+    n, c, f, side, k, stride, padding = shape
+    out = (side + 2 * padding - k) // stride + 1
+    return 3 * 2 * n * f * c * k * k * out * out
+
+
+def linear_flops(shape):
+    n, i, o = shape
+    return 3 * 2 * n * i * o
+
+
+# ---- timing ----------------------------------------------------------------------------------
+def best_ms(step, repeats, sync=lambda: None, warmup=2):
+    """Minimum wall time of ``step()`` over ``repeats`` runs, in milliseconds, after ``warmup`` runs."""
+    for _ in range(warmup):
+        step()
+    sync()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        sync()
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3
+
+
+def gemm_gflops(matmul_of, size, repeats):
+    """GFLOP/s of one size x size float32 matrix product."""
+    seconds = best_ms(matmul_of(size), repeats) / 1e3
+    return 2 * size ** 3 / seconds / 1e9
+
+
+# ---- the minidl side -----------------------------------------------------------------------
+def minidl_step(case, rng):
+    """A no-argument function that runs ``case`` once with minidl on the active backend."""
+    from minidl import Tensor, backend, functional as F, models, nn, optim
+    xp = backend.xp()
+
+    def array(*shape):
+        return xp.asarray(rng.standard_normal(shape), dtype=xp.float32)
+
+    if case["kind"] == "conv":
+        n, c, f, side, k, stride, padding = case["shape"]
+        layer = nn.Conv2d(c, f, k, stride=stride, padding=padding, rng=rng, algorithm=case["algorithm"])
+        x = Tensor(array(n, c, side, side), requires_grad=True)
+        out_side = (side + 2 * padding - k) // stride + 1
+        grad = array(n, f, out_side, out_side)
+        return lambda: _forward_backward(layer, x, grad)
+    if case["kind"] == "pool":
+        n, c, side, k = case["shape"]
+        layer = nn.MaxPool2d(k)
+        x = Tensor(array(n, c, side, side), requires_grad=True)
+        grad = array(n, c, side // k, side // k)
+        return lambda: _forward_backward(layer, x, grad)
+    if case["kind"] == "linear":
+        n, i, o = case["shape"]
+        layer = nn.Linear(i, o, rng=rng)
+        x = Tensor(array(n, i), requires_grad=True)
+        grad = array(n, o)
+        return lambda: _forward_backward(layer, x, grad)
+    # a training step: forward, loss, backward, SGD update
+    batch = case["batch"]
+    if case["model"] == "lenet5":
+        model = models.lenet5(rng)
+    else:
+        model = models.mlp(rng, in_features=784, hidden=(256, 256))
+    optimizer = optim.SGD(model.parameters(), lr=0.01)
+    x = Tensor(array(batch, 1, 28, 28))
+    labels = xp.asarray(rng.integers(0, 10, batch))
+
+    def step():
+        optimizer.zero_grad()
+        F.softmax_cross_entropy(model(x), labels).backward()
+        optimizer.step()
+    return step
+
+
+def _forward_backward(layer, x, grad):
+    for parameter in layer.parameters():
+        parameter.grad = None
+    x.grad = None
+    layer(x).backward(grad)
+
+
+def minidl_worker(suite, quick, repeats):
+    from minidl import backend
+    rng = numpy.random.default_rng(0)
+    sync = lambda: None                                           # noqa: E731
+    if backend.get_backend() == "cupy":
+        import cupy
+        sync = cupy.cuda.Device().synchronize
+    xp = backend.xp()
+
+    def matmul_of(size):
+        a = xp.asarray(rng.standard_normal((size, size)), dtype=xp.float32)
+        return lambda: a @ a
+    times = {}
+    for index, case in enumerate(SUITES[suite](quick)):
+        times[index] = best_ms(minidl_step(case, rng), repeats, sync)
+    return {"times": times, "gemm_gflops": gemm_gflops(matmul_of, 256 if quick else 2048, repeats)}
+
+
+# ---- the PyTorch side (only here, only as a yardstick) ----------------------------------------
+def torch_step(case, torch):
+    nn_ = torch.nn
+    generator = torch.Generator().manual_seed(0)
+
+    def array(*shape, grad=False):
+        return torch.randn(*shape, generator=generator).requires_grad_(grad)
+
+    if case["kind"] in ("conv", "pool", "linear"):
+        if case["kind"] == "conv":
+            n, c, f, side, k, stride, padding = case["shape"]
+            layer, x = nn_.Conv2d(c, f, k, stride=stride, padding=padding), array(n, c, side, side, grad=True)
+        elif case["kind"] == "pool":
+            n, c, side, k = case["shape"]
+            layer, x = nn_.MaxPool2d(k), array(n, c, side, side, grad=True)
+        else:
+            n, i, o = case["shape"]
+            layer, x = nn_.Linear(i, o), array(n, i, grad=True)
+        grad = torch.randn(layer(x).shape, generator=generator)
+
+        def step():
+            layer.zero_grad(set_to_none=True)
+            x.grad = None
+            layer(x).backward(grad)
+        return step
+    if case["model"] == "lenet5":
+        model = nn_.Sequential(nn_.Conv2d(1, 6, 5, padding=2), nn_.ReLU(), nn_.MaxPool2d(2),
+                               nn_.Conv2d(6, 16, 5), nn_.ReLU(), nn_.MaxPool2d(2), nn_.Flatten(),
+                               nn_.Linear(400, 120), nn_.ReLU(), nn_.Linear(120, 84), nn_.ReLU(), nn_.Linear(84, 10))
+    else:
+        model = nn_.Sequential(nn_.Flatten(), nn_.Linear(784, 256), nn_.ReLU(), nn_.Linear(256, 256), nn_.ReLU(),
+                               nn_.Linear(256, 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, labels = array(case["batch"], 1, 28, 28), torch.randint(0, 10, (case["batch"],), generator=generator)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        nn_.functional.cross_entropy(model(x), labels).backward()
+        optimizer.step()
+    return step
+
+
+def torch_worker(suite, quick, repeats, threads):
+    import torch
+    torch.set_num_threads(threads)
+    times = {}
+    for index, case in enumerate(SUITES[suite](quick)):
+        if suite == "conv" and case["algorithm"] != "im2col":
+            continue              # one PyTorch time per shape (beside the default algorithm's row) is enough
+        times[index] = best_ms(torch_step(case, torch), repeats)
+
+    def matmul_of(size):
+        a = torch.randn(size, size)
+        return lambda: a @ a
+    return {"times": times, "gemm_gflops": gemm_gflops(matmul_of, 256 if quick else 2048, repeats),
+            "version": torch.__version__}
+
+
+# ---- running the workers in their own processes -------------------------------------------
+def run_worker(framework, suite, args, backend_name="numpy"):
+    """Run one worker process and return its JSON answer (None if it could not run)."""
+    env = dict(os.environ)
+    for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[variable] = str(args.threads)
+    env["MINIDL_BACKEND"] = backend_name
+    command = [sys.executable, "-m", "minidl.bench", suite, "--worker", framework,
+               "--threads", str(args.threads), "--repeats", str(args.repeats)] + (["--quick"] if args.quick else [])
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        print(f"[bench] the {framework} worker ({backend_name}) failed:\n{done.stderr[-2000:]}", file=sys.stderr)
+        return None
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    answer["times"] = {int(key): value for key, value in answer["times"].items()}
+    return answer
+
+
+def torch_installed():
+    return importlib.util.find_spec("torch") is not None
+
+
+def gpu_available():
+    from minidl import backend
+    return backend.cupy_available()
+
+
+def _ratio(a, b):
+    return round(a / b, 3) if a is not None and b else None
+
+
+def measure(suite, args):
+    """Rows for ``suite``: one per case (and, for conv/layers with a GPU, one per case on CuPy)."""
+    cases = SUITES[suite](args.quick)
+    minidl = run_worker("minidl", suite, args)
+    if minidl is None:
+        raise SystemExit("minidl benchmark worker failed")
+    torch = run_worker("torch", suite, args) if torch_installed() and not args.no_torch else None
+    gpu = run_worker("minidl", suite, args, "cupy") if suite != "main" and gpu_available() else None
+    rows = []
+    for index, case in enumerate(cases):
+        for device, result in (("cpu", minidl), ("gpu", gpu)):
+            if result is None:
+                continue
+            rows.append(_row(case, result["times"][index], torch["times"].get(index) if torch and device == "cpu" else None,
+                             minidl["gemm_gflops"], device, args.threads))
+    meta = {"gemm_gflops": minidl["gemm_gflops"], "torch_gemm_gflops": torch["gemm_gflops"] if torch else None,
+            "torch_version": torch["version"] if torch else None, "gpu": gpu is not None}
+    return rows, meta
+
+
+def _row(case, minidl_ms, torch_ms, gemm, device, threads):
+    flops = conv_flops(case["shape"]) if case["kind"] == "conv" else (
+        linear_flops(case["shape"]) if case["kind"] == "linear" else None)
+    row = {"case": case["case"], "kind": case["kind"], "device": device, "threads": threads,
+           "minidl_ms": round(minidl_ms, 4), "torch_ms": round(torch_ms, 4) if torch_ms else None,
+           "ratio": _ratio(minidl_ms, torch_ms)}
+    if "algorithm" in case:
+        row["algorithm"] = case["algorithm"]
+    if "shape" in case:
+        row["shape"] = list(case["shape"])
+    if "sweep" in case:
+        row["sweep"], row["x"] = case["sweep"], case["x"]
+    if flops:
+        row["gflops"] = round(flops / minidl_ms / 1e6, 2)
+        row["gemm_fraction"] = round(row["gflops"] / gemm, 3) if device == "cpu" else None
+    if "target_ratio" in case:
+        row["target"] = f"<= {case['target_ratio']}x torch"
+        row["met"] = row["ratio"] <= case["target_ratio"] if row["ratio"] is not None else None
+    if "target_gemm_fraction" in case:
+        row["target"] += f", >= {case['target_gemm_fraction']:.0%} of GEMM"
+        row["met_gemm"] = row["gemm_fraction"] >= case["target_gemm_fraction"]
+    return row
+
+
+# ---- the conv suite's extras: cost table, Winograd ratio, FFT crossover -------------------------
+def add_costs(rows):
+    from minidl.conv import auto, cost
+    for row in rows:
+        if row["kind"] != "conv":
+            continue
+        n, c, f, side, k, stride, padding = row["shape"]
+        x_shape, weight_shape = (n, c, side, side), (f, c, k, k)
+        name = auto.choose_name(x_shape, weight_shape, stride, padding) if row["algorithm"] == "auto" else row["algorithm"]
+        counted = cost.cost(name, x_shape, weight_shape, stride, padding)
+        row["multiplies_fwd_bwd"], row["extra_elements"] = counted["multiplies_fwd_bwd"], counted["extra_elements"]
+        row["auto_choice"] = auto.choose_name(x_shape, weight_shape, stride, padding)
+
+
+def conv_summary(rows):
+    """Winograd vs im2col (measured time ratio beside the multiply-count ratio) and the FFT crossover."""
+    cpu = [row for row in rows if row["device"] == "cpu" and row["kind"] == "conv"]
+    by = {(row["case"], row["algorithm"]): row for row in cpu}
+    summary = {"winograd_vs_im2col": []}
+    for (case, algorithm), row in by.items():
+        if algorithm == "winograd" and (case, "im2col") in by:
+            base = by[(case, "im2col")]
+            summary["winograd_vs_im2col"].append({
+                "case": case, "time_ratio": round(base["minidl_ms"] / row["minidl_ms"], 3),
+                "multiply_ratio": round(base["multiplies_fwd_bwd"] / row["multiplies_fwd_bwd"], 3)})
+    kernels = sorted({row["x"] for row in cpu if row.get("sweep") == "kernel"})
+    faster = [k for k in kernels if by[(f"kernel {k}x{k}", "fft")]["minidl_ms"] < by[(f"kernel {k}x{k}", "im2col")]["minidl_ms"]]
+    # the crossover: the smallest kernel from which on FFT stays faster
+    crossover = None
+    for k in reversed(kernels):
+        if k not in faster:
+            break
+        crossover = k
+    summary["fft_crossover_kernel"] = crossover
+    fastest = {}
+    for row in cpu:
+        if row["algorithm"] != "auto" and (row["case"] not in fastest or row["minidl_ms"] < fastest[row["case"]][1]):
+            fastest[row["case"]] = (row["algorithm"], row["minidl_ms"])
+    for row in cpu:
+        row["fastest"] = fastest[row["case"]][0]
+    return summary
+
+
+# ---- printing and plotting -------------------------------------------------------------------
+def _format(value):
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
+    if isinstance(value, int) and abs(value) >= 10 ** 6:
+        return f"{value:.3g}"
+    return str(value)
+
+
+def print_table(rows, columns):
+    table = [columns] + [[_format(row.get(column)) for column in columns] for row in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
+    for line in table:
+        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths)))
+
+
+def plot(rows, suite, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    panels = {"conv": [("channels", "channels (in = out), batch 16, 32x32, 3x3"),
+                       ("kernel", "kernel size, batch 8, 16 -> 16 channels, 64x64")],
+              "layers": [("conv", "channels (in = out), batch 32, 32x32, 3x3"),
+                         ("fc", "width (in = out), batch 128")]}[suite]
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for axis, (sweep, label) in zip(axes, panels):
+        chosen = [row for row in rows if row.get("sweep") == sweep]
+        lines = {}
+        for row in chosen:
+            name = f"{row['algorithm']} ({row['device']})" if suite == "conv" else f"minidl {row['device']}"
+            if suite == "layers" and row["device"] == "gpu":
+                name = "minidl gpu (CuPy)"
+            lines.setdefault(name, []).append((row["x"], row["minidl_ms"]))
+            if row["torch_ms"] is not None:
+                lines.setdefault("PyTorch (cpu)", []).append((row["x"], row["torch_ms"]))
+        for name, points in lines.items():
+            points = sorted(set(points))
+            axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+        axis.set_xlabel(label)
+        axis.set_ylabel("forward + backward, ms")
+        axis.set_yscale("log")
+        axis.grid(True, alpha=0.3)
+        axis.legend(fontsize=8)
+    figure.suptitle(f"minidl.bench {suite}: float32, {rows[0]['threads']} thread(s)"
+                    + ("" if any(row["device"] == "gpu" for row in rows) else "; GPU not measured (none present)"))
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+MAIN_COLUMNS = ["case", "minidl_ms", "torch_ms", "ratio", "gflops", "gemm_fraction", "target", "met"]
+CONV_COLUMNS = ["case", "algorithm", "device", "minidl_ms", "torch_ms", "ratio", "gflops", "multiplies_fwd_bwd",
+                "extra_elements", "auto_choice", "fastest"]
+LAYERS_COLUMNS = ["case", "device", "minidl_ms", "torch_ms", "ratio", "gflops", "gemm_fraction"]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m minidl.bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("suite", nargs="?", default="main", choices=sorted(SUITES))
+    parser.add_argument("--json", help="write the rows as a JSON list of objects to this path")
+    parser.add_argument("--plot", help="write a PNG plot (conv and layers suites) to this path")
+    parser.add_argument("--threads", type=int, default=1, help="threads for NumPy's BLAS and for PyTorch (default 1)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per case; the minimum is reported")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test of the benchmark itself)")
+    parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
+    parser.add_argument("--worker", choices=["minidl", "torch"], help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.worker:                               # inside a worker process: time and answer in JSON
+        if args.worker == "torch":
+            answer = torch_worker(args.suite, args.quick, args.repeats, args.threads)
+        else:
+            answer = minidl_worker(args.suite, args.quick, args.repeats)
+        print(json.dumps(answer))
+        return 0
+
+    rows, meta = measure(args.suite, args)
+    print(f"minidl.bench {args.suite}: float32, {args.threads} thread(s), minimum of {args.repeats} runs; "
+          f"NumPy GEMM {meta['gemm_gflops']:.1f} GFLOP/s"
+          + (f", PyTorch {meta['torch_version']} GEMM {meta['torch_gemm_gflops']:.1f} GFLOP/s" if meta["torch_version"]
+             else ", no PyTorch comparison (not installed or --no-torch)")
+          + ("" if args.suite == "main" else ("; GPU (CuPy) measured" if meta["gpu"] else "; no GPU: CuPy not measured")))
+    summary = None
+    if args.suite == "main":
+        print_table(rows, MAIN_COLUMNS)
+    elif args.suite == "conv":
+        add_costs(rows)
+        summary = conv_summary(rows)
+        print_table(rows, CONV_COLUMNS)
+        for item in summary["winograd_vs_im2col"]:
+            print(f"winograd vs im2col, {item['case']}: {item['time_ratio']}x faster measured, "
+                  f"{item['multiply_ratio']}x fewer multiplications")
+        print(f"FFT beats im2col from kernel size {summary['fft_crossover_kernel']} on "
+              f"(kernel sweep; None = not within the sizes tried)")
+    else:
+        print_table(rows, LAYERS_COLUMNS)
+    if args.json:
+        output = rows + ([{"case": "summary", **summary}] if summary else [])
+        with open(args.json, "w") as file:
+            json.dump(output, file, indent=1)
+    if args.plot and args.suite != "main":
+        plot(rows, args.suite, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
