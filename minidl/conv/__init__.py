@@ -19,6 +19,8 @@ The algorithms (Ben-Nun & Hoefler 2018, section 4.2): ``direct`` (the definition
 gives each one's multiply count and extra memory.
 """
 import importlib
+import sys
+import threading
 
 ALGORITHMS = ("direct", "im2col", "fft", "winograd", "auto")
 _registry = {}
@@ -83,3 +85,37 @@ def pad(x, padding):
     out = xp.zeros((n, c, h + 2 * padding, w + 2 * padding), dtype=x.dtype)
     out[:, :, padding:padding + h, padding:padding + w] = x
     return out
+
+
+_workspaces = {}
+_workspace_lock = threading.Lock()
+_BUFFERS_PER_SHAPE = 4
+
+
+def workspace(xp, shape, dtype, zero=False):
+    """A reusable scratch array of ``shape`` and ``dtype`` (uninitialised unless ``zero``).
+
+    Why: a fresh 75 MB array costs page faults on first touch, every call (about as long as the
+    copy into it). A buffer is handed out again only when nothing but this pool refers to it
+    (``sys.getrefcount``): no autograd cache, no view, no caller still holds it, so reuse can never
+    overwrite data someone will read. At most a few buffers per shape are kept.
+    """
+    key = (xp.__name__, tuple(shape), str(dtype))
+    with _workspace_lock:
+        buffers = _workspaces.setdefault(key, [])
+        for buffer in buffers:
+            if sys.getrefcount(buffer) == 3:          # the list, ``buffer``, getrefcount's argument
+                break
+        else:
+            buffer = xp.empty(shape, dtype=dtype)
+            if len(buffers) < _BUFFERS_PER_SHAPE:
+                buffers.append(buffer)
+    if zero:
+        buffer.fill(0)
+    return buffer
+
+
+def clear_workspaces():
+    """Drop every pooled scratch buffer (their memory returns once nothing else holds them)."""
+    with _workspace_lock:
+        _workspaces.clear()

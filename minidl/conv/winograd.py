@@ -26,6 +26,7 @@ Gradients (exact; the transposes ("adjoints") of the same linear maps, in revers
 Layout: the batch axis goes second, (C, N, ...) for input tiles and (F, N, ...) for outputs, so
 the 16 products each see one (C, P) matrix with no copy; the transforms are written as sums of
 +-1 times strided views (``combine``), one tile axis at a time, straight into the next buffer.
+The large buffers come from ``workspace`` (reused between calls rather than allocated afresh).
 
 Arithmetic, with P = N * ceil(Ho/2) * ceil(Wo/2) tiles:
     products  16 F C P multiplications per pass (forward, grad_x and grad_weight alike)
@@ -40,7 +41,7 @@ Precision: the transforms mix values of different sizes, so float32 loses a litt
 im2col (see tests/test_conv_algorithms.py); larger tiles (F(4x4, 3x3)) would lose much more.
 """
 from minidl.backend import get_array_module
-from minidl.conv import output_size
+from minidl.conv import output_size, workspace
 
 # Lavin & Gray 2016, section 4.1, F(2x2, 3x3)
 B_T = [[1, 0, -1, 0],
@@ -114,20 +115,21 @@ def forward(x, weight, stride, padding):
     p = n * tiles_h * tiles_w
 
     # the padded input, channels first, zero-extended so that the last 4x4 tile is whole
-    x_ext = xp.zeros((c, n, 2 * tiles_h + 2, 2 * tiles_w + 2), dtype=x.dtype)
+    x_ext = workspace(xp, (c, n, 2 * tiles_h + 2, 2 * tiles_w + 2), x.dtype, zero=True)
     x_ext[:, :, padding:padding + h, padding:padding + w] = x.transpose(1, 0, 2, 3)
 
     # U = G weight G^T: (4, 4, F, C)
     U = xp.empty((4, 4, f, c), dtype=x.dtype)
     transform(G, lambda u: weight[:, :, u, :], lambda r, v: r[..., v], lambda a, b: U[a, b])
     # V = B^T d B for every input tile d = x_ext[:, :, 2i:2i+4, 2j:2j+4]: (4, 4, C, N, th, tw)
-    V = xp.empty((4, 4, c, n, tiles_h, tiles_w), dtype=x.dtype)
+    V = workspace(xp, (4, 4, c, n, tiles_h, tiles_w), x.dtype)
     transform(B_T, lambda u: x_ext[:, :, u:u + 2 * tiles_h:2, :],
               lambda r, v: r[..., v:v + 2 * tiles_w:2], lambda a, b: V[a, b])
     # M[a, b] = U[a, b] @ V[a, b]: 16 x (F, C) @ (C, P) -> (16, F, P)
-    M = xp.matmul(U.reshape(16, f, c), V.reshape(16, c, p)).reshape(4, 4, f, n, tiles_h, tiles_w)
+    M = xp.matmul(U.reshape(16, f, c), V.reshape(16, c, p), out=workspace(xp, (16, f, p), x.dtype))
+    M = M.reshape(4, 4, f, n, tiles_h, tiles_w)
     # Y = A^T M A: each tile's 2x2 outputs, written to out_fn[:, :, 2i + a, 2j + b]
-    out_fn = xp.empty((f, n, 2 * tiles_h, 2 * tiles_w), dtype=x.dtype)
+    out_fn = workspace(xp, (f, n, 2 * tiles_h, 2 * tiles_w), x.dtype)
     transform(A_T, lambda u: M[u], lambda r, v: r[v], lambda a, b: out_fn[:, :, a::2, b::2])
 
     out = xp.ascontiguousarray(out_fn[:, :, :out_h, :out_w].transpose(1, 0, 2, 3))
@@ -144,9 +146,9 @@ def backward(grad_out, cache, need_x=True, need_weight=True):
     p = n * tiles_h * tiles_w
 
     # dM = A dY A^T, dY = grad_out cut into 2x2 tiles (zero where the last tile hangs over): (4, 4, F, P)
-    grad_fn = xp.zeros((f, n, 2 * tiles_h, 2 * tiles_w), dtype=grad_out.dtype)
+    grad_fn = workspace(xp, (f, n, 2 * tiles_h, 2 * tiles_w), grad_out.dtype, zero=True)
     grad_fn[:, :, :out_h, :out_w] = grad_out.transpose(1, 0, 2, 3)
-    dM = xp.empty((4, 4, f, n, tiles_h, tiles_w), dtype=grad_out.dtype)
+    dM = workspace(xp, (4, 4, f, n, tiles_h, tiles_w), grad_out.dtype)
     transform(transposed(A_T), lambda u: grad_fn[:, :, u::2, :], lambda r, v: r[..., v::2],
               lambda a, b: dM[a, b])
     dM = dM.reshape(16, f, p)
@@ -158,12 +160,12 @@ def backward(grad_out, cache, need_x=True, need_weight=True):
         transform(transposed(G), lambda u: dU[u], lambda r, v: r[v],                      # G^T dU G
                   lambda a, b: grad_weight[:, :, a, b])
     if need_x:
-        dV = xp.matmul(U.reshape(16, f, c).transpose(0, 2, 1), dM)                        # 16 x (C, F) @ (F, P)
-        dV = dV.reshape(4, 4, c, n, tiles_h, tiles_w)
-        d_tiles = xp.empty_like(dV)
+        dV = xp.matmul(U.reshape(16, f, c).transpose(0, 2, 1), dM,                        # 16 x (C, F) @ (F, P)
+                       out=workspace(xp, (16, c, p), grad_out.dtype)).reshape(4, 4, c, n, tiles_h, tiles_w)
+        d_tiles = workspace(xp, dV.shape, grad_out.dtype)
         transform(transposed(B_T), lambda u: dV[u], lambda r, v: r[v], lambda a, b: d_tiles[a, b])  # B dV B^T
         # add every tile back onto the input pixels it came from (neighbouring tiles overlap by 2)
-        grad_ext = xp.zeros((c, n, 2 * tiles_h + 2, 2 * tiles_w + 2), dtype=grad_out.dtype)
+        grad_ext = workspace(xp, (c, n, 2 * tiles_h + 2, 2 * tiles_w + 2), grad_out.dtype, zero=True)
         for u in range(4):
             for v in range(4):
                 grad_ext[:, :, u:u + 2 * tiles_h:2, v:v + 2 * tiles_w:2] += d_tiles[u, v]
