@@ -1,0 +1,116 @@
+"""A serial replay of a logged parameter-server run (the oracle of the asynchronous tests).
+
+Given the servers' logs of a run (each server's ("push", Update) / ("fetch", worker, version)
+events in the order it handled them), the replay re-runs everything in one process:
+
+    each worker      a generator that does what a Downpour worker does (fetch, grad, accrue,
+                     local step, push), but gets its fetched parameters from the replay
+    each server      walks its own log: a "fetch" hands the worker its shard as it is now,
+                     a "push" applies that worker's next gradient with a fresh minidl optimizer
+
+No MPI, no timing: the order comes from the log alone. If the parallel run and the replay end
+with the same parameters, the run was exactly "each gradient computed at the logged version and
+applied in the logged order", which is what an asynchronous run claims to be.
+"""
+import numpy as np
+
+from algorithms import common, ps_job
+from minidl.flat import flatten
+from minidl.optim import SGD, Adagrad
+from minidl.tensor import Parameter
+
+
+def worker_program(worker, workers, data, model, seed, epochs, batch_size, lr, n_fetch, n_push):
+    """Yields ("push", grad) and ("fetch",); after each ("fetch",) it is sent the full parameters."""
+    net = common.build_model(model, seed)
+    flat = flatten(net)
+    accrued, accrued_steps = np.zeros_like(flat.grad), 0
+    plan = [ps_job.worker_batches(len(data.x_train), seed, epoch, worker, workers, batch_size)
+            for epoch in range(epochs)]
+    total = sum(len(batches) for batches in plan)
+    step = 0
+    for batches in plan:
+        for i, index in enumerate(batches):
+            if step == 0:
+                flat.data[...] = yield ("fetch",)
+            flat.zero_grad()
+            common.loss_and_grad(net, data.x_train[index], data.y_train[index])
+            accrued += flat.grad
+            accrued_steps += 1
+            flat.data -= lr * flat.grad
+            last = step == total - 1
+            fetch = (step + 1) % n_fetch == 0 and not last
+            if accrued_steps == n_push or i == len(batches) - 1:
+                yield ("push", accrued.copy())
+                accrued[...] = 0
+                accrued_steps = 0
+            if fetch:
+                flat.data[...] = yield ("fetch",)
+            step += 1
+
+
+def replay(logs, ranges, initial, programs, optimizer="sgd", lr=0.05, momentum=0.0):
+    """Final parameters of the serial replay of ``logs``; raises AssertionError if the log is impossible."""
+    shards, optimizers = [], []
+    for start, stop in ranges:
+        param = Parameter(initial[start:stop].copy())
+        param.grad = np.zeros_like(param.data)
+        shards.append(param)
+        optimizers.append(Adagrad([param], lr=lr) if optimizer == "adagrad" else SGD([param], lr=lr, momentum=momentum))
+    workers = len(programs)
+    pushes = [[[] for _ in ranges] for _ in range(workers)]    # pushes[w][k]: gradients waiting at server k
+    fetches = [[0 for _ in ranges] for _ in range(workers)]    # fetch requests waiting at server k
+    parts = [dict() for _ in range(workers)]                    # shards delivered to a waiting worker
+    waiting = [False] * workers
+
+    def advance(w, params=None):
+        """Run worker w until it waits for a fetch (or ends)."""
+        try:
+            message = programs[w].send(params) if params is not None else next(programs[w])
+        except StopIteration:
+            return
+        while message is not None:
+            if message[0] == "fetch":
+                for k in range(len(ranges)):
+                    fetches[w][k] += 1
+                waiting[w] = True
+                return
+            for k, (start, stop) in enumerate(ranges):
+                pushes[w][k].append(message[1][start:stop])
+            message = next(programs[w], None)
+
+    for w in range(workers):
+        advance(w)
+    position = [0] * len(ranges)
+    versions = [0] * len(ranges)
+    progress = True
+    while progress:
+        progress = False
+        for k, log in enumerate(logs):
+            while position[k] < len(log):
+                event = log[position[k]]
+                if event[0] == "push":
+                    update = event[1]
+                    if not pushes[update.worker][k]:
+                        break                                   # that gradient is not computed yet
+                    assert update.version == versions[k], f"server {k}: logged version {update.version}"
+                    shards[k].grad[...] = pushes[update.worker][k].pop(0)
+                    optimizers[k].step()
+                    versions[k] += 1
+                else:
+                    _, w, version = event
+                    if not fetches[w][k]:
+                        break
+                    assert version == versions[k], f"server {k}: fetch logged at version {version}"
+                    fetches[w][k] -= 1
+                    parts[w][k] = shards[k].data.copy()
+                    if len(parts[w]) == len(ranges):
+                        params = np.concatenate([parts[w][j] for j in range(len(ranges))])
+                        parts[w] = {}
+                        waiting[w] = False
+                        advance(w, params)
+                position[k] += 1
+                progress = True
+    for k, log in enumerate(logs):
+        assert position[k] == len(log), f"server {k}: the replay stuck at event {position[k]} of {len(log)}"
+    return np.concatenate([shard.data for shard in shards])

@@ -1,0 +1,135 @@
+"""Downpour SGD on real MPI ranks: one worker is serial SGD, and any deterministic run is its log replayed."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+from mpi4py import MPI
+from pytest_mpi import parallel_assert
+
+from algorithms import common, downpour_sgd, serial_sgd
+from minidl.flat import flatten
+from tests import ps_replay
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+
+
+def small_data(n_train=96, n_test=60):
+    """A slice of the digits: enough for a few steps per worker, cheap enough for hypothesis."""
+    data = common.load_data("digits", seed=0)
+    return common.Data(data.x_train[:n_train], data.y_train[:n_train], data.x_test[:n_test], data.y_test[:n_test])
+
+
+def mpiexec(n, *args, timeout=120):
+    return subprocess.run([os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", str(n),
+                           sys.executable, *args], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.parallel(nprocs=[2, 3, 4])
+def test_downpour_with_one_worker_and_fixed_rate_equals_serial_sgd_exactly():
+    # S = p - 1 servers, so exactly one worker; n_fetch = n_push = 1, server SGD at the serial rate
+    comm = MPI.COMM_WORLD
+    data = common.load_data("digits", seed=0)
+    params, history = downpour_sgd.train(comm, epochs=2, lr=0.05, server_optimizer="sgd", servers=comm.size - 1,
+                                         quiet=True, data=data)
+    serial, serial_history = serial_sgd.train(epochs=2, lr=0.05, momentum=0.0, quiet=True, data=data)
+    parallel_assert(bool(np.array_equal(params, serial)),
+                    f"max difference {np.abs(params - serial).max()} from serial SGD")
+    parallel_assert([h["test_accuracy"] for h in history] == [h["test_accuracy"] for h in serial_history],
+                    f"{history} vs {serial_history}")
+
+
+@pytest.mark.parallel(nprocs=[2, 3, 4])
+@settings(max_examples=4)
+@given(seed=st.integers(0, 1000), two_servers=st.booleans(), n_fetch=st.integers(1, 3), n_push=st.integers(1, 3),
+       optimizer=st.sampled_from(["sgd", "adagrad"]), warm_start=st.sampled_from([0, 4]))
+def test_deterministic_downpour_equals_a_serial_replay_of_its_log(seed, two_servers, n_fetch, n_push, optimizer,
+                                                                   warm_start):
+    comm = MPI.COMM_WORLD
+    servers = 2 if two_servers and comm.size >= 3 else 1
+    data, lr, epochs, batch = small_data(), 0.05, 2, 8
+    report = {}
+    params, _ = downpour_sgd.train(comm, model="mlp", epochs=epochs, lr=lr, batch_size=batch, seed=seed,
+                                   servers=servers, n_fetch=n_fetch, n_push=n_push, server_optimizer=optimizer,
+                                   warm_start_steps=warm_start, deterministic=True, quiet=True, data=data,
+                                   report=report)
+    workers = comm.size - servers
+    programs = [ps_replay.worker_program(w, workers, data, "mlp", seed, epochs, batch, lr, n_fetch, n_push)
+                for w in range(workers)]
+    initial = flatten(common.build_model("mlp", seed)).data.copy()
+    try:
+        replayed = ps_replay.replay(report["logs"], report["layout"].ranges, initial, programs, optimizer, lr)
+        message = f"max difference {np.abs(params - replayed).max()} from the replay"
+        equal = bool(np.array_equal(params, replayed))
+    except AssertionError as error:
+        equal, message = False, f"the log cannot be replayed: {error}"
+    parallel_assert(equal, message)
+    # warm start: no fetch by another worker before worker 0 has pushed warm_start steps
+    first_other = next((i for i, e in enumerate(report["logs"][0]) if e[0] == "fetch" and e[1] != 0), None)
+    pushes_before = sum(1 for e in report["logs"][0][:first_other] if e[0] == "push")
+    parallel_assert(first_other is None or pushes_before >= -(-warm_start // n_push),   # ceil(warm / n_push)
+                    f"another worker started after {pushes_before} pushes of worker 0 (warm start {warm_start})")
+
+
+@pytest.mark.parallel(nprocs=[3, 4])
+def test_same_seed_deterministic_runs_have_identical_logs_and_parameters():
+    comm = MPI.COMM_WORLD
+    runs = []
+    for _ in range(2):
+        report = {}
+        params, _ = downpour_sgd.train(comm, model="mlp", epochs=1, batch_size=8, seed=3, servers=2, n_push=2,
+                                       deterministic=True, quiet=True, data=small_data(), report=report)
+        runs.append((params, report["logs"]))
+    parallel_assert(bool(np.array_equal(runs[0][0], runs[1][0])) and runs[0][1] == runs[1][1],
+                    "two deterministic runs with the same seed differ")
+
+
+@pytest.mark.parallel(nprocs=[1, 2, 3])
+@pytest.mark.parametrize("settings, message", [
+    (dict(servers=3), "cannot hold 3 server(s) and at least one worker"),
+    (dict(n_fetch=0), "--n-fetch must be an integer >= 1"),
+    (dict(n_push=0), "--n-push must be an integer >= 1"),
+    (dict(fail_worker=0, fail_step=3), "--fail-worker must be a worker rank"),
+])
+def test_bad_settings_raise_the_same_error_on_every_rank_before_training(settings, message):
+    comm = MPI.COMM_WORLD
+    if comm.size == 1 and "servers" not in settings:
+        settings = dict(settings, servers=1)       # one rank cannot hold a server and a worker at all
+        message = "cannot hold 1 server(s)"
+    try:
+        downpour_sgd.train(comm, model="mlp", quiet=True, data=small_data(), **settings)
+        raised = None
+    except ValueError as error:
+        raised = str(error)
+    parallel_assert(raised is not None and message in raised, f"rank {comm.rank}: got {raised!r}, wanted {message!r}")
+
+
+def test_command_line_default_run_reaches_90_percent_and_logs_staleness(tmp_path):
+    log = tmp_path / "run.jsonl"
+    done = mpiexec(4, "-m", "algorithms.downpour_sgd", "--log", str(log))
+    assert done.returncode == 0, done.stderr[-2000:]
+    records = [json.loads(line) for line in open(log)]
+    assert [r["epoch"] for r in records] == list(range(1, 11))
+    assert records[-1]["test_accuracy"] >= 0.90
+    assert all("staleness_mean" in r and "staleness_max" in r for r in records)
+    assert done.stdout.count("test_accuracy") == 10
+
+
+def test_command_line_bad_input_prints_error_and_exits_2_on_every_rank():
+    done = mpiexec(3, "-m", "algorithms.downpour_sgd", "--servers", "3")
+    assert done.returncode == 2
+    assert done.stderr.count("error:") == 3 and "cannot hold 3 server(s)" in done.stderr
+
+
+def test_a_failed_worker_is_dropped_and_every_other_rank_finishes_with_exit_0():
+    # rank 2 goes silent at its step 5; the server drops it after 2 s; ranks 0, 1, 3 finish
+    done = mpiexec(4, "-m", "algorithms.downpour_sgd", "--epochs", "3", "--fail-worker", "2", "--fail-step", "5",
+                   "--timeout", "2")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "lost worker: rank 2 after 5 applied steps" in done.stdout
+    assert done.stdout.count("test_accuracy") == 3
