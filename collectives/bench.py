@@ -13,8 +13,8 @@
    of one call, check=False (no agreement check), compared with comm.Allreduce on the same
    buffers, and with cost.predict(...) at the fitted alpha, beta, gamma.
 
-A time is the slowest rank's mean over a batch of calls between barriers (batches of >= 0.05 s),
-and the best of three batches, taken in turn with the other algorithms so that noise from
+A time is the slowest rank's mean over a batch of calls between barriers (batches of >= 0.02 s),
+and the best of seven batches, taken in turn with the other algorithms so that noise from
 other processes on the machine hits all of them alike.
 
 Each rank's BLAS pool is pinned to 1 thread (set below, before numpy loads; the collectives
@@ -104,8 +104,8 @@ def main(argv=None):
     parser.add_argument("--sizes", help="comma-separated message sizes, e.g. 4K,1M,64M")
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
     parser.add_argument("--quick", action="store_true", help="two small sizes, short batches")
-    parser.add_argument("--min-time", type=float, default=0.05, help="seconds per timed batch")
-    parser.add_argument("--rounds", type=int, default=3, help="batches per measurement (best kept)")
+    parser.add_argument("--min-time", type=float, default=0.02, help="seconds per timed batch")
+    parser.add_argument("--rounds", type=int, default=7, help="batches per measurement (best kept)")
     parser.add_argument("--json", help="write one JSON object per measurement to this file")
     parser.add_argument("--plot", help="write a PNG of time against size")
     args = parser.parse_args(argv)

@@ -273,6 +273,18 @@ def test_trace_prints_as_text_and_draws_a_spacetime_png(tmp_path_factory):
     parallel_assert(bool(ok), "trace text or picture wrong")
 
 
+@pytest.mark.parallel(nprocs=[2, 4])
+def test_auto_uses_the_butterfly_below_the_measured_threshold_and_rabenseifner_above():
+    comm = MPI.COMM_WORLD
+    traced = trace.TracedComm(comm)
+    threshold = collectives.auto.THRESHOLD_BYTES.get(comm.size, collectives.auto.DEFAULT_THRESHOLD_BYTES)
+    for nbytes, phase in ((threshold - 8, "exchange"), (threshold, "reduce-scatter")):
+        traced.reset()
+        collectives.allreduce(traced, np.ones(nbytes // 8), algorithm="auto", check=False)
+        phases = {m.phase for m in traced.messages}
+        parallel_assert(phase in phases, f"auto at {nbytes} bytes used {phases}")
+
+
 # ---------------------------------------------------------------------------------------------
 # cost.py against the paper's table
 
