@@ -20,11 +20,14 @@ best of 15 batches, microseconds per allreduce (float32 vectors, check=False):
     butterfly  59.1   152.0   201.2    606.5   1428   6046
     rabenseif. 113.1  250.4   384.8    377.0   1126   4611
 
-so the crossover lies between 256 KiB and 1 MiB at p = 2 and between 64 KiB and 256 KiB at
-p = 4 (p = 3 looked like p = 4). The machine was shared with other jobs (load average about 8
-on 2 cores) while these ran, so single numbers are noisy: an earlier run agreed on the order
-at 4-64 KiB and at 1 MiB, and the crossover points are known only to within a factor of 4.
-Re-measure and change the two numbers below on another machine.
+A second full run (`mpiexec -n 2 python -m collectives.bench`, best of 7) disagreed at p = 2,
+256 KiB: butterfly 118.6 us, Rabenseifner 73.1 us (and at 64 KiB 37.4 against 32.0). The
+model, with that run's fitted alpha = 1.9 us and gamma = 0.025 ns/B, puts the p = 2 crossover where
+Rabenseifner's saved n/2 gamma pays for its extra alpha: n = 2 alpha / gamma ~ 150 KB. So one
+threshold, 128 KiB, for every p: between the measured 64 KiB and 256 KiB at p = 4 (p = 3
+looked alike) and at the model's crossover for p = 2. The machine was shared with other jobs
+(load average 4-8 on 2 cores) while these ran, so single numbers are noisy and the crossover is
+known only to within a factor of 4. Re-measure and change the number below on another machine.
 
     mpiexec -n 4 python -m collectives.auto
 """
@@ -34,14 +37,12 @@ from . import butterfly, rabenseifner
 from .buffers import run_allreduce
 
 # vectors of at least this many bytes go to Rabenseifner, shorter ones to the butterfly
-THRESHOLD_BYTES = {2: 512 * 1024}          # p = 2: between the measured 256 KiB and 1 MiB
-DEFAULT_THRESHOLD_BYTES = 128 * 1024       # p >= 3: between the measured 64 KiB and 256 KiB
+THRESHOLD_BYTES = 128 * 1024
 
 
 def choose(size, nbytes):
     """The algorithm module auto uses for `nbytes` bytes on `size` ranks."""
-    threshold = THRESHOLD_BYTES.get(size, DEFAULT_THRESHOLD_BYTES)
-    return butterfly if nbytes < threshold else rabenseifner
+    return butterfly if nbytes < THRESHOLD_BYTES else rabenseifner
 
 
 def auto_allreduce_in_place(comm, data, op):

@@ -4,7 +4,7 @@
     mpiexec -n 2 python -m collectives.bench --quick             # a few seconds, for a smoke test
     mpiexec -n 4 python -m collectives.bench --sizes 4K,1M,64M --algorithms ring,auto
 
-1. alpha and beta from a ping-pong between ranks 0 and 1 (half the round trip, 8 B .. 4 MiB),
+1. alpha and beta from a ping-pong between ranks 0 and 1 (half the round trip, 8 B .. 64 MiB),
    fitted as t = alpha + beta m by least squares on relative error, so the small messages fix
    alpha and the large ones beta;
 2. gamma: the time per byte of numpy's element-wise add into a float32 vector (out=), timed on
@@ -72,7 +72,7 @@ def fit_alpha_beta(comm, min_seconds):
     """Ping-pong between ranks 0 and 1; returns (alpha, beta, [(bytes, seconds)])."""
     rank = comm.Get_rank()
     points = []
-    for nbytes in [8 << (2 * k) for k in range(10)] + [4 << 20]:
+    for nbytes in [8 << (2 * k) for k in range(12)] + [64 << 20]:
         message = np.zeros(nbytes, dtype=np.uint8)
 
         def ping_pong():
