@@ -32,8 +32,9 @@ Restrictions: at least S + 1 ranks; S <= number of parameters; n_fetch, n_push >
 Communication per worker step: a push every n_push steps (S messages of n/S gradient values) and a
 fetch every n_fetch steps (S replies of n/S values): raising them trades traffic for staleness.
 
-Defaults (small CNN, embedded digits, 1 server + 3 workers at -n 4, Adagrad lr 0.02, batch 32,
-10 epochs): measured on 2 shared cores, 97.2% test accuracy in about 20 seconds (tests check >= 90%).
+Defaults (small CNN, embedded digits, 1 server + 3 workers at -n 4, Adagrad lr 0.05, batch 32 per
+worker, 10 epochs): measured on 2 shared cores, 96.7% to 98.9% test accuracy over five runs (the
+order of updates, hence the result, varies from run to run), about 3 seconds; the test checks >= 90%.
 """
 from algorithms import common, ps_job
 from minidl import backend
@@ -61,7 +62,7 @@ def downpour_step(replica, x, y, step, epoch, end_of_epoch, last_step):
     return loss
 
 
-def train(comm=None, dataset="digits", model="cnn", epochs=10, lr=0.02, momentum=0.0, batch_size=32, seed=0,
+def train(comm=None, dataset="digits", model="cnn", epochs=10, lr=0.05, momentum=0.0, batch_size=32, seed=0,
           servers=1, n_fetch=1, n_push=1, server_optimizer="adagrad", warm_start_steps=0, deterministic=False,
           fail_worker=None, fail_step=None, timeout=10.0, log=None, save=None, resume=None, quiet=False,
           data=None, data_dir=None, report=None):
@@ -92,7 +93,7 @@ def add_server_flags(parser):
 
 
 def main(argv=None):
-    parser = add_server_flags(common.parser(__doc__.splitlines()[0], epochs=10, lr=0.02, momentum=0.0))
+    parser = add_server_flags(common.parser(__doc__.splitlines()[0], epochs=10, lr=0.05, momentum=0.0))
     parser.add_argument("--n-fetch", type=int, default=1, help="fetch parameters every n_fetch steps")
     parser.add_argument("--n-push", type=int, default=1, help="push the accrued gradient every n_push steps")
     parser.add_argument("--warm-start-steps", type=int, default=0,

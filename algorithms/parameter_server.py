@@ -17,7 +17,8 @@ It serves whichever worker is ready:
 
     push(grad_k, version read)   apply_push: shard <- optimizer(shard, grad_k); version += 1;
                                  log (worker, version read, version applied, clock staleness)
-    fetch                        reply (shard, version), at once; or, with a staleness bound s,
+    fetch                        reply (shard, version), once every worker has checked in (its
+                                 first fetch), at once; or, with a staleness bound s,
                                  only while clock[w] - min_j clock[j] <= s (``may_proceed``, SSP);
                                  or, during a warm start, only to the first worker
     goodbye                      the worker has finished
@@ -191,8 +192,9 @@ class ServerShards:
             params_out[...] = backend.asarray(self.host_params)
 
 
-def wait_for_shutdown(comm):
-    """A worker's end: join the barrier the servers enter once training is over (``shut_down``).
+def wait_together(comm):
+    """A barrier: at the start (so the servers' silence timers start when every rank is ready)
+    and at a worker's end (the barrier the servers enter once training is over, ``shut_down``).
 
     Polled with sleeps rather than a blocking ``Barrier``, so a rank that waits here leaves its
     core to the ranks still training (several ranks share each core in our runs).
@@ -252,6 +254,7 @@ class ShardServer:
         self.epochs_done = {w: first_epoch for w in workers}
         self.finished, self.dropped = set(), {}             # dropped: worker -> (steps, silent seconds)
         self.waiting = {}                                     # worker -> its held fetch request
+        self.checked_in, self.started = set(), False          # workers heard from; all of them yet?
         self.read = {w: (0, 0) for w in workers}             # (version, min clock) at w's last fetch
         self.log = []                                         # ("push", Update) and ("fetch", w, version)
         self.updates = []                                     # the Updates alone, in order
@@ -288,7 +291,13 @@ class ShardServer:
         return [w for w in self.clock if w not in self.finished and w not in self.dropped]
 
     def may_answer(self, worker):
-        """Warm start: only worker 0 until it has pushed warm_start_steps steps. SSP: the clock bound."""
+        """Start: nobody before every live worker has asked for its first parameters (so all start
+        from the same w, before anyone's first push). Warm start: then only worker 0 until it has
+        pushed warm_start_steps steps. SSP: the clock bound."""
+        if not self.started:
+            self.started = all(w in self.checked_in for w in self.live())
+            if not self.started:
+                return False
         if worker != 0 and self.warm_start_steps and 0 in self.live() and self.steps[0] < self.warm_start_steps:
             return False
         return may_proceed(self.clock[worker], [self.clock[w] for w in self.live()], self.staleness)
@@ -297,6 +306,7 @@ class ShardServer:
         for worker in sorted(self.waiting):
             if self.may_answer(worker):
                 del self.waiting[worker]
+                self.last_heard[worker] = time.monotonic()      # its silence starts now, not when it asked
                 self.read[worker] = (self.version, min(self.clock[w] for w in self.live()))
                 self.log.append(("fetch", worker, self.version))
                 self.reply(worker, OK)
@@ -316,6 +326,7 @@ class ShardServer:
         rank = worker + self.layout.servers
         request = self.comm.recv(source=rank, tag=TAG_REQUEST)
         self.last_heard[worker] = time.monotonic()
+        self.checked_in.add(worker)
         grad = None
         if request["push"]:
             self.comm.Recv(self.host_grad, source=rank, tag=TAG_GRAD)

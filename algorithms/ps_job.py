@@ -179,6 +179,7 @@ def run(comm, worker_step, settings, name="parameter server", dataset="digits", 
     layout = check_settings(comm.size, flat.size, len(data.x_train), batch_size, first_epoch, epochs, settings)
     logger = common.Log(log, rank=comm.rank, quiet=quiet, name=name)
 
+    parameter_server.wait_together(comm)            # start together: the silence timers start now
     if layout.is_server(comm.rank):
         def on_epoch(epoch, params, train_loss, staleness, clock_staleness):     # rank 0 only
             flat.data[...] = backend.asarray(params)
@@ -206,7 +207,7 @@ def run(comm, worker_step, settings, name="parameter server", dataset="digits", 
                           settings.n_fetch, settings.n_push)
         ending = run_worker(comm, layout, replica, data, seed, batch_size, first_epoch, epochs, settings,
                             worker_step)
-        parameter_server.wait_for_shutdown(comm)
+        parameter_server.wait_together(comm)
         mine = None
 
     # the end: every rank gets the final parameters, the logs and the history
@@ -225,7 +226,9 @@ def run(comm, worker_step, settings, name="parameter server", dataset="digits", 
                   flush=True)
             for rank, steps, silent in lost:
                 print(f"lost worker: rank {rank} after {steps} applied steps "
-                      f"(silent for {silent} s > timeout {settings.timeout} s); the others finished", flush=True)
+                      f"(silent for {silent} s > timeout {settings.timeout} s)", flush=True)
+            if lost:
+                print(f"{layout.workers - len(lost)} of {layout.workers} workers finished the training", flush=True)
         if save:
             state = {"steps": servers[0]["state"]["steps"]}
             for key in servers[0]["state"]:

@@ -132,4 +132,5 @@ def test_a_failed_worker_is_dropped_and_every_other_rank_finishes_with_exit_0():
                    "--timeout", "2")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "lost worker: rank 2 after 5 applied steps" in done.stdout
+    assert "2 of 3 workers finished the training" in done.stdout
     assert done.stdout.count("test_accuracy") == 3

@@ -64,7 +64,7 @@ def test_server_side_optimizer_equals_minidl_optimizer_on_the_same_gradient_sequ
         for push in range(pushes):
             client.push(gradient(seed, worker, push, n), 1, 0, False, 0.0, 1, fetch_into=params if fetch else None)
         client.goodbye()
-        parameter_server.wait_for_shutdown(comm)
+        parameter_server.wait_together(comm)
         mine = None
     gathered = comm.allgather(mine)[:servers]
     result = np.concatenate([shard for shard, _ in gathered])
