@@ -182,3 +182,333 @@ def fail(error):
     """Print a one-line error and exit 2 (for command-line use; imported use gets the exception)."""
     print(f"error: {error}", file=sys.stderr, flush=True)
     sys.exit(2)
+
+
+# ---- shared by the distributed algorithms (data parallel, decentralized, parameter server) ------
+#
+#   objective = build_objective(model, dataset, seed, data=..., problem=...)   # what one rank trains
+#   check_parallel(comm.size, objective.n, batch_size)                        # same error on every rank
+#   for batch in rank_batches(objective.n, batch_size, rank, size, seed, epoch, partition, labels):
+#       loss = objective.loss_and_grad(batch.index)                          # this rank's piece
+#   counting = CountingComm(comm)          # bytes this rank sends, for the log
+#   finite = FiniteCheck(comm)             # a non-finite loss stops every rank, naming step and rank
+
+PARTITIONS = ("global", "shards", "sorted", "replicated")
+ALLREDUCE_NAMES = ("ring", "tree", "butterfly", "rabenseifner", "naive", "auto", "mpi")
+
+
+def allreduce_function(name):
+    """In-place sum over ranks, ``f(comm, buffer)``, by the named algorithm.
+
+    ``mpi`` is MPI's own ``Allreduce`` (for comparison); the others are the point-to-point
+    algorithms of ``collectives`` (imported on first use). They run with ``check=False``: the
+    training loop passes the same flat buffer on every rank, so the per-call agreement on lengths
+    and dtypes (lg p extra small messages) would buy nothing.
+    """
+    if name not in ALLREDUCE_NAMES:
+        raise ValueError(f"unknown --allreduce {name!r}; choose one of {', '.join(ALLREDUCE_NAMES)}")
+    if name == "mpi":
+        def mpi_allreduce(comm, buffer):
+            from mpi4py import MPI
+            host = backend.to_numpy(buffer)          # MPI's own Allreduce gets host memory
+            comm.Allreduce(MPI.IN_PLACE, host, op=MPI.SUM)
+            if host is not buffer:
+                buffer[...] = backend.asarray(host)
+            return buffer
+        return mpi_allreduce
+    import importlib
+    module = importlib.import_module(f"collectives.{name}")
+
+    def collective_allreduce(comm, buffer):
+        from mpi4py import MPI
+        return module.allreduce(comm, MPI.IN_PLACE, buffer, op="sum", check=False)
+    return collective_allreduce
+
+
+class CountingComm:
+    """An mpi4py communicator that counts the bytes this rank sends; behaves like the one it wraps.
+
+    Every point-to-point send (Send, Isend, Sendrecv) adds its buffer's size to ``bytes_sent``:
+    that is exact for the algorithms of ``collectives`` and for gossip. MPI's own collectives send
+    inside the library, where nothing can be counted; ``Allreduce`` is therefore counted as what a
+    bandwidth-optimal allreduce sends per rank, 2 (p - 1) / p n bytes (an estimate; the log says so).
+    """
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.bytes_sent = 0
+
+    def __getattr__(self, name):
+        return getattr(self.comm, name)
+
+    @staticmethod
+    def _nbytes(buffer):
+        if isinstance(buffer, (list, tuple)):          # [array, count, datatype] style
+            buffer = buffer[0]
+        nbytes = getattr(buffer, "nbytes", None)
+        return int(nbytes) if nbytes is not None else len(memoryview(buffer).cast("B"))
+
+    def Send(self, buf, *args, **kwargs):
+        self.bytes_sent += self._nbytes(buf)
+        return self.comm.Send(buf, *args, **kwargs)
+
+    def Isend(self, buf, *args, **kwargs):
+        self.bytes_sent += self._nbytes(buf)
+        return self.comm.Isend(buf, *args, **kwargs)
+
+    def Sendrecv(self, sendbuf, *args, **kwargs):
+        self.bytes_sent += self._nbytes(sendbuf)
+        return self.comm.Sendrecv(sendbuf, *args, **kwargs)
+
+    def Allreduce(self, sendbuf, recvbuf, op=None):
+        from mpi4py import MPI
+        size = self.comm.Get_size()
+        self.bytes_sent += 2 * (size - 1) * self._nbytes(recvbuf) // size
+        return self.comm.Allreduce(sendbuf, recvbuf, op=MPI.SUM if op is None else op)
+
+    def total_bytes(self):
+        """Bytes sent by all ranks together so far (one small allreduce; call it on every rank)."""
+        return int(self.comm.allreduce(self.bytes_sent))
+
+
+class FiniteCheck:
+    """A non-finite loss stops *every* rank, naming the step and rank where it first appeared.
+
+    Each rank remembers its own first non-finite loss; every ``every`` steps the ranks agree on
+    the earliest (step, rank) with one 8-byte ``Allreduce(MIN)``. Cost: lg p latencies per check
+    (a few microseconds on one node; the gradient allreduce of a step costs far more). Without the
+    agreement a rank that raised alone would leave the others waiting forever in their next
+    collective. ``every`` > 1 makes it cheaper; the run then stops up to ``every - 1`` steps late,
+    but still names the first step.
+    """
+
+    NONE = numpy.iinfo(numpy.int64).max
+
+    def __init__(self, comm, every=1):
+        if not isinstance(every, int) or every < 1:
+            raise ValueError(f"--check-every must be an integer >= 1, got {every!r}")
+        self.comm, self.every = comm, every
+        self.first = None                       # (step, 'nan' or 'inf') on this rank
+
+    def __call__(self, loss, step):
+        if self.first is None and not math.isfinite(loss):
+            self.first = (step, "nan" if math.isnan(loss) else "inf")
+        if (step + 1) % self.every == 0:
+            self.agree()
+
+    def agree(self):
+        size, rank = self.comm.Get_size(), self.comm.Get_rank()
+        code = numpy.array([self.NONE], dtype=numpy.int64)
+        if self.first is not None:              # (step, rank, kind) as one orderable integer
+            code[0] = (self.first[0] * size + rank) * 2 + (self.first[1] == "inf")
+        if size > 1:
+            from mpi4py import MPI
+            self.comm.Allreduce(MPI.IN_PLACE, code, op=MPI.MIN)
+        if code[0] != self.NONE:
+            step_rank, is_inf = divmod(int(code[0]), 2)
+            step, bad_rank = divmod(step_rank, size)
+            raise FloatingPointError(f"loss became {'inf' if is_inf else 'nan'} at step {step} on rank "
+                                     f"{bad_rank}; lower --lr or check the data")
+
+
+def check_parallel(size, n_train, batch_size):
+    """ValueError for settings no rank count can train with; deterministic, so every rank raises it."""
+    if size > n_train:
+        raise ValueError(f"{size} ranks but only {n_train} training examples: every rank needs at least "
+                         f"one (use fewer ranks)")
+
+
+@dataclasses.dataclass
+class Batch:
+    index: numpy.ndarray     # rows of the training set this rank uses at this step (may be empty)
+    total: int               # rows used by all ranks together at this step (the global batch)
+
+
+def rank_batches(n, batch_size, rank, size, seed, epoch, partition="global", labels=None):
+    """This rank's batches for one epoch; every rank gets the same number of them (some may be empty).
+
+    global      epoch_order(n, seed, epoch) (serial SGD's permutation) is cut into global batches
+                of size * batch_size rows, and global batch k into ``size`` consecutive pieces
+                (``shard(m, rank, size)``): rank r's piece is rows [r b, (r+1) b) of it. So the
+                union of the pieces at step k is exactly serial SGD's batch k at batch size p b,
+                and p ranks x batch b is serial SGD at batch p b (the last, shorter batch too).
+    shards      rank r owns ``shard(n, r, size)`` (a contiguous block of the already shuffled
+                training set) for the whole run and visits it in the order
+                epoch_order(len(block), seed, epoch): Zinkevich's "each machine its own data".
+                With one rank this is serial SGD's order exactly.
+    sorted      as shards, but the rows are first sorted by label (``labels``), so each rank
+                sees a few classes only: the non-iid case where model averaging struggles.
+    replicated  every rank visits all n rows, in the order epoch_order(n, seed + rank, epoch)
+                (ensembles: independent members; rank 0's order is serial SGD's).
+    """
+    from algorithms.serial_sgd import epoch_order     # here, not at the top: serial_sgd imports common
+    if partition not in PARTITIONS:
+        raise ValueError(f"unknown --partition {partition!r}; choose one of {', '.join(PARTITIONS)}")
+    if partition == "global":
+        order, step_rows = epoch_order(n, seed, epoch), size * batch_size
+        out = []
+        for start in range(0, n, step_rows):
+            global_batch = order[start:start + step_rows]
+            out.append(Batch(global_batch[datasets.shard(len(global_batch), rank, size)], len(global_batch)))
+        return out
+    if partition == "replicated":
+        order = epoch_order(n, seed + rank, epoch)
+        return [Batch(order[start:start + batch_size], size * len(order[start:start + batch_size]))
+                for start in range(0, n, batch_size)]
+    rows = numpy.arange(n) if partition == "shards" else numpy.argsort(labels, kind="stable")
+    sizes = datasets.shard_sizes(n, size)
+    block = rows[datasets.shard(n, rank, size)]
+    block = block[epoch_order(len(block), seed, epoch)]
+    steps = -(-int(sizes.max()) // batch_size)         # the longest shard sets the step count
+    out = []
+    for step in range(steps):
+        start = step * batch_size
+        total = int(numpy.clip(sizes - start, 0, batch_size).sum())
+        out.append(Batch(block[start:start + batch_size], total))
+    return out
+
+
+class NetworkObjective:
+    """A network and its data as one flat parameter vector: what every algorithm trains.
+
+    ``params`` and ``grad`` are the flat vectors (``minidl.flat``); ``loss_and_grad(index)`` sets
+    ``grad`` to the mean gradient over training rows ``index`` and returns the mean loss.
+    """
+
+    def __init__(self, net, data):
+        from minidl.flat import flatten
+        self.net, self.data = net, data
+        self.flat = flatten(net)
+        self.params, self.grad = self.flat.data, self.flat.grad
+        self.n, self.labels = len(data.x_train), data.y_train
+
+    def as_parameter(self):
+        return self.flat.as_parameter()
+
+    def loss_and_grad(self, index):
+        self.flat.zero_grad()
+        return loss_and_grad(self.net, self.data.x_train[index], self.data.y_train[index])
+
+    def evaluate(self):
+        test_loss, accuracy = evaluate(self.net, self.data.x_test, self.data.y_test)
+        return {"test_loss": test_loss, "test_accuracy": accuracy}
+
+    def predict(self, x):
+        """Class probabilities (softmax of the logits), (len(x), classes)."""
+        self.net.eval()
+        with no_grad():
+            logits = self.net(Tensor(backend.asarray(x))).data
+        self.net.train()
+        xp = backend.get_array_module(logits)
+        shifted = xp.exp(logits - logits.max(axis=1, keepdims=True))
+        return shifted / shifted.sum(axis=1, keepdims=True)
+
+    def score(self, prediction):
+        """Test accuracy of class probabilities ``prediction`` for x_test."""
+        labels = backend.asarray(self.data.y_test)
+        return float((prediction.argmax(axis=1) == labels).mean())
+
+
+class ConvexObjective:
+    """A synthetic convex problem (``minidl.data.least_squares`` / ``logistic_regression``) as an
+    objective: w (float64, starting at 0) is the flat parameter vector, ``problem.grad`` the gradient.
+    Evaluation reports the full-data loss and the distance to the known optimum ``w_star``."""
+
+    def __init__(self, problem):
+        from minidl.tensor import Parameter
+        self.problem = problem
+        self.params = numpy.zeros(problem.d)
+        self.grad = numpy.zeros(problem.d)
+        self.parameter = Parameter(self.params)
+        self.parameter.grad = self.grad
+        self.flat = dataclasses.make_dataclass("Flat", ["data"])(self.params)   # for load_checkpoint
+        self.n, self.labels = problem.n, problem.y
+
+    def as_parameter(self):
+        return self.parameter
+
+    def loss_and_grad(self, index):
+        self.grad[...] = self.problem.grad(self.params, index)
+        return self.problem.loss(self.params, index)
+
+    def evaluate(self):
+        return {"loss": self.problem.loss(self.params),
+                "distance_to_optimum": float(numpy.linalg.norm(self.params - self.problem.w_star))}
+
+    def predict(self, x):
+        return x @ self.params
+
+    def score(self, prediction):
+        return None
+
+
+def build_objective(model="cnn", dataset="digits", seed=0, data=None, data_dir=None, problem=None,
+                    model_seed=None):
+    """The objective one rank trains: ``problem`` (a synthetic convex problem) if given, else a network.
+
+    ``model`` is a name in ``minidl.models`` or a function returning a fresh ``Module`` (tests pass
+    float64 models); it is built from ``model_seed`` (default ``seed``), so every rank starts from
+    the same weights unless an algorithm (ensembles) asks otherwise.
+    """
+    if problem is not None:
+        return ConvexObjective(problem)
+    data = data or load_data(dataset, seed, data_dir)
+    seed = seed if model_seed is None else model_seed
+    net = model() if callable(model) else build_model(model, seed, dataset)
+    return NetworkObjective(net, data)
+
+
+def epoch_mean(comm, total, count):
+    """sum(total) / sum(count) over ranks (one small allreduce): e.g. the epoch's training loss."""
+    pair = numpy.array([total, count], dtype=numpy.float64)
+    if comm.Get_size() > 1:
+        from mpi4py import MPI
+        comm.Allreduce(MPI.IN_PLACE, pair, op=MPI.SUM)
+    return float(pair[0] / max(pair[1], 1))
+
+
+def mean_over_ranks(comm, vector):
+    """A copy of the element-wise mean of ``vector`` over ranks (MPI's Allreduce).
+
+    For evaluation only (the consensus model of a decentralized run): not part of any
+    algorithm's update, and not counted in its bytes.
+    """
+    host = numpy.array(backend.to_numpy(vector), dtype=numpy.float64)
+    if comm.Get_size() > 1:
+        from mpi4py import MPI
+        comm.Allreduce(MPI.IN_PLACE, host, op=MPI.SUM)
+    host /= comm.Get_size()
+    return host.astype(backend.to_numpy(vector).dtype)
+
+
+def parallel_parser(description, allreduce="ring", partition="global", **defaults):
+    """``parser`` plus the flags the distributed algorithms share: --allreduce, --partition, --check-every."""
+    p = parser(description, **defaults)
+    p.add_argument("--allreduce", default=allreduce, choices=ALLREDUCE_NAMES,
+                   help="allreduce algorithm for the averaging (mpi: MPI's own Allreduce)")
+    p.add_argument("--partition", default=partition, choices=PARTITIONS,
+                   help="which rows each rank sees (see common.rank_batches)")
+    p.add_argument("--check-every", type=int, default=1,
+                   help="agree on a non-finite loss every this many steps")
+    return p
+
+
+def evaluate_at(objective, params):
+    """objective.evaluate() with ``params`` swapped in (the consensus of a decentralized run); the
+    rank's own parameters are put back afterwards."""
+    own = objective.params.copy()
+    objective.params[...] = backend.asarray(params, dtype=objective.params.dtype)
+    try:
+        return objective.evaluate()
+    finally:
+        objective.params[...] = own
+
+
+def parse_period(text):
+    """--period H: a positive integer, or 'end' (average once, after the last step)."""
+    if text == "end":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1 or 'end', got {text!r}") from None
