@@ -5,11 +5,15 @@
                                            Winograd channel sweep and the FFT kernel-size crossover
     python -m minidl.bench layers          Hegde & Usmani 2016, section 4: a conv layer and a fully
                                            connected layer over sizes, NumPy vs CuPy (if a GPU) vs PyTorch
-    options: --json PATH  --plot PATH (conv, layers)  --threads N (default 1)  --repeats R  --quick  --no-torch
+    options: --json PATH  --plot PATH (conv, layers)  --threads N (default 1)  --repeats R  --clock cpu|wall
+             --quick  --no-torch
 
 Every case is timed as forward + backward (and, for a training step, the optimizer update);
 the reported time is the minimum over ``--repeats`` runs after a warm-up, since the minimum is
-the least disturbed by other processes on the machine. minidl and PyTorch each run in their own
+the least disturbed by other processes on the machine. With one thread (the default) the clock is
+the process's CPU time (``--clock cpu``): on an idle machine it equals wall time, on a shared one
+it leaves out the time other jobs held the core (cache and memory-bandwidth contention remain);
+with more threads, and on the GPU, it is wall time. minidl and PyTorch each run in their own
 process (``--worker``), started with the same thread count in OMP_NUM_THREADS,
 OPENBLAS_NUM_THREADS and MKL_NUM_THREADS (and ``torch.set_num_threads``), so neither library's
 thread pool or allocator disturbs the other. PyTorch is only a yardstick: it is imported here
@@ -67,7 +71,8 @@ def conv_cases(quick):
         channels, kernels, kernel_side = (8, 16, 32, 64, 128), (3, 5, 7, 9, 11, 13, 15, 17, 21), 64
     cases = []
     for label, shape in shapes.items():
-        cases += [{"case": f"{label}", "kind": "conv", "shape": shape, "algorithm": a} for a in algorithms]
+        cases += [{"case": f"{label}", "kind": "conv", "shape": shape, "algorithm": a} for a in algorithms
+                  if _supported(a, shape)]
     for width in channels:        # Winograd's regime: 3x3, stride 1, channel count grows
         shape = (2 if quick else 16, width, width, 8 if quick else 32, 3, 1, 1)
         cases += [{"case": f"channels {width}", "kind": "conv", "shape": shape, "algorithm": a, "sweep": "channels",
@@ -77,6 +82,16 @@ def conv_cases(quick):
         cases += [{"case": f"kernel {k}x{k}", "kind": "conv", "shape": shape, "algorithm": a, "sweep": "kernel", "x": k}
                   for a in ("im2col", "fft") + (("direct",) if k <= 7 else ())]
     return cases
+
+
+def _supported(algorithm, shape):
+    from minidl import conv
+    n, c, f, side, k, stride, padding = shape
+    try:
+        conv.get(algorithm, (n, c, side, side), (f, c, k, k), stride, padding)
+    except ValueError:
+        return False
+    return True
 
 
 def layers_cases(quick):
@@ -106,23 +121,31 @@ def linear_flops(shape):
 
 
 # ---- timing ----------------------------------------------------------------------------------
-def best_ms(step, repeats, sync=lambda: None, warmup=2):
-    """Minimum wall time of ``step()`` over ``repeats`` runs, in milliseconds, after ``warmup`` runs."""
+CLOCK = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def best_ms(step, repeats, sync=lambda: None, warmup=2, clock="wall"):
+    """Minimum time of ``step()`` over ``repeats`` runs, in milliseconds, after ``warmup`` runs.
+
+    ``clock="cpu"`` measures this process's CPU time instead of wall time: on one thread the two
+    agree on an idle machine, but CPU time does not count the time other jobs held the core.
+    """
+    now = CLOCK[clock]
     for _ in range(warmup):
         step()
     sync()
     best = float("inf")
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = now()
         step()
         sync()
-        best = min(best, time.perf_counter() - start)
+        best = min(best, now() - start)
     return best * 1e3
 
 
-def gemm_gflops(matmul_of, size, repeats):
+def gemm_gflops(matmul_of, size, repeats, clock):
     """GFLOP/s of one size x size float32 matrix product."""
-    seconds = best_ms(matmul_of(size), repeats) / 1e3
+    seconds = best_ms(matmul_of(size), repeats, clock=clock) / 1e3
     return 2 * size ** 3 / seconds / 1e9
 
 
@@ -178,13 +201,14 @@ def _forward_backward(layer, x, grad):
     layer(x).backward(grad)
 
 
-def minidl_worker(suite, quick, repeats):
+def minidl_worker(suite, quick, repeats, clock):
     from minidl import backend
     rng = numpy.random.default_rng(0)
     sync = lambda: None                                           # noqa: E731
     if backend.get_backend() == "cupy":
         import cupy
         sync = cupy.cuda.Device().synchronize
+        clock = "wall"                                            # GPU time is not this process's CPU time
     xp = backend.xp()
 
     def matmul_of(size):
@@ -192,8 +216,8 @@ def minidl_worker(suite, quick, repeats):
         return lambda: a @ a
     times = {}
     for index, case in enumerate(SUITES[suite](quick)):
-        times[index] = best_ms(minidl_step(case, rng), repeats, sync)
-    return {"times": times, "gemm_gflops": gemm_gflops(matmul_of, 256 if quick else 2048, repeats)}
+        times[index] = best_ms(minidl_step(case, rng), repeats, sync, clock=clock)
+    return {"times": times, "gemm_gflops": gemm_gflops(matmul_of, 256 if quick else 2048, repeats, clock)}
 
 
 # ---- the PyTorch side (only here, only as a yardstick) ----------------------------------------
@@ -238,19 +262,19 @@ def torch_step(case, torch):
     return step
 
 
-def torch_worker(suite, quick, repeats, threads):
+def torch_worker(suite, quick, repeats, threads, clock):
     import torch
     torch.set_num_threads(threads)
     times = {}
     for index, case in enumerate(SUITES[suite](quick)):
         if suite == "conv" and case["algorithm"] != "im2col":
             continue              # one PyTorch time per shape (beside the default algorithm's row) is enough
-        times[index] = best_ms(torch_step(case, torch), repeats)
+        times[index] = best_ms(torch_step(case, torch), repeats, clock=clock)
 
     def matmul_of(size):
         a = torch.randn(size, size)
         return lambda: a @ a
-    return {"times": times, "gemm_gflops": gemm_gflops(matmul_of, 256 if quick else 2048, repeats),
+    return {"times": times, "gemm_gflops": gemm_gflops(matmul_of, 256 if quick else 2048, repeats, clock),
             "version": torch.__version__}
 
 
@@ -262,7 +286,7 @@ def run_worker(framework, suite, args, backend_name="numpy"):
         env[variable] = str(args.threads)
     env["MINIDL_BACKEND"] = backend_name
     command = [sys.executable, "-m", "minidl.bench", suite, "--worker", framework,
-               "--threads", str(args.threads), "--repeats", str(args.repeats)] + (["--quick"] if args.quick else [])
+               "--threads", str(args.threads), "--repeats", str(args.repeats), "--clock", args.clock] + (["--quick"] if args.quick else [])
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         print(f"[bench] the {framework} worker ({backend_name}) failed:\n{done.stderr[-2000:]}", file=sys.stderr)
@@ -392,6 +416,10 @@ def print_table(rows, columns):
         print("  ".join(cell.ljust(width) for cell, width in zip(line, widths)))
 
 
+COLOURS = {"direct": "tab:red", "im2col": "tab:blue", "fft": "tab:green", "winograd": "tab:purple", "auto": "tab:gray",
+           "PyTorch": "tab:orange", "minidl cpu": "tab:blue", "minidl gpu": "tab:green"}
+
+
 def plot(rows, suite, path):
     import matplotlib
     matplotlib.use("Agg")
@@ -413,7 +441,8 @@ def plot(rows, suite, path):
                 lines.setdefault("PyTorch (cpu)", []).append((row["x"], row["torch_ms"]))
         for name, points in lines.items():
             points = sorted(set(points))
-            axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+            axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name,
+                      color=COLOURS.get(name.split(" (")[0]))
         axis.set_xlabel(label)
         axis.set_ylabel("forward + backward, ms")
         axis.set_yscale("log")
@@ -440,20 +469,23 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=1, help="threads for NumPy's BLAS and for PyTorch (default 1)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per case; the minimum is reported")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test of the benchmark itself)")
+    parser.add_argument("--clock", choices=sorted(CLOCK), default=None,
+                        help="'wall' time, or this process's 'cpu' time (default: cpu for 1 thread, else wall)")
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
     parser.add_argument("--worker", choices=["minidl", "torch"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    args.clock = args.clock or ("cpu" if args.threads == 1 else "wall")
 
     if args.worker:                               # inside a worker process: time and answer in JSON
         if args.worker == "torch":
-            answer = torch_worker(args.suite, args.quick, args.repeats, args.threads)
+            answer = torch_worker(args.suite, args.quick, args.repeats, args.threads, args.clock)
         else:
-            answer = minidl_worker(args.suite, args.quick, args.repeats)
+            answer = minidl_worker(args.suite, args.quick, args.repeats, args.clock)
         print(json.dumps(answer))
         return 0
 
     rows, meta = measure(args.suite, args)
-    print(f"minidl.bench {args.suite}: float32, {args.threads} thread(s), minimum of {args.repeats} runs; "
+    print(f"minidl.bench {args.suite}: float32, {args.threads} thread(s), {args.clock} time, minimum of {args.repeats} runs; "
           f"NumPy GEMM {meta['gemm_gflops']:.1f} GFLOP/s"
           + (f", PyTorch {meta['torch_version']} GEMM {meta['torch_gemm_gflops']:.1f} GFLOP/s" if meta["torch_version"]
              else ", no PyTorch comparison (not installed or --no-torch)")

@@ -12,7 +12,8 @@ and the backward pass is two more products plus the inverse copy (col2im, adding
     grad_weight_2d = grad_2d @ cols.T      : (F, N*Ho*Wo) @ (N*Ho*Wo, C*kh*kw)
     grad_cols      = weight_2d.T @ grad_2d : (C*kh*kw, F) @ (F, N*Ho*Wo)
 
-Layout choice: ``cols`` is (C, kh, kw, N, Ho, Wo). im2col fills it one kernel offset (i, j) at a
+Layout choice: ``cols`` is stored as (C, kh, kw, N, Ho, Wo) (``im2col`` hands back a view indexed
+(N, C, kh, kw, Ho, Wo), the textbook order). im2col fills it one kernel offset (i, j) at a
 time with a strided slice of the input, so each copy runs along contiguous output rows of Wo
 elements, and col2im is the same loop with ``+=`` (Chainer's approach). Putting the batch inside
 the columns makes each of the three products ONE large GEMM (the batch is the long side), instead
@@ -36,24 +37,28 @@ def _window(a, i, j, stride, out_h, out_w):
 
 
 def im2col(x_pad, kh, kw, stride, out_h, out_w):
-    """(N, C, Hp, Wp) -> cols (C, kh, kw, N, Ho, Wo) with cols[c, i, j, n, ho, wo] = x_pad[n, c, ho*s + i, wo*s + j]."""
+    """(N, C, Hp, Wp) -> cols (N, C, kh, kw, Ho, Wo) with cols[n, c, i, j, ho, wo] = x_pad[n, c, ho*s + i, wo*s + j].
+
+    Stored batch-inside as (C, kh, kw, N, Ho, Wo) (see the layout note above); what is returned is
+    a (N, C, kh, kw, Ho, Wo) view of that buffer, so the index order is the textbook one.
+    """
     xp = get_array_module(x_pad)
     n, c = x_pad.shape[:2]
     cols = workspace(xp, (c, kh, kw, n, out_h, out_w), x_pad.dtype)
     for i in range(kh):
         for j in range(kw):
             cols[:, i, j] = _window(x_pad, i, j, stride, out_h, out_w).transpose(1, 0, 2, 3)
-    return cols
+    return cols.transpose(3, 0, 1, 2, 4, 5)
 
 
 def col2im(cols, padded_shape, stride):
-    """The adjoint of im2col: add every column entry back onto the input pixel it came from."""
+    """The adjoint of im2col: add every column entry cols[n, c, i, j, ho, wo] back onto the input pixel it came from."""
     xp = get_array_module(cols)
-    c, kh, kw, n, out_h, out_w = cols.shape
+    n, c, kh, kw, out_h, out_w = cols.shape
     x_pad = workspace(xp, padded_shape, cols.dtype, zero=True)
     for i in range(kh):
         for j in range(kw):
-            _window(x_pad, i, j, stride, out_h, out_w)[...] += cols[:, i, j].transpose(1, 0, 2, 3)
+            _window(x_pad, i, j, stride, out_h, out_w)[...] += cols[:, :, i, j]
     return x_pad
 
 
@@ -66,7 +71,8 @@ def forward(x, weight, stride, padding):
     if padding:
         x_pad = workspace(xp, (n, c, h + 2 * padding, w + 2 * padding), x.dtype, zero=True)
         x_pad[:, :, padding:padding + h, padding:padding + w] = x
-    cols = im2col(x_pad, kh, kw, stride, out_h, out_w).reshape(c * kh * kw, n * out_h * out_w)
+    cols = im2col(x_pad, kh, kw, stride, out_h, out_w).transpose(1, 2, 3, 0, 4, 5)   # back to the stored order
+    cols = cols.reshape(c * kh * kw, n * out_h * out_w)                                # a view, no copy
     out_2d = xp.matmul(weight.reshape(f, c * kh * kw), cols,          # (F, CKK) @ (CKK, N HoWo)
                        out=workspace(xp, (f, n * out_h * out_w), xp.result_type(weight, x)))
     out = xp.ascontiguousarray(out_2d.reshape(f, n, out_h, out_w).transpose(1, 0, 2, 3))
@@ -89,7 +95,8 @@ def backward(grad_out, cache, need_x=True, need_weight=True):
     if need_x:
         grad_cols = xp.matmul(weight.reshape(f, c * kh * kw).T, grad_2d,    # (CKK, F) @ (F, N HoWo)
                               out=workspace(xp, (c * kh * kw, n * out_h * out_w), xp.result_type(weight, grad_out)))
-        grad_x_pad = col2im(grad_cols.reshape(c, kh, kw, n, out_h, out_w), cache["padded_shape"], cache["stride"])
+        grad_cols = grad_cols.reshape(c, kh, kw, n, out_h, out_w).transpose(3, 0, 1, 2, 4, 5)
+        grad_x_pad = col2im(grad_cols, cache["padded_shape"], cache["stride"])
         padding = cache["padding"]
         h, w = cache["x_shape"][2:]
         grad_x = grad_x_pad[:, :, padding:padding + h, padding:padding + w]
