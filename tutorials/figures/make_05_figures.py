@@ -1,6 +1,6 @@
 """The figures of chapter 5 (parameter servers and consistency); about a minute on 2 cores.
 
-    mpiexec -n 4 python tutorials/make_figures_05.py
+    mpiexec -n 4 python tutorials/figures/make_05_figures.py
 
 05_downpour.png    test accuracy against time: Downpour + Adagrad, fixed-rate Downpour, one replica
 05_staleness.png   staleness histograms of SSP with s = 0, 2, 8 and fully asynchronous
@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from algorithms import common, downpour_sgd, hogwild, serial_sgd, ssp_sgd  # noqa: E402
 
-HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "figures")
+HERE = os.path.dirname(os.path.abspath(__file__))
 comm = MPI.COMM_WORLD
 data = common.load_data("digits", 0)
 EPOCHS = 10
