@@ -41,8 +41,6 @@ import math
 from mpi4py import MPI
 
 from algorithms import common
-from minidl import backend
-from minidl.optim import SGD
 
 
 def admm_round(comm, objective, optimizer, batches, z, u, rho, allreduce):
@@ -85,39 +83,33 @@ def train(comm=None, dataset="digits", model="cnn", epochs=20, lr=0.05, momentum
     common.check_common(epochs, lr, batch_size, momentum)
     check_admm(rho, local_steps)
     step_allreduce = common.allreduce_function(allreduce)
-    objective = common.build_objective(model, dataset, seed, data, data_dir, problem)
-    common.check_parallel(size, objective.n, batch_size)
-    optimizer = SGD([objective.as_parameter()], lr=lr, momentum=momentum)
-    first_epoch = common.load_checkpoint(resume, objective.flat, optimizer) if resume else 0
+    run = common.start_run(comm, model=model, dataset=dataset, seed=seed, data=data, data_dir=data_dir,
+                           problem=problem, lr=lr, momentum=momentum, batch_size=batch_size, resume=resume,
+                           log=log, quiet=quiet, check_every=check_every)
+    objective, optimizer = run.objective, run.optimizer
     z = objective.params.copy()                            # every rank starts from the same weights
     u = objective.params * 0                               # (after --resume too: u restarts at 0)
-    counting = common.CountingComm(comm)
-    finite = common.FiniteCheck(comm, check_every)
-    logger = common.Log(log, rank=rank, quiet=quiet)
     step = 0
-    for epoch in range(first_epoch, epochs):
+    for epoch in range(run.first_epoch, epochs):
         batches = common.rank_batches(objective.n, batch_size, rank, size, seed, epoch, partition,
                                       objective.labels)
         loss_sum, rows = 0.0, 0
         for start in range(0, len(batches), local_steps):  # rounds restart with each epoch
             round_batches = batches[start:start + local_steps]
-            losses = admm_round(counting, objective, optimizer, round_batches, z, u, rho, step_allreduce)
+            losses = admm_round(run.counting, objective, optimizer, round_batches, z, u, rho, step_allreduce)
             for loss, count in losses:
                 loss_sum += loss * count
                 rows += count
-                finite(loss, step)
+                run.finite(loss, step)
                 step += 1
             if on_round:
                 on_round(objective.params, z, u)
-        finite.agree()
+        run.finite.agree()
         record = {"epoch": epoch + 1, "train_loss": common.epoch_mean(comm, loss_sum, rows)}
         record.update(common.evaluate_at(objective, z))
-        record["bytes"] = counting.total_bytes()
-        logger.epoch(**record)
-    logger.close()
-    if save and rank == 0:
-        common.save_checkpoint(save, z, optimizer, epochs)
-    return backend.to_numpy(z).copy(), logger.history
+        record["bytes"] = run.counting.total_bytes()
+        run.logger.epoch(**record)
+    return run.finish(save, epochs, params=z)
 
 
 def main(argv=None):
@@ -126,14 +118,7 @@ def main(argv=None):
     parser.add_argument("--rho", type=float, default=0.1, help="ADMM penalty (> 0)")
     parser.add_argument("--local-steps", type=int, default=8, help="SGD steps per x-step (K)")
     args = parser.parse_args(argv)
-    try:
-        train(MPI.COMM_WORLD, dataset=args.dataset, data_dir=args.data_dir, model=args.model,
-              epochs=args.epochs, lr=args.lr, momentum=args.momentum, batch_size=args.batch_size,
-              seed=args.seed, rho=args.rho, local_steps=args.local_steps, allreduce=args.allreduce,
-              partition=args.partition, log=args.log, save=args.save, resume=args.resume, quiet=args.quiet,
-              check_every=args.check_every)
-    except (ValueError, FloatingPointError) as error:
-        common.fail(error)
+    common.run_main(train, args, rho=args.rho, local_steps=args.local_steps, allreduce=args.allreduce)
 
 
 if __name__ == "__main__":

@@ -40,8 +40,6 @@ tutorials/04_data_parallelism.md.
 from mpi4py import MPI
 
 from algorithms import common
-from minidl import backend
-from minidl.optim import SGD
 
 
 def data_parallel_step(comm, objective, optimizer, batch, allreduce):
@@ -72,45 +70,31 @@ def train(comm=None, dataset="digits", model="cnn", epochs=20, lr=0.05, momentum
     rank, size = comm.Get_rank(), comm.Get_size()
     common.check_common(epochs, lr, batch_size, momentum)
     step_allreduce = common.allreduce_function(allreduce)
-    objective = common.build_objective(model, dataset, seed, data, data_dir, problem)
-    common.check_parallel(size, objective.n, batch_size)
-    optimizer = SGD([objective.as_parameter()], lr=lr, momentum=momentum)
-    first_epoch = 0
-    if resume:
-        first_epoch = common.load_checkpoint(resume, objective.flat, optimizer)
-    counting = common.CountingComm(comm)
-    finite = common.FiniteCheck(comm, check_every)
-    logger = common.Log(log, rank=rank, quiet=quiet)
+    run = common.start_run(comm, model=model, dataset=dataset, seed=seed, data=data, data_dir=data_dir,
+                           problem=problem, lr=lr, momentum=momentum, batch_size=batch_size, resume=resume,
+                           log=log, quiet=quiet, check_every=check_every)
+    objective, optimizer = run.objective, run.optimizer
     step = 0
-    for epoch in range(first_epoch, epochs):
+    for epoch in range(run.first_epoch, epochs):
         loss_sum, rows = 0.0, 0
         for batch in common.rank_batches(objective.n, batch_size, rank, size, seed, epoch, partition,
                                          objective.labels):
-            loss = data_parallel_step(counting, objective, optimizer, batch, step_allreduce)
-            finite(loss, step)
+            loss = data_parallel_step(run.counting, objective, optimizer, batch, step_allreduce)
+            run.finite(loss, step)
             loss_sum += loss * len(batch.index)
             rows += len(batch.index)
             step += 1
-        finite.agree()
+        run.finite.agree()
         record = {"epoch": epoch + 1, "train_loss": common.epoch_mean(comm, loss_sum, rows)}
         record.update(objective.evaluate())
-        record["bytes"] = counting.total_bytes()
-        logger.epoch(**record)
-    logger.close()
-    if save and rank == 0:
-        common.save_checkpoint(save, objective.params, optimizer, epochs)
-    return backend.to_numpy(objective.params).copy(), logger.history
+        record["bytes"] = run.counting.total_bytes()
+        run.logger.epoch(**record)
+    return run.finish(save, epochs)
 
 
 def main(argv=None):
     args = common.parallel_parser(__doc__.splitlines()[0], epochs=20, lr=0.05, momentum=0.9).parse_args(argv)
-    try:
-        train(MPI.COMM_WORLD, dataset=args.dataset, data_dir=args.data_dir, model=args.model,
-              epochs=args.epochs, lr=args.lr, momentum=args.momentum, batch_size=args.batch_size,
-              seed=args.seed, allreduce=args.allreduce, partition=args.partition, log=args.log,
-              save=args.save, resume=args.resume, quiet=args.quiet, check_every=args.check_every)
-    except (ValueError, FloatingPointError) as error:
-        common.fail(error)
+    common.run_main(train, args, allreduce=args.allreduce)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import numpy
 
 from minidl import backend, data as datasets, models
 from minidl import functional as F
+from minidl.optim import SGD
 from minidl.tensor import Tensor, no_grad
 
 
@@ -192,6 +193,12 @@ def fail(error):
 #       loss = objective.loss_and_grad(batch.index)                          # this rank's piece
 #   counting = CountingComm(comm)          # bytes this rank sends, for the log
 #   finite = FiniteCheck(comm)             # a non-finite loss stops every rank, naming step and rank
+#
+# The synchronous and decentralized algorithms get all of these from one call, and end alike:
+#
+#   run = start_run(comm, model=..., ...)   # objective, optimizer, --resume, counting, finite, logger
+#   ... the algorithm's own epoch loop ...
+#   return run.finish(save, epochs)        # close the log, --save, (params as NumPy, history)
 
 PARTITIONS = ("global", "shards", "sorted", "replicated")
 ALLREDUCE_NAMES = ("ring", "tree", "butterfly", "rabenseifner", "naive", "auto", "mpi")
@@ -456,6 +463,75 @@ def build_objective(model="cnn", dataset="digits", seed=0, data=None, data_dir=N
     seed = seed if model_seed is None else model_seed
     net = model() if callable(model) else build_model(model, seed, dataset)
     return NetworkObjective(net, data)
+
+
+@dataclasses.dataclass
+class Run:
+    """What a synchronous or decentralized ``train()`` sets up the same way (made by ``start_run``).
+
+    The algorithm module keeps its own epoch loop and update; it sends on ``counting``, reports
+    each step's loss to ``finite`` and each epoch to ``logger``, and ends with ``finish``.
+    """
+    objective: object            # NetworkObjective or ConvexObjective: this rank's flat parameters
+    optimizer: SGD               # SGD (with momentum) on objective's flat parameter vector
+    first_epoch: int             # 0, or the epoch a --resume checkpoint had reached
+    counting: CountingComm       # the communicator the algorithm sends on; counts this rank's bytes
+    finite: FiniteCheck          # a non-finite loss stops every rank
+    logger: Log
+    rank: int
+    size: int
+
+    def finish(self, save, epochs, params=None, each_rank=False):
+        """Close the log, write ``save`` and return (``params`` as a NumPy copy, per-epoch history).
+
+        ``params`` defaults to the rank's own ``objective.params`` (EASGD and ADMM pass their
+        centre). Rank 0 writes the checkpoint; with ``each_rank`` every rank writes its own,
+        ``save.rank<r>.npz`` when there is more than one rank (ensemble members all differ).
+        """
+        params = self.objective.params if params is None else params
+        self.logger.close()
+        if save and (each_rank or self.rank == 0):
+            path = f"{save}.rank{self.rank}.npz" if each_rank and self.size > 1 else save
+            save_checkpoint(path, params, self.optimizer, epochs)
+        return backend.to_numpy(params).copy(), self.logger.history
+
+
+def start_run(comm, *, model, dataset, seed, data, data_dir, problem, lr, momentum, batch_size, resume,
+              log, quiet, check_every, model_seed=None):
+    """The ``Run`` every synchronous or decentralized algorithm starts from, built in this order:
+
+    objective (``build_objective``), ``check_parallel``, SGD optimizer, ``load_checkpoint`` if
+    ``resume``, ``CountingComm``, ``FiniteCheck`` (checks ``check_every``), ``Log``.
+
+    Call it after ``check_common`` and the module's own argument checks: its ValueErrors (data,
+    model, rank count, checkpoint, --check-every) come before any communication, on every rank.
+    """
+    rank, size = comm.Get_rank(), comm.Get_size()
+    objective = build_objective(model, dataset, seed, data, data_dir, problem, model_seed=model_seed)
+    check_parallel(size, objective.n, batch_size)
+    optimizer = SGD([objective.as_parameter()], lr=lr, momentum=momentum)
+    first_epoch = load_checkpoint(resume, objective.flat, optimizer) if resume else 0
+    counting = CountingComm(comm)
+    finite = FiniteCheck(comm, check_every)
+    logger = Log(log, rank=rank, quiet=quiet)
+    return Run(objective, optimizer, first_epoch, counting, finite, logger, rank, size)
+
+
+def run_main(train, args, **algorithm_kwargs):
+    """Command-line entry: ``train(MPI.COMM_WORLD, ...)`` with the flags of ``parallel_parser``
+    (all but --allreduce, which not every algorithm uses) and the algorithm's own ``algorithm_kwargs``.
+
+    An impossible setting (ValueError) or a diverged run (FloatingPointError) ends in ``fail``:
+    one ``error: ...`` line from every rank and exit status 2.
+    """
+    from mpi4py import MPI
+    try:
+        train(MPI.COMM_WORLD, dataset=args.dataset, data_dir=args.data_dir, model=args.model,
+              epochs=args.epochs, lr=args.lr, momentum=args.momentum, batch_size=args.batch_size,
+              seed=args.seed, partition=args.partition, log=args.log, save=args.save, resume=args.resume,
+              quiet=args.quiet, check_every=args.check_every, **algorithm_kwargs)
+    except (ValueError, FloatingPointError) as error:
+        fail(error)
 
 
 def epoch_mean(comm, total, count):

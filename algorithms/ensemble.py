@@ -34,7 +34,6 @@ from mpi4py import MPI
 
 from algorithms import common
 from minidl import backend
-from minidl.optim import SGD
 
 
 def ensemble_predict(comm, objective, x, allreduce):
@@ -53,33 +52,28 @@ def train(comm=None, dataset="digits", model="cnn", epochs=10, lr=0.05, momentum
     rank, size = comm.Get_rank(), comm.Get_size()
     common.check_common(epochs, lr, batch_size, momentum)
     average = common.allreduce_function(allreduce)
-    objective = common.build_objective(model, dataset, seed, data, data_dir, problem, model_seed=seed + rank)
-    common.check_parallel(size, objective.n, batch_size)
-    optimizer = SGD([objective.as_parameter()], lr=lr, momentum=momentum)
-    first_epoch = common.load_checkpoint(resume, objective.flat, optimizer) if resume else 0
-    counting = common.CountingComm(comm)
-    finite = common.FiniteCheck(comm, check_every)
-    logger = common.Log(log, rank=rank, quiet=quiet)
+    run = common.start_run(comm, model=model, dataset=dataset, seed=seed, data=data, data_dir=data_dir,
+                           problem=problem, lr=lr, momentum=momentum, batch_size=batch_size, resume=resume,
+                           log=log, quiet=quiet, check_every=check_every,
+                           model_seed=seed + rank)                 # member r: its own initial weights
+    objective, optimizer = run.objective, run.optimizer
     step = 0
-    for epoch in range(first_epoch, epochs):
+    for epoch in range(run.first_epoch, epochs):
         loss_sum, rows = 0.0, 0
         for batch in common.rank_batches(objective.n, batch_size, rank, size, seed, epoch, partition,
                                          objective.labels):
             loss = objective.loss_and_grad(batch.index)   # member r: plain serial SGD
             optimizer.step()
-            finite(loss, step)
+            run.finite(loss, step)
             loss_sum += loss * len(batch.index)
             rows += len(batch.index)
             step += 1
-        finite.agree()
+        run.finite.agree()
         record = {"epoch": epoch + 1, "train_loss": common.epoch_mean(comm, loss_sum, rows)}
-        record.update(evaluate_ensemble(comm, counting, objective, average))
-        record["bytes"] = counting.total_bytes()
-        logger.epoch(**record)
-    logger.close()
-    if save:
-        common.save_checkpoint(f"{save}.rank{rank}.npz" if size > 1 else save, objective.params, optimizer, epochs)
-    return backend.to_numpy(objective.params).copy(), logger.history
+        record.update(evaluate_ensemble(comm, run.counting, objective, average))
+        record["bytes"] = run.counting.total_bytes()
+        run.logger.epoch(**record)
+    return run.finish(save, epochs, each_rank=True)              # every member saves its own file
 
 
 def evaluate_ensemble(comm, counting, objective, allreduce):
@@ -100,13 +94,7 @@ def main(argv=None):
     parser = common.parallel_parser(__doc__.splitlines()[0], partition="replicated", epochs=10, lr=0.05,
                                     momentum=0.9)
     args = parser.parse_args(argv)
-    try:
-        train(MPI.COMM_WORLD, dataset=args.dataset, data_dir=args.data_dir, model=args.model,
-              epochs=args.epochs, lr=args.lr, momentum=args.momentum, batch_size=args.batch_size,
-              seed=args.seed, allreduce=args.allreduce, partition=args.partition, log=args.log,
-              save=args.save, resume=args.resume, quiet=args.quiet, check_every=args.check_every)
-    except (ValueError, FloatingPointError) as error:
-        common.fail(error)
+    common.run_main(train, args, allreduce=args.allreduce)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,6 @@ from mpi4py import MPI
 
 from algorithms import common
 from minidl import backend
-from minidl.optim import SGD
 
 PAIRINGS = ("ring", "random")
 GOSSIP_TAG = 7201
@@ -108,34 +107,28 @@ def train(comm=None, dataset="digits", model="cnn", epochs=20, lr=0.05, momentum
         raise ValueError(f"--period H must be an integer >= 1, got {period!r}")
     if pairing not in PAIRINGS:
         raise ValueError(f"unknown --pairing {pairing!r}; choose one of {', '.join(PAIRINGS)}")
-    objective = common.build_objective(model, dataset, seed, data, data_dir, problem)
-    common.check_parallel(size, objective.n, batch_size)
-    optimizer = SGD([objective.as_parameter()], lr=lr, momentum=momentum)
-    first_epoch = common.load_checkpoint(resume, objective.flat, optimizer) if resume else 0
-    counting = common.CountingComm(comm)
-    finite = common.FiniteCheck(comm, check_every)
-    logger = common.Log(log, rank=rank, quiet=quiet)
+    run = common.start_run(comm, model=model, dataset=dataset, seed=seed, data=data, data_dir=data_dir,
+                           problem=problem, lr=lr, momentum=momentum, batch_size=batch_size, resume=resume,
+                           log=log, quiet=quiet, check_every=check_every)
+    objective, optimizer = run.objective, run.optimizer
     step = 0
-    for epoch in range(first_epoch, epochs):
+    for epoch in range(run.first_epoch, epochs):
         loss_sum, rows = 0.0, 0
         for batch in common.rank_batches(objective.n, batch_size, rank, size, seed, epoch, partition,
                                          objective.labels):
-            loss = gossip_sgd_step(counting, objective, optimizer, batch, step, period, pairing, seed)
-            finite(loss, step)
+            loss = gossip_sgd_step(run.counting, objective, optimizer, batch, step, period, pairing, seed)
+            run.finite(loss, step)
             loss_sum += loss * len(batch.index)
             rows += len(batch.index)
             step += 1
-        finite.agree()
+        run.finite.agree()
         mean = common.mean_over_ranks(comm, objective.params)
         record = {"epoch": epoch + 1, "train_loss": common.epoch_mean(comm, loss_sum, rows)}
         record.update(common.evaluate_at(objective, mean))
         record["spread"] = spread(comm, objective.params, mean)
-        record["bytes"] = counting.total_bytes()
-        logger.epoch(**record)
-    logger.close()
-    if save and rank == 0:
-        common.save_checkpoint(save, objective.params, optimizer, epochs)
-    return backend.to_numpy(objective.params).copy(), logger.history
+        record["bytes"] = run.counting.total_bytes()
+        run.logger.epoch(**record)
+    return run.finish(save, epochs)
 
 
 def main(argv=None):
@@ -144,14 +137,7 @@ def main(argv=None):
     parser.add_argument("--period", type=int, default=1, help="a gossip round every H steps")
     parser.add_argument("--pairing", default="ring", choices=PAIRINGS)
     args = parser.parse_args(argv)
-    try:
-        train(MPI.COMM_WORLD, dataset=args.dataset, data_dir=args.data_dir, model=args.model,
-              epochs=args.epochs, lr=args.lr, momentum=args.momentum, batch_size=args.batch_size,
-              seed=args.seed, period=args.period, pairing=args.pairing, partition=args.partition,
-              log=args.log, save=args.save, resume=args.resume, quiet=args.quiet,
-              check_every=args.check_every)
-    except (ValueError, FloatingPointError) as error:
-        common.fail(error)
+    common.run_main(train, args, period=args.period, pairing=args.pairing)
 
 
 if __name__ == "__main__":

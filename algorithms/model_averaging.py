@@ -39,8 +39,6 @@ iid shards, ring), measured on 2 shared cores: p = 4 reaches 98.1% test accuracy
 from mpi4py import MPI
 
 from algorithms import common
-from minidl import backend
-from minidl.optim import SGD
 
 
 def parallel_sgd_step(comm, objective, optimizer, batch, step, period, allreduce):
@@ -75,35 +73,29 @@ def train(comm=None, dataset="digits", model="cnn", epochs=20, lr=0.05, momentum
     common.check_common(epochs, lr, batch_size, momentum)
     check_period(period)
     average = common.allreduce_function(allreduce)
-    objective = common.build_objective(model, dataset, seed, data, data_dir, problem)
-    common.check_parallel(size, objective.n, batch_size)
-    optimizer = SGD([objective.as_parameter()], lr=lr, momentum=momentum)
-    first_epoch = common.load_checkpoint(resume, objective.flat, optimizer) if resume else 0
-    counting = common.CountingComm(comm)
-    finite = common.FiniteCheck(comm, check_every)
-    logger = common.Log(log, rank=rank, quiet=quiet)
+    run = common.start_run(comm, model=model, dataset=dataset, seed=seed, data=data, data_dir=data_dir,
+                           problem=problem, lr=lr, momentum=momentum, batch_size=batch_size, resume=resume,
+                           log=log, quiet=quiet, check_every=check_every)
+    objective, optimizer = run.objective, run.optimizer
     step = 0
-    for epoch in range(first_epoch, epochs):
+    for epoch in range(run.first_epoch, epochs):
         loss_sum, rows = 0.0, 0
         for batch in common.rank_batches(objective.n, batch_size, rank, size, seed, epoch, partition,
                                          objective.labels):
-            loss = parallel_sgd_step(counting, objective, optimizer, batch, step, period, average)
-            finite(loss, step)
+            loss = parallel_sgd_step(run.counting, objective, optimizer, batch, step, period, average)
+            run.finite(loss, step)
             loss_sum += loss * len(batch.index)
             rows += len(batch.index)
             step += 1
-        finite.agree()
+        run.finite.agree()
         if epoch == epochs - 1 and (period is None or step % period):
-            average(counting, objective.params)            # the final average (Zinkevich's only one)
+            average(run.counting, objective.params)            # the final average (Zinkevich's only one)
             objective.params /= size
         record = {"epoch": epoch + 1, "train_loss": common.epoch_mean(comm, loss_sum, rows)}
         record.update(common.evaluate_at(objective, common.mean_over_ranks(comm, objective.params)))
-        record["bytes"] = counting.total_bytes()
-        logger.epoch(**record)
-    logger.close()
-    if save and rank == 0:
-        common.save_checkpoint(save, objective.params, optimizer, epochs)
-    return backend.to_numpy(objective.params).copy(), logger.history
+        record["bytes"] = run.counting.total_bytes()
+        run.logger.epoch(**record)
+    return run.finish(save, epochs)
 
 
 def main(argv=None):
@@ -112,14 +104,7 @@ def main(argv=None):
     parser.add_argument("--period", type=common.parse_period, default=8,
                         help="average every H steps; 'end': once after training (Zinkevich)")
     args = parser.parse_args(argv)
-    try:
-        train(MPI.COMM_WORLD, dataset=args.dataset, data_dir=args.data_dir, model=args.model,
-              epochs=args.epochs, lr=args.lr, momentum=args.momentum, batch_size=args.batch_size,
-              seed=args.seed, period=args.period, allreduce=args.allreduce, partition=args.partition,
-              log=args.log, save=args.save, resume=args.resume, quiet=args.quiet,
-              check_every=args.check_every)
-    except (ValueError, FloatingPointError) as error:
-        common.fail(error)
+    common.run_main(train, args, period=args.period, allreduce=args.allreduce)
 
 
 if __name__ == "__main__":
