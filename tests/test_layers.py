@@ -134,3 +134,22 @@ def test_conv_errors_name_shapes_and_limits():
         F.conv2d(x, Tensor(np.zeros((4, 3, 3, 3))), algorithm="nope")
     with pytest.raises(ValueError, match=r"Linear\(4, 3\).*\(2, 5\)"):
         nn.Linear(4, 3, rng=np.random.default_rng(0))(Tensor(np.zeros((2, 5))))
+
+
+@pytest.mark.parametrize("in_channels, out_channels, kernel, padding", [
+    (4, 2, 3, 1),     # F <= C, stride 1: grad_x by a convolution with the flipped kernel
+    (4, 4, 3, 2),     # padding = k - 1: the "full" convolution needs no extra padding
+    (2, 5, 3, 1),     # F > C: grad_x by GEMM + col2im
+    (3, 3, 2, 0),     # even kernel
+])
+def test_both_input_gradient_paths_of_im2col_equal_the_direct_kernel(in_channels, out_channels, kernel, padding):
+    from minidl.conv import direct, im2col
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, in_channels, 6, 5))
+    weight = rng.standard_normal((out_channels, in_channels, kernel, kernel))
+    out, cache = im2col.forward(x, weight, 1, padding)
+    grad_out = rng.standard_normal(out.shape)
+    expected_out, expected_cache = direct.forward(x, weight, 1, padding)
+    np.testing.assert_allclose(out, expected_out, rtol=1e-12, atol=1e-12)
+    for got, want in zip(im2col.backward(grad_out, cache), direct.backward(grad_out, expected_cache)):
+        np.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-11)
