@@ -3,8 +3,8 @@
     mpiexec -n 4 python -m algorithms.allreduce_sgd [--allreduce ring|tree|butterfly|rabenseifner|naive|auto|mpi]
 
 Papers: Hegde & Usmani 2016, section 6.1 (synchronous update: every mini-batch gradient is taken
-at the same weights, the update waits for all of them); Ben-Nun & Hoefler 2019, section 7
-("Synchronous SGD", with the allreduce cost table of section 5); the ring-allreduce notes
+at the same weights, the update waits for all of them); Ben-Nun & Hoefler 2019
+("Synchronous SGD", and its allreduce cost table); the ring-allreduce notes
 (shared/papers/notes/allreduce-and-parameter-server-notes.txt).
 
 The update, in the code's names (``data_parallel_step``), at step k on rank r:

@@ -4,7 +4,7 @@
 
 Papers: Zhang, Choromanska & LeCun, "Deep Learning with Elastic Averaging SGD", NIPS 2015,
 section 3, eqs. (5)-(6) (synchronous EASGD) and algorithm 1's communication period tau;
-Ben-Nun & Hoefler 2019, section 6.2 ("model averaging (e.g., elastic)": x_{t+1,i} =
+Ben-Nun & Hoefler 2019 ("model averaging (e.g., elastic)": x_{t+1,i} =
 x_{t,i} - eta grad - alpha (x_{t,i} - x_t); the centre x_{t+1} = (1 - beta) x_t + beta mean_i x_{t,i}).
 
 Each rank i keeps its own x_i (``objective.params``) and a copy of the centre x~ (``center``),

@@ -2,7 +2,7 @@
 
     mpiexec -n 4 python -m algorithms.ensemble
 
-Papers: Ben-Nun & Hoefler 2019, section 6.2 (the inconsistent end of the consistency spectrum:
+Papers: Ben-Nun & Hoefler 2019 (the inconsistent end of the consistency spectrum:
 "ensemble learning", the members' outputs averaged); Hegde & Usmani 2016, section 3.2 (train a
 model per node and keep the average or the best).
 

@@ -2,7 +2,7 @@
 
     mpiexec -n 4 python -m algorithms.gossip_sgd [--pairing ring|random] [--period H]
 
-Papers: Ben-Nun & Hoefler 2019, section 6.2 ("limited/slower distribution - gossip", citing
+Papers: Ben-Nun & Hoefler 2019 ("limited/slower distribution - gossip", citing
 Jin, Yuan, Iandola & Keutzer, "How to scale distributed deep learning?", NIPS MLSys workshop
 2016); Boyd, Ghosh, Prabhakar & Shah, "Randomized gossip algorithms", IEEE Trans. Inf. Theory
 2006 (pairwise averaging and its convergence to the mean).

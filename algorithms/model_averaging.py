@@ -6,7 +6,7 @@ Papers: Zinkevich, Weimer, Smola & Li, "Parallelized Stochastic Gradient Descent
 (algorithm 3, SimuParallelSGD: each machine runs SGD on its own data, the models are averaged
 once at the end); Hegde & Usmani 2016, section 6.1.1 (Parallel SGD: shuffle so every node's data
 represents the whole set, train locally, average at a driver, redistribute, repeat); Ben-Nun &
-Hoefler 2019, section 6.2 (model averaging on the consistency spectrum).
+Hoefler 2019 (model averaging on the consistency spectrum).
 
 The update, in the code's names (``parallel_sgd_step``), at step k on rank r:
 

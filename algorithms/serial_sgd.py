@@ -2,7 +2,7 @@
 
     python -m algorithms.serial_sgd [--model cnn] [--epochs 10] [--lr 0.05] [--batch-size 32]
 
-The update (Ben-Nun & Hoefler 2018, section 2, eq. 2; with momentum as in ``minidl.optim.SGD``):
+The update (Ben-Nun & Hoefler 2018; with momentum as in ``minidl.optim.SGD``):
 
     for each epoch: shuffle the training set with Generator(seed + epoch)
         for each batch B of batch_size examples:

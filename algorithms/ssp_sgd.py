@@ -4,7 +4,7 @@
         [--deterministic] [--fail-worker R --fail-step K --timeout T]  (and the flags of serial_sgd)
 
 Q. Ho et al., *More Effective Distributed ML via a Stale Synchronous Parallel Parameter Server*,
-NIPS 2013; the consistency spectrum of Ben-Nun & Hoefler 2018, section 7.1 (synchronous,
+NIPS 2013; the consistency spectrum of Ben-Nun & Hoefler 2018 (synchronous,
 stale-synchronous, asynchronous). A worker's clock c counts its steps (pushes); the rule is
 
     a worker at clock c may compute its step c only while  c - min_j clock_j <= s

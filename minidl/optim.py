@@ -68,7 +68,7 @@ class SGD(Optimizer):
         v <- momentum * v + g                  (v = g on the first step)
         w <- w - lr * (g + momentum * v)       if nesterov, else  w <- w - lr * v
 
-    With momentum = 0 this is w <- w - lr * g (Ben-Nun & Hoefler 2018, eq. 2).
+    With momentum = 0 this is w <- w - lr * g (Ben-Nun & Hoefler 2018).
     """
 
     def __init__(self, params, lr, momentum=0.0, nesterov=False, weight_decay=0.0):
