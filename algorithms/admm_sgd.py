@@ -1,6 +1,6 @@
 """ADMM SGD: consensus ADMM whose local x-step is a few SGD steps on the augmented loss.
 
-    mpiexec -n 4 python -m algorithms.admm_sgd [--rho 0.5] [--local-steps K]
+    mpiexec -n 4 python -m algorithms.admm_sgd [--rho 0.1] [--local-steps 8]
 
 Papers: Hegde & Usmani 2016, section 6.1.2 (ADMM SGD: nodes run SGD, a driver combines the
 weights by ADMM, no data shuffle needed); Boyd, Parikh, Chu, Peleato & Eckstein, "Distributed
@@ -20,7 +20,9 @@ running sum of rank i's disagreements x_i - z, the (scaled) Lagrange multiplier:
 x_i = z and rho u_i = -grad f_i(z), and since sum_i u_i = 0 (z is the mean of x + u), the
 gradients cancel: sum_i grad f_i(z) = 0, the optimum of the whole problem. That is what an
 elastic average without the dual (algorithms/easgd.py) cannot promise when the shards differ.
-With one rank, z = x + u and u <- u + x - z = 0, so the consensus equals the local solution.
+With one rank, z = x + u and u <- u + x - z = 0 after every round, but ADMM is still not serial
+SGD there: during a round z stays fixed while x moves, so the penalty rho (x - z + u) pulls every
+local step back towards the round's starting point (a proximal step, not a plain SGD step).
 
 Note: the sum of shard means equals the mean over all rows only for equal shards; with
 n % p != 0 the consensus optimum weights the shorter shards' rows slightly more.
@@ -36,89 +38,72 @@ Default run (small CNN, embedded digits, 20 epochs, batch 32, lr 0.05, momentum 
 K = 8, iid shards, ring), measured on 2 shared cores: p = 4 reaches 97.8% test accuracy in
 3-4.5 s.
 """
-import math
-
 from mpi4py import MPI
 
-from algorithms import common
+from algorithms import cli, run
+from algorithms.objective import evaluate_at
 
 
 def admm_round(comm, objective, optimizer, batches, z, u, rho, allreduce):
     """One ADMM iteration (the heart): K SGD steps on the augmented loss, then the z- and u-steps.
 
-    ``batches``: this rank's K batches; ``z`` and ``u`` are updated in place. Returns the losses.
+    ``batches``: this rank's K batches; ``z`` and ``u`` are updated in place. Returns the K losses.
     """
     x = objective.params
     losses = []
-    for batch in batches:                                  # x-step: argmin f_i(x) + rho/2 |x - z + u|^2, inexactly
+    # BEGIN SOLUTION
+    # x-step: argmin f_i(x) + rho/2 |x - z + u|^2, inexactly, by K SGD steps
+    for batch in batches:
         if not len(batch.index):                           # an empty piece: no local step
-            losses.append((0.0, 0))
+            losses.append(0.0)
             continue
-        losses.append((objective.loss_and_grad(batch.index), len(batch.index)))
+        losses.append(objective.loss_and_grad(batch.index))
         objective.grad += rho * (x - z + u)                # gradient of the penalty term
         optimizer.step()
-    total = x + u                                          # z-step: z = mean_i (x_i + u_i)
+    # z-step: z = mean_i (x_i + u_i), one allreduce
+    total = x + u
     allreduce(comm, total)
     z[...] = total / comm.Get_size()
-    u += x - z                                             # u-step: the running disagreement
+    # u-step: the running disagreement
+    u += x - z
+    # END SOLUTION
     return losses
 
 
 def check_admm(rho, local_steps):
-    if not (isinstance(rho, (int, float)) and math.isfinite(rho) and rho > 0):
-        raise ValueError(f"--rho must be a finite number > 0, got {rho!r}")
-    if isinstance(local_steps, bool) or not isinstance(local_steps, int) or local_steps < 1:
-        raise ValueError(f"--local-steps K must be an integer >= 1, got {local_steps!r}")
+    cli.require("--rho", rho, low=0, low_open=True)
+    cli.require("--local-steps K", local_steps, integer=True, low=1)
 
 
-def train(comm=None, dataset="digits", model="cnn", epochs=20, lr=0.05, momentum=0.9, batch_size=32,
-          seed=0, rho=0.1, local_steps=8, allreduce="ring", partition="shards", log=None, save=None,
-          resume=None, quiet=False, data=None, data_dir=None, problem=None, check_every=1, on_round=None):
+def train(comm=None, rho=0.1, local_steps=8, allreduce="ring", on_round=None, **settings):
     """Consensus ADMM with SGD x-steps; returns (z as NumPy, the same on every rank; per-epoch history).
 
     ``on_round(x, z, u)``, if given, is called after every round (tests use it).
     """
     comm = comm or MPI.COMM_WORLD
-    rank, size = comm.Get_rank(), comm.Get_size()
-    common.check_common(epochs, lr, batch_size, momentum)
-    check_admm(rho, local_steps)
-    step_allreduce = common.allreduce_function(allreduce)
-    run = common.start_run(comm, model=model, dataset=dataset, seed=seed, data=data, data_dir=data_dir,
-                           problem=problem, lr=lr, momentum=momentum, batch_size=batch_size, resume=resume,
-                           log=log, quiet=quiet, check_every=check_every)
-    objective, optimizer = run.objective, run.optimizer
-    z = objective.params.copy()                            # every rank starts from the same weights
-    u = objective.params * 0                               # (after --resume too: u restarts at 0)
-    step = 0
-    for epoch in range(run.first_epoch, epochs):
-        batches = common.rank_batches(objective.n, batch_size, rank, size, seed, epoch, partition,
-                                      objective.labels)
-        loss_sum, rows = 0.0, 0
-        for start in range(0, len(batches), local_steps):  # rounds restart with each epoch
-            round_batches = batches[start:start + local_steps]
-            losses = admm_round(run.counting, objective, optimizer, round_batches, z, u, rho, step_allreduce)
-            for loss, count in losses:
-                loss_sum += loss * count
-                rows += count
-                run.finite(loss, step)
-                step += 1
-            if on_round:
-                on_round(objective.params, z, u)
-        run.finite.agree()
-        record = {"epoch": epoch + 1, "train_loss": common.epoch_mean(comm, loss_sum, rows)}
-        record.update(common.evaluate_at(objective, z))
-        record["bytes"] = run.counting.total_bytes()
-        run.logger.epoch(**record)
-    return run.finish(save, epochs, params=z)
+    settings = run.Settings.of(settings, epochs=20, momentum=0.9, partition="shards")
+    job = run.start(comm, settings, check=lambda _: (check_admm(rho, local_steps), run.allreduce_function(allreduce)),
+                    replicated=False)
+    summed = run.allreduce_function(allreduce)
+    z = job.keep("z", job.objective.params.copy())         # every rank starts from the same weights
+    u = job.keep("u", job.objective.params * 0)
+
+    def round_of(batches):                                 # rounds restart with each epoch
+        losses = admm_round(job.counting, job.objective, job.optimizer, batches, z, u, rho, summed)
+        if on_round:
+            on_round(job.objective.params, z, u)
+        return losses
+
+    return job.loop(round_of, group=local_steps, evaluate=lambda: evaluate_at(job.objective, z),
+                    result=lambda: z)
 
 
 def main(argv=None):
-    parser = common.parallel_parser(__doc__.splitlines()[0], partition="shards", epochs=20, lr=0.05,
-                                    momentum=0.9)
+    parser = cli.parser(__doc__.splitlines()[0], epochs=20, momentum=0.9, partition="shards", allreduce="ring")
     parser.add_argument("--rho", type=float, default=0.1, help="ADMM penalty (> 0)")
     parser.add_argument("--local-steps", type=int, default=8, help="SGD steps per x-step (K)")
     args = parser.parse_args(argv)
-    common.run_main(train, args, rho=args.rho, local_steps=args.local_steps, allreduce=args.allreduce)
+    cli.run_main(train, args, rho=args.rho, local_steps=args.local_steps, allreduce=args.allreduce)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ at the same weights, the update waits for all of them); Ben-Nun & Hoefler 2019
 
 The update, in the code's names (``data_parallel_step``), at step k on rank r:
 
-    index   = this rank's piece of global batch k      (common.rank_batches, partition "global")
+    index   = this rank's piece of global batch k      (minidl.data.rank_batches, partition "global")
     grad_r  = (1/|index|) sum_{i in index} d loss_i / dw            (objective.loss_and_grad)
     grad_r *= |index| / total                                        (total = rows of global batch k)
     grad    = sum_r grad_r                    (allreduce, in place on the flat gradient buffer)
@@ -23,8 +23,8 @@ epoch, whose pieces differ in size.
 
 Communication per step: one allreduce of the n-element gradient: for the ring
 2 (p-1) alpha + 2 (p-1)/p n beta + (p-1)/p n gamma (see collectives/cost.py for the others),
-plus one 8-byte Allreduce(MIN) for the non-finite-loss check (common.FiniteCheck; every
---check-every steps). The CNN has n = 6090 float32 parameters, 24 KB: on one node the latency
+plus one 8-byte Allreduce(MIN) for the non-finite-loss check (run.FiniteCheck; every
+--check-every steps, counted in the log's bytes). The CNN has n = 6090 float32 parameters, 24 KB: on one node the latency
 terms dominate, which is why the log-p algorithms beat the ring here.
 
 Restrictions: p <= number of training examples (every rank needs a row; checked on every rank
@@ -39,62 +39,47 @@ tutorials/04_data_parallelism.md.
 """
 from mpi4py import MPI
 
-from algorithms import common
+from algorithms import cli, run
 
 
 def data_parallel_step(comm, objective, optimizer, batch, allreduce):
     """One synchronous step (the heart): local gradient, weighted, summed over ranks, same update everywhere.
 
-    Returns this rank's mean loss on its piece (nan-free 0.0 for an empty piece).
+    Returns this rank's mean loss on its piece (0.0 for an empty piece).
     """
+    # BEGIN SOLUTION
+    # local gradient on this rank's piece of the global batch
     if len(batch.index):
         loss = objective.loss_and_grad(batch.index)
         objective.grad *= len(batch.index) / batch.total   # this rank's share of the global mean
     else:                                                  # a rank with no rows in the last batch
         loss = 0.0
         objective.grad[...] = 0
-    allreduce(comm, objective.grad)                        # grad <- sum over ranks, every rank
-    optimizer.step()                                       # w <- w - lr * grad (with momentum: v)
+    # sum over ranks: grad <- (1/total) sum over the whole global batch, on every rank
+    allreduce(comm, objective.grad)
+    # the same update on every rank: w <- w - lr * grad (with momentum: through v)
+    optimizer.step()
+    # END SOLUTION
     return loss
 
 
-def train(comm=None, dataset="digits", model="cnn", epochs=20, lr=0.05, momentum=0.9, batch_size=32,
-          seed=0, allreduce="ring", partition="global", log=None, save=None, resume=None, quiet=False,
-          data=None, data_dir=None, problem=None, check_every=1):
-    """Train with synchronous allreduce SGD on ``comm``; returns (final flat parameters as NumPy, history).
+def train(comm=None, allreduce="ring", **settings):
+    """Synchronous allreduce SGD on ``comm``; returns (final flat parameters as NumPy, history).
 
-    ``model`` is a name or a function returning a fresh Module; ``problem`` (a synthetic convex
-    problem from minidl.data) replaces model and data. Every rank returns the same parameters.
+    ``settings`` are ``run.Settings`` (the shared flags; ``model`` may be a function returning a
+    fresh Module, ``problem`` a synthetic convex problem). Every rank returns the same parameters.
     """
     comm = comm or MPI.COMM_WORLD
-    rank, size = comm.Get_rank(), comm.Get_size()
-    common.check_common(epochs, lr, batch_size, momentum)
-    step_allreduce = common.allreduce_function(allreduce)
-    run = common.start_run(comm, model=model, dataset=dataset, seed=seed, data=data, data_dir=data_dir,
-                           problem=problem, lr=lr, momentum=momentum, batch_size=batch_size, resume=resume,
-                           log=log, quiet=quiet, check_every=check_every)
-    objective, optimizer = run.objective, run.optimizer
-    step = 0
-    for epoch in range(run.first_epoch, epochs):
-        loss_sum, rows = 0.0, 0
-        for batch in common.rank_batches(objective.n, batch_size, rank, size, seed, epoch, partition,
-                                         objective.labels):
-            loss = data_parallel_step(run.counting, objective, optimizer, batch, step_allreduce)
-            run.finite(loss, step)
-            loss_sum += loss * len(batch.index)
-            rows += len(batch.index)
-            step += 1
-        run.finite.agree()
-        record = {"epoch": epoch + 1, "train_loss": common.epoch_mean(comm, loss_sum, rows)}
-        record.update(objective.evaluate())
-        record["bytes"] = run.counting.total_bytes()
-        run.logger.epoch(**record)
-    return run.finish(save, epochs)
+    settings = run.Settings.of(settings, epochs=20, momentum=0.9, partition="global")
+    job = run.start(comm, settings, check=lambda _: run.allreduce_function(allreduce))
+    summed = run.allreduce_function(allreduce)
+    return job.loop(lambda batch: data_parallel_step(job.counting, job.objective, job.optimizer, batch, summed))
 
 
 def main(argv=None):
-    args = common.parallel_parser(__doc__.splitlines()[0], epochs=20, lr=0.05, momentum=0.9).parse_args(argv)
-    common.run_main(train, args, allreduce=args.allreduce)
+    parser = cli.parser(__doc__.splitlines()[0], epochs=20, momentum=0.9, partition="global", allreduce="ring")
+    args = parser.parse_args(argv)
+    cli.run_main(train, args, allreduce=args.allreduce)
 
 
 if __name__ == "__main__":

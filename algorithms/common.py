@@ -348,7 +348,7 @@ def rank_batches(n, batch_size, rank, size, seed, epoch, partition="global", lab
     replicated  every rank visits all n rows, in the order epoch_order(n, seed + rank, epoch)
                 (ensembles: independent members; rank 0's order is serial SGD's).
     """
-    from algorithms.serial_sgd import epoch_order     # here, not at the top: serial_sgd imports common
+    from minidl.data import epoch_order
     if partition not in PARTITIONS:
         raise ValueError(f"unknown --partition {partition!r}; choose one of {', '.join(PARTITIONS)}")
     if partition == "global":

@@ -15,7 +15,8 @@ import json
 
 from mpi4py import MPI
 
-from algorithms import admm_sgd, allreduce_sgd, common, easgd, ensemble, gossip_sgd, model_averaging
+from algorithms import admm_sgd, allreduce_sgd, cli, easgd, ensemble, gossip_sgd, model_averaging, run
+from algorithms.objective import load_data
 
 ALGORITHMS = {
     "allreduce_sgd": allreduce_sgd.train,
@@ -74,36 +75,50 @@ def summary(histories):
     return "\n".join(lines)
 
 
+def check(names, out, json_path):
+    unknown = [name for name in names if name not in ALGORITHMS]
+    if unknown or not names:
+        raise cli.SettingError(f"unknown --algorithms {unknown or names}; choose from {', '.join(ALGORITHMS)}")
+    cli.check_output("--out", out)
+    cli.check_output("--json", json_path)
+
+
 def main(argv=None):
-    parser = common.parser(__doc__.splitlines()[0], epochs=20, lr=0.05, momentum=0.9)
+    parser = cli.parser(__doc__.splitlines()[0], epochs=20, lr=0.05, momentum=0.9)
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS),
                         help="comma-separated names from: " + ", ".join(ALGORITHMS))
     parser.add_argument("--out", default="compare.png", help="the PNG to draw (rank 0)")
     parser.add_argument("--json", default=None, help="also write the histories here (rank 0)")
     args = parser.parse_args(argv)
-    comm = MPI.COMM_WORLD
+    for flag in ("log", "save", "resume"):
+        if getattr(args, flag):
+            parser.error(f"--{flag} is not for compare: it runs several algorithms in turn")
     names = [name.strip() for name in args.algorithms.split(",") if name.strip()]
-    unknown = [name for name in names if name not in ALGORITHMS]
-    if unknown or not names:
-        common.fail(f"unknown --algorithms {unknown or names}; choose from {', '.join(ALGORITHMS)}")
     settings = dict(dataset=args.dataset, data_dir=args.data_dir, model=args.model, epochs=args.epochs,
-                    lr=args.lr, momentum=args.momentum, batch_size=args.batch_size, seed=args.seed,
-                    quiet=True)
-    try:
-        settings["data"] = common.load_data(args.dataset, args.seed, args.data_dir)
+                    lr=args.lr, momentum=args.momentum, batch_size=args.batch_size, seed=args.seed, quiet=True)
+
+    def compare_all(comm, **settings):
+        error = None
+        try:
+            if comm.rank == 0:
+                check(names, args.out, args.json)
+            settings["data"] = load_data(args.dataset, args.seed, args.data_dir)
+        except Exception as caught:                    # noqa: BLE001 - agreed on every rank
+            error = caught
+        run.agree_on_errors(comm, error)
         histories = compare(comm, names, **settings)
-    except (ValueError, FloatingPointError) as error:
-        common.fail(error)
-    if comm.rank == 0:
-        print(f"p = {comm.size}, {args.epochs} epochs, model {args.model}, lr {args.lr}, "
-              f"momentum {args.momentum}, batch {args.batch_size} per rank, seed {args.seed}")
-        print(summary(histories), flush=True)
-        plot(histories, args.out, title=f"{args.model} on {args.dataset}, p = {comm.size}")
-        print(f"wrote {args.out}")
-        if args.json:
-            with open(args.json, "w") as file:
-                json.dump({"size": comm.size, "settings": {k: v for k, v in vars(args).items()},
-                           "histories": histories}, file)
+        if comm.rank == 0:
+            print(f"p = {comm.size}, {args.epochs} epochs, model {args.model}, lr {args.lr}, "
+                  f"momentum {args.momentum}, batch {args.batch_size} per rank, seed {args.seed}")
+            print(summary(histories), flush=True)
+            plot(histories, args.out, title=f"{args.model} on {args.dataset}, p = {comm.size}")
+            print(f"wrote {args.out}")
+            if args.json:
+                with open(args.json, "w") as file:
+                    json.dump({"size": comm.size, "settings": {k: v for k, v in vars(args).items()},
+                               "histories": histories}, file)
+
+    cli.run_main(lambda comm, **_: compare_all(comm, **settings), args)
 
 
 if __name__ == "__main__":

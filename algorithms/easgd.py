@@ -19,9 +19,10 @@ identical on every rank. In the code's names (``easgd_step``), with alpha = lr *
 
 "Averaging with a spring": unlike model averaging the workers are never overwritten, only pulled,
 so they may explore (the paper's point for deep networks), and x~ is a running average of them.
-EASGD is a penalty method: at a fixed point each worker sits where its own gradient balances the
-spring, x_i = x~ - grad f_i(x_i) / rho, so with different shards x~ is within O(1/rho) of the
-optimum, not on it (ADMM's dual variable removes that bias: algorithms/admm_sgd.py).
+EASGD is a penalty method: with tau = 1 (a spring step every SGD step), at a fixed point each
+worker sits where its own gradient balances the spring, x_i = x~ - grad f_i(x_i) / rho, so with
+different shards x~ is within O(1/rho) of the optimum, not on it (with tau > 1 the pull acts only
+every tau steps and the offset grows with tau) (ADMM's dual variable removes that bias: algorithms/admm_sgd.py).
 
 Communication: one allreduce of the n parameters every tau steps, plus the 8-byte non-finite
 check. The model evaluated and returned is the centre x~.
@@ -34,25 +35,29 @@ Default run (small CNN, embedded digits, 20 epochs, batch 32, lr 0.05, momentum 
 beta 0.9, iid shards, ring), measured on 2 shared cores: p = 4 reaches 98.1% test accuracy
 (the centre's) in 3-4.5 s.
 """
-import math
-
 from mpi4py import MPI
 
-from algorithms import common
+from algorithms import cli, run
+from algorithms.objective import evaluate_at
 
 
 def easgd_step(comm, objective, optimizer, batch, center, step, tau, alpha, allreduce):
     """One synchronous EASGD step (the heart); ``center`` is updated in place. Returns the loss."""
     x = objective.params
-    loss = objective.loss_and_grad(batch.index) if len(batch.index) else 0.0   # grad_i at x_i
+    # BEGIN SOLUTION
+    # the local gradient grad_i at x_i
+    loss = objective.loss_and_grad(batch.index) if len(batch.index) else 0.0
+    # every tau steps, the elastic exchange (both updates use the old x_i and x~)
     if step % tau == 0:
         total = x.copy()
         allreduce(comm, total)                             # total = sum_j x_j
-        elastic = alpha * (x - center)                     # both updates use the old x_i and x~
-        x -= elastic
-        center += alpha * (total - comm.Get_size() * center)
+        elastic = alpha * (x - center)
+        x -= elastic                                       # the spring pulls the worker to the centre ...
+        center += alpha * (total - comm.Get_size() * center)   # ... and the centre to the workers
+    # the local SGD step
     if len(batch.index):
         optimizer.step()                                   # x_i <- x_i - lr * grad_i
+    # END SOLUTION
     return loss
 
 
@@ -60,58 +65,41 @@ def moving_rate(lr, rho, size):
     """alpha = lr * rho, checked: rho > 0 and beta = p alpha in (0, 1]; rho None gives beta = 0.9."""
     if rho is None:
         rho = 0.9 / (size * lr)
-    if not (isinstance(rho, (int, float)) and math.isfinite(rho) and rho > 0):
-        raise ValueError(f"--rho must be a finite number > 0, got {rho!r}")
+    cli.require("--rho", rho, low=0, low_open=True)
     alpha = lr * rho
     if size * alpha > 1:
-        raise ValueError(f"beta = p * lr * rho = {size} * {lr} * {rho} = {size * alpha:.3g} > 1 moves the "
-                         f"centre past the workers' mean; use --rho <= {1 / (size * lr):.4g}")
+        raise cli.SettingError(f"beta = p * lr * rho = {size} * {lr} * {rho} = {size * alpha:.3g} > 1 moves the "
+                               f"centre past the workers' mean; use --rho <= {1 / (size * lr):.4g}")
     return alpha
 
 
-def train(comm=None, dataset="digits", model="cnn", epochs=20, lr=0.05, momentum=0.9, batch_size=32,
-          seed=0, tau=4, rho=None, allreduce="ring", partition="shards", log=None, save=None, resume=None,
-          quiet=False, data=None, data_dir=None, problem=None, check_every=1):
+def train(comm=None, tau=4, rho=None, allreduce="ring", **settings):
     """Synchronous EASGD; returns (the centre as NumPy, the same on every rank; per-epoch history)."""
     comm = comm or MPI.COMM_WORLD
-    rank, size = comm.Get_rank(), comm.Get_size()
-    common.check_common(epochs, lr, batch_size, momentum)
-    if isinstance(tau, bool) or not isinstance(tau, int) or tau < 1:
-        raise ValueError(f"--tau must be an integer >= 1, got {tau!r}")
-    alpha = moving_rate(lr, rho, size)
-    step_allreduce = common.allreduce_function(allreduce)
-    run = common.start_run(comm, model=model, dataset=dataset, seed=seed, data=data, data_dir=data_dir,
-                           problem=problem, lr=lr, momentum=momentum, batch_size=batch_size, resume=resume,
-                           log=log, quiet=quiet, check_every=check_every)
-    objective, optimizer = run.objective, run.optimizer
-    center = objective.params.copy()                       # x~ starts at the common initial weights
-    step = 0
-    for epoch in range(run.first_epoch, epochs):
-        loss_sum, rows = 0.0, 0
-        for batch in common.rank_batches(objective.n, batch_size, rank, size, seed, epoch, partition,
-                                         objective.labels):
-            loss = easgd_step(run.counting, objective, optimizer, batch, center, step, tau, alpha,
-                              step_allreduce)
-            run.finite(loss, step)
-            loss_sum += loss * len(batch.index)
-            rows += len(batch.index)
-            step += 1
-        run.finite.agree()
-        record = {"epoch": epoch + 1, "train_loss": common.epoch_mean(comm, loss_sum, rows)}
-        record.update(common.evaluate_at(objective, center))
-        record["bytes"] = run.counting.total_bytes()
-        run.logger.epoch(**record)
-    return run.finish(save, epochs, params=center)
+    settings = run.Settings.of(settings, epochs=20, momentum=0.9, partition="shards")
+
+    def check(settings):
+        cli.require("--tau", tau, integer=True, low=1)
+        moving_rate(settings.lr, rho, comm.Get_size())
+        run.allreduce_function(allreduce)
+
+    job = run.start(comm, settings, check=check, replicated=False)
+    alpha, summed = moving_rate(settings.lr, rho, comm.Get_size()), run.allreduce_function(allreduce)
+    center = job.keep("center", job.objective.params.copy())   # x~ starts at the common initial weights
+
+    def step(batch):
+        return easgd_step(job.counting, job.objective, job.optimizer, batch, center, job.step, tau, alpha, summed)
+
+    return job.loop(step, evaluate=lambda: evaluate_at(job.objective, center), result=lambda: center)
 
 
 def main(argv=None):
-    parser = common.parallel_parser(__doc__.splitlines()[0], partition="shards", epochs=20, lr=0.05,
-                                    momentum=0.9)
+    parser = cli.parser(__doc__.splitlines()[0], epochs=20, momentum=0.9, partition="shards", allreduce="ring")
     parser.add_argument("--tau", type=int, default=4, help="communication period (steps)")
     parser.add_argument("--rho", type=float, default=None,
                         help="elastic force; alpha = lr * rho (default: beta = p alpha = 0.9)")
     args = parser.parse_args(argv)
-    common.run_main(train, args, tau=args.tau, rho=args.rho, allreduce=args.allreduce)
+    cli.run_main(train, args, tau=args.tau, rho=args.rho, allreduce=args.allreduce)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ Papers: Ben-Nun & Hoefler 2019 (the inconsistent end of the consistency spectrum
 model per node and keep the average or the best).
 
 Member r is serial SGD with seed + r: its own initial weights and its own epoch order
-(``common.rank_batches`` partition "replicated": every member sees all rows), the same data
+(``minidl.data.rank_batches`` partition "replicated": every member sees all rows), the same data
 split. Member 0 is therefore exactly ``algorithms.serial_sgd``. In the code's names
 (``ensemble_predict``):
 
@@ -20,8 +20,10 @@ between the members' weights: networks from different initialisations are far ap
 space and their parameter average is useless, but their averaged outputs are usually better than
 any one of them.
 
-Communication: none while training; one allreduce of len(x) * classes floats per evaluation
-(the 360 test images x 10 classes: 14 KB in float32), counted in ``bytes``. The log reports the
+Communication: none between epoch ends (the non-finite-loss agreement, run.FiniteCheck, runs
+once per epoch here: --check-every 0); at each epoch's end one 8-byte agreement and one allreduce
+of len(x) * classes floats for the evaluation (the 360 test images x 10 classes: 14 KB in
+float32), both counted in ``bytes``. The log reports the
 ensemble's test accuracy and ``member_accuracy``, the mean of the members' own accuracies.
 
 Restrictions: p <= number of training examples (checked like the others, though every member
@@ -32,69 +34,57 @@ Default run (small CNN, embedded digits, 10 epochs, batch 32, lr 0.05, momentum 
 """
 from mpi4py import MPI
 
-from algorithms import common
+from algorithms import cli, run
+from algorithms.serial_sgd import sgd_step
 from minidl import backend
 
 
 def ensemble_predict(comm, objective, x, allreduce):
     """The members' mean prediction on ``x`` (the heart), the same on every rank."""
+    # BEGIN SOLUTION
     probabilities = objective.predict(x)                  # this member's, (len(x), classes)
     total = probabilities.reshape(-1).copy()              # one contiguous buffer for the allreduce
-    allreduce(comm, total)
-    return total.reshape(probabilities.shape) / comm.Get_size()
-
-
-def train(comm=None, dataset="digits", model="cnn", epochs=10, lr=0.05, momentum=0.9, batch_size=32,
-          seed=0, allreduce="ring", partition="replicated", log=None, save=None, resume=None, quiet=False,
-          data=None, data_dir=None, problem=None, check_every=1):
-    """Train one member per rank; returns (this rank's member's parameters as NumPy, per-epoch history)."""
-    comm = comm or MPI.COMM_WORLD
-    rank, size = comm.Get_rank(), comm.Get_size()
-    common.check_common(epochs, lr, batch_size, momentum)
-    average = common.allreduce_function(allreduce)
-    run = common.start_run(comm, model=model, dataset=dataset, seed=seed, data=data, data_dir=data_dir,
-                           problem=problem, lr=lr, momentum=momentum, batch_size=batch_size, resume=resume,
-                           log=log, quiet=quiet, check_every=check_every,
-                           model_seed=seed + rank)                 # member r: its own initial weights
-    objective, optimizer = run.objective, run.optimizer
-    step = 0
-    for epoch in range(run.first_epoch, epochs):
-        loss_sum, rows = 0.0, 0
-        for batch in common.rank_batches(objective.n, batch_size, rank, size, seed, epoch, partition,
-                                         objective.labels):
-            loss = objective.loss_and_grad(batch.index)   # member r: plain serial SGD
-            optimizer.step()
-            run.finite(loss, step)
-            loss_sum += loss * len(batch.index)
-            rows += len(batch.index)
-            step += 1
-        run.finite.agree()
-        record = {"epoch": epoch + 1, "train_loss": common.epoch_mean(comm, loss_sum, rows)}
-        record.update(evaluate_ensemble(comm, run.counting, objective, average))
-        record["bytes"] = run.counting.total_bytes()
-        run.logger.epoch(**record)
-    return run.finish(save, epochs, each_rank=True)              # every member saves its own file
+    allreduce(comm, total)                                # sum over members
+    mean = total.reshape(probabilities.shape) / comm.Get_size()
+    # END SOLUTION
+    return mean
 
 
 def evaluate_ensemble(comm, counting, objective, allreduce):
     """Test metrics of the averaged prediction (its allreduce counted on ``counting``), and the
     members' mean accuracy (an evaluation-only reduction on ``comm``, not counted)."""
     own = objective.evaluate()
-    if not hasattr(objective, "data"):                   # a convex problem: no classes to vote on
+    if not hasattr(objective, "predict"):                 # a convex problem: no classes to vote on
         return own
     probabilities = ensemble_predict(counting, objective, objective.data.x_test, allreduce)
+    xp = backend.xp()
     labels = backend.asarray(objective.data.y_test)
-    picked = probabilities[backend.xp().arange(len(labels)), labels]
-    member = common.epoch_mean(comm, own["test_accuracy"], 1)      # sum over ranks / p
-    return {"test_loss": float(-backend.xp().log(backend.xp().maximum(picked, 1e-300)).mean()),
-            "test_accuracy": objective.score(probabilities), "member_accuracy": member}
+    picked = probabilities[xp.arange(len(labels)), labels]
+    return {"test_loss": float(-xp.log(xp.maximum(picked, 1e-300)).mean()),
+            "test_accuracy": float((probabilities.argmax(axis=1) == labels).mean()),
+            "member_accuracy": run.epoch_mean(comm, own["test_accuracy"], 1)}     # sum over ranks / p
+
+
+def train(comm=None, allreduce="ring", **settings):
+    """Train one member per rank; returns (this rank's member's parameters as NumPy, per-epoch history).
+
+    --save writes one file: ``params`` is member 0's, ``rank.params`` holds every member (row r).
+    """
+    comm = comm or MPI.COMM_WORLD
+    settings = run.Settings.of(settings, epochs=10, momentum=0.9, partition="replicated", check_every=0)
+    job = run.start(comm, settings, check=lambda _: run.allreduce_function(allreduce),
+                    model_seed=settings.seed + comm.Get_rank(), replicated=False)   # member r: its own weights
+    summed = run.allreduce_function(allreduce)
+    return job.loop(lambda batch: sgd_step(job.objective, job.optimizer, batch),     # member r: serial SGD
+                    evaluate=lambda: evaluate_ensemble(comm, job.counting, job.objective, summed))
 
 
 def main(argv=None):
-    parser = common.parallel_parser(__doc__.splitlines()[0], partition="replicated", epochs=10, lr=0.05,
-                                    momentum=0.9)
+    parser = cli.parser(__doc__.splitlines()[0], epochs=10, momentum=0.9, partition="replicated",
+                        allreduce="ring")
+    parser.set_defaults(check_every=0)
     args = parser.parse_args(argv)
-    common.run_main(train, args, allreduce=args.allreduce)
+    cli.run_main(train, args, allreduce=args.allreduce)
 
 
 if __name__ == "__main__":

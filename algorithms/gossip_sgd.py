@@ -41,7 +41,8 @@ mean model's; spread 0.4%) in 3-5.5 s.
 import numpy
 from mpi4py import MPI
 
-from algorithms import common
+from algorithms import cli, run
+from algorithms.objective import evaluate_at
 from minidl import backend
 
 PAIRINGS = ("ring", "random")
@@ -65,14 +66,19 @@ def partner_of(rank, size, round_number, pairing, seed=0):
 
 def gossip_round(comm, params, round_number, pairing, seed=0):
     """One gossip round (the heart): swap parameters with this round's partner and keep the average."""
+    # BEGIN SOLUTION
+    # this round's partner, the same matching on every rank
     partner = partner_of(comm.Get_rank(), comm.Get_size(), round_number, pairing, seed)
     if partner is None or partner == comm.Get_rank():
         return
+    # swap: one Sendrecv of n parameters each way
     host = backend.to_numpy(params)                        # MPI gets host memory
     theirs = numpy.empty_like(host)
     comm.Sendrecv(host, partner, GOSSIP_TAG, theirs, partner, GOSSIP_TAG)
-    params += backend.asarray(theirs)                      # a + b (the same bits on both sides) ...
-    params *= 0.5                                          # ... halved exactly
+    # average: a + b (the same bits on both sides), halved exactly
+    params += backend.asarray(theirs)
+    params *= 0.5
+    # END SOLUTION
 
 
 def gossip_sgd_step(comm, objective, optimizer, batch, step, period, pairing, seed):
@@ -92,52 +98,39 @@ def spread(comm, params, mean):
     return comm.allreduce(mine, op=MPI.MAX) if comm.Get_size() > 1 else mine
 
 
-def train(comm=None, dataset="digits", model="cnn", epochs=20, lr=0.05, momentum=0.9, batch_size=32,
-          seed=0, period=1, pairing="ring", partition="shards", log=None, save=None, resume=None,
-          quiet=False, data=None, data_dir=None, problem=None, check_every=1):
-    """Gossip SGD; returns (this rank's final parameters as NumPy, per-epoch history).
+def check_gossip(period, pairing):
+    cli.require("--period H", period, integer=True, low=1)
+    if pairing not in PAIRINGS:
+        raise cli.SettingError(f"unknown --pairing {pairing!r}; choose one of {', '.join(PAIRINGS)}")
 
-    The ranks' parameters differ (gossip never forces consensus); the history's test metrics are
-    those of their mean.
+
+def train(comm=None, period=1, pairing="ring", **settings):
+    """Gossip SGD; returns (the mean of the ranks' final parameters as NumPy, per-epoch history).
+
+    The ranks' own parameters differ (gossip never forces consensus); the log evaluates their mean,
+    and the mean is what is returned and saved (--save also keeps each rank's own, for --resume).
     """
     comm = comm or MPI.COMM_WORLD
-    rank, size = comm.Get_rank(), comm.Get_size()
-    common.check_common(epochs, lr, batch_size, momentum)
-    if isinstance(period, bool) or not isinstance(period, int) or period < 1:
-        raise ValueError(f"--period H must be an integer >= 1, got {period!r}")
-    if pairing not in PAIRINGS:
-        raise ValueError(f"unknown --pairing {pairing!r}; choose one of {', '.join(PAIRINGS)}")
-    run = common.start_run(comm, model=model, dataset=dataset, seed=seed, data=data, data_dir=data_dir,
-                           problem=problem, lr=lr, momentum=momentum, batch_size=batch_size, resume=resume,
-                           log=log, quiet=quiet, check_every=check_every)
-    objective, optimizer = run.objective, run.optimizer
-    step = 0
-    for epoch in range(run.first_epoch, epochs):
-        loss_sum, rows = 0.0, 0
-        for batch in common.rank_batches(objective.n, batch_size, rank, size, seed, epoch, partition,
-                                         objective.labels):
-            loss = gossip_sgd_step(run.counting, objective, optimizer, batch, step, period, pairing, seed)
-            run.finite(loss, step)
-            loss_sum += loss * len(batch.index)
-            rows += len(batch.index)
-            step += 1
-        run.finite.agree()
-        mean = common.mean_over_ranks(comm, objective.params)
-        record = {"epoch": epoch + 1, "train_loss": common.epoch_mean(comm, loss_sum, rows)}
-        record.update(common.evaluate_at(objective, mean))
-        record["spread"] = spread(comm, objective.params, mean)
-        record["bytes"] = run.counting.total_bytes()
-        run.logger.epoch(**record)
-    return run.finish(save, epochs)
+    settings = run.Settings.of(settings, epochs=20, momentum=0.9, partition="shards")
+    job = run.start(comm, settings, check=lambda _: check_gossip(period, pairing), replicated=False)
+
+    def step(batch):
+        return gossip_sgd_step(job.counting, job.objective, job.optimizer, batch, job.step, period, pairing,
+                               settings.seed)
+
+    def evaluate():
+        mean = run.mean_over_ranks(comm, job.objective.params)
+        return {**evaluate_at(job.objective, mean), "spread": spread(comm, job.objective.params, mean)}
+
+    return job.loop(step, evaluate=evaluate, result=lambda: run.mean_over_ranks(comm, job.objective.params))
 
 
 def main(argv=None):
-    parser = common.parallel_parser(__doc__.splitlines()[0], partition="shards", epochs=20, lr=0.05,
-                                    momentum=0.9)
+    parser = cli.parser(__doc__.splitlines()[0], epochs=20, momentum=0.9, partition="shards")
     parser.add_argument("--period", type=int, default=1, help="a gossip round every H steps")
     parser.add_argument("--pairing", default="ring", choices=PAIRINGS)
     args = parser.parse_args(argv)
-    common.run_main(train, args, period=args.period, pairing=args.pairing)
+    cli.run_main(train, args, period=args.period, pairing=args.pairing)
 
 
 if __name__ == "__main__":

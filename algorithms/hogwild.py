@@ -49,7 +49,7 @@ import numpy
 from mpi4py import MPI
 
 from algorithms import common
-from algorithms.serial_sgd import epoch_order
+from minidl.data import epoch_order
 from minidl import backend, data as datasets
 from minidl.flat import flatten
 

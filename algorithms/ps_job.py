@@ -33,7 +33,7 @@ from mpi4py import MPI
 
 from algorithms import common, parameter_server
 from algorithms.parameter_server import ServerShards, ShardServer, WorkerDropped
-from algorithms.serial_sgd import epoch_order
+from minidl.data import epoch_order
 from minidl import backend, data as datasets
 from minidl.flat import flatten
 from minidl.optim import SGD, Adagrad

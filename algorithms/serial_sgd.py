@@ -2,9 +2,9 @@
 
     python -m algorithms.serial_sgd [--model cnn] [--epochs 10] [--lr 0.05] [--batch-size 32]
 
-The update (Ben-Nun & Hoefler 2018; with momentum as in ``minidl.optim.SGD``):
+The update (Ben-Nun & Hoefler 2019; with momentum as in ``minidl.optim.SGD``):
 
-    for each epoch: shuffle the training set with Generator(seed + epoch)
+    for each epoch: order = epoch_order(n, seed, epoch)   (a permutation from Generator((seed, epoch)))
         for each batch B of batch_size examples:
             grad = (1/|B|) sum_{i in B} d loss(w; x_i, y_i) / dw
             w    <- w - lr * grad
@@ -13,63 +13,35 @@ Defaults: the small CNN on the embedded 8x8 digits (1437 training / 360 test ima
 lr 0.05, momentum 0.9, batch 32. Measured on 2 cores: 98.9% test accuracy in about 1 second
 (the test suite checks >= 95% with this seed).
 """
-import numpy
+from mpi4py import MPI
 
-from algorithms import common
-from minidl import backend, data as datasets
-from minidl.flat import flatten
-from minidl.optim import SGD
+from algorithms import cli, run
 
 
-def epoch_order(n, seed, epoch):
-    """The order of the n training examples in ``epoch``: a permutation from Generator((seed, epoch))."""
-    return numpy.random.default_rng([seed, epoch]).permutation(n)
+def sgd_step(objective, optimizer, batch):
+    """One serial SGD step (the heart): the mean gradient over the batch, then w <- w - lr * grad."""
+    # BEGIN SOLUTION
+    loss = objective.loss_and_grad(batch.index)     # grad = (1/|B|) sum_{i in B} d loss_i / dw
+    optimizer.step()                                # w <- w - lr * grad (with momentum: through v)
+    # END SOLUTION
+    return loss
 
 
-def train(comm=None, dataset="digits", model="cnn", epochs=10, lr=0.05, momentum=0.9, batch_size=32,
-          seed=0, log=None, save=None, resume=None, quiet=False, data=None, data_dir=None):
+def train(comm=None, **settings):
     """Train serially; returns (final flat parameters as a NumPy array, per-epoch history).
 
-    ``comm`` is accepted for a uniform interface and ignored (one process).
+    ``comm`` is accepted for a uniform interface and ignored: serial SGD is one process
+    (``MPI.COMM_SELF``). ``settings`` are ``run.Settings``; the batches are
+    ``minidl.data.rank_batches`` with one rank, i.e. epoch_order(n, seed, epoch) cut into batches.
     """
-    common.check_common(epochs, lr, batch_size, momentum)
-    data = data or common.load_data(dataset, seed, data_dir)
-    net = common.build_model(model, seed, dataset)
-    flat = flatten(net)
-    optimizer = SGD([flat.as_parameter()], lr=lr, momentum=momentum)
-    first_epoch = common.load_checkpoint(resume, flat, optimizer) if resume else 0
-    logger = common.Log(log, quiet=quiet)
-    step = 0
-    for epoch in range(first_epoch, epochs):
-        order = epoch_order(len(data.x_train), seed, epoch)
-        train_loss = 0.0
-        batches = 0
-        for batch in datasets.batches(len(order), batch_size):
-            index = order[batch]
-            flat.zero_grad()
-            loss = common.loss_and_grad(net, data.x_train[index], data.y_train[index])
-            common.check_finite(loss, step, rank=0)
-            optimizer.step()
-            train_loss += loss
-            batches += 1
-            step += 1
-        test_loss, accuracy = common.evaluate(net, data.x_test, data.y_test)
-        logger.epoch(epoch=epoch + 1, train_loss=train_loss / max(batches, 1), test_loss=test_loss,
-                     test_accuracy=accuracy)
-    logger.close()
-    if save:
-        common.save_checkpoint(save, flat.data, optimizer, epochs)
-    return backend.to_numpy(flat.data).copy(), logger.history
+    settings = run.Settings.of(settings, epochs=10, momentum=0.9, partition="global")
+    job = run.start(MPI.COMM_SELF, settings)
+    return job.loop(lambda batch: sgd_step(job.objective, job.optimizer, batch))
 
 
 def main(argv=None):
-    args = common.parser(__doc__.splitlines()[0], epochs=10, lr=0.05, momentum=0.9).parse_args(argv)
-    try:
-        train(dataset=args.dataset, data_dir=args.data_dir, model=args.model, epochs=args.epochs,
-              lr=args.lr, momentum=args.momentum, batch_size=args.batch_size, seed=args.seed,
-              log=args.log, save=args.save, resume=args.resume, quiet=args.quiet)
-    except (ValueError, FloatingPointError) as error:
-        common.fail(error)
+    args = cli.parser(__doc__.splitlines()[0], epochs=10, momentum=0.9).parse_args(argv)
+    cli.run_main(train, args)
 
 
 if __name__ == "__main__":

@@ -12,15 +12,17 @@ Everything here is plain NumPy on the host; training code moves each batch to th
     shard(n, rank, size)                 the contiguous block of rows this rank owns
     shard_sizes(n, size)
     batches(n, batch_size, rng)          one epoch of (shuffled) mini-batch index arrays
+    epoch_order(n, seed, epoch)          serial SGD's permutation of the rows in an epoch
+    rank_batches(n, b, rank, size, ...)  this rank's Batch(index, total) for each step of an epoch
 """
 from minidl.data.digits import digits_split, load_digits, train_test_split
 from minidl.data.idx import load_mnist, read_idx
-from minidl.data.sharding import batches, shard, shard_sizes
+from minidl.data.sharding import PARTITIONS, Batch, batches, epoch_order, rank_batches, shard, shard_sizes
 from minidl.data.synthetic import LeastSquares, LogisticRegression, least_squares, logistic_regression
 
 __all__ = [
     "load_digits", "train_test_split", "digits_split",
     "read_idx", "load_mnist",
     "least_squares", "logistic_regression", "LeastSquares", "LogisticRegression",
-    "shard", "shard_sizes", "batches",
+    "shard", "shard_sizes", "batches", "epoch_order", "Batch", "rank_batches", "PARTITIONS",
 ]

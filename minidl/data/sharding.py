@@ -10,6 +10,8 @@ what a parameter server's "shard of the flat parameter vector" also is, so the s
 serves both. Shuffle the data once (with a seeded generator) before sharding if the rows are
 sorted by class.
 """
+import dataclasses
+
 import numpy as np
 
 from minidl.data._checks import check_generator, check_int
@@ -67,3 +69,71 @@ def batches(n, batch_size, rng=None, drop_last=False):
     order = np.arange(n, dtype=np.int64) if rng is None else rng.permutation(n).astype(np.int64)
     stop = n - n % batch_size if drop_last else n
     return (order[start:start + batch_size] for start in range(0, stop, batch_size))
+
+
+# ---- the data-parallel batch plan --------------------------------------------------------------
+
+PARTITIONS = ("global", "shards", "sorted", "replicated")
+
+
+def epoch_order(n, seed, epoch):
+    """The order of the n training rows in ``epoch``: a permutation from Generator((seed, epoch)).
+
+    Serial SGD visits its batches in this order; every distributed algorithm cuts the same
+    permutation, so one rank reproduces serial SGD exactly.
+    """
+    return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+@dataclasses.dataclass
+class Batch:
+    """One step of one rank: its rows and the size of the step's global batch."""
+    index: np.ndarray     # rows of the training set this rank uses at this step (may be empty)
+    total: int            # rows used by all ranks together at this step (the global batch)
+
+
+def rank_batches(n, batch_size, rank, size, seed, epoch, partition="global", labels=None):
+    """This rank's batches for one epoch; every rank gets the same number of them (some may be empty).
+
+    global      epoch_order(n, seed, epoch) (serial SGD's permutation) is cut into global batches
+                of size * batch_size rows, and global batch k into ``size`` consecutive pieces
+                (``shard(m, rank, size)``): rank r's piece is rows [r b, (r+1) b) of it. So the
+                union of the pieces at step k is exactly serial SGD's batch k at batch size p b:
+
+                    p ranks x batch b  ==  serial SGD at batch p b   (the last, shorter batch too)
+
+    shards      rank r owns ``shard(n, r, size)`` (a contiguous block of the already shuffled
+                training set) for the whole run and visits it in the order
+                epoch_order(len(block), seed, epoch): Zinkevich's "each machine its own data".
+                With one rank this is serial SGD's order exactly.
+    sorted      as shards, but the rows are first sorted by label (``labels``), so each rank
+                sees a few classes only: the non-iid case where model averaging struggles.
+    replicated  every rank visits all n rows, in the order epoch_order(n, seed + rank, epoch)
+                (ensembles: independent members; rank 0's order is serial SGD's).
+    """
+    if partition not in PARTITIONS:
+        raise ValueError(f"unknown --partition {partition!r}; choose one of {', '.join(PARTITIONS)}")
+    if partition == "global":
+        order, step_rows = epoch_order(n, seed, epoch), size * batch_size
+        pieces = []
+        for start in range(0, n, step_rows):
+            global_batch = order[start:start + step_rows]
+            pieces.append(Batch(global_batch[shard(len(global_batch), rank, size)], len(global_batch)))
+        return pieces
+    if partition == "replicated":
+        order = epoch_order(n, seed + rank, epoch)
+        return [Batch(order[start:start + batch_size], size * len(order[start:start + batch_size]))
+                for start in range(0, n, batch_size)]
+    if partition == "sorted" and labels is None:
+        raise ValueError("--partition sorted needs labels: it is for classification data")
+    rows = np.arange(n) if partition == "shards" else np.argsort(labels, kind="stable")
+    sizes = shard_sizes(n, size)
+    block = rows[shard(n, rank, size)]
+    block = block[epoch_order(len(block), seed, epoch)]
+    steps = -(-int(sizes.max()) // batch_size)         # the longest shard sets the step count
+    pieces = []
+    for step in range(steps):
+        start = step * batch_size
+        total = int(np.clip(sizes - start, 0, batch_size).sum())
+        pieces.append(Batch(block[start:start + batch_size], total))
+    return pieces

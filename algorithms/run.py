@@ -1,0 +1,425 @@
+"""One training run of a synchronous or decentralized algorithm: set-up, the one epoch loop, the end.
+
+    job = run.start(comm, settings, check=check_my_flags)   # agreed set-up: every rank or none
+    def step(batch):                                         # the algorithm: one step on this rank
+        return data_parallel_step(job.counting, job.objective, job.optimizer, batch, allreduce)
+    return job.loop(step)                                    # epochs, log, --save; (params, history)
+
+``start`` checks the settings, builds the objective and the optimizer, reads ``--resume`` and opens
+``--log`` on every rank, then agrees on the outcome in one small message, so a bad setting, a file
+only one rank cannot read, or an unwritable output stops every rank before any training (the
+error contract, ``algorithms.cli``). ``loop`` is the only epoch loop of the family:
+
+    for each epoch:
+        for each of this rank's batches (minidl.data.rank_batches):
+            loss = step(batch)                     # the algorithm's heart
+            finite(loss)                           # every rank stops together on nan/inf
+        end_of_epoch(epoch)                        # e.g. model averaging's final average
+        log {epoch, train_loss, evaluate(), bytes}
+    --save
+
+Checkpoints (``--save`` / ``--resume``, .npz, no pickle): ``params`` (the model the log evaluated),
+``epoch`` (epochs done), the optimizer state, and, for algorithms whose ranks hold different
+values (decentralized ones), every rank's own parameters, optimizer state and algorithm state
+stacked as ``rank.<name>`` with one row per rank, so that ``--resume`` on as many ranks continues
+bit for bit. The step counter is not stored: every epoch has the same number of steps.
+"""
+import dataclasses
+import json
+import math
+import time
+
+import numpy
+from mpi4py import MPI
+
+import collectives
+from algorithms import cli
+from algorithms.cli import SettingError
+from algorithms.objective import build as build_objective
+from minidl import backend
+from minidl.data import rank_batches
+from minidl.optim import SGD
+try:
+    from collectives.trace import CountingComm
+except ImportError:  # TEMPORARY until collectives.trace has it
+    class CountingComm:
+        def __init__(self, comm):
+            self.comm, self.bytes_sent = comm, 0
+        def __getattr__(self, name):
+            return getattr(self.comm, name)
+        def Sendrecv(self, sendbuf, *a, **k):
+            self.bytes_sent += sendbuf.nbytes
+            return self.comm.Sendrecv(sendbuf, *a, **k)
+        def Send(self, buf, *a, **k):
+            self.bytes_sent += buf.nbytes
+            return self.comm.Send(buf, *a, **k)
+        def Isend(self, buf, *a, **k):
+            self.bytes_sent += buf.nbytes
+            return self.comm.Isend(buf, *a, **k)
+        def Allreduce(self, s, r, op=None):
+            size = self.comm.Get_size()
+            self.bytes_sent += 2 * (size - 1) * r.nbytes // size
+            return self.comm.Allreduce(s, r, op=MPI.SUM if op is None else op)
+        def total_bytes(self):
+            return int(self.comm.allreduce(self.bytes_sent))
+
+
+@dataclasses.dataclass
+class Settings:
+    """The settings every synchronous or decentralized algorithm shares (the shared flags)."""
+    dataset: str = "digits"
+    data_dir: str = None
+    model: object = "cnn"            # a name in minidl.models, or a function returning a Module
+    epochs: int = 20
+    lr: float = 0.05
+    momentum: float = 0.9
+    batch_size: int = 32             # per rank
+    seed: int = 0
+    partition: str = "global"        # minidl.data.rank_batches
+    log: str = None
+    save: str = None
+    resume: str = None
+    quiet: bool = False
+    check_every: int = 1             # steps between non-finite agreements; 0: at epoch ends only
+    data: object = None              # a ready objective.Data (tests, compare)
+    problem: object = None           # a synthetic convex problem instead of model and data
+
+    @classmethod
+    def of(cls, given, **defaults):
+        """Settings from the keyword arguments ``given`` to ``train``, over the algorithm's ``defaults``."""
+        names = {field.name for field in dataclasses.fields(cls)}
+        unknown = sorted(set(given) - names)
+        if unknown:
+            raise TypeError(f"train() got unknown setting(s) {', '.join(unknown)}")
+        return cls(**{**defaults, **given})
+
+    def check(self):
+        cli.require("--epochs", self.epochs, integer=True, low=1)
+        cli.require("--lr", self.lr, low=0, low_open=True)
+        cli.require("--momentum", self.momentum, low=0, high=1, high_open=True)
+        cli.require("--batch-size", self.batch_size, integer=True, low=1)
+        cli.require("--seed", self.seed, integer=True, low=0)
+        cli.require("--check-every", self.check_every, integer=True, low=0)
+
+
+def allreduce_function(name):
+    """In-place sum over ranks, ``f(comm, buffer)``, by ``collectives.<name>``, or MPI's own for 'mpi'.
+
+    The collectives run with ``check=False``: the training loop passes the same flat buffer on every
+    rank, so the per-call agreement on lengths and dtypes would buy nothing.
+    """
+    if name not in cli.ALLREDUCE_NAMES:
+        raise SettingError(f"unknown --allreduce {name!r}; choose one of {', '.join(cli.ALLREDUCE_NAMES)}")
+    if name == "mpi":
+        return mpi_allreduce
+
+    def allreduce(comm, buffer):
+        return collectives.allreduce(comm, MPI.IN_PLACE, buffer, op="sum", algorithm=name, check=False)
+    return allreduce
+
+
+def mpi_allreduce(comm, buffer):
+    """MPI's own Allreduce (for comparison), on host memory."""
+    host = backend.to_numpy(buffer)
+    comm.Allreduce(MPI.IN_PLACE, host, op=MPI.SUM)
+    if host is not buffer:
+        buffer[...] = backend.asarray(host)
+    return buffer
+
+
+# ---- the log --------------------------------------------------------------------------------------
+
+class Log:
+    """Per-epoch records: printed on rank 0 and, with ``path``, written as JSON lines by rank 0."""
+
+    def __init__(self, path=None, rank=0, quiet=False):
+        self.rank, self.quiet = rank, quiet
+        self.history = []
+        self.started = time.perf_counter()
+        if path and rank == 0:
+            cli.check_output("--log", path)
+            self.file = open(path, "w")
+        else:
+            self.file = None
+
+    def epoch(self, **record):
+        record.setdefault("seconds", round(time.perf_counter() - self.started, 3))
+        self.history.append(record)
+        if self.rank == 0:
+            if not self.quiet:
+                print(self.format(record), flush=True)
+            if self.file:
+                self.file.write(json.dumps(record) + "\n")
+                self.file.flush()
+
+    @staticmethod
+    def format(record):
+        parts = []
+        for key, value in record.items():
+            if isinstance(value, float):
+                value = f"{value:.4f}" if abs(value) < 1000 else f"{value:.3g}"
+            parts.append(f"{key} {value}")
+        return "  ".join(parts)
+
+    def close(self):
+        if self.file:
+            self.file.close()
+
+
+# ---- checkpoints ----------------------------------------------------------------------------------
+
+def save_checkpoint(path, params, optimizer, epoch, **extra):
+    """params (flat vector), optimizer state, epoch and ``extra`` arrays in one .npz (no pickle)."""
+    arrays = {"params": backend.to_numpy(params), "epoch": numpy.asarray(epoch, dtype=numpy.int64)}
+    arrays.update({"optimizer." + key: value for key, value in optimizer.state_dict().items()})
+    arrays.update({key: backend.to_numpy(value) for key, value in extra.items()})
+    try:
+        numpy.savez(path, **arrays)
+    except OSError as error:
+        raise SettingError(f"--save {path}: cannot be written ({error.strerror})") from None
+
+
+def read_checkpoint(path, n_params):
+    """The arrays of a --save file, checked: ``params`` of ``n_params`` values and an integer ``epoch``."""
+    cli.check_input("--resume", path)
+    try:
+        with numpy.load(path, allow_pickle=False) as archive:
+            arrays = {key: archive[key] for key in archive.files}
+    except Exception as error:                  # noqa: BLE001 - truncated zip, random bytes, ...
+        reason = "it holds pickled data" if "pickle" in str(error) else f"{type(error).__name__}: {error}"
+        raise SettingError(f"--resume {path}: not a .npz checkpoint written by --save ({reason})") from None
+    for key in ("params", "epoch", "optimizer.steps"):
+        if key not in arrays:
+            raise SettingError(f"--resume {path}: has no '{key}' (was it written by --save?)")
+    epoch = arrays["epoch"]
+    if epoch.shape != () or not numpy.issubdtype(epoch.dtype, numpy.integer) or epoch < 0:
+        raise SettingError(f"--resume {path}: 'epoch' must be one integer >= 0, got shape {epoch.shape} "
+                           f"dtype {epoch.dtype}")
+    if arrays["params"].shape != (n_params,):
+        raise SettingError(f"--resume {path}: 'params' has shape {arrays['params'].shape}, the model has "
+                           f"{n_params} parameters (another --model?)")
+    return arrays
+
+
+def load_optimizer(path, optimizer, arrays, prefix="optimizer."):
+    state = {key[len(prefix):]: value for key, value in arrays.items() if key.startswith(prefix)}
+    try:
+        optimizer.load_state_dict(state)
+    except (KeyError, ValueError, TypeError) as error:
+        raise SettingError(f"--resume {path}: optimizer state does not fit this optimizer ({error})") from None
+
+
+# ---- a non-finite loss stops every rank -----------------------------------------------------------
+
+class FiniteCheck:
+    """A non-finite loss stops *every* rank, naming the step and rank where it first appeared.
+
+    Each rank remembers its own first non-finite loss; every ``every`` steps (and at each epoch's
+    end) the ranks agree on the earliest (step, rank) with one 8-byte ``Allreduce(MIN)`` on the
+    algorithm's counting communicator, so its bytes are in the log. Without the agreement a rank
+    that raised alone would leave the others waiting forever in their next collective. ``every``
+    > 1 makes it cheaper (the run then stops up to ``every - 1`` steps late, still naming the first
+    step); 0 agrees at epoch ends only.
+    """
+
+    NONE = numpy.iinfo(numpy.int64).max
+
+    def __init__(self, comm, every=1):
+        self.comm, self.every = comm, every
+        self.first = None                       # (step, 'nan' or 'inf') on this rank
+
+    def __call__(self, loss, step):
+        if self.first is None and not math.isfinite(loss):
+            self.first = (step, "nan" if math.isnan(loss) else "inf")
+        if self.every and (step + 1) % self.every == 0:
+            self.agree()
+
+    def agree(self):
+        size, rank = self.comm.Get_size(), self.comm.Get_rank()
+        code = numpy.array([self.NONE], dtype=numpy.int64)
+        if self.first is not None:              # (step, rank, kind) as one orderable integer
+            code[0] = (self.first[0] * size + rank) * 2 + (self.first[1] == "inf")
+        if size > 1:
+            self.comm.Allreduce(MPI.IN_PLACE, code, op=MPI.MIN)
+        if code[0] != self.NONE:
+            step_rank, is_inf = divmod(int(code[0]), 2)
+            step, bad_rank = divmod(step_rank, size)
+            raise Diverged(f"loss became {'inf' if is_inf else 'nan'} at step {step} on rank {bad_rank}; "
+                           "lower --lr or check the data")
+
+
+class Diverged(FloatingPointError):
+    """The run diverged; every rank raises it together."""
+    every_rank = True
+
+
+def agree_on_errors(comm, error):
+    """Raise a SettingError on every rank if ``error`` (an exception or None) is set on any rank.
+
+    One allgather of a short message per rank: the set-up's only message before training.
+    """
+    message = None if error is None else str(error) or type(error).__name__
+    messages = comm.allgather(message) if comm.Get_size() > 1 else [message]
+    failed = [(rank, text) for rank, text in enumerate(messages) if text is not None]
+    if not failed:
+        return
+    rank, text = failed[0]
+    if len({text for _, text in failed}) > 1 or len(failed) < len(messages):
+        text = f"{text} (on rank {rank}{' and others' if len(failed) > 1 else ''})"
+    raise SettingError(text, every_rank=True)
+
+
+# ---- the run --------------------------------------------------------------------------------------
+
+class Run:
+    """What ``start`` set up: the objective and optimizer of this rank, the communicators, the log.
+
+    ``counting`` is the communicator an algorithm sends on (it counts this rank's bytes); ``comm``
+    is the plain one, for evaluation-only reductions that are not part of the algorithm.
+    """
+
+    def __init__(self, comm, settings, objective, optimizer, checkpoint, replicated):
+        self.comm, self.settings = comm, settings
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.objective, self.optimizer = objective, optimizer
+        self.counting = CountingComm(comm)
+        self.finite = FiniteCheck(self.counting, settings.check_every)
+        self.replicated = replicated
+        self.checkpoint = checkpoint or {}
+        self.first_epoch = int(self.checkpoint.get("epoch", 0))
+        self.steps_per_epoch = len(self.batches(0))
+        self.step = self.first_epoch * self.steps_per_epoch
+        self.kept = {}
+        self.logger = None
+
+    def batches(self, epoch):
+        s = self.settings
+        return rank_batches(self.objective.n, s.batch_size, self.rank, self.size, s.seed, epoch, s.partition,
+                            self.objective.labels)
+
+    def keep(self, name, initial):
+        """Register per-rank algorithm state (EASGD's centre, ADMM's z and u) for --save / --resume:
+        returns ``initial``, overwritten with this rank's row of the checkpoint when resuming."""
+        row = self.checkpoint.get(name)
+        if row is not None:
+            initial[...] = backend.asarray(row, dtype=initial.dtype)
+        self.kept[name] = initial
+        return initial
+
+    def loop(self, step, evaluate=None, group=1, end_of_epoch=None, result=None):
+        """The one epoch loop; returns (the result as a NumPy copy, the per-epoch history).
+
+        step(batch) -> loss        one step on this rank (``group`` > 1: a list of ``group``
+                                   batches -> a list of losses, e.g. ADMM's K local steps)
+        evaluate() -> dict         the epoch's test metrics (default: the objective's own)
+        end_of_epoch(epoch)        anything the algorithm does after an epoch's last step
+        result() -> vector         what is logged, saved and returned (default: objective.params)
+        """
+        evaluate = evaluate or self.objective.evaluate
+        result = result or (lambda: self.objective.params)
+        for epoch in range(self.first_epoch, self.settings.epochs):
+            batches = self.batches(epoch)
+            loss_sum, rows = 0.0, 0
+            for start in range(0, len(batches), group):
+                chunk = batches[start:start + group]
+                losses = step(chunk) if group > 1 else [step(chunk[0])]
+                for batch, loss in zip(chunk, losses):
+                    self.finite(loss, self.step)
+                    loss_sum += loss * len(batch.index)
+                    rows += len(batch.index)
+                    self.step += 1
+            self.finite.agree()
+            if end_of_epoch is not None:
+                end_of_epoch(epoch)
+            record = {"epoch": epoch + 1, "train_loss": epoch_mean(self.comm, loss_sum, rows)}
+            record.update(evaluate())
+            record["bytes"] = self.counting.total_bytes()
+            self.logger.epoch(**record)
+        return self.finish(result())
+
+    def finish(self, params):
+        """Close the log, write --save (rank 0), return (``params`` as a NumPy copy, history)."""
+        self.logger.close()
+        save = self.settings.save
+        extra = {}
+        if save and not self.replicated:        # every rank's own state, one row per rank
+            own = {"params": self.objective.params, **self.kept}
+            own.update({"optimizer." + key: value for key, value in self.optimizer.state_dict().items()})
+            for key, value in own.items():
+                rows = self.comm.gather(backend.to_numpy(value), root=0)
+                if self.rank == 0:
+                    extra["rank." + key] = numpy.stack(rows)
+        if save and self.rank == 0:
+            save_checkpoint(save, params, self.optimizer, self.settings.epochs, ranks=self.size, **extra)
+        return backend.to_numpy(params).copy(), self.logger.history
+
+
+def start(comm, settings, check=None, model_seed=None, replicated=True):
+    """The agreed set-up of a run (see the module docstring); returns a ``Run``.
+
+    ``settings``: a ``Settings``. ``check(settings)``: the algorithm's own checks (raise
+    SettingError). ``model_seed``: the initial weights' seed if not ``settings.seed`` (ensembles).
+    ``replicated``: every rank holds the same parameters and optimizer state at the end (so a
+    checkpoint needs one copy); otherwise each rank's own are saved too.
+    """
+    rank, size = comm.Get_rank(), comm.Get_size()
+    error, job = None, None
+    try:
+        settings.check()
+        if check is not None:
+            check(settings)
+        if rank == 0:
+            cli.check_output("--save", settings.save)
+        objective = build_objective(settings.model, settings.dataset, settings.seed, settings.data,
+                                    settings.data_dir, settings.problem, model_seed=model_seed)
+        if size > objective.n:
+            raise SettingError(f"{size} ranks but only {objective.n} training examples: every rank needs at "
+                               f"least one (use fewer ranks)")
+        optimizer = SGD([objective.flat.as_parameter()], lr=settings.lr, momentum=settings.momentum)
+        checkpoint = resume(settings, objective, optimizer, rank, size) if settings.resume else None
+        job = Run(comm, settings, objective, optimizer, checkpoint, replicated)
+        job.logger = Log(settings.log, rank=rank, quiet=settings.quiet)
+    except Exception as caught:                  # noqa: BLE001 - agreed below, on every rank
+        error = caught
+    agree_on_errors(comm, error)
+    return job
+
+
+def resume(settings, objective, optimizer, rank, size):
+    """Load --resume into this rank's objective and optimizer; returns the checkpoint's arrays."""
+    path = settings.resume
+    arrays = read_checkpoint(path, objective.params.size)
+    if int(arrays["epoch"]) > settings.epochs:
+        raise SettingError(f"--resume {path}: has already trained {int(arrays['epoch'])} epochs, more than "
+                           f"--epochs {settings.epochs}; ask for more epochs")
+    per_rank = any(key.startswith("rank.") for key in arrays)
+    if per_rank:
+        ranks = int(arrays.get("ranks", len(arrays["rank.params"])))
+        if ranks != size:
+            raise SettingError(f"--resume {path}: was written by {ranks} ranks, each with its own state; "
+                               f"resume it with mpiexec -n {ranks}")
+        # this rank's row replaces the shared entries: its own params, optimizer state, kept state
+        arrays = {**arrays, **{key[len("rank."):]: value[rank] for key, value in arrays.items()
+                               if key.startswith("rank.")}}
+    objective.params[...] = backend.asarray(arrays["params"], dtype=objective.params.dtype)
+    load_optimizer(path, optimizer, arrays)
+    return arrays
+
+
+# ---- small reductions for the log (evaluation only: not part of any algorithm, not counted) -------
+
+def epoch_mean(comm, total, count):
+    """sum(total) / sum(count) over ranks (one small allreduce): e.g. the epoch's training loss."""
+    pair = numpy.array([total, count], dtype=numpy.float64)
+    if comm.Get_size() > 1:
+        comm.Allreduce(MPI.IN_PLACE, pair, op=MPI.SUM)
+    return float(pair[0] / max(pair[1], 1))
+
+
+def mean_over_ranks(comm, vector):
+    """A copy of the element-wise mean of ``vector`` over ranks (MPI's Allreduce, in float64)."""
+    host = numpy.array(backend.to_numpy(vector), dtype=numpy.float64)
+    if comm.Get_size() > 1:
+        comm.Allreduce(MPI.IN_PLACE, host, op=MPI.SUM)
+    host /= comm.Get_size()
+    return host.astype(backend.to_numpy(vector).dtype)
