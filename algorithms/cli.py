@@ -153,10 +153,12 @@ def run_main(train, args, **algorithm_kwargs):
     (with the place it came from, not a traceback) and aborts the whole job with status 2: the
     other ranks may be waiting for a message from this one and would otherwise wait forever.
     """
+    import numpy
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
     try:
-        train(comm, **shared_settings(args), **algorithm_kwargs)
+        with numpy.errstate(over="ignore", invalid="ignore", divide="ignore"):   # a nan is reported once, below
+            train(comm, **shared_settings(args), **algorithm_kwargs)
     except Exception as error:                           # noqa: BLE001 - the contract's backstop
         if getattr(error, "every_rank", False):
             fail(str(error))

@@ -253,6 +253,22 @@ class Diverged(FloatingPointError):
     every_rank = True
 
 
+DIVERGED_FACTOR = 100
+
+
+def check_divergence(loss, reference, where):
+    """Diverged unless ``loss`` is finite and at most DIVERGED_FACTOR x max(``reference``, 1).
+
+    ``reference`` is the loss at the start of the run (the mean loss of the first steps, taken
+    at the initial weights). A run whose loss grew a hundredfold has not learned: its numbers
+    would be a result only in name (e.g. Adagrad with --lr 1e6 ends at loss 1e24, 10% accuracy).
+    Call it with numbers every rank agrees on, so every rank raises together.
+    """
+    if not math.isfinite(loss) or loss > DIVERGED_FACTOR * max(reference, 1.0):
+        raise Diverged(f"the run diverged: {where} loss {loss:.4g}, against {reference:.4g} at the start "
+                       f"(more than {DIVERGED_FACTOR}x); lower --lr")
+
+
 def agree_on_errors(comm, error):
     """Raise a SettingError on every rank if ``error`` (an exception or None) is set on any rank.
 
@@ -317,6 +333,7 @@ class Run:
         """
         evaluate = evaluate or self.objective.evaluate
         result = result or (lambda: self.objective.params)
+        reference = None                          # the loss at the start: the first step's, over ranks
         for epoch in range(self.first_epoch, self.settings.epochs):
             batches = self.batches(epoch)
             loss_sum, rows = 0.0, 0
@@ -325,13 +342,18 @@ class Run:
                 losses = step(chunk) if group > 1 else [step(chunk[0])]
                 for batch, loss in zip(chunk, losses):
                     self.finite(loss, self.step)
+                    if reference is None:
+                        reference = (loss * len(batch.index), len(batch.index))
                     loss_sum += loss * len(batch.index)
                     rows += len(batch.index)
                     self.step += 1
             self.finite.agree()
             if end_of_epoch is not None:
                 end_of_epoch(epoch)
+            if isinstance(reference, tuple):
+                reference = epoch_mean(self.comm, *reference)
             record = {"epoch": epoch + 1, "train_loss": epoch_mean(self.comm, loss_sum, rows)}
+            check_divergence(record["train_loss"], reference, f"epoch {epoch + 1}'s mean training")
             record.update(evaluate())
             record["bytes"] = self.counting.total_bytes()
             self.logger.epoch(**record)
@@ -404,6 +426,17 @@ def resume(settings, objective, optimizer, rank, size):
     objective.params[...] = backend.asarray(arrays["params"], dtype=objective.params.dtype)
     load_optimizer(path, optimizer, arrays)
     return arrays
+
+
+def wait_together(comm, poll_seconds=0.002):
+    """A barrier that sleeps between polls instead of spinning (``Ibarrier`` + ``Test``).
+
+    Ranks that wait here leave their core to the ranks still working: with several ranks per
+    core (4 ranks on 2 cores in our runs) a spinning ``Barrier`` would slow the others down.
+    """
+    barrier = comm.Ibarrier()
+    while not barrier.Test():
+        time.sleep(poll_seconds)
 
 
 # ---- small reductions for the log (evaluation only: not part of any algorithm, not counted) -------
