@@ -21,8 +21,9 @@ x_i = z and rho u_i = -grad f_i(z), and since sum_i u_i = 0 (z is the mean of x 
 gradients cancel: sum_i grad f_i(z) = 0, the optimum of the whole problem. That is what an
 elastic average without the dual (algorithms/easgd.py) cannot promise when the shards differ.
 With one rank, z = x + u and u <- u + x - z = 0 after every round, but ADMM is still not serial
-SGD there: during a round z stays fixed while x moves, so the penalty rho (x - z + u) pulls every
-local step back towards the round's starting point (a proximal step, not a plain SGD step).
+SGD there unless K = 1: during a round z stays fixed while x moves, so from the round's second
+local step on the penalty rho (x - z) pulls x back towards the round's start (a proximal step,
+not a plain SGD step). A round's first step starts at x = z, u = 0, where the penalty is zero.
 
 Note: the sum of shard means equals the mean over all rows only for equal shards; with
 n % p != 0 the consensus optimum weights the shorter shards' rows slightly more.

@@ -322,10 +322,10 @@ class Run:
         self.kept[name] = initial
         return initial
 
-    def loop(self, step, evaluate=None, group=1, end_of_epoch=None, result=None):
+    def loop(self, step, evaluate=None, group=None, end_of_epoch=None, result=None):
         """The one epoch loop; returns (the result as a NumPy copy, the per-epoch history).
 
-        step(batch) -> loss        one step on this rank (``group`` > 1: a list of ``group``
+        step(batch) -> loss        one step on this rank (with ``group`` K: a list of up to K
                                    batches -> a list of losses, e.g. ADMM's K local steps)
         evaluate() -> dict         the epoch's test metrics (default: the objective's own)
         end_of_epoch(epoch)        anything the algorithm does after an epoch's last step
@@ -337,9 +337,9 @@ class Run:
         for epoch in range(self.first_epoch, self.settings.epochs):
             batches = self.batches(epoch)
             loss_sum, rows = 0.0, 0
-            for start in range(0, len(batches), group):
-                chunk = batches[start:start + group]
-                losses = step(chunk) if group > 1 else [step(chunk[0])]
+            for start in range(0, len(batches), group or 1):
+                chunk = batches[start:start + (group or 1)]
+                losses = step(chunk) if group else [step(chunk[0])]
                 for batch, loss in zip(chunk, losses):
                     self.finite(loss, self.step)
                     if reference is None:

@@ -12,8 +12,9 @@ from hypothesis import given, settings, strategies as st
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
-from algorithms import admm_sgd, allreduce_sgd, common, easgd, ensemble, gossip_sgd, model_averaging, serial_sgd
-from minidl.data import least_squares
+from algorithms import admm_sgd, allreduce_sgd, cli, easgd, ensemble, gossip_sgd, model_averaging, run, serial_sgd
+from algorithms.objective import Data, NetworkObjective, load_data
+from minidl.data import epoch_order, least_squares, rank_batches
 from minidl.nn import Flatten, Linear, ReLU, Sequential
 from minidl.optim import SGD
 
@@ -28,17 +29,17 @@ def float64_mlp():
 
 
 def tiny_digits(n_train=50, n_test=30):
-    data = common.load_data("digits", seed=0)
-    return common.Data(data.x_train[:n_train].astype(np.float64), data.y_train[:n_train],
+    data = load_data("digits", seed=0)
+    return Data(data.x_train[:n_train].astype(np.float64), data.y_train[:n_train],
                        data.x_test[:n_test].astype(np.float64), data.y_test[:n_test])
 
 
 def serial_reference(data, epochs, lr, momentum, batch_size, seed=0):
     """Serial SGD exactly as algorithms.serial_sgd runs it, on the float64 MLP."""
-    objective = common.NetworkObjective(float64_mlp(), data)
-    optimizer = SGD([objective.as_parameter()], lr=lr, momentum=momentum)
+    objective = NetworkObjective(float64_mlp(), data)
+    optimizer = SGD([objective.flat.as_parameter()], lr=lr, momentum=momentum)
     for epoch in range(epochs):
-        order = serial_sgd.epoch_order(objective.n, seed, epoch)
+        order = epoch_order(objective.n, seed, epoch)
         for start in range(0, len(order), batch_size):
             objective.loss_and_grad(order[start:start + batch_size])
             optimizer.step()
@@ -64,7 +65,7 @@ EQUAL_UP_TO_ROUNDING = 1e-10
 
 @pytest.mark.parallel(nprocs=ALL_RANKS)
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
-@pytest.mark.parametrize("algorithm", common.ALLREDUCE_NAMES)
+@pytest.mark.parametrize("algorithm", cli.ALLREDUCE_NAMES)
 def test_sync_sgd_on_p_ranks_equals_serial_sgd_on_p_times_batch(algorithm, momentum):
     comm = MPI.COMM_WORLD
     data, batch = tiny_digits(), 3                    # 50 rows: the last global batch is uneven for p > 1
@@ -210,10 +211,9 @@ def test_repeated_gossip_rounds_drive_the_ranks_to_consensus(pairing):
 def test_ensemble_prediction_is_the_mean_of_the_members_predictions():
     comm = MPI.COMM_WORLD
     data = tiny_digits()
-    ensemble.train(comm, model=float64_mlp, data=data, epochs=1, lr=0.1, batch_size=5, quiet=True)
-    objective = common.NetworkObjective(float64_mlp(), data)
+    objective = NetworkObjective(float64_mlp(), data)
     objective.params[...] = np.random.default_rng([4, comm.rank]).standard_normal(objective.params.size) * 0.3
-    averaged = ensemble.ensemble_predict(comm, objective, data.x_test, common.allreduce_function("ring"))
+    averaged = ensemble.ensemble_predict(comm, objective, data.x_test, run.allreduce_function("ring"))
     members = np.array(comm.allgather(objective.predict(data.x_test)))
     expected = members.sum(axis=0) / comm.size
     # the ring and numpy add the p members in different orders: a few ulps of values <= 1
@@ -277,7 +277,7 @@ def test_impossible_settings_are_refused_on_every_rank_before_training():
     expect_error_on_every_rank(lambda: easgd.train(comm, rho=100.0, lr=0.1, **kw), "beta = p * lr * rho")
     expect_error_on_every_rank(lambda: allreduce_sgd.train(comm, allreduce="hypercube", **kw), "unknown --allreduce")
     expect_error_on_every_rank(lambda: gossip_sgd.train(comm, pairing="star", **kw), "unknown --pairing")
-    few = common.Data(data.x_train[:comm.size - 1], data.y_train[:comm.size - 1], data.x_test, data.y_test)
+    few = Data(data.x_train[:comm.size - 1], data.y_train[:comm.size - 1], data.x_test, data.y_test)
     if comm.size > 1:
         for module in (allreduce_sgd, model_averaging, admm_sgd, easgd, gossip_sgd, ensemble):
             expect_error_on_every_rank(lambda: module.train(comm, model=float64_mlp, data=few, epochs=1, quiet=True),
@@ -292,12 +292,12 @@ def test_a_nan_loss_stops_every_rank_naming_the_step_and_rank_where_it_appeared(
     data = tiny_digits()
     x_train = data.x_train.copy()
     # poison one row; find (step, rank) of its first use from the algorithm's own batch layout
-    batches_of = lambda rank: common.rank_batches(len(x_train), 4, rank, comm.size, 0, 0, "global")
+    batches_of = lambda rank: rank_batches(len(x_train), 4, rank, comm.size, 0, 0, "global")
     bad_row = 37
     where = min((step, rank) for rank in range(comm.size) for step, batch in enumerate(batches_of(rank))
                 if bad_row in batch.index)
     x_train[bad_row] = np.nan
-    poisoned = common.Data(x_train, data.y_train, data.x_test, data.y_test)
+    poisoned = Data(x_train, data.y_train, data.x_test, data.y_test)
     message = expect_error_on_every_rank(
         lambda: module.train(comm, model=float64_mlp, data=poisoned, epochs=1, batch_size=4, partition="global",
                              quiet=True), "loss became nan")
@@ -320,9 +320,11 @@ def test_command_lines_print_bytes_write_logs_and_refuse_bad_flags(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("test_accuracy") == 2 and "bytes" in done.stdout     # rank 0 only
     records = [json.loads(line) for line in log.read_text().splitlines()]
-    # tree allreduce on 2 ranks: each rank sends the whole 17226-float gradient once per step
-    steps = -(-1438 // 64)
-    assert records[1]["bytes"] == 2 * 2 * steps * 17226 * 4
+    # tree allreduce on 2 ranks: each rank sends the whole 17226-float gradient once per step, and
+    # the 8-byte non-finite agreement (counted as 2 (p-1)/p 8 = 8 bytes per rank) after every step
+    # and once more at each epoch's end
+    steps = -(-1437 // 64)
+    assert records[1]["bytes"] == 2 * 2 * (steps * (17226 * 4 + 8) + 8)
     for module, flags, message in [("model_averaging", ["--period", "0"], "--period H must be"),
                                    ("admm_sgd", ["--rho", "-1"], "--rho must be"),
                                    ("easgd", ["--tau", "0"], "--tau must be"),
