@@ -1,4 +1,4 @@
-"""auto: recursive doubling for small vectors, a bandwidth-optimal algorithm for large ones.
+"""auto: recursive doubling for small vectors, Rabenseifner's algorithm for large ones, by size alone.
 
 Like MPICH's MPI_Allreduce (Thakur, Rabenseifner & Gropp, IJHPCA 2005): butterfly while the
 latency term dominates (lg p alpha, against Rabenseifner's 2 lg p alpha), Rabenseifner once the
@@ -6,7 +6,7 @@ vector is long enough that its smaller bandwidth and reduction terms pay the ext
 back (2 (p-1)/p n beta + (p-1)/p n gamma, against butterfly's lg p n (beta + gamma)). Even at
 p = 2, where both send n bytes, Rabenseifner reduces only n/2 per rank, so it wins for large n.
 
-The thresholds were measured on this machine (2 cores, MPICH 5.0.2 shared memory) with
+The threshold was measured on this machine (2 cores, MPICH 5.0.2 shared memory) with
 
     mpiexec -n P python -m collectives.bench --algorithms butterfly,rabenseifner,ring \
         --sizes 4K,16K,64K,256K,1M,4M --rounds 15 --min-time 0.005
@@ -27,7 +27,9 @@ Rabenseifner's saved n/2 gamma pays for its extra alpha: n = 2 alpha / gamma ~ 1
 threshold, 128 KiB, for every p: between the measured 64 KiB and 256 KiB at p = 4 (p = 3
 looked alike) and at the model's crossover for p = 2. The machine was shared with other jobs
 (load average 4-8 on 2 cores) while these ran, so single numbers are noisy and the crossover is
-known only to within a factor of 4. Re-measure and change the number below on another machine.
+known only to within a factor of 4. So `choose` looks at the size in bytes only, never at p;
+a p-dependent threshold would need measurements that can tell p = 2 from p = 4 apart, which
+these cannot. Re-measure and change the number below on another machine.
 
     mpiexec -n 4 python -m collectives.auto
 """
@@ -40,14 +42,14 @@ from .buffers import run_allreduce
 THRESHOLD_BYTES = 128 * 1024
 
 
-def choose(size, nbytes):
-    """The algorithm module auto uses for `nbytes` bytes on `size` ranks."""
+def choose(nbytes):
+    """The algorithm module auto uses for a vector of `nbytes` bytes (the same for every p)."""
     return butterfly if nbytes < THRESHOLD_BYTES else rabenseifner
 
 
 def auto_allreduce_in_place(comm, data, op):
-    """The heart: pick by size and p, run that algorithm's heart."""
-    chosen = choose(comm.Get_size(), data.nbytes)
+    """The heart: pick by the vector's size in bytes (not by p: see the header), run that heart."""
+    chosen = choose(data.nbytes)
     if chosen is butterfly:
         butterfly.butterfly_allreduce_in_place(comm, data, op)
     else:
@@ -61,4 +63,4 @@ def allreduce(comm, sendbuf, recvbuf=None, op="sum", check=True):
 
 if __name__ == "__main__":
     from .demo import demo
-    demo(allreduce, MPI.COMM_WORLD)
+    demo(allreduce, MPI.COMM_WORLD, "auto")

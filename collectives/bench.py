@@ -152,7 +152,7 @@ def main(argv=None):
             if name == "mpi":
                 model_name = "lower bound"
             elif name == "auto":
-                model_name = auto.choose(size, count * 4).__name__.split(".")[-1]
+                model_name = auto.choose(count * 4).__name__.split(".")[-1]
             else:
                 model_name = name
             model = cost.predict(model_name, size, count * 4, alpha, beta, gamma)

@@ -1,7 +1,8 @@
 """What every public collective does around its algorithm: arguments, in-place use, staging.
 
     allreduce(comm, sendbuf, recvbuf, op)           # the public function of each module
-      1. look at this rank's own arguments          (1-D, contiguous, numeric, same dtype and length)
+      1. look at this rank's own arguments          (1-D, contiguous, a supported dtype, same dtype
+                                                     and length, recvbuf writable)
       2. agree with the other ranks (check=True)    (collectives.check: one small message per step)
       3. copy sendbuf into recvbuf                  (unless sendbuf is MPI.IN_PLACE or recvbuf itself)
       4. stage a CuPy buffer to host memory         (unless MPI is CUDA-aware)
@@ -28,7 +29,7 @@ import os
 import numpy as np
 from mpi4py import MPI
 
-from .check import agree, dtype_code
+from .check import Problem, agree, dtype_code, dtype_problem
 from .ops import OPS, array_module, base_op, finish
 
 
@@ -75,37 +76,52 @@ def from_mpi(staged, array):
         copy_into(array, staged)
 
 
-def describe_problem(buffer, role, length=None, dtype=None):
-    """Why `buffer` cannot be used (a string), or None."""
+def describe_problem(buffer, role, length=None, dtype=None, written=False):
+    """Why `buffer` cannot be used (a check.Problem), or None.
+
+    written: the call writes into this buffer (recvbuf; in place, that is the input too), so a
+    read-only array is refused here, before any message, instead of failing at the first write.
+    """
     if not hasattr(buffer, "dtype") or not hasattr(buffer, "ndim"):
-        return f"{role} must be a numpy or cupy array, not {type(buffer).__name__}"
+        return Problem("a buffer that is not an array",
+                       f"{role} must be a numpy or cupy array, not {type(buffer).__name__}")
     if buffer.ndim != 1:
-        return f"{role} must be 1-D (flatten it first), got shape {buffer.shape}"
+        return Problem("a buffer that is not 1-D",
+                       f"{role} must be 1-D (flatten it first), got shape {buffer.shape}")
     if not buffer.flags.c_contiguous:
-        return f"{role} must be contiguous (a strided view cannot be sent as one buffer)"
-    if buffer.dtype.kind not in "iufc":
-        return f"{role} has dtype {buffer.dtype}, not a number type"
+        return Problem("a non-contiguous buffer",
+                       f"{role} must be contiguous (a strided view cannot be sent as one buffer)")
+    unsupported = dtype_problem(buffer.dtype)
+    if unsupported:
+        return Problem("an unsupported dtype", f"{role} has {unsupported}")
     if dtype is not None and buffer.dtype != dtype:
-        return f"{role} has dtype {buffer.dtype} but the other buffer has {dtype}"
+        return Problem("buffers of different dtypes",
+                       f"{role} has dtype {buffer.dtype} but the other buffer has {dtype}")
     if length is not None and buffer.size != length:
-        return f"{role} has {buffer.size} elements but should have {length}"
+        return Problem("a buffer of the wrong length",
+                       f"{role} has {buffer.size} elements but should have {length}")
+    if written and not getattr(buffer.flags, "writeable", True):     # CuPy arrays have no such flag
+        return Problem("a read-only buffer to write the result into",
+                       f"{role} is read-only (writeable=False) but the result is written into it")
     return None
 
 
 def validate(comm, name, buffers, op, check, root=0, problem=None):
     """Steps 1 and 2: this rank's own arguments, then (check=True) agreement with every rank.
 
-    buffers: list of (array, role, expected length or None). The first one is the full vector:
-    its length and dtype must agree across ranks, and the others must have its dtype.
+    buffers: list of (array, role, expected length or None, written). The first one is the full
+    vector: its length and dtype must agree across ranks, and the others must have its dtype;
+    `written` says whether the call writes into it (then it must be writable).
     With check=True a problem on any rank raises MismatchError on every rank; with
-    check=False it raises ValueError on the rank that has it only (the others may then hang).
+    check=False it raises ValueError on the rank that has it only, before that rank sends
+    anything (the others may then hang: check=False trusts the caller).
     """
     first = buffers[0][0]
     dtype = getattr(first, "dtype", None)
-    for buffer, role, length in buffers:
-        problem = problem or describe_problem(buffer, role, length, dtype)
+    for buffer, role, length, written in buffers:
+        problem = problem or describe_problem(buffer, role, length, dtype, written)
     if problem is None and op not in OPS:
-        problem = f"unknown op {op!r}; choose one of {OPS}"
+        problem = Problem("an unknown op", f"unknown op {op!r}; choose one of {OPS}")
     if check:
         ok = problem is None
         agree(comm, name, {"length": first.size if ok else -1,
@@ -113,19 +129,23 @@ def validate(comm, name, buffers, op, check, root=0, problem=None):
                            "op": OPS.index(op) if ok else -1,
                            "root": root}, problem)
     elif problem:
-        raise ValueError(f"{name} on rank {comm.Get_rank()}: {problem}")
+        raise ValueError(f"{name} on rank {comm.Get_rank()}: {problem.text}")
 
 
 def allreduce_arguments(comm, name, sendbuf, recvbuf, op, check, root=0):
-    """validate() for the (sendbuf, recvbuf) pair of an allreduce or reduce; True if in place."""
+    """validate() for the (sendbuf, recvbuf) pair of an allreduce or reduce; True if in place.
+
+    recvbuf is written (in place it holds the input too); sendbuf is only read.
+    """
     in_place = sendbuf is MPI.IN_PLACE or sendbuf is recvbuf
-    buffers = [(recvbuf, "recvbuf", None)]
+    buffers = [(recvbuf, "recvbuf", None, True)]
     problem = None
     if not in_place:
-        buffers.append((sendbuf, "sendbuf", getattr(recvbuf, "size", None)))
+        buffers.append((sendbuf, "sendbuf", getattr(recvbuf, "size", None), False))
         if (describe_problem(sendbuf, "sendbuf") is None and describe_problem(recvbuf, "recvbuf") is None
                 and array_module(sendbuf).shares_memory(sendbuf, recvbuf)):
-            problem = "sendbuf overlaps recvbuf without being the same array (use MPI.IN_PLACE)"
+            problem = Problem("overlapping buffers",
+                              "sendbuf overlaps recvbuf without being the same array (use MPI.IN_PLACE)")
     validate(comm, name, buffers, op, check, root, problem)
     return in_place
 
@@ -135,7 +155,7 @@ def run_allreduce(heart, comm, sendbuf, recvbuf, op="sum", check=True, name="all
 
     recvbuf=None allocates the result (sendbuf must then be an array).
     """
-    if recvbuf is None:
+    if recvbuf is None and hasattr(sendbuf, "dtype"):
         recvbuf = array_module(sendbuf).empty_like(sendbuf)
     in_place = allreduce_arguments(comm, name, sendbuf, recvbuf, op, check)
     if not in_place:

@@ -12,8 +12,14 @@ aligned group of 2d ranks:
     distance 2:  0<->2  1<->3  4<->6  5<->7     ... over 4 ranks
     distance 4:  0<->4  1<->5  2<->6  3<->7     ... over all 8
 
-Both partners combine the same two partial results (a + b on one side, b + a on the other,
-which IEEE arithmetic makes bitwise equal), so every rank ends with identical bits.
+Both partners combine the same two partial results, and both make the same numpy call:
+lower <- f(lower, higher), the lower rank's vector first and also the output, so on one
+side the output is the vector it sent and on the other the one it received (the two swap
+roles; a final copy puts the result into `data` where it ended in the scratch vector).
+Not f(mine, theirs): numpy.maximum(+0.0, -0.0) is -0.0 but numpy.maximum(-0.0, +0.0) is +0.0,
+and which NaN payload survives a + or max can depend on the operand order and on whether
+the output is the first or the second operand. In this form every rank ends with identical
+bits, whatever the op and the values.
 
 Restriction: the exchange needs a power of two; other p fold in first (fold.py), which adds
 2 alpha + 2 n beta + n gamma for the folded pairs.
@@ -38,13 +44,18 @@ def butterfly_allreduce_in_place(comm, data, op):
     pof2 = largest_power_of_two(size)
     newrank = fold_in(comm, data, op)            # None: this rank sits out until fold_out
     if newrank is not None:
-        incoming = array_module(data).empty_like(data)
+        mine, theirs = data, array_module(data).empty_like(data)
         distance = 1
         while distance < pof2:
             partner = world_rank(newrank ^ distance, size - pof2)
-            comm.Sendrecv(data, partner, EXCHANGE, incoming, partner, EXCHANGE)
-            combine(data, incoming, op)
+            comm.Sendrecv(mine, partner, EXCHANGE, theirs, partner, EXCHANGE)
+            # the same call on both partners: lower <- f(lower rank's vector, higher rank's)
+            lower, higher = (theirs, mine) if newrank & distance else (mine, theirs)
+            combine(lower, higher, op)
+            mine, theirs = lower, higher
             distance *= 2
+        if mine is not data:                     # the result sits in the scratch vector
+            data[...] = mine
     fold_out(comm, data)
 
 
@@ -52,7 +63,7 @@ def allreduce(comm, sendbuf, recvbuf=None, op="sum", check=True):
     """recvbuf <- op over ranks of sendbuf, by recursive doubling. See the module docstring.
 
     sendbuf may be MPI.IN_PLACE (or recvbuf itself); op is "sum", "max", "min" or "mean";
-    check=False skips the agreement check on lengths and dtypes (collectives.check).
+    check=False skips the agreement across ranks (collectives.check) and trusts the caller.
     """
     return run_allreduce(butterfly_allreduce_in_place, comm, sendbuf, recvbuf, op, check,
                          "butterfly allreduce")
@@ -60,4 +71,4 @@ def allreduce(comm, sendbuf, recvbuf=None, op="sum", check=True):
 
 if __name__ == "__main__":
     from .demo import demo
-    demo(allreduce, MPI.COMM_WORLD)
+    demo(allreduce, MPI.COMM_WORLD, "butterfly")

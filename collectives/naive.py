@@ -1,8 +1,9 @@
 """Naive allreduce: every rank sends its vector to one root, the root reduces, sends the result back.
 
-Paper: the baseline of the ring-allreduce notes (shared/papers/notes/allreduce-and-parameter-
-server-notes.txt: "select one process as a master, gather all arrays into the master, perform
-reduction operations locally in the master, and then distribute the resulting array").
+Paper: the baseline that Ueno (Preferred Networks blog, 2018, "Technologies behind Distributed
+Deep Learning: AllReduce") sets against the ring: "select one process as a master, gather all
+arrays into the master, perform reduction operations locally in the master, and then
+distribute the resulting array" (see tutorials/references.md).
 Ben-Nun & Hoefler (ACM CSUR 2019) set the decentralised reductions below against this kind of
 centralised exchange; Thakur, Rabenseifner & Gropp (IJHPCA 2005) is where the others come from.
 
@@ -58,11 +59,11 @@ def allreduce(comm, sendbuf, recvbuf=None, op="sum", check=True):
     """recvbuf <- op over ranks of sendbuf, by the naive root algorithm. See the module docstring.
 
     sendbuf may be MPI.IN_PLACE (or recvbuf itself); op is "sum", "max", "min" or "mean";
-    check=False skips the agreement check on lengths and dtypes (collectives.check).
+    check=False skips the agreement across ranks (collectives.check) and trusts the caller.
     """
     return run_allreduce(naive_allreduce_in_place, comm, sendbuf, recvbuf, op, check, "naive allreduce")
 
 
 if __name__ == "__main__":
     from .demo import demo
-    demo(allreduce, MPI.COMM_WORLD)
+    demo(allreduce, MPI.COMM_WORLD, "naive")

@@ -2,8 +2,17 @@
 
 Every algorithm reduces with `combine(into, incoming, op)`, which updates `into` in place.
 All three base operators are commutative and associative on integers; on floats `+` is
-commutative but not associative, so different algorithms may round differently (each one
-still gives the same bits on every rank: see the algorithm modules).
+commutative but not associative, so different algorithms may round differently. Each one
+still gives every rank the same bits: in naive, tree, ring and Rabenseifner each element of
+the result is computed by one rank and copied to the others; in the butterfly both partners
+make the same call, lower <- f(lower rank's vector, higher rank's vector), because the operand
+order (and which operand is also the output) decides the sign of a zero maximum or minimum
+(numpy.maximum(+0.0, -0.0) is -0.0, numpy.maximum(-0.0, +0.0) is +0.0) and which NaN payload
+survives. So for every op and every algorithm, every rank ends with identical bytes, NaN
+payloads included (given the same numpy on the same kind of processor on every rank). Between
+algorithms the bits may differ: float sums round differently, a max or min of +0.0 and -0.0
+may be either zero, and a NaN result may carry another NaN's payload (it is NaN under every
+algorithm and op as soon as one input is NaN).
 
 Mean means "sum over ranks, then divide by p" on every rank. On integer buffers the division
 is numpy's floor division (`//`): over 2 ranks holding 1 and 2 the mean is 3 // 2 = 1, and for

@@ -90,7 +90,7 @@ def allreduce(comm, sendbuf, recvbuf=None, op="sum", check=True):
     """recvbuf <- op over ranks of sendbuf, by Rabenseifner's algorithm. See the module docstring.
 
     sendbuf may be MPI.IN_PLACE (or recvbuf itself); op is "sum", "max", "min" or "mean";
-    check=False skips the agreement check on lengths and dtypes (collectives.check).
+    check=False skips the agreement across ranks (collectives.check) and trusts the caller.
     """
     return run_allreduce(rabenseifner_allreduce_in_place, comm, sendbuf, recvbuf, op, check,
                          "rabenseifner allreduce")
@@ -98,4 +98,4 @@ def allreduce(comm, sendbuf, recvbuf=None, op="sum", check=True):
 
 if __name__ == "__main__":
     from .demo import demo
-    demo(allreduce, MPI.COMM_WORLD)
+    demo(allreduce, MPI.COMM_WORLD, "rabenseifner")

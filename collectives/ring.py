@@ -1,10 +1,10 @@
 """Ring allreduce: a reduce-scatter in p - 1 steps, then an allgather in p - 1 steps.
 
-Papers: Ben-Nun & Hoefler (ACM CSUR 2019), allreduce cost table, "Pipeline"; the ring-
-allreduce notes (shared/papers/notes/allreduce-and-parameter-server-notes.txt: "process p
-sends chunk[p] to the next process, while it receives chunk[p-1] from the previous process");
-Thakur, Rabenseifner & Gropp (IJHPCA 2005), ring allgather; Patarasuk & Yuan (2009) for the
-bandwidth optimality.
+Papers: Ben-Nun & Hoefler (ACM CSUR 2019), allreduce cost table, "Pipeline"; Ueno
+(Preferred Networks blog, 2018: "process p sends chunk[p] to the next process, while it
+receives chunk[p-1] from the previous process"); Thakur, Rabenseifner & Gropp (IJHPCA 2005),
+ring allgather; Patarasuk & Yuan (2009) for the bandwidth optimality. Full references in
+tutorials/references.md.
 
 Picture: the vector is cut into p blocks (buffers.block_counts), and the ranks sit in a ring,
 each sending to `right` = rank + 1 and receiving from `left` = rank - 1. Imagine a p x p grid,
@@ -94,7 +94,7 @@ def allreduce(comm, sendbuf, recvbuf=None, op="sum", check=True):
     """recvbuf <- op over ranks of sendbuf, by the ring. See the module docstring.
 
     sendbuf may be MPI.IN_PLACE (or recvbuf itself); op is "sum", "max", "min" or "mean";
-    check=False skips the agreement check on lengths and dtypes (collectives.check).
+    check=False skips the agreement across ranks (collectives.check) and trusts the caller.
     """
     return run_allreduce(ring_allreduce_in_place, comm, sendbuf, recvbuf, op, check, "ring allreduce")
 
@@ -109,8 +109,8 @@ def reduce_scatter(comm, sendbuf, recvbuf=None, op="sum", check=True):
     counts = block_counts(max(getattr(sendbuf, "size", 0), 0), size)
     if recvbuf is None and hasattr(sendbuf, "dtype"):
         recvbuf = array_module(sendbuf).empty(counts[rank], dtype=sendbuf.dtype)
-    validate(comm, "reduce_scatter", [(sendbuf, "sendbuf", None), (recvbuf, "recvbuf", counts[rank])],
-             op, check)
+    validate(comm, "reduce_scatter", [(sendbuf, "sendbuf", None, False),
+                                      (recvbuf, "recvbuf", counts[rank], True)], op, check)
     data = to_mpi(sendbuf.copy())
     if size > 1 and data.size > 0:
         ring_reduce_scatter_in_place(comm, data, base_op(op))
@@ -129,9 +129,9 @@ def allgather(comm, sendbuf, recvbuf, check=True):
     """
     rank, size = comm.Get_rank(), comm.Get_size()
     counts = block_counts(max(getattr(recvbuf, "size", 0), 0), size)
-    buffers = [(recvbuf, "recvbuf", None)]
+    buffers = [(recvbuf, "recvbuf", None, True)]
     if sendbuf is not MPI.IN_PLACE:
-        buffers.append((sendbuf, "sendbuf", counts[rank]))
+        buffers.append((sendbuf, "sendbuf", counts[rank], False))
     validate(comm, "allgather", buffers, "sum", check)
     start = block_offsets(counts)[rank]
     if sendbuf is not MPI.IN_PLACE:
@@ -145,4 +145,4 @@ def allgather(comm, sendbuf, recvbuf, check=True):
 
 if __name__ == "__main__":
     from .demo import demo
-    demo(allreduce, MPI.COMM_WORLD)
+    demo(allreduce, MPI.COMM_WORLD, "ring")

@@ -83,7 +83,7 @@ def allreduce(comm, sendbuf, recvbuf=None, op="sum", check=True):
     """recvbuf <- op over ranks of sendbuf, by binomial reduce + broadcast. See the module docstring.
 
     sendbuf may be MPI.IN_PLACE (or recvbuf itself); op is "sum", "max", "min" or "mean";
-    check=False skips the agreement check on lengths and dtypes (collectives.check).
+    check=False skips the agreement across ranks (collectives.check) and trusts the caller.
     """
     return run_allreduce(tree_allreduce_in_place, comm, sendbuf, recvbuf, op, check, "tree allreduce")
 
@@ -115,7 +115,8 @@ def reduce(comm, sendbuf, recvbuf=None, op="sum", root=0, check=True):
 
 def broadcast(comm, buf, root=0, check=True):
     """buf on every rank <- buf on `root` (binomial tree), in place. Returns buf."""
-    validate(comm, "broadcast", [(buf, "buf", None)], "sum", check, root=root)
+    # only the ranks other than the root write into buf
+    validate(comm, "broadcast", [(buf, "buf", None, comm.Get_rank() != root)], "sum", check, root=root)
     data = to_mpi(buf)
     if comm.Get_size() > 1 and data.size > 0:
         tree_broadcast_in_place(comm, data, root)
@@ -125,4 +126,4 @@ def broadcast(comm, buf, root=0, check=True):
 
 if __name__ == "__main__":
     from .demo import demo
-    demo(allreduce, MPI.COMM_WORLD)
+    demo(allreduce, MPI.COMM_WORLD, "tree")
