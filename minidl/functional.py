@@ -8,6 +8,13 @@ Shapes follow NumPy's broadcasting rules for the elementwise operations; the bac
 broadcast input sums the gradient over the broadcast axes (``unbroadcast``). Where a
 broadcast would only hide a bug (labels of the wrong length, targets of another shape),
 the function refuses with an error that names both shapes.
+
+``sum`` and ``pow`` share their names with Python builtins on purpose: they are called through
+the module, ``F.sum(x, axis=0)`` and ``F.pow(x, 2)``, as ``numpy.sum`` and ``torch.sum`` are, and
+a trailing underscore would only make them harder to find. Inside this file, ``sum`` and ``pow``
+therefore mean these operations and nothing here uses the builtins of those names (``max``
+still is the builtin); import the module, never ``from minidl.functional import *``. ``Tensor``'s
+operators (``+``, ``*``, ``**``, ``@``, ``.sum()``, ...) call these functions.
 """
 import numpy
 
@@ -326,25 +333,3 @@ def avg_pool2d(x, kernel_size, stride=None, padding=0):
                   lambda grad: (pool.avg_pool_backward(grad, x.shape, kernel_size, stride, padding),),
                   "avg_pool2d")
 
-
-# ---- operators on Tensor ------------------------------------------------------------------
-Tensor.__add__ = add
-Tensor.__radd__ = lambda self, other: add(other, self)
-Tensor.__sub__ = sub
-Tensor.__rsub__ = lambda self, other: sub(other, self)
-Tensor.__mul__ = mul
-Tensor.__rmul__ = lambda self, other: mul(other, self)
-Tensor.__truediv__ = div
-Tensor.__rtruediv__ = lambda self, other: div(other, self)
-Tensor.__neg__ = neg
-Tensor.__pow__ = pow
-Tensor.__matmul__ = matmul
-Tensor.sum = sum
-Tensor.mean = mean
-Tensor.reshape = lambda self, *shape: reshape(self, shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape)
-Tensor.transpose = lambda self, *axes: transpose(self, axes if axes else None)
-Tensor.exp = exp
-Tensor.log = log
-Tensor.relu = relu
-Tensor.tanh = tanh
-Tensor.sigmoid = sigmoid

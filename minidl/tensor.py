@@ -4,10 +4,16 @@ Every operation in ``minidl.functional`` computes its result and, when gradients
 stores a small ``backward`` closure beside it: given the gradient of the final scalar with
 respect to the result, it returns the gradients with respect to each input. ``backward()``
 visits the recorded graph in reverse topological order and adds up those gradients.
+The operators (``+``, ``*``, ``@``, ``.sum()``, ...) below are those same functions.
 
-    x = Tensor(xp.ones((2, 3)), requires_grad=True)
-    loss = (x * x).sum()
-    loss.backward()          # x.grad == 2 * x.data
+    >>> from minidl.tensor import Tensor
+    >>> x = Tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], requires_grad=True)
+    >>> loss = (x * x).sum()             # loss = sum_ij x_ij^2
+    >>> loss.item()
+    91.0
+    >>> loss.backward()                  # d loss / d x = 2 x
+    >>> x.grad.tolist()
+    [[2.0, 4.0, 6.0], [8.0, 10.0, 12.0]]
 
 Gradients accumulate: a leaf's ``grad`` is *added to* (in place) by every ``backward()``, until
 ``zero_grad()``. In-place accumulation matters here: a model's ``grad`` arrays can be views into
@@ -29,10 +35,6 @@ def no_grad():
         yield
     finally:
         _grad_enabled = previous
-
-
-def is_grad_enabled():
-    return _grad_enabled
 
 
 _FLOAT_KINDS = "f"
@@ -86,6 +88,70 @@ class Tensor:
     def zero_grad(self):
         if self.grad is not None:
             self.grad[...] = 0          # in place: grad may be a view into a flat vector
+
+    # ---- operators: each one is a function of minidl.functional, where its backward pass is ----
+    def __add__(self, other):
+        return functional.add(self, other)
+
+    def __radd__(self, other):
+        return functional.add(other, self)
+
+    def __sub__(self, other):
+        return functional.sub(self, other)
+
+    def __rsub__(self, other):
+        return functional.sub(other, self)
+
+    def __mul__(self, other):
+        return functional.mul(self, other)
+
+    def __rmul__(self, other):
+        return functional.mul(other, self)
+
+    def __truediv__(self, other):
+        return functional.div(self, other)
+
+    def __rtruediv__(self, other):
+        return functional.div(other, self)
+
+    def __neg__(self):
+        return functional.neg(self)
+
+    def __pow__(self, exponent):
+        return functional.pow(self, exponent)
+
+    def __matmul__(self, other):
+        return functional.matmul(self, other)
+
+    def sum(self, axis=None, keepdims=False):
+        return functional.sum(self, axis, keepdims)
+
+    def mean(self, axis=None, keepdims=False):
+        return functional.mean(self, axis, keepdims)
+
+    def reshape(self, *shape):
+        """``t.reshape(2, 3)`` or ``t.reshape((2, 3))``, as in NumPy."""
+        if len(shape) == 1 and not isinstance(shape[0], int):
+            shape = shape[0]
+        return functional.reshape(self, shape)
+
+    def transpose(self, *axes):
+        return functional.transpose(self, axes if axes else None)
+
+    def exp(self):
+        return functional.exp(self)
+
+    def log(self):
+        return functional.log(self)
+
+    def relu(self):
+        return functional.relu(self)
+
+    def tanh(self):
+        return functional.tanh(self)
+
+    def sigmoid(self):
+        return functional.sigmoid(self)
 
     # ---- the chain rule -----------------------------------------------------------------
     def backward(self, grad=None):
@@ -159,3 +225,8 @@ def result(data, parents, backward, op):
         out._backward = backward
         out.op = op
     return out
+
+
+# Last, because functional imports Tensor and result from this module: whichever of the two is
+# imported first, both are complete before any operator above runs.
+from minidl import functional  # noqa: E402

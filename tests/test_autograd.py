@@ -1,4 +1,9 @@
 """Autograd: every function's backward against central finite differences (float64), and the engine."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -154,3 +159,51 @@ def test_integer_data_is_refused_with_its_dtype():
 def test_labels_out_of_range_are_refused():
     with pytest.raises(ValueError, match=r"\[0, 3\)"):
         F.softmax_cross_entropy(Tensor(np.zeros((2, 3))), np.array([0, 3]))
+
+
+def test_tensor_module_docstring_example_runs_as_a_doctest_in_a_fresh_interpreter():
+    # A fresh interpreter: nothing this test process imported or switched (backend, monkeypatches)
+    # can make the example pass; it must run from ``import minidl.tensor`` alone.
+    code = ("import doctest, minidl.tensor\n"
+            "result = doctest.testmod(minidl.tensor)\n"
+            "print('RESULT', result.failed, result.attempted)")
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(root)))
+    assert done.returncode == 0, done.stderr
+    failed, attempted = (int(word) for word in done.stdout.split("RESULT")[-1].split())
+    assert failed == 0, done.stdout
+    assert attempted > 0, "minidl/tensor.py's docstring has no >>> example"
+
+
+OPERATORS = [          # (operator form, the functional it must equal, with operands in this order)
+    ("a + b", lambda a, b: F.add(a, b)), ("a - b", lambda a, b: F.sub(a, b)),
+    ("a * b", lambda a, b: F.mul(a, b)), ("a / b", lambda a, b: F.div(a, b)),
+    ("a ** b", lambda a, b: F.pow(a, b)), ("a @ b.transpose()", lambda a, b: F.matmul(a, F.transpose(b))),
+    ("2.0 + a", lambda a, b: F.add(2.0, a)), ("2.0 - a", lambda a, b: F.sub(2.0, a)),
+    ("2.0 * a", lambda a, b: F.mul(2.0, a)), ("2.0 / a", lambda a, b: F.div(2.0, a)),
+    ("-a", lambda a, b: F.neg(a)), ("a ** 3.0", lambda a, b: F.pow(a, 3.0)),
+    ("a.sum(1)", lambda a, b: F.sum(a, 1)), ("a.sum(0, True)", lambda a, b: F.sum(a, 0, True)),
+    ("a.mean(1)", lambda a, b: F.mean(a, 1)),
+    ("a.reshape(3, 2)", lambda a, b: F.reshape(a, (3, 2))), ("a.reshape((6,))", lambda a, b: F.reshape(a, (6,))),
+    ("a.transpose()", lambda a, b: F.transpose(a)), ("a.transpose(1, 0)", lambda a, b: F.transpose(a, (1, 0))),
+    ("a.exp()", lambda a, b: F.exp(a)), ("a.log()", lambda a, b: F.log(a)), ("a.relu()", lambda a, b: F.relu(a)),
+    ("a.tanh()", lambda a, b: F.tanh(a)), ("a.sigmoid()", lambda a, b: F.sigmoid(a)),
+]
+
+
+@pytest.mark.parametrize("expression, reference", OPERATORS, ids=[expression for expression, _ in OPERATORS])
+def test_each_tensor_operator_is_its_functional_with_the_operands_in_order(expression, reference):
+    rng = np.random.default_rng(0)
+    a_data, b_data, weights = rng.uniform(0.5, 2, (2, 3)), rng.uniform(0.5, 2, (2, 3)), rng.standard_normal(6)
+    results = []
+    for compute in (lambda a, b: eval(expression, {"a": a, "b": b}), reference):
+        a, b = Tensor(a_data.copy(), requires_grad=True), Tensor(b_data.copy(), requires_grad=True)
+        out = compute(a, b)
+        (F.reshape(out, (-1,)) * weights[:out.size]).sum().backward()    # unequal weights: order shows
+        results.append((out.data, a.grad, b.grad))
+    (out, a_grad, b_grad), (expected, expected_a_grad, expected_b_grad) = results
+    assert out.shape == expected.shape
+    np.testing.assert_array_equal(out, expected)
+    np.testing.assert_array_equal(a_grad, expected_a_grad)
+    np.testing.assert_array_equal(b_grad, expected_b_grad)
