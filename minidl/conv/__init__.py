@@ -26,13 +26,6 @@ ALGORITHMS = ("direct", "im2col", "fft", "winograd", "auto")
 _registry = {}
 
 
-def register(name):
-    """Make ``minidl.conv.<name>`` selectable as ``conv2d(..., algorithm=name)``."""
-    global ALGORITHMS
-    if name not in ALGORITHMS:
-        ALGORITHMS = ALGORITHMS + (name,)
-
-
 def output_size(size, kernel, stride, padding):
     return (size + 2 * padding - kernel) // stride + 1
 
@@ -66,7 +59,7 @@ def _module(name):
 
 def get(name, x_shape, weight_shape, stride, padding):
     """The kernel module for ``name``; raises ValueError naming the limitation if it can't do this case."""
-    if name == "auto" and "auto" in ALGORITHMS:
+    if name == "auto":
         return _module("auto").choose(x_shape, weight_shape, stride, padding)
     kernel = _module(name)
     reason = kernel.supports(x_shape, weight_shape, stride, padding)
@@ -113,9 +106,3 @@ def workspace(xp, shape, dtype, zero=False):
     if zero:
         buffer.fill(0)
     return buffer
-
-
-def clear_workspaces():
-    """Drop every pooled scratch buffer (their memory returns once nothing else holds them)."""
-    with _workspace_lock:
-        _workspaces.clear()

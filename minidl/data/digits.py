@@ -11,8 +11,6 @@ import numpy as np
 
 from minidl.data._checks import check_int
 
-NUM_DIGITS = 1797
-
 
 def load_digits():
     """Return ``(images, labels)``: float32 (1797, 1, 8, 8) in [0, 1] (counts / 16), int64 (1797,).
