@@ -14,6 +14,9 @@ and draws He (ReLU layers; variance 2 / fan_in) or Glorot (variance 2 / (fan_in 
 normal weights from it. Biases start at zero.
 """
 
+import zipfile
+import zlib
+
 import numpy
 
 from minidl import backend
@@ -81,17 +84,19 @@ class Module:
     def load_state_dict(self, state):
         """Copy ``state`` into the parameters *in place* (flat-buffer views stay views).
 
-        Missing, unexpected or wrongly shaped entries raise one KeyError/ValueError naming all of them.
+        Missing, unexpected, wrongly shaped or non-numeric entries raise one ValueError naming all of them.
         """
         own = dict(self.named_parameters())
         missing = [name for name in own if name not in state]
         unexpected = [name for name in state if name not in own]
         if missing or unexpected:
-            raise KeyError(f"load_state_dict: missing entries {missing}, unexpected entries {unexpected}")
+            raise ValueError(f"load_state_dict: missing entries {missing}, unexpected entries {unexpected}")
         wrong = [f"{name}: expected {own[name].shape}, got {tuple(numpy.shape(state[name]))}"
                  for name in own if tuple(numpy.shape(state[name])) != own[name].shape]
+        wrong += [f"{name}: expected numbers, got dtype {numpy.asarray(state[name]).dtype}"
+                  for name in own if numpy.asarray(state[name]).dtype.kind not in "biuf"]
         if wrong:
-            raise ValueError("load_state_dict: wrongly shaped entries: " + "; ".join(wrong))
+            raise ValueError("load_state_dict: wrong entries: " + "; ".join(wrong))
         xp = backend.xp()
         for name, parameter in own.items():
             parameter.data[...] = xp.asarray(state[name], dtype=parameter.dtype)
@@ -101,8 +106,12 @@ class Module:
         numpy.savez(path, **self.state_dict())
 
     def load(self, path):
-        with numpy.load(path, allow_pickle=False) as data:
-            self.load_state_dict({name: data[name] for name in data.files})
+        """Load a ``save``d file; any problem is one ValueError that names ``path``."""
+        state = read_npz(path)
+        try:
+            self.load_state_dict(state)
+        except ValueError as error:
+            raise ValueError(f"{path}: {error}") from None
 
     def __repr__(self):
         inner = "".join(f"\n  ({name}): " + repr(module).replace("\n", "\n  ")
@@ -111,6 +120,31 @@ class Module:
 
     def extra_repr(self):
         return ""
+
+
+def read_npz(path):
+    """{name: NumPy array} from an ``.npz`` file of plain arrays (no pickle).
+
+    Every way the file can be unreadable (missing, truncated, not an .npz archive, a pickled
+    object inside) is one ValueError that names ``path``. NumPy's own messages for these name no
+    file, and for random bytes say "Cannot load file containing pickled data", which misleads.
+    """
+    try:
+        archive = numpy.load(path, allow_pickle=False)
+    except OSError as error:                                        # missing, a directory
+        raise ValueError(f"{path}: not a readable .npz file ({error.strerror or error})") from None
+    except (ValueError, EOFError, zipfile.BadZipFile) as error:     # NumPy found no archive here
+        raise ValueError(f"{path}: not a readable .npz file (truncated, or not an .npz archive)") from None
+    if not isinstance(archive, numpy.lib.npyio.NpzFile):
+        raise ValueError(f"{path}: not a readable .npz file (it holds a single .npy array)")
+    with archive:
+        arrays = {}
+        for name in archive.files:
+            try:
+                arrays[name] = archive[name]
+            except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as error:
+                raise ValueError(f"{path}: not a readable .npz file (entry {name!r}: {error})") from None
+    return arrays
 
 
 def init_weight(shape, fan_in, fan_out, rng, init, dtype):

@@ -19,6 +19,8 @@ def _positive(name, value, allow_zero=False):
 
 
 class Optimizer:
+    buffers = ()        # names of the per-parameter state arrays, e.g. ("m", "v") for Adam
+
     def __init__(self, params):
         self.params = list(params)
         if not self.params:
@@ -38,27 +40,59 @@ class Optimizer:
             yield param, param.grad, self.state[index]
 
     def state_dict(self):
-        """{'steps': ..., '<buffer>.<index>': array} as NumPy arrays (for ``.npz`` files)."""
+        """{'steps': ..., '<buffer>.<index>': array} as NumPy copies (for ``.npz`` files).
+
+        Copies, because ``step()`` updates the buffers in place: a state_dict is a snapshot.
+        """
         out = {"steps": numpy.asarray(self.steps)}
         for index, state in enumerate(self.state):
             for key, value in state.items():
-                out[f"{key}.{index}"] = backend.to_numpy(value)
+                out[f"{key}.{index}"] = numpy.array(backend.to_numpy(value), copy=True)
         return out
 
+    def _buffer_and_index(self, key):
+        """('m', 3) for the key 'm.3' if this optimizer keeps such a buffer, else (None, None)."""
+        buffer, _, index = key.rpartition(".")
+        if buffer in self.buffers and index.isdigit() and str(int(index)) == index and int(index) < len(self.params):
+            return buffer, int(index)
+        return None, None
+
     def load_state_dict(self, state):
-        xp = backend.xp()
-        self.steps = int(state["steps"])
-        self.state = [{} for _ in self.params]
+        """The inverse of ``state_dict``. Nothing changes unless every entry fits: a missing or
+        non-integer 'steps', an unknown key, a wrongly shaped or non-numeric array, or a parameter
+        with only some of its buffers is a ValueError that names the key."""
+        where = f"{type(self).__name__}.load_state_dict"
+        if "steps" not in state:
+            raise ValueError(f"{where}: no 'steps' entry")
+        steps = numpy.asarray(state["steps"])
+        if steps.shape != () or steps.dtype.kind not in "iu" or steps < 0:
+            raise ValueError(f"{where}: 'steps' must be one integer >= 0, got {steps!r}")
+        loaded = [{} for _ in self.params]
         for key, value in state.items():
             if key == "steps":
                 continue
-            name, _, index = key.rpartition(".")
-            if not index.isdigit() or int(index) >= len(self.params):
-                raise KeyError(f"{type(self).__name__}.load_state_dict: unexpected entry {key!r}")
-            if tuple(numpy.shape(value)) != self.params[int(index)].shape:
-                raise ValueError(f"{type(self).__name__}.load_state_dict: {key!r} has shape {numpy.shape(value)}, "
-                                 f"parameter {index} has shape {self.params[int(index)].shape}")
-            self.state[int(index)][name] = xp.asarray(value, dtype=self.params[int(index)].dtype)
+            buffer, index = self._buffer_and_index(key)
+            if buffer is None:
+                keeps = (f"'steps' and '<buffer>.<index>' with buffer in {list(self.buffers)} and "
+                         f"index < {len(self.params)}") if self.buffers else "only 'steps'"
+                raise ValueError(f"{where}: unexpected entry {key!r} ({type(self).__name__} keeps {keeps})")
+            if not hasattr(value, "dtype"):         # a list or a number; NumPy and CuPy arrays stay as they are
+                value = numpy.asarray(value)
+            if tuple(value.shape) != self.params[index].shape:
+                raise ValueError(f"{where}: {key!r} has shape {tuple(value.shape)}, "
+                                 f"parameter {index} has shape {self.params[index].shape}")
+            if value.dtype.kind not in "biuf":
+                raise ValueError(f"{where}: {key!r} has dtype {value.dtype}, not numbers")
+            loaded[index][buffer] = value
+        for index, buffers in enumerate(loaded):
+            missing = [f"{buffer}.{index}" for buffer in self.buffers if buffers and buffer not in buffers]
+            if missing:
+                raise ValueError(f"{where}: {missing[0]!r} is missing (parameter {index} has "
+                                 f"{sorted(f'{buffer}.{index}' for buffer in buffers)})")
+        xp = backend.xp()
+        self.steps = int(steps)
+        self.state = [{buffer: xp.array(value, dtype=param.dtype, copy=True) for buffer, value in buffers.items()}
+                      for param, buffers in zip(self.params, loaded)]     # copies: step() updates in place
 
 
 class SGD(Optimizer):
@@ -70,6 +104,8 @@ class SGD(Optimizer):
 
     With momentum = 0 this is w <- w - lr * g (Ben-Nun & Hoefler 2018).
     """
+
+    buffers = ("momentum",)
 
     def __init__(self, params, lr, momentum=0.0, nesterov=False, weight_decay=0.0):
         super().__init__(params)
@@ -106,6 +142,8 @@ class Adagrad(Optimizer):
     i.e. parameter i's rate at step K is lr / sqrt(sum_{j <= K} grad_{i,j}^2) (the paper's gamma = lr).
     """
 
+    buffers = ("sum_sq",)
+
     def __init__(self, params, lr, eps=1e-10, initial_accumulator=0.0):
         super().__init__(params)
         _positive("lr", lr)
@@ -130,6 +168,8 @@ class Adam(Optimizer):
         m <- b1 m + (1 - b1) g;   v <- b2 v + (1 - b2) g^2
         w <- w - lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
     """
+
+    buffers = ("m", "v")
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
         super().__init__(params)

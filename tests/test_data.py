@@ -6,6 +6,7 @@ scikit-learn's documentation prints it, IDX files assembled byte by byte with ``
 differences for gradients.
 """
 import gzip
+import re
 import struct
 
 import numpy as np
@@ -289,10 +290,33 @@ def test_load_mnist_rejects_wrong_contents_missing_files_and_unknown_kind(tmp_pa
     write_mnist(tmp_path, "train", np.zeros((5, 28, 28), np.float32), np.zeros(5, np.uint8))
     with pytest.raises(ValueError, match="train-images-idx3-ubyte.*uint8"):
         load_mnist(tmp_path)
-    with pytest.raises(FileNotFoundError, match="t10k-images-idx3-ubyte"):
-        load_mnist(tmp_path, kind="test")
     with pytest.raises(ValueError, match="kind must be 'train' or 'test', got 'valid'"):
         load_mnist(tmp_path, kind="valid")
+
+
+def test_load_mnist_without_its_directory_or_files_is_a_value_error_naming_the_path(tmp_path):
+    # ValueError, not FileNotFoundError: the algorithms turn ValueError into a one-line "error: ..."
+    missing = tmp_path / "no-such-directory"
+    with pytest.raises(ValueError, match=f"^{re.escape(str(missing))}: does not exist"):
+        load_mnist(missing)
+    a_file = tmp_path / "a-file"
+    a_file.write_bytes(b"")
+    with pytest.raises(ValueError, match=f"^{re.escape(str(a_file))}: is not a directory"):
+        load_mnist(a_file)
+    write_mnist(tmp_path, "train", np.zeros((5, 28, 28), np.uint8), np.zeros(5, np.uint8))
+    with pytest.raises(ValueError, match=f"^{re.escape(str(tmp_path))}: neither t10k-images-idx3-ubyte nor "
+                                         f"t10k-images-idx3-ubyte.gz"):
+        load_mnist(tmp_path, kind="test")
+    (tmp_path / "train-labels-idx1-ubyte").unlink()
+    with pytest.raises(ValueError, match="neither train-labels-idx1-ubyte nor train-labels-idx1-ubyte.gz"):
+        load_mnist(tmp_path)
+
+
+def test_read_idx_of_a_missing_file_or_a_directory_is_a_value_error_naming_the_path(tmp_path):
+    with pytest.raises(ValueError, match=f"^{re.escape(str(tmp_path / 'missing'))}: cannot read"):
+        read_idx(tmp_path / "missing")
+    with pytest.raises(ValueError, match=f"^{re.escape(str(tmp_path))}: cannot read"):
+        read_idx(tmp_path)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -45,12 +45,72 @@ def test_load_state_dict_names_missing_unexpected_and_misshapen_entries():
     state = model.state_dict()
     del state["out.bias"]
     state["extra"] = np.zeros(1)
-    with pytest.raises(KeyError, match=r"missing entries \['out.bias'\].*unexpected entries \['extra'\]"):
+    with pytest.raises(ValueError, match=r"missing entries \['out.bias'\].*unexpected entries \['extra'\]"):
         model.load_state_dict(state)
     state = model.state_dict()
     state["hidden.weight"] = np.zeros((4, 3))
-    with pytest.raises(ValueError, match=r"hidden.weight: expected \(3, 4\), got \(4, 3\)"):
+    state["out.bias"] = np.array(["a", "b"])
+    with pytest.raises(ValueError, match=r"hidden.weight: expected \(3, 4\), got \(4, 3\); out.bias: expected numbers"):
         model.load_state_dict(state)
+
+
+def _truncated(path, good):
+    path.write_bytes(good[:len(good) // 2])
+
+
+def _random_bytes(path, good):
+    path.write_bytes(np.random.default_rng(0).bytes(len(good)))
+
+
+def _empty(path, good):
+    path.write_bytes(b"")
+
+
+def _one_npy_array(path, good):
+    with open(path, "wb") as file:
+        np.save(file, np.zeros(3))
+
+
+def _pickled_object_inside(path, good):
+    with open(path, "wb") as file:
+        np.savez(file, **{"hidden.weight": np.array([{}], dtype=object)})
+
+
+def _corrupt_entry(path, good):
+    corrupt = bytearray(good)
+    corrupt[200:300] = b"\x01" * 100           # inside the first entry: its CRC no longer matches
+    path.write_bytes(bytes(corrupt))
+
+
+def _a_directory(path, good):
+    path.mkdir()
+
+
+def _other_arrays(path, good):
+    with open(path, "wb") as file:
+        np.savez(file, weights=np.zeros(3))
+
+
+@pytest.mark.parametrize("spoil, reason", [
+    (_truncated, "not a readable .npz"), (_random_bytes, "not a readable .npz"), (_empty, "not a readable .npz"),
+    (_one_npy_array, "single .npy array"), (_pickled_object_inside, "'hidden.weight'.*Object arrays"),
+    (_corrupt_entry, "not a readable .npz"), (_a_directory, "not a readable .npz"),
+    (_other_arrays, "missing entries .*unexpected entries \\['weights'\\]"), (None, "No such file"),
+], ids=["truncated", "random-bytes", "empty", "npy", "pickle", "corrupt", "directory", "other-model", "missing"])
+def test_module_load_of_a_bad_file_is_one_value_error_naming_the_file(tmp_path, spoil, reason):
+    model = TwoLayer(np.random.default_rng(0))
+    model.save(tmp_path / "good.npz")
+    path = tmp_path / "bad.npz"
+    if spoil is not None:
+        spoil(path, (tmp_path / "good.npz").read_bytes())
+    before = model.state_dict()
+    with pytest.raises(ValueError, match=reason) as error:
+        model.load(path)
+    message = str(error.value)
+    assert message.startswith(f"{path}: ")
+    assert "pickled data" not in message          # NumPy's word for any file without the npy magic
+    for name, value in model.state_dict().items():
+        np.testing.assert_array_equal(value, before[name])
 
 
 def test_flat_buffer_views_stay_in_sync_through_training_steps_and_loading():
@@ -170,3 +230,80 @@ def test_optimizer_state_round_trips():
     other.load_state_dict(state)
     np.testing.assert_array_equal(other.state[0]["momentum"], opt.state[0]["momentum"])
     assert other.steps == 1
+
+
+def _optimizers(params):
+    return {"SGD": optim.SGD(params, lr=0.1, momentum=0.9), "Adagrad": optim.Adagrad(params, lr=0.1),
+            "Adam": optim.Adam(params, lr=0.1), "LBFGS": optim.LBFGS(params)}
+
+
+def _two_params():
+    return [_param([1.0, 2.0, 3.0], [0.5, -0.5, 1.0]), _param([[1.0, 2.0]], [[0.25, 1.0]])]
+
+
+def _stepped(name):
+    """Optimizer ``name`` on two parameters after two ``step()`` calls (its state has every buffer)."""
+    params = _two_params()
+    opt = _optimizers(params)[name]
+    for _ in range(2):
+        if name == "LBFGS":
+            opt.step(lambda: float(sum((p.data * p.grad).sum() for p in params)))
+        else:
+            opt.step()
+    return opt
+
+
+OPTIMIZERS = ["SGD", "Adagrad", "Adam", "LBFGS"]
+
+
+@pytest.mark.parametrize("name", ["SGD", "Adagrad", "Adam"])      # LBFGS's state_dict holds only 'steps'
+def test_optimizer_state_dict_loads_into_a_fresh_optimizer_that_then_steps_identically(name):
+    opt = _stepped(name)
+    params = _two_params()
+    for param, trained in zip(params, opt.params):
+        param.data[...] = trained.data
+    other = _optimizers(params)[name]
+    state = opt.state_dict()
+    other.load_state_dict(state)
+    for key in state:
+        state[key][...] = 0                     # the optimizers hold copies, not the dict's arrays
+    assert other.steps == opt.steps == 2
+    opt.step()
+    other.step()
+    for param, trained in zip(params, opt.params):
+        np.testing.assert_array_equal(param.data, trained.data)
+
+
+def _bad_states(name):
+    """(name, description, spoil(state), the key the error must name) for optimizer ``name``."""
+    buffer = {"SGD": "momentum", "Adagrad": "sum_sq", "Adam": "m", "LBFGS": None}[name]
+    cases = [("unknown key", lambda state: state.update(bogus=np.zeros(3)), "bogus"),
+             ("unknown buffer", lambda state: state.update({"velocity.0": np.zeros(3)}), "velocity.0"),
+             ("no steps", lambda state: state.pop("steps"), "steps"),
+             ("steps not one integer", lambda state: state.update(steps=np.array([1.5])), "steps")]
+    if buffer:
+        cases += [("index out of range", lambda state: state.update({f"{buffer}.2": np.zeros(3)}), f"{buffer}.2"),
+                  ("index not a number", lambda state: state.update({f"{buffer}.x": np.zeros(3)}), f"{buffer}.x"),
+                  ("wrong shape", lambda state: state.update({f"{buffer}.1": np.zeros((2, 1))}), f"{buffer}.1"),
+                  ("not numbers", lambda state: state.update({f"{buffer}.0": np.array(["a", "b", "c"])}),
+                   f"{buffer}.0")]
+    if name == "Adam":                      # m without v for one parameter: half a state
+        cases.append(("buffer missing", lambda state: state.pop("v.1"), "v.1"))
+    return [(name, *case) for case in cases]
+
+
+BAD_STATES = [case for name in OPTIMIZERS for case in _bad_states(name)]
+
+
+@pytest.mark.parametrize("name, description, spoil, key", BAD_STATES,
+                         ids=[f"{name}-{description}" for name, description, _, _ in BAD_STATES])
+def test_optimizer_load_state_dict_refuses_a_bad_entry_naming_its_key_and_changes_nothing(
+        name, description, spoil, key):
+    opt = _stepped(name)
+    state = opt.state_dict()
+    spoil(state)
+    before = opt.state_dict()
+    with pytest.raises(ValueError, match=f"{name}.load_state_dict: .*'{key}'"):
+        opt.load_state_dict(state)
+    after = opt.state_dict()
+    assert after.keys() == before.keys() and all(np.array_equal(after[k], before[k]) for k in before)

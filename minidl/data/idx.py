@@ -38,8 +38,11 @@ MNIST_FILES = {
 
 def _read_bytes(path):
     """The file's bytes, decompressed if they start with the gzip magic."""
-    with open(path, "rb") as file:
-        data = file.read()
+    try:
+        with open(path, "rb") as file:
+            data = file.read()
+    except OSError as error:                    # missing, a directory, no permission
+        raise ValueError(f"{path}: cannot read the file ({error.strerror or error})") from None
     if data[:2] == GZIP_MAGIC:
         try:
             data = gzip.decompress(data)
@@ -51,7 +54,8 @@ def _read_bytes(path):
 def read_idx(path):
     """Read an IDX file (optionally gzip-compressed) into an array of its shape, in native byte order.
 
-    Raises ``ValueError`` naming ``path`` and the problem for: a header shorter than 4 bytes,
+    Raises ``ValueError`` naming ``path`` and the problem for: a file that cannot be read
+    (missing, a directory), a header shorter than 4 bytes,
     non-zero magic bytes, an unknown dtype code, ndim 0, a truncated list of dimensions, and a
     payload whose length is not exactly ``prod(dims) * itemsize`` (truncated or trailing bytes).
     """
@@ -92,7 +96,7 @@ def _find(directory, name):
         path = os.path.join(directory, candidate)
         if os.path.isfile(path):
             return path
-    raise FileNotFoundError(f"neither {name} nor {name}.gz found in {directory}")
+    raise ValueError(f"{directory}: neither {name} nor {name}.gz is in this directory")
 
 
 def load_mnist(directory, kind="train"):
@@ -103,11 +107,15 @@ def load_mnist(directory, kind="train"):
     optionally with a ``.gz`` suffix (Fashion-MNIST uses the same names). Returns images float32
     (N, 1, rows, cols) scaled to [0, 1] (bytes / 255; rows = cols = 28 for MNIST) and labels int64 (N,).
     Raises ``ValueError`` naming the file when the images are not 3-D uint8, the labels not 1-D
-    uint8 in 0..9, or the two counts differ; ``FileNotFoundError`` when a file is missing.
+    uint8 in 0..9, or the two counts differ, and naming the path when ``directory`` is not a
+    directory or a file is missing.
     """
     if kind not in MNIST_FILES:
         raise ValueError(f"kind must be 'train' or 'test', got {kind!r}")
     directory = os.fspath(directory)
+    if not os.path.isdir(directory):
+        reason = "is not a directory" if os.path.exists(directory) else "does not exist"
+        raise ValueError(f"{directory}: {reason} (load_mnist needs the directory that holds the IDX files)")
     image_path, label_path = (_find(directory, name) for name in MNIST_FILES[kind])
     images, labels = read_idx(image_path), read_idx(label_path)
     if images.dtype != np.uint8 or images.ndim != 3:
