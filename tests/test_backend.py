@@ -1,4 +1,6 @@
-"""The backend switch says what is wrong instead of failing somewhere deeper."""
+"""The backend switch says what is wrong instead of failing somewhere deeper, and Tensor follows it."""
+import types
+
 import numpy as np
 import pytest
 
@@ -26,6 +28,37 @@ def test_unsupported_parameter_dtype_is_named():
         nn.Linear(2, 2, rng=0)
 
 
-def test_tensor_data_is_an_array_of_the_active_backend():
-    t = Tensor([1.0, 2.0])
-    assert isinstance(t.data, backend.xp().ndarray) and t.dtype == np.float32
+@pytest.mark.parametrize("data, dtype", [
+    ([1.0, 2.0], np.float32), (3, np.float32), (2.5, np.float32), ([[1, 2], [3, 4]], np.float32),
+    ([True, False], np.float32),                                    # python numbers and lists: float32
+    (np.ones(2, dtype=np.float64), np.float64), (np.float64(1.5), np.float64),
+    (np.ones(2, dtype=np.float32), np.float32), (np.ones(2, dtype=np.float16), np.float16),  # typed: kept
+])
+def test_tensor_makes_python_numbers_float32_and_keeps_the_dtype_of_typed_arrays(backend_name, data, dtype):
+    t = Tensor(data)
+    assert t.dtype == dtype
+    assert type(t.data).__module__.split(".")[0] == backend_name     # numpy, or cupy on the cupy backend
+    np.testing.assert_array_equal(backend.to_numpy(t.data), np.asarray(data, dtype=dtype))
+
+
+@pytest.mark.parametrize("data", [np.arange(3), np.array([True]), np.array(["a"]), np.array([1 + 2j])])
+def test_tensor_refuses_typed_arrays_that_are_not_floating_point(data):
+    with pytest.raises(TypeError, match=f"floating-point array, got dtype {data.dtype}"):
+        Tensor(data)
+
+
+class StandInArray(np.ndarray):
+    """The array type of a stand-in backend: lets the test below see which module Tensor asked."""
+
+
+def test_tensor_takes_its_arrays_from_the_active_backend_not_from_numpy(monkeypatch):
+    # Without a GPU, a stand-in module plays CuPy's part: if Tensor called numpy directly, or
+    # kept a host array, its data would be a plain ndarray instead of this backend's array type.
+    stand_in = types.SimpleNamespace(ndarray=StandInArray, float32=np.float32,
+                                     asarray=lambda data, dtype=None: np.asarray(data, dtype).view(StandInArray))
+    monkeypatch.setattr(backend, "xp", lambda: stand_in)
+    for data in ([1.0, 2.0], np.ones(2, dtype=np.float64), 1.5):
+        t = Tensor(data)
+        assert type(t.data) is StandInArray, f"Tensor({data!r}).data is a {type(t.data).__name__}"
+    already = np.ones(2, dtype=np.float64).view(StandInArray)
+    assert Tensor(already).data is already                          # the backend's own array: no copy
