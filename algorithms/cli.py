@@ -140,7 +140,8 @@ def shared_settings(args):
 
 def fail(message, status=2):
     """Print ``error: message`` on this rank and exit with ``status``."""
-    print(f"error: {message}", file=sys.stderr, flush=True)
+    sys.stderr.write(f"error: {message}\n")         # one write: ranks' lines do not interleave
+    sys.stderr.flush()
     sys.exit(status)
 
 
@@ -163,8 +164,8 @@ def run_main(train, args, **algorithm_kwargs):
         if getattr(error, "every_rank", False):
             fail(str(error))
         where = _origin(error)
-        print(f"error: {error} ({type(error).__name__} on rank {comm.Get_rank()}{where})",
-              file=sys.stderr, flush=True)
+        sys.stderr.write(f"error: {error} ({type(error).__name__} on rank {comm.Get_rank()}{where})\n")
+        sys.stderr.flush()
         comm.Abort(2)
 
 

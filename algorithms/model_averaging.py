@@ -89,14 +89,19 @@ def train(comm=None, period=8, allreduce="ring", **settings):
     def step(batch):
         return parallel_sgd_step(job.counting, job.objective, job.optimizer, batch, job.step, period, summed)
 
+    final = []                                             # the average after the last step
+
     def final_average(epoch):                              # Zinkevich's only average, if not just done
-        if epoch == settings.epochs - 1 and (period is None or job.step % period):
-            average(job.counting, job.objective.params, summed)
+        if epoch == settings.epochs - 1:                   # (on a copy: each rank's own w_r is kept
+            final.append(job.objective.params.copy())      #  for --save, so --resume continues exactly)
+            if period is None or job.step % period:
+                average(job.counting, final[0], summed)
 
     def evaluate():
-        return evaluate_at(job.objective, run.mean_over_ranks(comm, job.objective.params))
+        consensus = final[0] if final else run.mean_over_ranks(comm, job.objective.params)
+        return evaluate_at(job.objective, consensus)
 
-    return job.loop(step, evaluate=evaluate, end_of_epoch=final_average)
+    return job.loop(step, evaluate=evaluate, end_of_epoch=final_average, result=lambda: final[0])
 
 
 def main(argv=None):

@@ -32,20 +32,15 @@ class Data:
 def load_data(dataset="digits", seed=0, data_dir=None):
     """Train/test arrays on the host; the split depends only on ``seed``, so every rank agrees.
 
-    A missing or unreadable MNIST folder is a ValueError naming the path (``minidl.data``'s
-    reader names the file and what is wrong with it).
+    A missing or unreadable MNIST folder or file is a ValueError naming the path.
     """
     if dataset == "digits":
         return Data(*datasets.digits_split(seed=seed))
     if dataset == "mnist":
         if data_dir is None:
             raise ValueError("--dataset mnist needs --data-dir pointing at the IDX files")
-        try:
-            x_train, y_train = datasets.load_mnist(data_dir, kind="train")
-            x_test, y_test = datasets.load_mnist(data_dir, kind="test")
-        except OSError as error:                      # a missing folder or file, a permission
-            raise ValueError(f"--data-dir {data_dir}: {error.strerror or error} "
-                             f"({error.filename or data_dir})") from None
+        x_train, y_train = datasets.load_mnist(data_dir, kind="train")   # a ValueError naming a
+        x_test, y_test = datasets.load_mnist(data_dir, kind="test")      # missing or corrupt file
         return Data(x_train, y_train, x_test, y_test)
     raise ValueError(f"unknown dataset {dataset!r}; choose 'digits' or 'mnist'")
 

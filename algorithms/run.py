@@ -38,30 +38,9 @@ from algorithms.cli import SettingError
 from algorithms.objective import build as build_objective
 from minidl import backend
 from minidl.data import rank_batches
+from minidl.nn import read_npz
 from minidl.optim import SGD
-try:
-    from collectives.trace import CountingComm
-except ImportError:  # TEMPORARY until collectives.trace has it
-    class CountingComm:
-        def __init__(self, comm):
-            self.comm, self.bytes_sent = comm, 0
-        def __getattr__(self, name):
-            return getattr(self.comm, name)
-        def Sendrecv(self, sendbuf, *a, **k):
-            self.bytes_sent += sendbuf.nbytes
-            return self.comm.Sendrecv(sendbuf, *a, **k)
-        def Send(self, buf, *a, **k):
-            self.bytes_sent += buf.nbytes
-            return self.comm.Send(buf, *a, **k)
-        def Isend(self, buf, *a, **k):
-            self.bytes_sent += buf.nbytes
-            return self.comm.Isend(buf, *a, **k)
-        def Allreduce(self, s, r, op=None):
-            size = self.comm.Get_size()
-            self.bytes_sent += 2 * (size - 1) * r.nbytes // size
-            return self.comm.Allreduce(s, r, op=MPI.SUM if op is None else op)
-        def total_bytes(self):
-            return int(self.comm.allreduce(self.bytes_sent))
+from collectives.trace import CountingComm
 
 
 @dataclasses.dataclass
@@ -183,11 +162,9 @@ def read_checkpoint(path, n_params):
     """The arrays of a --save file, checked: ``params`` of ``n_params`` values and an integer ``epoch``."""
     cli.check_input("--resume", path)
     try:
-        with numpy.load(path, allow_pickle=False) as archive:
-            arrays = {key: archive[key] for key in archive.files}
-    except Exception as error:                  # noqa: BLE001 - truncated zip, random bytes, ...
-        reason = "it holds pickled data" if "pickle" in str(error) else f"{type(error).__name__}: {error}"
-        raise SettingError(f"--resume {path}: not a .npz checkpoint written by --save ({reason})") from None
+        arrays = read_npz(path)                 # truncated, random bytes, pickled: one message
+    except ValueError as error:
+        raise SettingError(f"--resume {error}") from None
     for key in ("params", "epoch", "optimizer.steps"):
         if key not in arrays:
             raise SettingError(f"--resume {path}: has no '{key}' (was it written by --save?)")
@@ -205,7 +182,7 @@ def load_optimizer(path, optimizer, arrays, prefix="optimizer."):
     state = {key[len(prefix):]: value for key, value in arrays.items() if key.startswith(prefix)}
     try:
         optimizer.load_state_dict(state)
-    except (KeyError, ValueError, TypeError) as error:
+    except ValueError as error:
         raise SettingError(f"--resume {path}: optimizer state does not fit this optimizer ({error})") from None
 
 
@@ -373,6 +350,8 @@ class Run:
                     extra["rank." + key] = numpy.stack(rows)
         if save and self.rank == 0:
             save_checkpoint(save, params, self.optimizer, self.settings.epochs, ranks=self.size, **extra)
+        if save:
+            self.comm.Barrier()                 # train() returns once the file is there, on every rank
         return backend.to_numpy(params).copy(), self.logger.history
 
 
@@ -428,14 +407,17 @@ def resume(settings, objective, optimizer, rank, size):
     return arrays
 
 
-def wait_together(comm, poll_seconds=0.002):
+def wait_together(comm, poll_seconds=0.002, while_waiting=None):
     """A barrier that sleeps between polls instead of spinning (``Ibarrier`` + ``Test``).
 
     Ranks that wait here leave their core to the ranks still working: with several ranks per
     core (4 ranks on 2 cores in our runs) a spinning ``Barrier`` would slow the others down.
+    ``while_waiting()``, if given, runs at each poll (a parameter server answers late requests).
     """
     barrier = comm.Ibarrier()
     while not barrier.Test():
+        if while_waiting is not None:
+            while_waiting()
         time.sleep(poll_seconds)
 
 
