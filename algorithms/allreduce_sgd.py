@@ -4,8 +4,8 @@
 
 Papers: Hegde & Usmani 2016, section 6.1 (synchronous update: every mini-batch gradient is taken
 at the same weights, the update waits for all of them); Ben-Nun & Hoefler 2019
-("Synchronous SGD", and its allreduce cost table); the ring-allreduce notes
-(shared/papers/notes/allreduce-and-parameter-server-notes.txt).
+("Synchronous SGD", and its allreduce cost table); Ueno 2018 (ring allreduce for data-parallel
+training). Full references: tutorials/references.md.
 
 The update, in the code's names (``data_parallel_step``), at step k on rank r:
 

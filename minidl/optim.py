@@ -102,7 +102,7 @@ class SGD(Optimizer):
         v <- momentum * v + g                  (v = g on the first step)
         w <- w - lr * (g + momentum * v)       if nesterov, else  w <- w - lr * v
 
-    With momentum = 0 this is w <- w - lr * g (Ben-Nun & Hoefler 2018).
+    With momentum = 0 this is w <- w - lr * g (Ben-Nun & Hoefler 2019).
     """
 
     buffers = ("momentum",)

@@ -1,6 +1,6 @@
 """The four convolution algorithms (and ``auto``) compute the same thing as ``direct``.
 
-Ben-Nun & Hoefler 2018: direct, im2col, FFT and Winograd are four ways to compute
+Ben-Nun & Hoefler 2019: direct, im2col, FFT and Winograd are four ways to compute
 one convolutional layer. Each is checked against ``direct`` (itself checked against a naive loop
 and finite differences in tests/test_layers.py): forward and both gradients, under hypothesis-drawn
 batch sizes, channels, image sizes, kernels, paddings and the strides the algorithm supports.

@@ -13,7 +13,7 @@ with x (N, C, H, W), weight (F, C, kh, kw), out (N, F, Ho, Wo) and
 ``cache`` is a dict of what backward needs (named entries, not a positional tuple). Bias is
 added outside (``minidl.functional.conv2d``), since it is the same for every algorithm.
 
-The algorithms (Ben-Nun & Hoefler 2018): ``direct`` (the definition, the test oracle),
+The algorithms (Ben-Nun & Hoefler 2019): ``direct`` (the definition, the test oracle),
 ``im2col`` (one GEMM, the default), ``fft`` (products of spectra), ``winograd`` (F(2x2, 3x3),
 3x3 stride 1 only), and ``auto`` (a measured rule picks one of them per shape). ``cost.py``
 gives each one's multiply count and extra memory.

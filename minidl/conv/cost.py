@@ -7,7 +7,7 @@
                             output (im2col's column matrix, Winograd's tiles, FFT's spectra, counted
                             as 2 real numbers per complex one)
 
-Counts are the textbook ones (Ben-Nun & Hoefler 2018; Lavin & Gray 2016, section 4;
+Counts are the textbook ones (Ben-Nun & Hoefler 2019; Lavin & Gray 2016, section 4;
 Mathieu et al. 2014): multiplications only (additions are about as many), products by 0 and +-1
 not counted, FFTs counted as S log2 S real multiplications for a real transform of S points
 (half of a complex one's (S/2) log2 S complex multiplications), which is an estimate, not exact.

@@ -2,7 +2,7 @@
 
     out[n, f, ho, wo] = sum_{c, i, j} weight[f, c, i, j] * x_pad[n, c, ho*stride + i, wo*stride + j]
 
-(Ben-Nun & Hoefler 2018, "direct" convolution.) Looping over the kh*kw kernel offsets
+(Ben-Nun & Hoefler 2019, "direct" convolution.) Looping over the kh*kw kernel offsets
 (i, j) and contracting the channel axis for all output pixels at once keeps this obviously the
 formula above while staying fast enough to be the test oracle of every other algorithm.
 

@@ -1,7 +1,7 @@
 """Convolution as a product in the frequency domain (FFT).
 
 Mathieu, Henaff & LeCun 2014, "Fast Training of Convolutional Networks through FFTs";
-Ben-Nun & Hoefler 2018 (the "FFT" way of computing a convolutional layer).
+Ben-Nun & Hoefler 2019 (the "FFT" way of computing a convolutional layer).
 
 By the convolution theorem a (circular) cross-correlation is an elementwise product of spectra:
 

@@ -1,6 +1,6 @@
 """Convolution as one matrix product: im2col + GEMM (the default kernel).
 
-Hegde & Usmani 2016, section 4.1; Ben-Nun & Hoefler 2018 ("im2col"). Every
+Hegde & Usmani 2016, section 4.1; Ben-Nun & Hoefler 2019 ("im2col"). Every
 receptive field of the padded input is copied out as a column, so that the convolution becomes
 one matrix product for the whole batch:
 

@@ -1,7 +1,7 @@
 """Winograd minimal filtering F(2x2, 3x3): a 3x3 convolution with 2.25x fewer multiplications.
 
 Lavin & Gray 2016, "Fast Algorithms for Convolutional Neural Networks" (section 4, F(2x2, 3x3));
-Ben-Nun & Hoefler 2018 (the "Winograd" way of computing a convolutional layer).
+Ben-Nun & Hoefler 2019 (the "Winograd" way of computing a convolutional layer).
 
 The output is cut into 2x2 tiles. Each needs a 4x4 tile of the padded input (neighbouring input
 tiles overlap by 2). Lavin & Gray's formula for one tile, one filter g (3x3), one channel:
