@@ -18,11 +18,8 @@ error contract, ``algorithms.cli``). ``loop`` is the only epoch loop of the fami
         log {epoch, train_loss, evaluate(), bytes}
     --save
 
-Checkpoints (``--save`` / ``--resume``, .npz, no pickle): ``params`` (the model the log evaluated),
-``epoch`` (epochs done), the optimizer state, and, for algorithms whose ranks hold different
-values (decentralized ones), every rank's own parameters, optimizer state and algorithm state
-stacked as ``rank.<name>`` with one row per rank, so that ``--resume`` on as many ranks continues
-bit for bit. The step counter is not stored: every epoch has the same number of steps.
+Checkpoints (``--save`` / ``--resume``) are ``algorithms.checkpoint``'s; ``Run.keep`` registers an
+algorithm's own per-rank state (EASGD's centre, ADMM's z and u) so they resume bit for bit too.
 """
 import dataclasses
 import json
@@ -33,12 +30,12 @@ import numpy
 from mpi4py import MPI
 
 import collectives
-from algorithms import cli
+from algorithms import checkpoint, cli
+from algorithms.checkpoint import load_optimizer, read_checkpoint, save_checkpoint  # noqa: F401  TEMPORARY re-export
 from algorithms.cli import SettingError
 from algorithms.objective import build as build_objective
 from minidl import backend
 from minidl.data import rank_batches
-from minidl.nn import read_npz
 from minidl.optim import SGD
 from collectives.trace import CountingComm
 
@@ -143,47 +140,6 @@ class Log:
     def close(self):
         if self.file:
             self.file.close()
-
-
-# ---- checkpoints ----------------------------------------------------------------------------------
-
-def save_checkpoint(path, params, optimizer, epoch, **extra):
-    """params (flat vector), optimizer state, epoch and ``extra`` arrays in one .npz (no pickle)."""
-    arrays = {"params": backend.to_numpy(params), "epoch": numpy.asarray(epoch, dtype=numpy.int64)}
-    arrays.update({"optimizer." + key: value for key, value in optimizer.state_dict().items()})
-    arrays.update({key: backend.to_numpy(value) for key, value in extra.items()})
-    try:
-        numpy.savez(path, **arrays)
-    except OSError as error:
-        raise SettingError(f"--save {path}: cannot be written ({error.strerror})") from None
-
-
-def read_checkpoint(path, n_params):
-    """The arrays of a --save file, checked: ``params`` of ``n_params`` values and an integer ``epoch``."""
-    cli.check_input("--resume", path)
-    try:
-        arrays = read_npz(path)                 # truncated, random bytes, pickled: one message
-    except ValueError as error:
-        raise SettingError(f"--resume {error}") from None
-    for key in ("params", "epoch", "optimizer.steps"):
-        if key not in arrays:
-            raise SettingError(f"--resume {path}: has no '{key}' (was it written by --save?)")
-    epoch = arrays["epoch"]
-    if epoch.shape != () or not numpy.issubdtype(epoch.dtype, numpy.integer) or epoch < 0:
-        raise SettingError(f"--resume {path}: 'epoch' must be one integer >= 0, got shape {epoch.shape} "
-                           f"dtype {epoch.dtype}")
-    if arrays["params"].shape != (n_params,):
-        raise SettingError(f"--resume {path}: 'params' has shape {arrays['params'].shape}, the model has "
-                           f"{n_params} parameters (another --model?)")
-    return arrays
-
-
-def load_optimizer(path, optimizer, arrays, prefix="optimizer."):
-    state = {key[len(prefix):]: value for key, value in arrays.items() if key.startswith(prefix)}
-    try:
-        optimizer.load_state_dict(state)
-    except ValueError as error:
-        raise SettingError(f"--resume {path}: optimizer state does not fit this optimizer ({error})") from None
 
 
 # ---- a non-finite loss stops every rank -----------------------------------------------------------
@@ -339,19 +295,9 @@ class Run:
     def finish(self, params):
         """Close the log, write --save (rank 0), return (``params`` as a NumPy copy, history)."""
         self.logger.close()
-        save = self.settings.save
-        extra = {}
-        if save and not self.replicated:        # every rank's own state, one row per rank
-            own = {"params": self.objective.params, **self.kept}
-            own.update({"optimizer." + key: value for key, value in self.optimizer.state_dict().items()})
-            for key, value in own.items():
-                rows = self.comm.gather(backend.to_numpy(value), root=0)
-                if self.rank == 0:
-                    extra["rank." + key] = numpy.stack(rows)
-        if save and self.rank == 0:
-            save_checkpoint(save, params, self.optimizer, self.settings.epochs, ranks=self.size, **extra)
-        if save:
-            self.comm.Barrier()                 # train() returns once the file is there, on every rank
+        if self.settings.save:
+            own = None if self.replicated else {"params": self.objective.params, **self.kept}
+            checkpoint.write(self.comm, self.settings.save, params, self.optimizer, self.settings.epochs, own)
         return backend.to_numpy(params).copy(), self.logger.history
 
 
@@ -377,34 +323,13 @@ def start(comm, settings, check=None, model_seed=None, replicated=True):
             raise SettingError(f"{size} ranks but only {objective.n} training examples: every rank needs at "
                                f"least one (use fewer ranks)")
         optimizer = SGD([objective.flat.as_parameter()], lr=settings.lr, momentum=settings.momentum)
-        checkpoint = resume(settings, objective, optimizer, rank, size) if settings.resume else None
-        job = Run(comm, settings, objective, optimizer, checkpoint, replicated)
+        resumed = checkpoint.resume(settings, objective, optimizer, rank, size) if settings.resume else None
+        job = Run(comm, settings, objective, optimizer, resumed, replicated)
         job.logger = Log(settings.log, rank=rank, quiet=settings.quiet)
     except Exception as caught:                  # noqa: BLE001 - agreed below, on every rank
         error = caught
     agree_on_errors(comm, error)
     return job
-
-
-def resume(settings, objective, optimizer, rank, size):
-    """Load --resume into this rank's objective and optimizer; returns the checkpoint's arrays."""
-    path = settings.resume
-    arrays = read_checkpoint(path, objective.params.size)
-    if int(arrays["epoch"]) > settings.epochs:
-        raise SettingError(f"--resume {path}: has already trained {int(arrays['epoch'])} epochs, more than "
-                           f"--epochs {settings.epochs}; ask for more epochs")
-    per_rank = any(key.startswith("rank.") for key in arrays)
-    if per_rank:
-        ranks = int(arrays.get("ranks", len(arrays["rank.params"])))
-        if ranks != size:
-            raise SettingError(f"--resume {path}: was written by {ranks} ranks, each with its own state; "
-                               f"resume it with mpiexec -n {ranks}")
-        # this rank's row replaces the shared entries: its own params, optimizer state, kept state
-        arrays = {**arrays, **{key[len("rank."):]: value[rank] for key, value in arrays.items()
-                               if key.startswith("rank.")}}
-    objective.params[...] = backend.asarray(arrays["params"], dtype=objective.params.dtype)
-    load_optimizer(path, optimizer, arrays)
-    return arrays
 
 
 def wait_together(comm, poll_seconds=0.002, while_waiting=None):
