@@ -4,36 +4,58 @@ import pytest
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
-from algorithms import common, hogwild, serial_sgd
+from algorithms import hogwild, serial_sgd
+from algorithms.cli import SettingError
+from algorithms.objective import load_data
+from minidl.data import epoch_order, sparse_logistic_regression
 
 
 def small_problem():
-    return hogwild.sparse_logistic_regression(2000, 200, 5, np.random.default_rng(0), l2=1e-3)
+    return sparse_logistic_regression(2000, 200, 5, np.random.default_rng(0), l2=1e-3)
 
 
 def serial_sparse_sgd(problem, epochs, lr, decay, seed):
-    """Plain serial SGD, one sample at a time, in serial_sgd's epoch order."""
+    """Plain serial SGD, one sample at a time, in serial SGD's epoch order."""
     w = np.zeros(problem.features)
     for epoch in range(epochs):
-        for e in serial_sgd.epoch_order(problem.n, seed, epoch):
+        for e in epoch_order(problem.n, seed, epoch):
             support = problem.index[e]
             w[support] = w[support] - lr * decay ** epoch * problem.sample_grad(w[support], e)
     return w
 
 
-def test_the_optimum_is_a_stationary_point_of_the_split_objective():
+def logistic_gradient(x, y, w, l2):
+    """The dense form: X^T (sigma(X w) - y) / n + l2 w."""
+    return x.T @ (1 / (1 + np.exp(-(x @ w))) - y) / len(y) + l2 * w
+
+
+def test_the_sparse_gradients_match_the_dense_form_and_finite_differences():
+    problem = sparse_logistic_regression(300, 40, 4, np.random.default_rng(3), l2=1e-2)
+    x, w = problem.dense(), np.random.default_rng(1).standard_normal(problem.features)
+    np.testing.assert_allclose(problem.grad(w), logistic_gradient(x, problem.y, w, problem.l2), atol=1e-12)
+    rows = np.arange(0, 300, 7)
+    np.testing.assert_allclose(problem.grad(w, rows), logistic_gradient(x[rows], problem.y[rows], w, problem.l2),
+                               atol=1e-12)
+    step = 1e-6
+    numeric = [(problem.loss(w + step * unit) - problem.loss(w - step * unit)) / (2 * step)
+               for unit in np.eye(problem.features)]
+    np.testing.assert_allclose(problem.grad(w), numeric, atol=1e-7)
+    p = 1 / (1 + np.exp(-(x @ w)))
+    np.testing.assert_allclose(problem.hess(w), (x.T * (p * (1 - p))) @ x / problem.n + problem.l2 * np.eye(40),
+                               atol=1e-12)
+
+
+def test_the_optimum_is_a_stationary_point_and_the_split_regulariser_sums_to_the_full_gradient():
     problem = small_problem()
     x = problem.dense()
-    p = 1 / (1 + np.exp(-(x @ problem.w_star)))
-    grad = x.T @ (p - problem.y) / problem.n + problem.l2 * problem.w_star
-    assert np.linalg.norm(grad) < 1e-9
-    # the per-sample gradients average to the full gradient (the regulariser split is right)
+    assert np.linalg.norm(logistic_gradient(x, problem.y, problem.w_star, problem.l2)) < 1e-9
+    # the per-sample gradients average to the full gradient (every coordinate is touched here)
+    assert problem.degree.min() > 0
     w = np.random.default_rng(1).standard_normal(problem.features)
     total = np.zeros(problem.features)
     for e in range(problem.n):
         np.add.at(total, problem.index[e], problem.sample_grad(w[problem.index[e]], e))
-    p = 1 / (1 + np.exp(-(x @ w)))
-    np.testing.assert_allclose(total / problem.n, x.T @ (p - problem.y) / problem.n + problem.l2 * w, atol=1e-12)
+    np.testing.assert_allclose(total / problem.n, logistic_gradient(x, problem.y, w, problem.l2), atol=1e-12)
 
 
 def test_hogwild_with_one_process_equals_serial_sgd_on_the_sparse_problem():
@@ -44,10 +66,22 @@ def test_hogwild_with_one_process_equals_serial_sgd_on_the_sparse_problem():
 
 
 def test_hogwild_with_one_process_equals_serial_sgd_on_the_cnn():
-    data = common.load_data("digits", 0)
+    data = load_data("digits", 0)
     w, _ = hogwild.train(MPI.COMM_SELF, problem="dense", epochs=2, lr=0.05, batch_size=32, quiet=True, data=data)
     serial, _ = serial_sgd.train(epochs=2, lr=0.05, momentum=0.0, batch_size=32, quiet=True, data=data)
     np.testing.assert_array_equal(w, serial)
+
+
+def test_save_then_resume_continues_the_run_bit_for_bit(tmp_path):
+    problem, path = small_problem(), str(tmp_path / "hogwild.npz")
+    kw = dict(sparse=problem, lr=0.5, lr_decay=0.8, quiet=True)
+    straight, _ = hogwild.train(MPI.COMM_SELF, epochs=3, **kw)
+    hogwild.train(MPI.COMM_SELF, epochs=2, save=path, **kw)
+    resumed, history = hogwild.train(MPI.COMM_SELF, epochs=3, resume=path, **kw)
+    np.testing.assert_array_equal(resumed, straight)
+    assert [h["epoch"] for h in history] == [3]
+    with np.load(path) as saved:
+        assert int(saved["epoch"]) == 2 and int(saved["optimizer.steps"]) == 2 * problem.n
 
 
 @pytest.mark.parallel(nprocs=[2, 3, 4])
@@ -73,10 +107,25 @@ def test_hogwild_on_several_processes_converges_to_the_serial_optimum_on_the_spa
     parallel_assert(bool(np.array_equal(first, w)), "ranks disagree about the shared vector")
 
 
+@pytest.mark.parallel(nprocs=[3])
+def test_every_rank_draws_the_same_sparse_problem_so_nothing_is_sent():
+    comm = MPI.COMM_WORLD
+    w, history = hogwild.train(comm, n_samples=300, features=30, nnz=3, epochs=1, quiet=True)
+    mine = sparse_logistic_regression(300, 30, 3, np.random.default_rng(0))
+    theirs = comm.bcast(mine, root=0)
+    same = all(np.array_equal(getattr(mine, name), getattr(theirs, name)) for name in ("index", "value", "y", "w_star"))
+    parallel_assert(same, "the ranks drew different problems")
+    parallel_assert(history[0]["loss_gap"] < 0.2, f"{history}")
+
+
 def test_bad_settings_are_refused():
-    with pytest.raises(ValueError, match="--lr-decay"):
+    with pytest.raises(SettingError, match="--lr-decay"):
         hogwild.train(MPI.COMM_SELF, sparse=small_problem(), lr_decay=0.0, quiet=True)
-    with pytest.raises(ValueError, match="--problem"):
+    with pytest.raises(SettingError, match="--problem"):
         hogwild.train(MPI.COMM_SELF, problem="both", quiet=True)
-    with pytest.raises(ValueError, match="--nnz"):
-        hogwild.sparse_logistic_regression(10, 5, 6, np.random.default_rng(0))
+    with pytest.raises(SettingError, match="--momentum"):
+        hogwild.train(MPI.COMM_SELF, sparse=small_problem(), momentum=0.9, quiet=True)
+    with pytest.raises(SettingError, match="--nnz"):
+        hogwild.train(MPI.COMM_SELF, n_samples=10, features=5, nnz=6, quiet=True)
+    with pytest.raises(ValueError, match="nnz"):
+        sparse_logistic_regression(10, 5, 6, np.random.default_rng(0))

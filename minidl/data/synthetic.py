@@ -5,6 +5,7 @@ Each problem holds the data ``x`` (n, d) and ``y`` (n,) in float64, its exact mi
 default), so a mini-batch gradient is ``grad(w, batch)`` and the full-batch optimum is known.
 ``w_star`` is the optimum of the generated data (not the weights used to generate it), so
 ``grad(w_star)`` is zero up to rounding and an algorithm can be checked against it.
+``SparseLogistic`` (for Hogwild!) stores its samples sparsely instead, as columns and values.
 """
 from dataclasses import dataclass, field
 
@@ -164,3 +165,112 @@ def _newton(problem, tolerance, max_steps=100):
         w = w - t * step
     raise RuntimeError(f"Newton's method did not reach gradient norm {tolerance} in {max_steps} "
                        f"steps (last norm {np.linalg.norm(problem.grad(w)):.3e})")
+
+
+@dataclass(eq=False)
+class SparseLogistic:
+    """L2-regularised logistic regression on sparse samples, split per sample for Hogwild!.
+
+    Sample ``e`` has ``nnz`` nonzeros: columns ``index[e]`` (n, nnz) with values ``value[e]``
+    (n, nnz), label ``y[e]`` in {0, 1}; ``features`` columns in all. With ``z_e = x_e . w``::
+
+        loss(w) = 1/|I| * sum_{e in I} [log(1 + exp(z_e)) - y_e z_e] + l2/2 * ||w||^2
+
+    as ``LogisticRegression`` (``grad`` and ``hess`` likewise), computed on the nonzeros only.
+    Hogwild! (Niu et al. 2011) updates one sample's coordinates at a time, so the regulariser is
+    split over the samples as in the paper's sparse SVM: with deg_v the number of samples touching
+    coordinate v,
+
+        f_e(w) = log(1 + exp(z_e)) - y_e z_e + sum_{v in e} (n l2 / (2 deg_v)) w_v^2
+
+    and (1/n) sum_e f_e(w) = loss(w) wherever every coordinate is touched (an untouched one has no
+    f_e to update it; it stays at its starting 0, which is also its optimum). ``sample_grad``
+    is the gradient of f_e on its support.
+    """
+    index: np.ndarray
+    value: np.ndarray
+    y: np.ndarray
+    features: int
+    l2: float
+    w_star: np.ndarray = None
+
+    def __post_init__(self):
+        self.degree = np.bincount(self.index.ravel(), minlength=self.features)
+        # per-coordinate weight of the split regulariser: n l2 / deg_v (0 where no sample touches v)
+        self.reg = np.where(self.degree > 0, self.n * self.l2 / np.maximum(self.degree, 1), 0.0)
+
+    @property
+    def n(self):
+        return len(self.y)
+
+    @property
+    def d(self):
+        return self.features
+
+    def dense(self):
+        """The samples as a dense (n, features) matrix (for tests and small problems)."""
+        x = np.zeros((self.n, self.features))
+        np.add.at(x, (np.arange(self.n)[:, None], self.index), self.value)
+        return x
+
+    def _rows(self, idx):
+        return slice(None) if idx is None else np.asarray(idx)
+
+    def loss(self, w, idx=None):
+        rows = self._rows(idx)
+        z = (self.value[rows] * w[self.index[rows]]).sum(axis=1)
+        return float(np.mean(np.logaddexp(0.0, z) - self.y[rows] * z)) + 0.5 * self.l2 * float(w @ w)
+
+    def grad(self, w, idx=None):
+        rows = self._rows(idx)
+        index, value = self.index[rows], self.value[rows]
+        residual = _sigmoid((value * w[index]).sum(axis=1)) - self.y[rows]          # (m,)
+        # X_I^T residual without forming X: sample e adds residual_e * value_e on its columns
+        total = np.bincount(index.ravel(), (value * residual[:, None]).ravel(), minlength=self.features)
+        return total / len(residual) + self.l2 * w
+
+    def hess(self, w):
+        """1/n * X^T diag(s) X + l2 * I, s = sigma(z) (1 - sigma(z)): sample e adds s_e x_e x_e^T,
+        an nnz x nnz block, so the cost is n nnz^2 (plus the features^2 matrix itself)."""
+        p = _sigmoid((self.value * w[self.index]).sum(axis=1))
+        block = (p * (1.0 - p))[:, None, None] * self.value[:, :, None] * self.value[:, None, :]
+        cells = self.index[:, :, None] * self.features + self.index[:, None, :]      # (n, nnz, nnz)
+        h = np.bincount(cells.ravel(), block.ravel(), minlength=self.features ** 2) / self.n
+        return h.reshape(self.features, self.features) + self.l2 * np.eye(self.features)
+
+    def sample_grad(self, w_e, e):
+        """grad of f_e on its support, given w_e = w[index[e]]."""
+        z = float(self.value[e] @ w_e)
+        sigma = 1.0 / (1.0 + np.exp(-z)) if z >= 0 else np.exp(z) / (1.0 + np.exp(z))
+        return (sigma - self.y[e]) * self.value[e] + self.reg[self.index[e]] * w_e
+
+    def conflicts(self):
+        """(Delta, an upper bound on rho) of Niu et al.: how often two samples share a coordinate.
+
+        Delta = the largest fraction of samples touching one coordinate; rho = the largest fraction
+        of samples whose support meets a given sample's, at most sum_{v in e} deg_v / n.
+        """
+        delta = self.degree.max() / self.n
+        rho = self.degree[self.index].sum(axis=1).max() / self.n
+        return float(delta), float(min(rho, 1.0))
+
+
+def sparse_logistic_regression(n, features, nnz, rng, l2=1e-3):
+    """A random ``SparseLogistic`` problem: each sample's ``nnz`` columns drawn without replacement,
+    values ~ N(0, 1), ``y_e ~ Bernoulli(sigma(x_e . w_true))``; ``w_star`` by ``_newton`` (as for
+    ``logistic_regression``; the sparse Hessian keeps it cheap: n nnz^2 + features^3)."""
+    n = check_int("n", n, minimum=1)
+    features = check_int("features", features, minimum=1)
+    nnz = check_int("nnz", nnz, minimum=1)
+    if nnz > features:
+        raise ValueError(f"nnz must lie in [1, features = {features}], got {nnz}")
+    rng = check_generator("rng", rng)
+    if not np.isfinite(l2) or l2 <= 0:
+        raise ValueError(f"l2 must be a finite number > 0 (it makes the optimum unique), got {l2!r}")
+    index = np.stack([rng.choice(features, nnz, replace=False) for _ in range(n)])
+    value = rng.standard_normal((n, nnz))
+    w_true = rng.standard_normal(features)
+    y = (rng.random(n) < _sigmoid((value * w_true[index]).sum(axis=1))).astype(np.float64)
+    problem = SparseLogistic(index, value, y, features, float(l2))
+    problem.w_star = _newton(problem, tolerance=1e-12)
+    return problem
