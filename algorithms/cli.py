@@ -40,7 +40,8 @@ def parser(description, epochs=10, lr=0.05, batch_size=32, model="cnn", momentum
     """An ArgumentParser with the flags every algorithm shares; modules add their own.
 
     ``partition`` (a default) adds --partition and --check-every (the data-parallel family);
-    ``allreduce`` (a default) adds --allreduce.
+    ``allreduce`` (a default) adds --allreduce; ``momentum`` None leaves --momentum out (an update
+    without momentum, such as Hogwild's, does not offer the flag).
     """
     p = argparse.ArgumentParser(description=description,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -50,7 +51,8 @@ def parser(description, epochs=10, lr=0.05, batch_size=32, model="cnn", momentum
     p.add_argument("--model", default=model, choices=sorted(models.MODELS))
     p.add_argument("--epochs", type=int, default=epochs)
     p.add_argument("--lr", type=float, default=lr)
-    p.add_argument("--momentum", type=float, default=momentum)
+    if momentum is not None:
+        p.add_argument("--momentum", type=float, default=momentum)
     p.add_argument("--batch-size", type=int, default=batch_size, help="examples per step on each rank")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log", default=None, help="write one JSON object per epoch to this file")

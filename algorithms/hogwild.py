@@ -266,7 +266,7 @@ def train(comm=None, problem="sparse", lr_decay=None, n_samples=5000, features=5
 
 
 def main(argv=None):
-    parser = cli.parser(__doc__.splitlines()[0], epochs=None, lr=None, batch_size=None)
+    parser = cli.parser(__doc__.splitlines()[0], epochs=None, lr=None, batch_size=None, momentum=None)
     parser.epilog = "defaults (None above) by problem: " + "; ".join(
         "{0}: --epochs {epochs} --lr {lr} --batch-size {batch_size} --lr-decay {1}".format(
             name, LR_DECAY[name], **DEFAULTS[name]) for name in DEFAULTS)

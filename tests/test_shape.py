@@ -37,7 +37,7 @@ def fences(path):
             assert begin is not None, f"{path.name}:{number}: END SOLUTION without a BEGIN"
             pairs.append((begin, number))
             begin = None
-        elif BEGIN in line or END in line:
+        elif text.startswith((BEGIN, END)):
             raise AssertionError(f"{path.name}:{number}: a fence marker must stand alone on its line")
     assert begin is None, f"{path.name}:{begin}: BEGIN SOLUTION never ends"
     return pairs
