@@ -2,20 +2,26 @@
 
     mpiexec -n 4 python -m algorithms.downpour_sgd [--servers 1] [--n-fetch 1] [--n-push 1]
         [--server-optimizer adagrad|sgd] [--warm-start-steps 20] [--deterministic]
-        [--fail-worker R --fail-step K --timeout T]  (and the flags of serial_sgd)
+        [--fail-worker R --fail-step K --timeout T]  (and the flags every algorithm shares)
 
 J. Dean et al., *Large Scale Distributed Deep Networks*, NIPS 2012, section 4.1 (and figure 2):
 each worker (model replica) trains on its own share of the data and talks only to the parameter
-server shards (``parameter_server``); nobody waits for anybody. A worker's step, in this code's
-names (``downpour_step``; the DownpourSGDClient of the paper's supplementary material):
+server shards (``parameter_server``); nobody waits for anybody. A worker's step i of an epoch of
+m steps, in this code's names (``downpour_step``; the DownpourSGDClient of the paper's
+supplementary material):
 
-    every n_fetch steps:  w <- fetch()                       (from every server shard)
     grad     = d loss(w; batch) / dw                         (at a w that may be stale)
     accrued += grad
     w       <- w - lr * grad                                 (local step until the next fetch)
-    every n_push steps:   push(accrued); accrued <- 0        (and at each epoch's end)
+    if (i + 1) % n_push == 0 or i == m - 1:    push(accrued); accrued <- 0
+    if (i + 1) % n_fetch == 0 or i == m - 1:   w <- fetch()  (from every server shard)
 
-and a server shard, on each push (``ShardServer.apply_push``):
+and before the run's first step, w <- fetch(). An epoch's end is a boundary for both phases:
+the worker pushes what it has accrued and fetches, so every epoch starts from the servers'
+parameters and counts its n_push and n_fetch steps afresh, as the first epoch does (and as a run
+resumed at that epoch does). With m = 15 and n_fetch = 4 a worker fetches after the 4th, 8th,
+12th and 15th step of every epoch (and not after the run's last step). A server shard, on each
+push (``ShardServer.apply_push``):
 
     sgd:      w_k <- w_k - lr * accrued_k
     adagrad:  sum_sq_k <- sum_sq_k + accrued_k^2;  w_k <- w_k - lr * accrued_k / sqrt(sum_sq_k)
@@ -25,7 +31,7 @@ replicas stable (their figure 4: Downpour with Adagrad beats fixed-rate Downpour
 replica). Warm start: worker 0 (rank S) trains alone for ``--warm-start-steps`` steps before the
 servers answer anyone else's first fetch. ``--deterministic``: the servers serve workers in an
 order drawn from Generator(seed) and the run can be replayed from its log (``parameter_server``).
-``--fail-worker R --fail-step K``: rank R goes silent at its step K; the servers drop it after
+``--fail-worker R --fail-step K``: rank R goes silent at its step K; server 0 drops it after
 ``--timeout`` seconds and the others finish (``ps_job`` explains how the crash is simulated).
 
 Restrictions: at least S + 1 ranks; S <= number of parameters; n_fetch, n_push >= 1.
@@ -36,47 +42,44 @@ Defaults (small CNN, embedded digits, 1 server + 3 workers at -n 4, Adagrad lr 0
 worker, 10 epochs): measured on 2 shared cores, 96.7% to 98.9% test accuracy over five runs (the
 order of updates, hence the result, varies from run to run), about 3 seconds; the test checks >= 90%.
 """
-from algorithms import common, ps_job
-from minidl import backend
+from algorithms import cli, ps_job, run
 
 
-def downpour_step(replica, x, y, step, epoch, end_of_epoch, last_step):
-    """One step of a Downpour model replica; returns the batch loss."""
-    flat = replica.flat
-    flat.zero_grad()
-    loss = common.loss_and_grad(replica.net, x, y)      # grad at the replica's (possibly stale) w
-    replica.accrued += flat.grad                          # accrued gradient, pushed every n_push steps
+def downpour_step(replica, rows, i, end_of_epoch, last_step):
+    """Step ``i`` of an epoch of a Downpour model replica (the heart); returns the batch loss."""
+    objective = replica.objective
+    # BEGIN SOLUTION
+    # gradient at the replica's w, which may be several pushes old by now
+    loss = objective.loss_and_grad(rows)
+    replica.accrued += objective.grad
     replica.accrued_steps += 1
-    replica.loss_sum += loss
-    replica.batches += 1
-    flat.data -= replica.lr * flat.grad                   # local step; the next fetch overwrites it
-    fetch = (step + 1) % replica.n_fetch == 0 and not last_step
-    if replica.accrued_steps == replica.n_push or end_of_epoch:
-        # push; when a fetch is due as well it rides on the same request (applied, then answered)
-        replica.servers.push(replica.accrued, replica.accrued_steps, epoch, end_of_epoch, replica.loss_sum,
-                             replica.batches, fetch_into=flat.data if fetch else None)
+    # local step: the replica moves on its own until the next fetch overwrites w
+    objective.params -= replica.lr * objective.grad
+    # push every n_push steps, fetch every n_fetch steps; an epoch's end is a boundary for both
+    push = (i + 1) % replica.n_push == 0 or end_of_epoch
+    fetch = ((i + 1) % replica.n_fetch == 0 or end_of_epoch) and not last_step
+    if push:           # a fetch due as well rides on the same request: applied, then answered
+        replica.servers.push(replica.accrued, replica.accrued_steps, fetch_into=objective.params if fetch else None)
         replica.accrued[...] = 0
-        replica.accrued_steps, replica.loss_sum, replica.batches = 0, 0.0, 0
+        replica.accrued_steps = 0
     elif fetch:
-        replica.servers.fetch(flat.data)
+        replica.servers.fetch(objective.params)
+    # END SOLUTION
     return loss
 
 
-def train(comm=None, dataset="digits", model="cnn", epochs=10, lr=0.05, momentum=0.0, batch_size=32, seed=0,
-          servers=1, n_fetch=1, n_push=1, server_optimizer="adagrad", warm_start_steps=0, deterministic=False,
-          fail_worker=None, fail_step=None, timeout=10.0, log=None, save=None, resume=None, quiet=False,
-          data=None, data_dir=None, report=None):
+def train(comm=None, servers=1, n_fetch=1, n_push=1, server_optimizer="adagrad", warm_start_steps=0,
+          deterministic=False, fail_worker=None, fail_step=None, timeout=10.0, report=None, **settings):
     """Downpour SGD on ``comm``; returns (final flat parameters as NumPy, per-epoch history) on every rank.
 
-    ``report`` (a dict) receives the servers' update logs and the lost workers (see ``ps_job.run``).
+    ``settings`` are ``run.Settings`` (the shared flags). ``report`` (a dict) receives the servers'
+    update logs and the lost workers (see ``ps_job.run_job``).
     """
-    settings = ps_job.Settings(servers=servers, n_fetch=n_fetch, n_push=n_push, staleness=None,
-                               warm_start_steps=warm_start_steps, server_optimizer=server_optimizer,
-                               deterministic=deterministic, fail_worker=fail_worker, fail_step=fail_step,
-                               timeout=timeout)
-    return ps_job.run(comm, downpour_step, settings, name="downpour", dataset=dataset, model=model,
-                      epochs=epochs, lr=lr, momentum=momentum, batch_size=batch_size, seed=seed, log=log,
-                      save=save, resume=resume, quiet=quiet, data=data, data_dir=data_dir, report=report)
+    settings = run.Settings.of(settings, epochs=10, lr=0.05, momentum=0.0)
+    ps = ps_job.Settings(servers=servers, n_fetch=n_fetch, n_push=n_push, staleness=None,
+                         warm_start_steps=warm_start_steps, server_optimizer=server_optimizer,
+                         deterministic=deterministic, fail_worker=fail_worker, fail_step=fail_step, timeout=timeout)
+    return ps_job.run_job(comm, downpour_step, settings, ps, name="downpour", report=report)
 
 
 def add_server_flags(parser):
@@ -88,26 +91,24 @@ def add_server_flags(parser):
     parser.add_argument("--fail-worker", type=int, default=None, help="rank of a worker that goes silent")
     parser.add_argument("--fail-step", type=int, default=None, help="the step at which it does")
     parser.add_argument("--timeout", type=float, default=10.0,
-                        help="seconds of silence after which a server drops a worker")
+                        help="seconds of silence after which server 0 drops a worker")
     return parser
 
 
+def server_flags(args):
+    return dict(servers=args.servers, server_optimizer=args.server_optimizer, deterministic=args.deterministic,
+                fail_worker=args.fail_worker, fail_step=args.fail_step, timeout=args.timeout)
+
+
 def main(argv=None):
-    parser = add_server_flags(common.parser(__doc__.splitlines()[0], epochs=10, lr=0.05, momentum=0.0))
+    parser = add_server_flags(cli.parser(__doc__.splitlines()[0], epochs=10, lr=0.05, momentum=0.0))
     parser.add_argument("--n-fetch", type=int, default=1, help="fetch parameters every n_fetch steps")
     parser.add_argument("--n-push", type=int, default=1, help="push the accrued gradient every n_push steps")
     parser.add_argument("--warm-start-steps", type=int, default=0,
                         help="steps worker 0 trains alone before the others start")
     args = parser.parse_args(argv)
-    try:
-        train(dataset=args.dataset, data_dir=args.data_dir, model=args.model, epochs=args.epochs, lr=args.lr,
-              momentum=args.momentum, batch_size=args.batch_size, seed=args.seed, servers=args.servers,
-              n_fetch=args.n_fetch, n_push=args.n_push, server_optimizer=args.server_optimizer,
-              warm_start_steps=args.warm_start_steps, deterministic=args.deterministic,
-              fail_worker=args.fail_worker, fail_step=args.fail_step, timeout=args.timeout, log=args.log,
-              save=args.save, resume=args.resume, quiet=args.quiet)
-    except (ValueError, FloatingPointError) as error:
-        common.fail(error)
+    cli.run_main(train, args, n_fetch=args.n_fetch, n_push=args.n_push, warm_start_steps=args.warm_start_steps,
+                 **server_flags(args))
 
 
 if __name__ == "__main__":

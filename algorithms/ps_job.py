@@ -1,25 +1,38 @@
-"""Running a parameter-server job: roles, the workers' epoch loop, a simulated failure, the end.
+"""Running a parameter-server job: start, serve or work, collect; and rank 0's per-epoch log.
 
 Downpour SGD (``downpour_sgd``) and stale-synchronous SGD (``ssp_sgd``) share everything here and
-differ only in the worker's step (passed in as ``worker_step``) and the server's staleness bound:
+differ only in the worker's step (``worker_step``) and the servers' staleness bound:
 
-    rank 0 .. S-1   ShardServer(...).serve()            (rank 0 also evaluates and logs each epoch)
-    rank S .. p-1   for each step: worker_step(replica, x, y, ...)    pushes and fetches inside
-    every rank      Ibarrier, then one allgather of the final shards (and the servers' logs)
+    start     every rank, before any message: check every setting, build the model and data, read
+              --resume, open --log, check --save; then one allgather: every rank goes on, or every
+              rank stops with the same ``error: ...`` (the contract of ``algorithms.cli``)
+    serve     ranks 0 .. S-1: ShardServer(...).serve(), with the epoch log (``EpochLog``) beside it
+    work      ranks S .. p-1: for each step: worker_step(replica, rows, ...)  (pushes and fetches inside)
+    collect   every rank: one allgather of the shards, the servers' logs and any error; then either
+              the same error on every rank, or rank 0 prints the summary and writes --save
 
-Data: in each epoch the permutation ``serial_sgd.epoch_order(n, seed, epoch)`` is cut into W
+Data: in each epoch the permutation ``minidl.data.epoch_order(n, seed, epoch)`` is cut into W
 contiguous blocks (``minidl.data.shard``) and worker w trains on block w in batches of
 ``batch_size``. With one worker this is exactly serial SGD's order.
 
-Epochs: each worker pushes at the end of each of its epochs (a flush); a server snapshots its
-shard once every live worker has pushed the end of epoch e, and rank 0 evaluates the assembled
-snapshot. Asynchronous workers drift apart, so "epoch e" is the state after every worker's
-epoch e, while the faster ones may already be into epoch e + 1.
+Epochs: a worker pushes at the end of each of its epochs (Downpour's flush), so worker w's
+epoch e ends with its push number ``ends[w, e]``, known in advance. A server snapshots its shard
+right after the last of the live workers' epoch-e pushes; rank 0 joins the S snapshots,
+evaluates them and logs epoch e with the mean training loss that the workers report at their
+epochs' ends. Asynchronous workers drift apart, so "epoch e" is the state after every worker's
+epoch e, while the faster ones may already be into epoch e + 1. None of this is the servers'
+algorithm: it watches the servers (``ShardServer(watch=...)``) and has its own messages.
+
+Errors: a worker whose loss is not finite stops the job (its goodbye carries the reason to every
+server, which then answers every worker's next fetch with STOP); rank 0 stops it the same way
+when an epoch's mean training loss is more than 100x the loss at the start
+(``run.check_divergence``; the start is the mean loss of the workers' first steps). Losing every
+worker is an error too. Every rank then raises the same error in ``collect``: exit 2 everywhere.
 
 A simulated worker failure (``fail_worker`` rank R, ``fail_step`` K): at the start of its step K
 worker R completes what it has already sent and then goes silent: no more pushes, no fetch,
-no goodbye. The servers notice nothing but silence; after ``timeout`` seconds each drops it and
-the others train on. Why the process does not really die: MPICH (like MPI without the ULFM
+no goodbye. The servers notice nothing but silence; after ``timeout`` seconds server 0 drops it
+and the others train on. Why the process does not really die: MPICH (like MPI without the ULFM
 fault-tolerance extension) aborts the whole job when one rank exits early, so a real crash would
 take every rank down, not test the server. The "crashed" rank therefore sits silent until the
 others finish and only then joins the final barrier, so that MPI can shut down and every rank
@@ -27,21 +40,25 @@ exits 0. From the servers' side it is indistinguishable from a hung or cut-off m
 """
 import dataclasses
 import math
+import time
 
 import numpy
 from mpi4py import MPI
 
-from algorithms import common, parameter_server
-from algorithms.parameter_server import ServerShards, ShardServer, WorkerDropped
-from minidl.data import epoch_order
+from algorithms import checkpoint, cli, objective as objectives, parameter_server, ps_wire as wire, run
+from algorithms.cli import SettingError
 from minidl import backend, data as datasets
-from minidl.flat import flatten
-from minidl.optim import SGD, Adagrad
+from minidl.data import epoch_order
+
+
+class JobFailed(RuntimeError):
+    """The job ended without a result (every worker was lost); every rank raises it together."""
+    every_rank = True
 
 
 @dataclasses.dataclass
 class Settings:
-    """The parameter-server flags (the common ones are checked by ``common.check_common``)."""
+    """The parameter-server flags (the shared ones are ``run.Settings``)."""
     servers: int = 1
     n_fetch: int = 1
     n_push: int = 1
@@ -51,44 +68,44 @@ class Settings:
     deterministic: bool = False
     fail_worker: int = None            # a rank
     fail_step: int = None
-    timeout: float = 10.0              # seconds of silence before a server drops a worker
+    timeout: float = 10.0              # seconds of silence before server 0 drops a worker
 
+    def check(self, momentum):
+        """The flags by themselves: every rank raises alike, before any data is read."""
+        cli.require("--n-fetch", self.n_fetch, integer=True, low=1)
+        cli.require("--n-push", self.n_push, integer=True, low=1)
+        if self.staleness is not None:
+            cli.require("--staleness", self.staleness, integer=True, low=0)
+        cli.require("--warm-start-steps", self.warm_start_steps, integer=True, low=0)
+        if self.staleness is not None and self.warm_start_steps:
+            raise SettingError("a warm start cannot be combined with a staleness bound: "
+                               "the waiting workers' clocks would hold the first worker back")
+        if self.server_optimizer not in ("sgd", "adagrad"):
+            raise SettingError(f"--server-optimizer must be 'sgd' or 'adagrad', got {self.server_optimizer!r}")
+        if self.server_optimizer == "adagrad" and momentum:
+            raise SettingError("--momentum applies to --server-optimizer sgd only")
+        if self.timeout is not None:
+            cli.require("--timeout", self.timeout, low=0, low_open=True)
+        if (self.fail_worker is None) != (self.fail_step is None):
+            raise SettingError("--fail-worker and --fail-step go together")
+        if self.fail_worker is not None and self.deterministic:
+            raise SettingError("--deterministic cannot be combined with --fail-worker: "
+                               "a failure is detected by a timeout, which no schedule can fix")
+        if self.fail_worker is not None and self.timeout is None:
+            raise SettingError("--fail-worker needs a --timeout: without one the servers wait forever")
 
-def check_settings(size, n_params, n_train, batch_size, first_epoch, epochs, settings):
-    """The Layout, or a ValueError: deterministic from the arguments, so every rank raises alike."""
-    s = settings
-    layout = parameter_server.Layout.make(size, s.servers, n_params)
-    for name, value in (("--n-fetch", s.n_fetch), ("--n-push", s.n_push)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    if s.staleness is not None and (not isinstance(s.staleness, int) or s.staleness < 0):
-        raise ValueError(f"--staleness must be an integer >= 0 (or 'inf'), got {s.staleness!r}")
-    if not isinstance(s.warm_start_steps, int) or s.warm_start_steps < 0:
-        raise ValueError(f"--warm-start-steps must be an integer >= 0, got {s.warm_start_steps!r}")
-    if s.server_optimizer not in ("sgd", "adagrad"):
-        raise ValueError(f"--server-optimizer must be 'sgd' or 'adagrad', got {s.server_optimizer!r}")
-    if s.timeout is not None and not (isinstance(s.timeout, (int, float)) and math.isfinite(s.timeout)
-                                      and s.timeout > 0):
-        raise ValueError(f"--timeout must be a number of seconds > 0, got {s.timeout!r}")
-    if n_train < layout.workers:
-        raise ValueError(f"{n_train} training examples cannot feed {layout.workers} workers")
-    if (s.fail_worker is None) != (s.fail_step is None):
-        raise ValueError("--fail-worker and --fail-step go together")
-    if s.fail_worker is not None:
-        if s.fail_worker not in layout.worker_ranks:
-            raise ValueError(f"--fail-worker must be a worker rank ({layout.servers}..{size - 1}), "
-                             f"got {s.fail_worker}")
-        steps = worker_steps(n_train, batch_size, s.fail_worker - layout.servers, layout.workers,
-                             epochs - first_epoch)
-        if not isinstance(s.fail_step, int) or not 0 <= s.fail_step < steps:
-            raise ValueError(f"--fail-step must lie in [0, {steps}) (rank {s.fail_worker}'s steps), "
-                             f"got {s.fail_step!r}")
-        if s.deterministic:
-            raise ValueError("--deterministic cannot be combined with --fail-worker: "
-                             "a failure is detected by a timeout, which no schedule can fix")
-        if s.timeout is None:
-            raise ValueError("--fail-worker needs a --timeout: without one the servers wait forever")
-    return layout
+    def check_layout(self, layout, n_train, batch_size, epochs):
+        """What depends on the ranks and the data (``epochs``: those this run trains)."""
+        if n_train < layout.workers:
+            raise SettingError(f"{n_train} training examples cannot feed {layout.workers} workers")
+        if self.fail_worker is not None:
+            if self.fail_worker not in layout.worker_ranks:
+                raise SettingError(f"--fail-worker must be a worker rank ({layout.servers}..{layout.size - 1}), "
+                                   f"got {self.fail_worker}")
+            steps = epochs * steps_per_epoch(n_train, batch_size, self.fail_worker - layout.servers, layout.workers)
+            if not isinstance(self.fail_step, int) or not 0 <= self.fail_step < steps:
+                raise SettingError(f"--fail-step must lie in [0, {steps}) (rank {self.fail_worker}'s steps), "
+                                   f"got {self.fail_step!r}")
 
 
 def worker_batches(n, seed, epoch, worker, workers, batch_size):
@@ -97,149 +114,278 @@ def worker_batches(n, seed, epoch, worker, workers, batch_size):
     return [mine[batch] for batch in datasets.batches(len(mine), batch_size)]
 
 
-def worker_steps(n, batch_size, worker, workers, epochs):
-    """How many steps worker ``worker`` takes in ``epochs`` epochs."""
-    return epochs * math.ceil(len(datasets.shard(n, worker, workers)) / batch_size)
+def steps_per_epoch(n, batch_size, worker, workers):
+    return math.ceil(len(datasets.shard(n, worker, workers)) / batch_size)
 
 
 @dataclasses.dataclass
+class Job:
+    """What ``start`` set up on this rank."""
+    comm: object
+    settings: run.Settings
+    ps: Settings
+    layout: wire.Layout
+    objective: object                  # this rank's model and data (objective.build)
+    optimizer: object                  # the server optimizer over the whole vector: --resume, --save
+    first_epoch: int
+    logger: run.Log
+
+
+def start(comm, settings, ps):
+    """The agreed set-up: every setting checked on every rank before any message; returns a Job."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    error, job = None, None
+    try:
+        settings.check()
+        ps.check(settings.momentum)
+        if rank == 0:
+            cli.check_output("--save", settings.save)
+        objective = objectives.build(settings.model, settings.dataset, settings.seed, settings.data,
+                                     settings.data_dir, settings.problem)
+        layout = wire.Layout.make(size, ps.servers, objective.params.size)
+        optimizer = parameter_server.server_optimizer(ps.server_optimizer, objective.flat.as_parameter(),
+                                                      settings.lr, settings.momentum)
+        resumed = checkpoint.resume(settings, objective, optimizer, rank, size) if settings.resume else {}
+        first_epoch = int(resumed.get("epoch", 0))
+        ps.check_layout(layout, objective.n, settings.batch_size, settings.epochs - first_epoch)
+        logger = run.Log(settings.log, rank=rank, quiet=settings.quiet)
+        job = Job(comm, settings, ps, layout, objective, optimizer, first_epoch, logger)
+    except Exception as caught:                  # noqa: BLE001 - agreed below, on every rank
+        error = caught
+    run.agree_on_errors(comm, error)
+    return job
+
+
+# ---- serve: ranks 0 .. S-1 --------------------------------------------------------------------------
+
+def serve(job):
+    """This rank's server, with the epoch log beside it; returns its part of the result."""
+    s, ps, layout = job.settings, job.ps, job.layout
+    start, stop = layout.ranges[job.comm.Get_rank()]
+    state = job.optimizer.state_dict() if s.resume else None
+    if state is not None:                        # the whole vector's state, cut to this server's range
+        state = {key: (value if key == "steps" else value[start:stop]) for key, value in state.items()}
+    epoch_log = EpochLog(job)
+    server = parameter_server.ShardServer(
+        job.comm, layout, job.objective.params, ps.server_optimizer, s.lr, s.momentum, ps.staleness,
+        ps.warm_start_steps, schedule_seed=s.seed if ps.deterministic else None,
+        timeout=None if ps.deterministic else ps.timeout, optimizer_state=state, watch=epoch_log.watch)
+    server.serve()
+    epoch_log.finish(server)
+    error = None
+    if server.stopping is not None:
+        error = run.Diverged(server.stopping)
+    elif server.index == 0 and not server.finished:
+        silent = ", ".join(f"rank {layout.rank_of(w)} after {steps} steps" for w, (steps, _) in server.dropped.items())
+        error = JobFailed(f"every worker was lost ({silent}, each silent for more than --timeout {ps.timeout} s); "
+                          "no worker finished, so there is no result")
+    return {"shard": backend.to_numpy(server.param.data), "state": server.optimizer.state_dict(),
+            "log": server.log, "dropped": server.dropped, "error": error}
+
+
+class EpochLog:
+    """Each server's snapshots at epochs' ends, and rank 0's per-epoch log of them (see the header)."""
+
+    def __init__(self, job):
+        self.job, self.layout = job, job.layout
+        self.first, self.epochs = job.first_epoch, job.settings.epochs
+        self.ends = {}                           # (worker, epoch) -> that worker's clock at its end
+        for w in range(self.layout.workers):
+            steps = steps_per_epoch(job.objective.n, job.settings.batch_size, w, self.layout.workers)
+            for epoch in range(self.first, self.epochs):
+                self.ends[w, epoch] = (epoch - self.first + 1) * math.ceil(steps / job.ps.n_push)
+        self.ended_by = {(w, clock): epoch for (w, epoch), clock in self.ends.items()}
+        self.next_snapshot = self.next_log = self.first
+        self.seen = self.window_start = 0        # updates looked at; the first of the next window
+        self.candidates = {}                     # epoch -> (shard, updates) after the latest push ending it
+        self.parts, self.windows, self.reports = {}, {}, {}     # rank 0: epoch -> ...
+        self.received, self.reference = 0, None
+
+    def watch(self, server):
+        """Called by the server between requests (so after at most one new push)."""
+        for update in server.updates[self.seen:]:
+            epoch = self.ended_by.get((update.worker, update.clock + 1))
+            if epoch is not None:                # a worker's epoch ended with this push
+                self.candidates[epoch] = (backend.to_numpy(server.param.data).copy(), len(server.updates))
+        self.seen = len(server.updates)
+        while self.next_snapshot < self.epochs and all(server.clock[w] >= self.ends[w, self.next_snapshot]
+                                                       for w in server.live()):
+            # A worker lost before the end of this epoch is not waited for: the snapshot is the shard
+            # as the last surviving worker to end it left it (or as it is, if none did).
+            shard, until = self.candidates.pop(self.next_snapshot, (backend.to_numpy(server.param.data).copy(),
+                                                                     len(server.updates)))
+            if server.index == 0:
+                self.parts.setdefault(self.next_snapshot, {})[0] = shard
+                self.windows[self.next_snapshot] = server.updates[self.window_start:until]
+            else:
+                server.outbox.send({"epoch": self.next_snapshot, "server": server.index, "shard": shard},
+                                   0, wire.SNAPSHOT)
+            self.window_start, self.next_snapshot = until, self.next_snapshot + 1
+        if server.index == 0:
+            self.receive()
+            self.log_ready(server)
+
+    def receive(self):
+        for part in wire.receive_all(self.job.comm, wire.SNAPSHOT):
+            self.parts.setdefault(part["epoch"], {})[part["server"]] = part["shard"]
+            self.received += 1
+        for report in wire.receive_all(self.job.comm, wire.EPOCH):
+            self.reports.setdefault(report["epoch"], {})[report["worker"]] = report
+
+    def log_ready(self, server):
+        """Log each next epoch whose S snapshots are in and that every worker not lost has reported."""
+        while self.next_log < self.epochs and server.stopping is None:
+            parts, reports = self.parts.get(self.next_log, {}), self.reports.get(self.next_log, {})
+            if len(parts) < self.layout.servers or not reports or any(
+                    w not in reports for w in range(self.layout.workers) if w not in server.dropped):
+                return
+            self.log_epoch(server, self.next_log, parts, reports)
+            self.next_log += 1
+
+    def log_epoch(self, server, epoch, parts, reports):
+        train_loss = sum(r["loss_sum"] for r in reports.values()) / max(sum(r["batches"] for r in reports.values()), 1)
+        if self.reference is None:               # the loss at the start: the workers' first steps
+            self.reference = float(numpy.mean([r["first_loss"] for r in reports.values()]))
+        try:
+            run.check_divergence(train_loss, self.reference, f"epoch {epoch + 1}'s mean training")
+        except run.Diverged as diverged:
+            server.stop(str(diverged), tell_servers=True)
+            return
+        params = numpy.concatenate([parts[k] for k in range(self.layout.servers)])
+        window = self.windows.pop(epoch)         # server 0's updates: every push reaches every server
+        staleness = numpy.array([u.staleness for u in window], dtype=numpy.int64)
+        clock_staleness = numpy.array([u.clock_staleness for u in window], dtype=numpy.int64)
+        self.job.logger.epoch(epoch=epoch + 1, train_loss=train_loss,
+                              **objectives.evaluate_at(self.job.objective, params),
+                              updates=int(staleness.size),
+                              staleness_mean=float(staleness.mean()) if staleness.size else 0.0,
+                              staleness_max=int(staleness.max()) if staleness.size else 0,
+                              clock_staleness_max=int(clock_staleness.max()) if clock_staleness.size else 0)
+
+    def finish(self, server):
+        """Rank 0, after serving: receive every snapshot still on its way, log every epoch still due."""
+        if server.index != 0:
+            return
+        expected = (self.layout.servers - 1) * (self.epochs - self.first)
+        lost_all = all(w in server.dropped for w in range(self.layout.workers))
+        while self.received < expected or not (self.next_log == self.epochs or server.stopping is not None
+                                               or lost_all):
+            time.sleep(wire.POLL_SECONDS)
+            self.receive()
+            self.log_ready(server)
+
+
+# ---- work: ranks S .. p-1 ---------------------------------------------------------------------------
+
+@dataclasses.dataclass
 class Replica:
-    """What a worker's step works on: its model copy, its server handle and its accrued gradient."""
-    net: object
-    flat: object
-    servers: ServerShards
+    """What a worker's step works on: its model copy, its handle on the servers, its accrued gradient."""
+    objective: object                  # params, grad, loss_and_grad(rows)
+    servers: wire.ServerShards
     lr: float
     n_fetch: int
     n_push: int
     accrued: object = None             # gradient summed since the last push
     accrued_steps: int = 0
-    loss_sum: float = 0.0              # training loss since the last push (for the log)
-    batches: int = 0
 
     def __post_init__(self):
-        self.accrued = backend.xp().zeros_like(self.flat.grad)
+        self.accrued = backend.xp().zeros_like(self.objective.grad)
 
 
-def run_worker(comm, layout, replica, data, seed, batch_size, first_epoch, epochs, settings, worker_step):
-    """Train this worker's share; returns 'finished', 'crashed' (simulated) or 'dropped'."""
-    worker = comm.rank - layout.servers
-    plan = [(epoch, worker_batches(len(data.x_train), seed, epoch, worker, layout.workers, batch_size))
-            for epoch in range(first_epoch, epochs)]
-    total = sum(len(batches) for _, batches in plan)
-    step = 0
+def work(job, worker_step):
+    """This rank's worker: train its share, then wait for every rank; returns how it ended."""
+    servers = wire.ServerShards(job.comm, job.layout, backend.to_numpy(job.objective.params).dtype)
+    replica = Replica(job.objective, servers, job.settings.lr, job.ps.n_fetch, job.ps.n_push)
     try:
-        for epoch, batches in plan:
-            for i, index in enumerate(batches):
-                if comm.rank == settings.fail_worker and step == settings.fail_step:
-                    replica.servers.wait()       # what was sent arrives; then silence, no goodbye
-                    return "crashed"
-                if step == 0:
-                    replica.servers.fetch(replica.flat.data)        # w <- the servers' initial w
-                loss = worker_step(replica, data.x_train[index], data.y_train[index], step, epoch,
-                                   end_of_epoch=i == len(batches) - 1, last_step=step == total - 1)
-                common.check_finite(loss, step, comm.rank)
-                step += 1
-        replica.servers.goodbye()
-        return "finished"
-    except WorkerDropped:
-        replica.servers.goodbye()
-        return "dropped"
+        ending, error = train_share(job, replica, worker_step)
+    except wire.WorkerDropped:
+        ending, error = "dropped", None
+    except wire.Stopped:
+        ending, error = "stopped", None
+    if ending != "crashed":
+        servers.goodbye(stop=None if error is None else str(error))
+    run.wait_together(job.comm)
+    return {"ending": ending, "error": error}
 
 
-def whole_optimizer(name, flat, lr, momentum):
-    """The server optimizer over the whole vector: for --save / --resume files."""
-    if name == "adagrad":
-        return Adagrad([flat.as_parameter()], lr=lr)
-    return SGD([flat.as_parameter()], lr=lr, momentum=momentum)
+def train_share(job, replica, worker_step):
+    """The worker's epochs; returns (ending, error): 'finished', 'crashed' (simulated) or 'stopped'."""
+    s, rank, layout = job.settings, job.comm.Get_rank(), job.layout
+    worker, n = rank - layout.servers, job.objective.n
+    plan = [(epoch, worker_batches(n, s.seed, epoch, worker, layout.workers, s.batch_size))
+            for epoch in range(job.first_epoch, s.epochs)]
+    total = sum(len(batches) for _, batches in plan)
+    step, first_loss = 0, None
+    for epoch, batches in plan:
+        loss_sum = 0.0
+        for i, rows in enumerate(batches):
+            if rank == job.ps.fail_worker and step == job.ps.fail_step:
+                replica.servers.wait()           # what was sent arrives; then silence, no goodbye
+                return "crashed", None
+            if step == 0:
+                replica.servers.fetch(replica.objective.params)       # w <- the servers' w_0
+            loss = worker_step(replica, rows, i, end_of_epoch=i == len(batches) - 1, last_step=step == total - 1)
+            if not math.isfinite(loss):          # the goodbye tells every server: the job stops
+                return "stopped", run.Diverged(f"loss became {'nan' if math.isnan(loss) else 'inf'} at step "
+                                               f"{step} on rank {rank}; lower --lr or check the data")
+            first_loss = loss if first_loss is None else first_loss
+            loss_sum += loss
+            step += 1
+        replica.servers.report_epoch(worker=worker, epoch=epoch, loss_sum=loss_sum, batches=len(batches),
+                                     first_loss=first_loss)
+    return "finished", None
 
 
-def shard_state(state, start, stop):
-    """An optimizer state_dict for the whole vector, cut down to one server's range."""
-    return {key: (value if key == "steps" else value[start:stop]) for key, value in state.items()}
+# ---- collect: every rank -----------------------------------------------------------------------------
 
-
-def run(comm, worker_step, settings, name="parameter server", dataset="digits", model="cnn", epochs=10,
-        lr=0.05, momentum=0.0, batch_size=32, seed=0, log=None, save=None, resume=None, quiet=False,
-        data=None, data_dir=None, report=None):
-    """Run one parameter-server job on ``comm``; returns (final flat parameters, per-epoch history).
-
-    ``report``, if a dict, is filled on every rank with the servers' logs (``logs[k]``: server k's
-    list of ("push", Update) / ("fetch", worker, version) events in the order it handled them),
-    the lost workers, the layout, and what each worker rank ended as.
-    """
-    comm = comm if comm is not None else MPI.COMM_WORLD
-    common.check_common(epochs, lr, batch_size, momentum)
-    if settings.server_optimizer == "adagrad" and momentum:
-        raise ValueError("--momentum applies to --server-optimizer sgd only")
-    net = common.build_model(model, seed, dataset)
-    flat = flatten(net)
-    data = data or common.load_data(dataset, seed, data_dir)
-    optimizer = whole_optimizer(settings.server_optimizer, flat, lr, momentum)
-    first_epoch = common.load_checkpoint(resume, flat, optimizer) if resume else 0
-    layout = check_settings(comm.size, flat.size, len(data.x_train), batch_size, first_epoch, epochs, settings)
-    logger = common.Log(log, rank=comm.rank, quiet=quiet, name=name)
-
-    parameter_server.wait_together(comm)            # start together: the silence timers start now
-    if layout.is_server(comm.rank):
-        def on_epoch(epoch, params, train_loss, staleness, clock_staleness):     # rank 0 only
-            flat.data[...] = backend.asarray(params)
-            test_loss, accuracy = common.evaluate(net, data.x_test, data.y_test)
-            logger.epoch(epoch=epoch + 1, train_loss=train_loss, test_loss=test_loss, test_accuracy=accuracy,
-                         updates=int(staleness.size),
-                         staleness_mean=float(staleness.mean()) if staleness.size else 0.0,
-                         staleness_max=int(staleness.max()) if staleness.size else 0,
-                         clock_staleness_max=int(clock_staleness.max()) if clock_staleness.size else 0)
-
-        start, stop = layout.ranges[comm.rank]
-        state = shard_state(optimizer.state_dict(), start, stop) if resume else None
-        server = ShardServer(comm, layout, flat.data, settings.server_optimizer, lr, momentum,
-                             settings.staleness, settings.warm_start_steps,
-                             schedule_seed=seed if settings.deterministic else None,
-                             timeout=None if settings.deterministic else settings.timeout,
-                             first_epoch=first_epoch, epochs=epochs, optimizer_state=state,
-                             on_epoch=on_epoch if comm.rank == 0 else None)
-        server.serve()
-        mine = {"shard": backend.to_numpy(server.param.data), "state": server.optimizer.state_dict(),
-                "log": server.log, "dropped": server.dropped}
-        ending = "server"
-    else:
-        replica = Replica(net, flat, ServerShards(comm, layout, backend.to_numpy(flat.data).dtype), lr,
-                          settings.n_fetch, settings.n_push)
-        ending = run_worker(comm, layout, replica, data, seed, batch_size, first_epoch, epochs, settings,
-                            worker_step)
-        parameter_server.wait_together(comm)
-        mine = None
-
-    # the end: every rank gets the final parameters, the logs and the history
+def collect(job, mine, name, report=None):
+    """The end on every rank: the same error everywhere, or (final parameters, per-epoch history)."""
+    comm, layout, s = job.comm, job.layout, job.settings
     gathered = comm.allgather(mine)
-    endings = comm.allgather(ending)
+    errors = [part["error"] for part in gathered if part["error"] is not None]
+    if errors:                                   # the lowest rank's: server 0 heard the first reason
+        job.logger.close()
+        raise errors[0]
     servers = gathered[:layout.servers]
     params = numpy.concatenate([part["shard"] for part in servers])
-    history = comm.bcast(logger.history, root=0)
-    lost = sorted((worker + layout.servers, steps, silent) for worker, (steps, silent) in servers[0]["dropped"].items())
-    if comm.rank == 0:
-        updates = [event[1] for event in servers[0]["log"] if event[0] == "push"]
-        staleness = numpy.array([update.staleness for update in updates], dtype=numpy.int64)
-        if not quiet:
-            print(f"{name}: {len(updates)} updates applied per server; staleness mean "
+    history = comm.bcast(job.logger.history, root=0)
+    lost = sorted((layout.rank_of(w), steps, silent) for w, (steps, silent) in servers[0]["dropped"].items())
+    if comm.Get_rank() == 0:
+        if not s.quiet:
+            staleness = numpy.array([e[1].staleness for e in servers[0]["log"] if e[0] == "push"], dtype=numpy.int64)
+            print(f"{name}: {staleness.size} updates applied per server; staleness mean "
                   f"{staleness.mean() if staleness.size else 0:.2f}, max {staleness.max() if staleness.size else 0}",
                   flush=True)
             for rank, steps, silent in lost:
                 print(f"lost worker: rank {rank} after {steps} applied steps "
-                      f"(silent for {silent} s > timeout {settings.timeout} s)", flush=True)
+                      f"(silent for {silent} s > timeout {job.ps.timeout} s)", flush=True)
             if lost:
                 print(f"{layout.workers - len(lost)} of {layout.workers} workers finished the training", flush=True)
-        if save:
-            state = {"steps": servers[0]["state"]["steps"]}
-            for key in servers[0]["state"]:
-                if key != "steps":
-                    state[key] = numpy.concatenate([part["state"][key] for part in servers])
-            flat.data[...] = backend.asarray(params)
-            whole = whole_optimizer(settings.server_optimizer, flat, lr, momentum)
-            whole.load_state_dict(state)
-            common.save_checkpoint(save, flat.data, whole, epochs)
-    logger.close()
+    if s.save:                                   # the servers' optimizer states, joined into one
+        state = {"steps": servers[0]["state"]["steps"]}
+        for key in servers[0]["state"]:
+            if key != "steps":
+                state[key] = numpy.concatenate([part["state"][key] for part in servers])
+        job.optimizer.load_state_dict(state)
+        checkpoint.write(comm, s.save, params, job.optimizer, s.epochs)     # rank 0 writes
+    job.logger.close()
     if report is not None:
         report.update(logs=[part["log"] for part in servers], lost=lost, layout=layout,
-                      endings={rank: ending for rank, ending in enumerate(endings) if ending != "server"})
+                      endings={rank: part["ending"] for rank, part in enumerate(gathered) if "ending" in part})
     return params, history
+
+
+def run_job(comm, worker_step, settings, ps, name, report=None):
+    """One parameter-server job on ``comm``; returns (final flat parameters, per-epoch history) on every rank.
+
+    ``report``, if a dict, is filled on every rank with the servers' logs (``logs[k]``: server k's
+    events in the order it handled them, see ``ShardServer``), the lost workers, the layout, and
+    what each worker rank ended as.
+    """
+    comm = comm if comm is not None else MPI.COMM_WORLD
+    job = start(comm, settings, ps)
+    if job.layout.is_server(comm.Get_rank()):
+        mine = serve(job)
+    else:
+        mine = work(job, worker_step)
+    return collect(job, mine, name, report)

@@ -1,10 +1,10 @@
 """Stale-synchronous SGD: asynchronous workers whose clocks may drift apart by at most s.
 
     mpiexec -n 4 python -m algorithms.ssp_sgd --staleness 2 [--servers 1] [--server-optimizer sgd]
-        [--deterministic] [--fail-worker R --fail-step K --timeout T]  (and the flags of serial_sgd)
+        [--deterministic] [--fail-worker R --fail-step K --timeout T]  (and the flags every algorithm shares)
 
 Q. Ho et al., *More Effective Distributed ML via a Stale Synchronous Parallel Parameter Server*,
-NIPS 2013; the consistency spectrum of Ben-Nun & Hoefler 2018 (synchronous,
+NIPS 2013; the consistency spectrum of Ben-Nun & Hoefler 2019 (synchronous,
 stale-synchronous, asynchronous). A worker's clock c counts its steps (pushes); the rule is
 
     a worker at clock c may compute its step c only while  c - min_j clock_j <= s
@@ -23,7 +23,7 @@ w_{c+1} = w_c - lr * sum_workers grad_w(w_c) (summed, not averaged: each push is
 
 Each applied update is logged with its clock staleness (c - min clock at the read, <= s by the
 rule) and its version staleness (pushes by anyone applied between its read and its update).
-A worker that has finished, or that the servers dropped after ``--timeout`` seconds of silence,
+A worker that has finished, or that server 0 dropped after ``--timeout`` seconds of silence,
 leaves the minimum; without that timeout a dead worker would stall every other one forever,
 as it would in synchronous SGD.
 
@@ -34,18 +34,19 @@ Defaults (small CNN, embedded digits, 1 server + 3 workers at -n 4, s = 2, serve
 batch 32 per worker, 10 epochs): measured on 2 shared cores, 93.9% and 96.7% test accuracy in two
 runs, about 3 seconds. (Each push is applied with lr, so 3 workers step like serial SGD at 3 lr.)
 """
-from algorithms import common, downpour_sgd, ps_job
+from algorithms import cli, downpour_sgd, ps_job, run
 
 
-def ssp_step(replica, x, y, step, epoch, end_of_epoch, last_step):
-    """One clock of a stale-synchronous worker; returns the batch loss."""
-    flat = replica.flat
-    flat.zero_grad()
-    loss = common.loss_and_grad(replica.net, x, y)      # grad at the parameters read for this clock
-    # push clock c's gradient and fetch clock c + 1's parameters in one request: the servers apply
-    # the push, then answer only once c + 1 - min(clocks) <= s
-    replica.servers.push(flat.grad, 1, epoch, end_of_epoch, loss, 1,
-                         fetch_into=None if last_step else flat.data)
+def ssp_step(replica, rows, i, end_of_epoch, last_step):
+    """One clock of a stale-synchronous worker (the heart); returns the batch loss."""
+    objective = replica.objective
+    # BEGIN SOLUTION
+    # clock c's gradient, at the parameters read for clock c
+    loss = objective.loss_and_grad(rows)
+    # push it and fetch clock c + 1's parameters in one request: the servers apply the push, then
+    # answer only once c + 1 - min(clocks) <= s (the run's last clock fetches nothing)
+    replica.servers.push(objective.grad, 1, fetch_into=None if last_step else objective.params)
+    # END SOLUTION
     return loss
 
 
@@ -56,32 +57,26 @@ def parse_staleness(text):
     return int(text)
 
 
-def train(comm=None, dataset="digits", model="cnn", epochs=10, lr=0.05, momentum=0.0, batch_size=32, seed=0,
-          staleness=2, servers=1, server_optimizer="sgd", deterministic=False, fail_worker=None, fail_step=None,
-          timeout=10.0, log=None, save=None, resume=None, quiet=False, data=None, data_dir=None, report=None):
-    """Stale-synchronous SGD with bound ``staleness`` (None: none); returns (final parameters, history)."""
-    settings = ps_job.Settings(servers=servers, n_fetch=1, n_push=1, staleness=staleness,
-                               server_optimizer=server_optimizer, deterministic=deterministic,
-                               fail_worker=fail_worker, fail_step=fail_step, timeout=timeout)
-    return ps_job.run(comm, ssp_step, settings, name=f"ssp s={staleness}", dataset=dataset, model=model,
-                      epochs=epochs, lr=lr, momentum=momentum, batch_size=batch_size, seed=seed, log=log,
-                      save=save, resume=resume, quiet=quiet, data=data, data_dir=data_dir, report=report)
+def train(comm=None, staleness=2, servers=1, server_optimizer="sgd", deterministic=False, fail_worker=None,
+          fail_step=None, timeout=10.0, report=None, **settings):
+    """Stale-synchronous SGD with bound ``staleness`` (None: none); returns (final parameters, history).
+
+    ``settings`` are ``run.Settings`` (the shared flags); ``report`` as in ``ps_job.run_job``.
+    """
+    settings = run.Settings.of(settings, epochs=10, lr=0.05, momentum=0.0)
+    ps = ps_job.Settings(servers=servers, n_fetch=1, n_push=1, staleness=staleness,
+                         server_optimizer=server_optimizer, deterministic=deterministic,
+                         fail_worker=fail_worker, fail_step=fail_step, timeout=timeout)
+    return ps_job.run_job(comm, ssp_step, settings, ps, name=f"ssp s={staleness}", report=report)
 
 
 def main(argv=None):
-    parser = downpour_sgd.add_server_flags(common.parser(__doc__.splitlines()[0], epochs=10, lr=0.05))
+    parser = downpour_sgd.add_server_flags(cli.parser(__doc__.splitlines()[0], epochs=10, lr=0.05))
     parser.set_defaults(server_optimizer="sgd")
     parser.add_argument("--staleness", type=parse_staleness, default=2,
                         help="the bound s (an integer >= 0, or 'inf' for none)")
     args = parser.parse_args(argv)
-    try:
-        train(dataset=args.dataset, data_dir=args.data_dir, model=args.model, epochs=args.epochs, lr=args.lr,
-              momentum=args.momentum, batch_size=args.batch_size, seed=args.seed, staleness=args.staleness,
-              servers=args.servers, server_optimizer=args.server_optimizer, deterministic=args.deterministic,
-              fail_worker=args.fail_worker, fail_step=args.fail_step, timeout=args.timeout, log=args.log,
-              save=args.save, resume=args.resume, quiet=args.quiet)
-    except (ValueError, FloatingPointError) as error:
-        common.fail(error)
+    cli.run_main(train, args, staleness=args.staleness, **downpour_sgd.server_flags(args))
 
 
 if __name__ == "__main__":

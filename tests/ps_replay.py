@@ -1,7 +1,8 @@
 """A serial replay of a logged parameter-server run (the oracle of the asynchronous tests).
 
-Given the servers' logs of a run (each server's ("push", Update) / ("fetch", worker, version)
-events in the order it handled them), the replay re-runs everything in one process:
+Given the servers' logs of a run (each server's ("push", Update) / ("fetch", worker, version) /
+("goodbye", worker) / ("drop", worker) events in the order it handled them), the replay re-runs
+everything in one process:
 
     each worker      a generator that does what a Downpour worker does (fetch, grad, accrue,
                      local step, push), but gets its fetched parameters from the replay
@@ -14,17 +15,22 @@ applied in the logged order", which is what an asynchronous run claims to be.
 """
 import numpy as np
 
-from algorithms import common, ps_job
+from algorithms import objective, ps_job
 from minidl.flat import flatten
 from minidl.optim import SGD, Adagrad
 from minidl.tensor import Parameter
 
 
 def worker_program(worker, workers, data, model, seed, epochs, batch_size, lr, n_fetch, n_push):
-    """Yields ("push", grad) and ("fetch",); after each ("fetch",) it is sent the full parameters."""
-    net = common.build_model(model, seed)
+    """Yields ("push", grad) and ("fetch",); after each ("fetch",) it is sent the full parameters.
+
+    The schedule of ``downpour_sgd``'s header: before the first step a fetch; after step i of an
+    epoch of m steps a push if (i + 1) % n_push == 0 or i == m - 1, then a fetch if
+    (i + 1) % n_fetch == 0 or i == m - 1 (but not after the run's last step).
+    """
+    net = objective.build_model(model, seed)
     flat = flatten(net)
-    accrued, accrued_steps = np.zeros_like(flat.grad), 0
+    accrued = np.zeros_like(flat.grad)
     plan = [ps_job.worker_batches(len(data.x_train), seed, epoch, worker, workers, batch_size)
             for epoch in range(epochs)]
     total = sum(len(batches) for batches in plan)
@@ -34,16 +40,14 @@ def worker_program(worker, workers, data, model, seed, epochs, batch_size, lr, n
             if step == 0:
                 flat.data[...] = yield ("fetch",)
             flat.zero_grad()
-            common.loss_and_grad(net, data.x_train[index], data.y_train[index])
+            objective.loss_and_grad(net, data.x_train[index], data.y_train[index])
             accrued += flat.grad
-            accrued_steps += 1
             flat.data -= lr * flat.grad
-            last = step == total - 1
-            fetch = (step + 1) % n_fetch == 0 and not last
-            if accrued_steps == n_push or i == len(batches) - 1:
+            end_of_epoch, last = i == len(batches) - 1, step == total - 1
+            fetch = ((i + 1) % n_fetch == 0 or end_of_epoch) and not last
+            if (i + 1) % n_push == 0 or end_of_epoch:
                 yield ("push", accrued.copy())
                 accrued[...] = 0
-                accrued_steps = 0
             if fetch:
                 flat.data[...] = yield ("fetch",)
             step += 1
@@ -89,7 +93,9 @@ def replay(logs, ranges, initial, programs, optimizer="sgd", lr=0.05, momentum=0
         for k, log in enumerate(logs):
             while position[k] < len(log):
                 event = log[position[k]]
-                if event[0] == "push":
+                if event[0] in ("goodbye", "drop"):
+                    pass                                        # no parameters move
+                elif event[0] == "push":
                     update = event[1]
                     if not pushes[update.worker][k]:
                         break                                   # that gradient is not computed yet

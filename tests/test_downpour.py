@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
-from algorithms import common, downpour_sgd, serial_sgd
+from algorithms import downpour_sgd, objective, serial_sgd
 from minidl.flat import flatten
 from tests import ps_replay
 
@@ -20,8 +20,8 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
 
 def small_data(n_train=96, n_test=60):
     """A slice of the digits: enough for a few steps per worker, cheap enough for hypothesis."""
-    data = common.load_data("digits", seed=0)
-    return common.Data(data.x_train[:n_train], data.y_train[:n_train], data.x_test[:n_test], data.y_test[:n_test])
+    data = objective.load_data("digits", seed=0)
+    return objective.Data(data.x_train[:n_train], data.y_train[:n_train], data.x_test[:n_test], data.y_test[:n_test])
 
 
 def mpiexec(n, *args, timeout=120):
@@ -34,7 +34,7 @@ def mpiexec(n, *args, timeout=120):
 def test_downpour_with_one_worker_and_fixed_rate_equals_serial_sgd_exactly():
     # S = p - 1 servers, so exactly one worker; n_fetch = n_push = 1, server SGD at the serial rate
     comm = MPI.COMM_WORLD
-    data = common.load_data("digits", seed=0)
+    data = objective.load_data("digits", seed=0)
     params, history = downpour_sgd.train(comm, epochs=2, lr=0.05, server_optimizer="sgd", servers=comm.size - 1,
                                          quiet=True, data=data)
     serial, serial_history = serial_sgd.train(epochs=2, lr=0.05, momentum=0.0, quiet=True, data=data)
@@ -61,7 +61,7 @@ def test_deterministic_downpour_equals_a_serial_replay_of_its_log(seed, two_serv
     workers = comm.size - servers
     programs = [ps_replay.worker_program(w, workers, data, "mlp", seed, epochs, batch, lr, n_fetch, n_push)
                 for w in range(workers)]
-    initial = flatten(common.build_model("mlp", seed)).data.copy()
+    initial = flatten(objective.build_model("mlp", seed)).data.copy()
     try:
         replayed = ps_replay.replay(report["logs"], report["layout"].ranges, initial, programs, optimizer, lr)
         message = f"max difference {np.abs(params - replayed).max()} from the replay"
@@ -89,6 +89,35 @@ def test_same_seed_deterministic_runs_have_identical_logs_and_parameters():
                     "two deterministic runs with the same seed differ")
 
 
+def documented_schedule(steps_per_epoch, epochs, n_fetch, n_push):
+    """One Downpour worker's requests as downpour_sgd's header states them: a fetch before the first
+    step; after step i of each epoch of m steps a push if (i + 1) % n_push == 0 or i == m - 1, then a
+    fetch if (i + 1) % n_fetch == 0 or i == m - 1, except after the run's last step; a goodbye."""
+    events, m = ["fetch"], steps_per_epoch
+    for epoch in range(epochs):
+        for i in range(m):
+            if (i + 1) % n_push == 0 or i == m - 1:
+                events.append("push")
+            if ((i + 1) % n_fetch == 0 or i == m - 1) and not (epoch == epochs - 1 and i == m - 1):
+                events.append("fetch")
+    return events + ["goodbye"]
+
+
+@pytest.mark.parallel(nprocs=[2, 3])
+def test_each_epoch_starts_from_a_fetch_and_counts_its_n_fetch_and_n_push_steps_afresh():
+    # 96 rows, batch 8: 12 steps per epoch with one worker, 6 with two; n_fetch = 5 and n_push = 4
+    # divide neither, so a phase carried over the epoch's end would put a fetch or push elsewhere
+    comm = MPI.COMM_WORLD
+    report = {}
+    downpour_sgd.train(comm, model="mlp", epochs=3, batch_size=8, n_fetch=5, n_push=4, quiet=True,
+                       data=small_data(), report=report)
+    workers = comm.size - 1
+    logged = [[event[0] for event in report["logs"][0]
+               if (event[1].worker if event[0] == "push" else event[1]) == w] for w in range(workers)]
+    expected = documented_schedule(96 // workers // 8, 3, 5, 4)
+    parallel_assert(all(events == expected for events in logged), f"logged {logged}, documented {expected}")
+
+
 @pytest.mark.parallel(nprocs=[1, 2, 3])
 @pytest.mark.parametrize("settings, message", [
     (dict(servers=3), "cannot hold 3 server(s) and at least one worker"),
@@ -98,8 +127,7 @@ def test_same_seed_deterministic_runs_have_identical_logs_and_parameters():
 ])
 def test_bad_settings_raise_the_same_error_on_every_rank_before_training(settings, message):
     comm = MPI.COMM_WORLD
-    if comm.size == 1 and "servers" not in settings:
-        settings = dict(settings, servers=1)       # one rank cannot hold a server and a worker at all
+    if comm.size == 1 and "fail_worker" in settings:   # flags come first; then one rank holds no worker
         message = "cannot hold 1 server(s)"
     try:
         downpour_sgd.train(comm, model="mlp", quiet=True, data=small_data(), **settings)

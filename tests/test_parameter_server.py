@@ -5,8 +5,10 @@ from hypothesis import given, settings, strategies as st
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
-from algorithms import parameter_server
-from algorithms.parameter_server import Layout, ServerShards, ShardServer
+from algorithms import parameter_server, ps_wire, run
+from algorithms.parameter_server import ShardServer
+from algorithms.ps_wire import Layout, ServerShards
+from minidl import backend
 from minidl.optim import SGD, Adagrad
 from minidl.tensor import Parameter
 
@@ -14,7 +16,7 @@ from minidl.tensor import Parameter
 @given(n=st.integers(1, 2000), data=st.data())
 def test_server_ranges_cover_the_whole_vector_with_no_overlap(n, data):
     servers = data.draw(st.integers(1, min(n, 64)))
-    ranges = parameter_server.shard_ranges(n, servers)
+    ranges = ps_wire.shard_ranges(n, servers)
     covered = np.zeros(n, dtype=np.int64)
     for start, stop in ranges:
         covered[start:stop] += 1
@@ -54,17 +56,17 @@ def test_server_side_optimizer_equals_minidl_optimizer_on_the_same_gradient_sequ
     lr = 0.1
     if layout.is_server(comm.rank):
         # a seeded schedule, so the order of the pushes is known from the log on every rank
-        server = ShardServer(comm, layout, initial, optimizer, lr, schedule_seed=seed, epochs=0)
+        server = ShardServer(comm, layout, initial, optimizer, lr, schedule_seed=seed)
         server.serve()
-        mine = (parameter_server.backend.to_numpy(server.param.data), server.log)
+        mine = (backend.to_numpy(server.param.data), server.log)
     else:
         worker = comm.rank - layout.servers
         client = ServerShards(comm, layout, np.float32)
         params = np.empty(n, dtype=np.float32)
         for push in range(pushes):
-            client.push(gradient(seed, worker, push, n), 1, 0, False, 0.0, 1, fetch_into=params if fetch else None)
+            client.push(gradient(seed, worker, push, n), 1, fetch_into=params if fetch else None)
         client.goodbye()
-        parameter_server.wait_together(comm)
+        run.wait_together(comm)
         mine = None
     gathered = comm.allgather(mine)[:servers]
     result = np.concatenate([shard for shard, _ in gathered])

@@ -16,11 +16,11 @@ from mpi4py import MPI
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from algorithms import common, downpour_sgd, hogwild, serial_sgd, ssp_sgd  # noqa: E402
+from algorithms import downpour_sgd, hogwild, objective, serial_sgd, ssp_sgd  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 comm = MPI.COMM_WORLD
-data = common.load_data("digits", 0)
+data = objective.load_data("digits", 0)
 EPOCHS = 10
 
 

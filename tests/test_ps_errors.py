@@ -1,0 +1,119 @@
+"""The parameter servers keep the error contract: every rank stops with one ``error:`` line and exit
+status 2, within seconds, never a hang and never a meaningless result (``algorithms.cli``).
+
+Each case runs the real command under mpiexec with a timeout (a hang fails the test), on 3 ranks
+unless it says otherwise: 1 server and 2 workers.
+"""
+import re
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+from pytest_mpi import parallel_assert
+
+from algorithms import checkpoint, objective, ps_job, run, ssp_sgd
+from algorithms.cli import SettingError
+from minidl.flat import flatten
+from minidl.optim import SGD, Adagrad
+from tests.test_downpour import mpiexec
+
+
+def fails_on_every_rank(done, pattern, ranks=3):
+    """Exit status 2 and ``error: <pattern>`` once from each rank."""
+    assert done.returncode == 2, f"exit {done.returncode}\n{done.stdout[-1500:]}\n{done.stderr[-1500:]}"
+    found = re.findall(r"^error: " + pattern, done.stderr, re.M)
+    assert len(found) == ranks, f"{len(found)} of {ranks} ranks said error: {pattern!r}:\n{done.stderr[-1500:]}"
+
+
+@pytest.mark.parametrize("command", [
+    ["algorithms.downpour_sgd", "--server-optimizer", "sgd"],
+    ["algorithms.ssp_sgd"],
+    ["algorithms.downpour_sgd", "--server-optimizer", "sgd", "--deterministic"],
+], ids=["downpour", "ssp", "deterministic"])
+def test_a_nan_loss_on_one_worker_stops_every_rank(command):
+    # the worker that sees it tells every server; every other worker's next fetch is answered STOP
+    done = mpiexec(3, "-m", *command, "--lr", "1e30", "--epochs", "2", timeout=60)
+    fails_on_every_rank(done, r"loss became (nan|inf) at step \d+ on rank [12]; lower --lr")
+
+
+@pytest.mark.parametrize("module", ["algorithms.downpour_sgd", "algorithms.ssp_sgd"])
+def test_a_run_whose_loss_grew_a_hundredfold_is_an_error_not_a_result(module):
+    # Adagrad at lr 1e6 used to end with exit 0, loss ~1e24 and 10% accuracy
+    done = mpiexec(3, "-m", module, "--server-optimizer", "adagrad", "--lr", "1e6", "--epochs", "2",
+                   "--model", "mlp", timeout=60)
+    fails_on_every_rank(done, r"the run diverged: epoch 1's mean training loss .* against .* at the start")
+
+
+@pytest.mark.parametrize("flag", ["--log", "--save"])
+def test_an_unwritable_output_stops_every_rank_before_training(flag):
+    done = mpiexec(3, "-m", "algorithms.downpour_sgd", "--epochs", "1", flag, "/nonexistent/dir/out", timeout=60)
+    fails_on_every_rank(done, re.escape(f"{flag} /nonexistent/dir/out: the folder /nonexistent/dir does not exist"))
+    assert "epoch 1" not in done.stdout
+
+
+SLOW_SERVER = """
+import time
+from algorithms import downpour_sgd, objective
+evaluate = objective.evaluate
+def slow_evaluate(*args, **kwargs):     # rank 0's log, much slower than --timeout
+    time.sleep(2.5)
+    return evaluate(*args, **kwargs)
+objective.evaluate = slow_evaluate
+downpour_sgd.main(["--epochs", "1", "--model", "mlp", "--timeout", "1"])
+"""
+
+
+def test_a_busy_server_drops_no_live_worker():
+    # rank 0 evaluates for 2.5 s with --timeout 1: the workers' requests wait in its queue meanwhile
+    done = mpiexec(3, "-c", SLOW_SERVER, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "lost worker" not in done.stdout and done.stdout.count("test_accuracy") == 1, done.stdout
+
+
+def test_losing_every_worker_is_an_error():
+    # the only worker goes silent at its step 2: nothing was trained to the end
+    done = mpiexec(2, "-m", "algorithms.downpour_sgd", "--epochs", "1", "--model", "mlp", "--fail-worker", "1",
+                   "--fail-step", "2", "--timeout", "1", timeout=60)
+    fails_on_every_rank(done, r"every worker was lost \(rank 1 after 2 steps", ranks=2)
+
+
+@pytest.mark.parallel(nprocs=[2, 3])
+def test_a_warm_start_with_a_staleness_bound_is_refused_on_every_rank_before_any_message():
+    # it used to be refused by the servers only, after the start barrier, while the workers waited
+    settings = run.Settings(model="mlp", epochs=1, quiet=True)
+    try:
+        ps_job.run_job(MPI.COMM_WORLD, ssp_sgd.ssp_step, settings, ps_job.Settings(staleness=1, warm_start_steps=3),
+                     name="ssp")
+        raised = None
+    except SettingError as error:
+        raised = error
+    parallel_assert(raised is not None and raised.every_rank and "warm start cannot be combined" in str(raised),
+                    f"got {raised!r}")
+
+
+def write_checkpoint(path, optimizer_class, epoch, **optimizer_kwargs):
+    """A --save file of the CNN after ``epoch`` epochs, with one step's state of ``optimizer_class``."""
+    flat = flatten(objective.build_model("cnn", 0))
+    optimizer = optimizer_class([flat.as_parameter()], lr=0.05, **optimizer_kwargs)
+    flat.grad[...] = 0.01
+    optimizer.step()
+    checkpoint.save_checkpoint(str(path), flat.data, optimizer, epoch)
+    return str(path)
+
+
+def test_resuming_a_run_that_already_trained_more_epochs_is_refused(tmp_path):
+    path = write_checkpoint(tmp_path / "four.npz", Adagrad, epoch=4)
+    done = mpiexec(3, "-m", "algorithms.downpour_sgd", "--epochs", "2", "--resume", path, timeout=60)
+    fails_on_every_rank(done, re.escape(f"--resume {path}: has already trained 4 epochs, more than --epochs 2"))
+
+
+@pytest.mark.parametrize("kind", ["another algorithm's", "garbage"])
+def test_a_checkpoint_that_is_not_this_algorithms_is_refused_naming_the_file(tmp_path, kind):
+    if kind == "garbage":
+        path = str(tmp_path / "garbage.npz")
+        with open(path, "wb") as file:
+            file.write(np.random.default_rng(0).bytes(3000))
+    else:                       # allreduce SGD's: SGD with momentum, where Downpour's servers keep Adagrad
+        path = write_checkpoint(tmp_path / "allreduce.npz", SGD, epoch=1, momentum=0.9)
+    done = mpiexec(3, "-m", "algorithms.downpour_sgd", "--epochs", "2", "--resume", path, timeout=60)
+    fails_on_every_rank(done, re.escape(f"--resume {path}: "))
