@@ -14,5 +14,6 @@ What they share lives once, split by concern:
 
 Rank sharding and batching are data (``minidl.data.rank_batches``); collectives come from
 ``collectives``. The parameter-server family also shares ``parameter_server`` (the server's
-algorithm) and its wire and job modules. The README lists the modules with their papers.
+algorithm), ``ps_wire`` (tags, requests and replies, the layout), ``ps_job`` (start, serve or
+work, collect) and ``ps_log`` (rank 0's per-epoch log). The README lists the modules with their papers.
 """

@@ -13,8 +13,6 @@ the histories, so a figure or table can be redrawn without training again
 """
 import json
 
-from mpi4py import MPI
-
 from algorithms import admm_sgd, allreduce_sgd, cli, easgd, ensemble, gossip_sgd, model_averaging, run
 from algorithms.objective import load_data
 

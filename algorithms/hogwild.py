@@ -43,7 +43,7 @@ import types
 import numpy
 from mpi4py import MPI
 
-from algorithms import cli, run
+from algorithms import checkpoint, cli, run
 from algorithms.cli import SettingError
 from algorithms.objective import build as build_objective, evaluate_at
 from minidl import backend
@@ -119,7 +119,7 @@ class Job:
             if size > self.model.n:
                 raise SettingError(f"{size} ranks but only {self.model.n} samples: every rank needs one")
             if settings.resume:
-                arrays = run.read_checkpoint(settings.resume, len(self.initial))
+                arrays = checkpoint.read_checkpoint(settings.resume, len(self.initial))
                 self.first_epoch, self.steps = int(arrays["epoch"]), int(arrays["optimizer.steps"])
                 if self.first_epoch > settings.epochs:
                     raise SettingError(f"--resume {settings.resume}: has already trained {self.first_epoch} "
@@ -195,7 +195,7 @@ class Job:
         self.close()
         if s.save and rank == 0:            # the update keeps no state but its count (no momentum)
             counter = types.SimpleNamespace(state_dict=lambda: {"steps": numpy.asarray(self.steps)})
-            run.save_checkpoint(s.save, result, counter, s.epochs)
+            checkpoint.save_checkpoint(s.save, result, counter, s.epochs)
         return result, comm.bcast(self.logger.history, root=0)
 
     def close(self):

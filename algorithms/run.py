@@ -31,7 +31,6 @@ from mpi4py import MPI
 
 import collectives
 from algorithms import checkpoint, cli
-from algorithms.checkpoint import load_optimizer, read_checkpoint, save_checkpoint  # noqa: F401  TEMPORARY re-export
 from algorithms.cli import SettingError
 from algorithms.objective import build as build_objective
 from minidl import backend

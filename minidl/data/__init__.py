@@ -9,6 +9,7 @@ Everything here is plain NumPy on the host; training code moves each batch to th
     read_idx(path), load_mnist(dir)      MNIST / Fashion-MNIST files the user already has
     least_squares(n, d, rng)             convex problems with a known optimum w_star
     logistic_regression(n, d, rng)
+    sparse_logistic_regression(n, d, nnz, rng)   Hogwild's sparse problem (nnz nonzeros per row)
     shard(n, rank, size)                 the contiguous block of rows this rank owns
     shard_sizes(n, size)
     batches(n, batch_size, rng)          one epoch of (shuffled) mini-batch index arrays
@@ -25,5 +26,6 @@ __all__ = [
     "load_digits", "train_test_split", "digits_split",
     "read_idx", "load_mnist",
     "least_squares", "logistic_regression", "LeastSquares", "LogisticRegression",
+    "sparse_logistic_regression", "SparseLogistic",
     "shard", "shard_sizes", "batches", "epoch_order", "Batch", "rank_batches", "PARTITIONS",
 ]
