@@ -39,8 +39,11 @@ def load_data(dataset="digits", seed=0, data_dir=None):
     if dataset == "mnist":
         if data_dir is None:
             raise ValueError("--dataset mnist needs --data-dir pointing at the IDX files")
-        x_train, y_train = datasets.load_mnist(data_dir, kind="train")   # a ValueError naming a
-        x_test, y_test = datasets.load_mnist(data_dir, kind="test")      # missing or corrupt file
+        try:                                          # a ValueError naming the missing or corrupt file
+            x_train, y_train = datasets.load_mnist(data_dir, kind="train")
+            x_test, y_test = datasets.load_mnist(data_dir, kind="test")
+        except ValueError as error:
+            raise ValueError(f"--data-dir {error}") from None
         return Data(x_train, y_train, x_test, y_test)
     raise ValueError(f"unknown dataset {dataset!r}; choose 'digits' or 'mnist'")
 

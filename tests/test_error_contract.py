@@ -64,7 +64,7 @@ def test_compare_checks_its_png_path_before_training():
 # item 6: data and checkpoint files: a message naming the file, no traceback
 def test_a_missing_mnist_folder_is_named():
     assert_stopped(launch("allreduce_sgd", "--dataset", "mnist", "--model", "lenet5", "--data-dir", "/nonexistent"),
-                   "/nonexistent")
+                   "--data-dir /nonexistent: does not exist")
 
 
 def bad_checkpoints(folder):
