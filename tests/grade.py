@@ -1,0 +1,165 @@
+"""Grade course-assignment tasks: each task's tests, run in isolation, scored by the registry's points.
+
+    python tests/grade.py                                  # grade this tree (a student's, or the reference)
+    python tests/grade.py --student DIR                    # grade DIR against this (reference) tree
+    python tests/grade.py --tasks 3.4,3.5 --json out.json  # some tasks; the table as JSON too
+
+A task's tests are the ones marked ``@pytest.mark.task("<id>")`` (tests/hidden/ holds the hidden
+ones; a student tree has none). With ``--student DIR`` each task is graded in a copy of *this*
+tree into which only that task's body is taken from DIR (the lines between its
+``# BEGIN SOLUTION`` / ``# END SOLUTION`` markers): everything else is the reference, so an
+unfinished chapter 3 never sinks chapter 4. Without ``--student`` the tree is graded as it is
+(a student checking their own work: there, unfinished prerequisites do cascade).
+
+Each rank count runs in its own ``mpiexec`` (one pytest per rank, as tests/run.py does) with a
+per-test timeout (pytest-timeout, ``--timeout``). A test that deadlocks kills its run; the tests
+of that run that had not reported are then run again one by one, each in its own ``mpiexec``, so
+a deadlock costs the tests that hang and nothing else. A task's points are its registry points
+times the fraction of its tests that pass (skipped tests, e.g. GPU ones without a GPU, do not count;
+nor do tests on more ranks than ``--max-ranks``).
+"""
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tutorials import assignments  # noqa: E402
+
+NPROCS = re.compile(r"nprocs=(\d+)")
+
+
+def collect(tree, task, env):
+    """{rank count: [node ids]} of the task's tests in ``tree``."""
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                           "--task", task.id], cwd=tree, env=env, capture_output=True, text=True, timeout=300)
+    groups = {}
+    for line in done.stdout.splitlines():
+        if "::" not in line or line.startswith(("=", " ")):
+            continue
+        match = NPROCS.search(line)
+        groups.setdefault(int(match.group(1)) if match else 1, []).append(line.strip())
+    return groups
+
+
+def command(tree, nprocs, selection, timeout):
+    """The pytest command for ``selection`` (a --task option, or node ids) on ``nprocs`` ranks."""
+    pytest = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "tests.grade_record",
+              "-m", f"parallel[{nprocs}]", f"--timeout={timeout}", "-q", "--no-header", "--tb=no", *selection]
+    if nprocs == 1:
+        return pytest
+    mpiexec = str(Path(sys.executable).parent / "mpiexec")
+    return [mpiexec, "-n", "1", *pytest, ":", "-n", str(nprocs - 1), *pytest, "-p", "tests.quiet_rank"]
+
+
+def run(tree, nprocs, selection, timeout, count, env):
+    """Run and return {node id: 'passed' | 'failed' | 'skipped'} for the tests that reported."""
+    with tempfile.NamedTemporaryFile("r", suffix=".tsv") as record:
+        env = dict(env, MINIDL_GRADE_RECORD=record.name)
+        process = subprocess.Popen(command(tree, nprocs, selection, timeout), cwd=tree, env=env,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            process.wait(timeout=timeout * count + 60)
+        except subprocess.TimeoutExpired:                # pytest-timeout should have ended it first
+            os.killpg(process.pid, signal.SIGKILL)       # mpiexec and every rank: one process group
+            process.wait()
+        outcomes = {}
+        for line in Path(record.name).read_text().splitlines():
+            when, outcome, nodeid = line.split("\t")
+            if outcome == "failed" or (outcome == "skipped" and outcomes.get(nodeid) != "failed"):
+                outcomes[nodeid] = outcome
+            elif when == "call" and outcome == "passed" and nodeid not in outcomes:
+                outcomes[nodeid] = "passed"
+        return outcomes
+
+
+def grade_task(tree, task, timeout, env, max_ranks=8):
+    """{node id: outcome} of the task's tests in ``tree``.
+
+    One run per rank count. If it died before every test reported (a deadlock), the tests that had
+    not reported run again one by one; a second deadlock there ends that rank count, and its tests
+    not yet run count as failed (so one deadlocking task costs about two timeouts per rank count).
+    """
+    outcomes = {}
+    for nprocs, ids in sorted(collect(tree, task, env).items()):
+        if nprocs > max_ranks:
+            continue
+        got = run(tree, nprocs, ["--task", task.id], timeout, len(ids), env)
+        outcomes.update({nodeid: got.get(nodeid, "failed") for nodeid in ids})
+        deadlocked = False
+        for nodeid in [nodeid for nodeid in ids if nodeid not in got]:      # the run died first
+            if deadlocked:
+                break
+            again = run(tree, nprocs, [nodeid], timeout, 1, env).get(nodeid)
+            outcomes[nodeid], deadlocked = again or "failed", again is None
+    return outcomes
+
+
+def score(task, outcomes):
+    counted = [outcome for outcome in outcomes.values() if outcome != "skipped"]
+    passed = counted.count("passed")
+    points = task.points * passed / len(counted) if counted else 0.0
+    return {"id": task.id, "title": task.title, "passed": passed, "total": len(counted),
+            "skipped": len(outcomes) - len(counted), "points": round(points, 2), "max_points": task.points,
+            "failed": sorted(nodeid for nodeid, outcome in outcomes.items() if outcome != "passed"
+                             and outcome != "skipped")}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--student", default=None, help="a student tree to grade against this one")
+    parser.add_argument("--tasks", default=None, help="comma-separated task ids (default: all)")
+    parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--timeout", type=int, default=60, help="seconds per test")
+    parser.add_argument("--max-ranks", type=int, default=8, help="leave out tests on more ranks (not counted)")
+    args = parser.parse_args(argv)
+    tasks, _ = assignments.load()
+    try:
+        chosen = assignments.select(tasks, args.tasks)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
+               PYTHONUNBUFFERED="1")
+    started, results = time.perf_counter(), []
+    with tempfile.TemporaryDirectory() as scratch:
+        tree = ROOT
+        if args.student:
+            student = Path(args.student).resolve()
+            tree = assignments.copy_tree(Path(scratch) / "tree", ROOT)
+            env["PYTHONPATH"] = str(tree)
+        for task in chosen:
+            if args.student:
+                reference = assignments.body(task, tree)
+                try:
+                    assignments.replace_body(task, tree, assignments.body(task, student))
+                except (ValueError, OSError, SyntaxError) as error:
+                    results.append({**score(task, {}), "failed": [f"no gradable fence: {error}"]})
+                    continue
+            try:
+                results.append(score(task, grade_task(tree, task, args.timeout, env, args.max_ranks)))
+            finally:
+                if args.student:
+                    assignments.replace_body(task, tree, reference)
+            last = results[-1]
+            print(f"{task.id:<5} {task.title[:44]:<44} {last['passed']:>3}/{last['total']:<3} "
+                  f"{last['points']:>5g}/{task.points:g}", flush=True)
+    seconds = time.perf_counter() - started
+    earned, possible = sum(r["points"] for r in results), sum(r["max_points"] for r in results)
+    print(f"{'total':<50} {earned:>9g}/{possible:g}   ({seconds:.0f} s)")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"tasks": results, "points": earned, "max_points": possible,
+                                               "seconds": round(seconds, 1)}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""Course assignments: the fenced hearts become student tasks, the tests become the grader.
+
+    python -m tutorials.assignments list                                 # the tasks
+    python -m tutorials.assignments make --out DIR [--tasks 3.4,3.6]     # a student tree
+    python -m tutorials.assignments make --out DIR --solutions           # an instructor tree
+    python -m tutorials.assignments block 03 2                           # one block of chapter 3
+    python tests/grade.py [--student DIR] [--tasks ...] [--json FILE]    # grade (see tests/grade.py)
+
+The registry (``tasks.toml`` beside this file) names each task's file and function. In the
+source, that function's body holds one fence, as otter-grader and nbgrader write it::
+
+    def ring_reduce_scatter_in_place(comm, data, op):
+        \"\"\"docstring, signature and argument checks stay\"\"\"
+        # BEGIN SOLUTION
+        ... the heart ...
+        # END SOLUTION
+
+``make`` replaces what lies between the markers by ``raise NotImplementedError("Task 3.4: ...")``
+(the markers stay, so a student writes between them and the grader can take their code back out),
+and leaves out hidden tests and solution-only files (``[generator] remove``).
+"""
+import ast
+import dataclasses
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:                                                   # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+REGISTRY = HERE / "tasks.toml"
+BEGIN, END = "# BEGIN SOLUTION", "# END SOLUTION"
+STUB = "raise NotImplementedError("
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    id: str
+    title: str
+    file: str
+    function: str
+    chapter: int
+    section: str
+    points: float
+    hours: float
+    difficulty: str
+    requires: tuple
+
+    def stub_line(self):
+        """The line that replaces the body: it says which task and where the chapter explains it."""
+        return f'{STUB}"Task {self.id}: {self.title} - see {self.section}")'
+
+
+def load(path=REGISTRY):
+    """(tasks in registry order, the [generator] table)."""
+    with open(path, "rb") as file:
+        registry = tomllib.load(file)
+    tasks = [Task(**{**entry, "requires": tuple(entry.get("requires", ()))}) for entry in registry["task"]]
+    ids = [task.id for task in tasks]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{path}: duplicate task ids")
+    for task in tasks:
+        unknown = [needed for needed in task.requires if needed not in ids]
+        if unknown:
+            raise ValueError(f"{path}: task {task.id} requires unknown task(s) {unknown}")
+    return tasks, registry.get("generator", {})
+
+
+def select(tasks, ids):
+    """The tasks named in ``ids`` (a comma-separated string or a list; None: all)."""
+    if ids is None:
+        return list(tasks)
+    wanted = [part.strip() for part in (ids.split(",") if isinstance(ids, str) else ids) if part.strip()]
+    known = {task.id: task for task in tasks}
+    unknown = [task_id for task_id in wanted if task_id not in known]
+    if unknown:
+        raise ValueError(f"unknown task(s) {', '.join(unknown)}; see python -m tutorials.assignments list")
+    return [known[task_id] for task_id in wanted]
+
+
+# ---- fences -----------------------------------------------------------------------------------------
+
+def fences(text):
+    """[(begin, end)] 0-based line numbers of the markers in ``text``, checked to pair up."""
+    pairs, begin = [], None
+    for number, line in enumerate(text.splitlines()):
+        stripped = line.strip()
+        if stripped == BEGIN:
+            if begin is not None:
+                raise ValueError(f"line {number + 1}: {BEGIN} inside another fence")
+            begin = number
+        elif stripped == END:
+            if begin is None:
+                raise ValueError(f"line {number + 1}: {END} without a {BEGIN}")
+            pairs.append((begin, number))
+            begin = None
+    if begin is not None:
+        raise ValueError(f"line {begin + 1}: {BEGIN} never ends")
+    return pairs
+
+
+def qualified_functions(tree):
+    """{qualified name ('f', 'Class.method', 'outer.inner'): FunctionDef} of a module's functions."""
+    found = {}
+
+    def visit(node, prefix):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = f"{prefix}{child.name}"
+                if not isinstance(child, ast.ClassDef):
+                    found[name] = child
+                visit(child, name + ".")
+            else:
+                visit(child, prefix)
+    visit(tree, "")
+    return found
+
+
+def owner(functions, begin):
+    """The qualified name of the innermost function whose body holds line ``begin`` (0-based)."""
+    best = None
+    for name, node in functions.items():
+        if node.body[0].lineno <= begin + 1 <= node.end_lineno:
+            if best is None or node.lineno > functions[best].lineno:
+                best = name
+    return best
+
+
+def fenced_functions(text):
+    """{qualified function name: (begin, end)} of every fence in a module's source."""
+    functions = qualified_functions(ast.parse(text))
+    out = {}
+    for begin, end in fences(text):
+        name = owner(functions, begin)
+        if name is None:
+            raise ValueError(f"line {begin + 1}: a fence outside any function")
+        if name in out:
+            raise ValueError(f"{name} has two fences")
+        out[name] = (begin, end)
+    return out
+
+
+def fence_of(task, root=ROOT):
+    """(lines of the task's file, begin, end) in the tree at ``root``."""
+    path = Path(root) / task.file
+    text = path.read_text()
+    where = fenced_functions(text).get(task.function)
+    if where is None:
+        raise ValueError(f"task {task.id}: no fence in {task.function} of {path}")
+    return text.splitlines(keepends=True), where[0], where[1]
+
+
+def body(task, root=ROOT):
+    """The lines between the task's markers in the tree at ``root``."""
+    lines, begin, end = fence_of(task, root)
+    return lines[begin + 1:end]
+
+
+def stubbed(task_id, root=ROOT):
+    """True when the task's body in the tree at ``root`` is still the generated stub."""
+    tasks, _ = load()
+    task = select(tasks, [task_id])[0]
+    return [line.strip() for line in body(task, root) if line.strip()] == [task.stub_line()]
+
+
+def replace_body(task, root, new_body):
+    """Write ``new_body`` (lines) between the task's markers in the tree at ``root``."""
+    lines, begin, end = fence_of(task, root)
+    (Path(root) / task.file).write_text("".join(lines[:begin + 1] + list(new_body) + lines[end:]))
+
+
+def stub(task, root):
+    """Replace the task's body in the tree at ``root`` by its NotImplementedError line."""
+    lines, begin, _ = fence_of(task, root)
+    indent = lines[begin][:len(lines[begin]) - len(lines[begin].lstrip())]
+    replace_body(task, root, [indent + task.stub_line() + "\n"])
+
+
+# ---- trees --------------------------------------------------------------------------------------------
+
+def tracked_files(root=ROOT):
+    """The repository's files as git sees them (tracked, and untracked ones it does not ignore)."""
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=root,
+                            capture_output=True, text=True, check=True).stdout.splitlines()
+    return [name for name in listed if (Path(root) / name).is_file()]
+
+
+def copy_tree(out, root=ROOT, leave_out=()):
+    """Copy the repository's files to ``out`` (which must not exist or be empty), but ``leave_out``."""
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise ValueError(f"{out} exists and is not empty")
+    skip = [Path(item) for item in leave_out]
+    for name in tracked_files(root):
+        path = Path(name)
+        if any(path == item or item in path.parents for item in skip):
+            continue
+        target = out / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(Path(root) / path, target)
+    return out
+
+
+def make(out, ids=None, solutions=False, root=ROOT):
+    """Write a student tree (or, with ``solutions``, an instructor tree) to ``out``; returns the tasks."""
+    tasks, generator = load()
+    chosen = select(tasks, ids)
+    copy_tree(out, root, leave_out=() if solutions else generator.get("remove", ()))
+    if not solutions:
+        for task in chosen:
+            stub(task, out)
+    return chosen
