@@ -62,7 +62,10 @@ def may_proceed(clock, clocks, staleness):
     ``clock`` is the asking worker's clock (its pushes applied), ``clocks`` those of every worker
     still training (the asking one included). staleness None means no bound (asynchronous).
     """
+    # BEGIN SOLUTION
+    # no bound, or at most `staleness` clocks ahead of the slowest worker still training
     return staleness is None or clock - min(clocks) <= staleness
+    # END SOLUTION
 
 
 def server_optimizer(name, param, lr, momentum=0.0):
@@ -223,15 +226,20 @@ class ShardServer:
         """Server 0: drop every live worker not held here, with no request waiting, silent too long."""
         if self.timeout is None:
             return
+        # BEGIN SOLUTION
         for worker in self.live():
+            # silence: listening seconds since its last request; a held worker waits on us, not silent
             silent = self.listening() - self.last_heard[worker]
             if worker in self.waiting or silent <= self.timeout:
                 continue
+            # a request already in its queue: not lost, only not yet heard
             if wire.waiting_request(self.comm, self.layout.rank_of(worker)) is not None:
                 self.last_heard[worker] = self.listening()      # it spoke; this server was slow to hear
                 continue
+            # drop it here and tell the other servers, so all agree on who still trains
             self.drop(worker, round(silent, 2))
             self.outbox.tell_servers({"drop": worker})
+        # END SOLUTION
 
     def follow(self):
         """Servers 1 .. S-1: apply server 0's decisions (drops, stops) as they arrive."""

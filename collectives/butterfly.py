@@ -42,8 +42,11 @@ def butterfly_allreduce_in_place(comm, data, op):
     """The heart: fold in, lg pof2 exchange rounds, fold out. `data` in place."""
     size = comm.Get_size()
     pof2 = largest_power_of_two(size)
+    # BEGIN SOLUTION
+    # fold-in: p - pof2 ranks hand their vectors to a partner and sit out
     newrank = fold_in(comm, data, op)            # None: this rank sits out until fold_out
     if newrank is not None:
+        # recursive doubling: lg pof2 rounds, distance 1, 2, 4, ...
         mine, theirs = data, array_module(data).empty_like(data)
         distance = 1
         while distance < pof2:
@@ -56,7 +59,9 @@ def butterfly_allreduce_in_place(comm, data, op):
             distance *= 2
         if mine is not data:                     # the result sits in the scratch vector
             data[...] = mine
+    # fold-out: the result back to the ranks that sat out
     fold_out(comm, data)
+    # END SOLUTION
 
 
 def allreduce(comm, sendbuf, recvbuf=None, op="sum", check=True):

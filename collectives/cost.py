@@ -59,6 +59,9 @@ def per_rank(algorithm, p, n, itemsize, rank):
     """RankCost of `rank` in an allreduce of n elements of `itemsize` bytes on p ranks."""
     if n == 0 or p == 1:
         return RankCost(0, 0, 0)
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {ALGORITHMS}")
+    # BEGIN SOLUTION
     if algorithm == "naive":                          # root 0 gathers, reduces, sends back
         if rank == 0:
             return RankCost(p - 1, (p - 1) * n * itemsize, (p - 1) * n * itemsize)
@@ -87,7 +90,7 @@ def per_rank(algorithm, p, n, itemsize, rank):
         if folded:
             messages, sent, reduced = messages + 1, sent + n, reduced + n
         return RankCost(messages, sent * itemsize, reduced * itemsize)
-    raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {ALGORITHMS}")
+    # END SOLUTION
 
 
 def critical_path(algorithm, p, nbytes):

@@ -37,16 +37,21 @@ def world_rank(newrank, rem):
 def fold_in(comm, data, op, tag=FOLD_IN):
     """Fold the p - pof2 extra ranks in. Returns this rank's new rank, or None if it sits out."""
     rank, size = comm.Get_rank(), comm.Get_size()
+    # BEGIN SOLUTION
     rem = size - largest_power_of_two(size)
+    # ranks from 2 rem on take no part in the fold: they renumber and go on
     if rank >= 2 * rem:
         return rank - rem
+    # an even rank below 2 rem hands its whole vector to rank + 1 and sits out
     if rank % 2 == 0:
         comm.Send(data, dest=rank + 1, tag=tag)
         return None
+    # an odd one reduces its partner's vector into its own and goes on as rank // 2
     incoming = array_module(data).empty_like(data)
     comm.Recv(incoming, source=rank - 1, tag=tag)
     combine(data, incoming, op)
     return rank // 2
+    # END SOLUTION
 
 
 def fold_out(comm, data, tag=FOLD_OUT):

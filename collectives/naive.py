@@ -39,6 +39,7 @@ ROOT = 0
 def naive_allreduce_in_place(comm, data, op):
     """The heart: gather to the root, reduce there, send the result back. `data` in place."""
     rank, size = comm.Get_rank(), comm.Get_size()
+    # BEGIN SOLUTION
     if rank == ROOT:
         incoming = array_module(data).empty_like(data)
         # gather and reduce: the root's link carries (p - 1) vectors in
@@ -51,8 +52,10 @@ def naive_allreduce_in_place(comm, data, op):
             if dest != ROOT:
                 comm.Send(data, dest=dest, tag=SEND_BACK)
     else:
+        # every other rank: its vector to the root, the result back
         comm.Send(data, dest=ROOT, tag=GATHER)
         comm.Recv(data, source=ROOT, tag=SEND_BACK)
+    # END SOLUTION
 
 
 def allreduce(comm, sendbuf, recvbuf=None, op="sum", check=True):

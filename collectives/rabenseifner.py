@@ -47,14 +47,16 @@ def rabenseifner_allreduce_in_place(comm, data, op):
     size = comm.Get_size()
     pof2 = largest_power_of_two(size)
     rem = size - pof2
+    counts = block_counts(len(data), pof2)       # the survivors' pof2 blocks
+    offsets = block_offsets(counts) + [len(data)]
+
+    def span(first, last):                       # blocks first..last-1 as one slice of data
+        return data[offsets[first]:offsets[last]]
+
+    # BEGIN SOLUTION
+    # fold-in: p - pof2 ranks hand their vectors to a partner and sit out
     newrank = fold_in(comm, data, op)            # None: this rank sits out until fold_out
     if newrank is not None:
-        counts = block_counts(len(data), pof2)
-        offsets = block_offsets(counts) + [len(data)]
-
-        def span(first, last):                   # blocks first..last-1 as one slice of data
-            return data[offsets[first]:offsets[last]]
-
         incoming = array_module(data).empty(len(data), dtype=data.dtype)
         lo, hi = 0, pof2
         # reduce-scatter by recursive halving
@@ -83,7 +85,9 @@ def rabenseifner_allreduce_in_place(comm, data, op):
                           span(other_lo, other_lo + width), partner, ALLGATHER)
             lo, hi = min(lo, other_lo), max(hi, other_lo + width)
             distance *= 2
+    # fold-out: the result back to the ranks that sat out
     fold_out(comm, data)
+    # END SOLUTION
 
 
 def allreduce(comm, sendbuf, recvbuf=None, op="sum", check=True):

@@ -56,14 +56,17 @@ def ring_reduce_scatter_in_place(comm, data, op):
     def block(i):
         return data[offsets[i]:offsets[i] + counts[i]]
 
+    # BEGIN SOLUTION
     right, left = (rank + 1) % size, (rank - 1) % size
     incoming = array_module(data).empty(max(counts), dtype=data.dtype)
+    # reduce-scatter: each step passes one partial block right and adds my values into the one from the left
     for step in range(size - 1):
         send_block = (rank - step - 1) % size     # my partial sum of it, received last step
         recv_block = (rank - step - 2) % size     # left neighbour's partial sum of this one
         arrived = incoming[:counts[recv_block]]
         comm.Sendrecv(block(send_block), right, REDUCE_SCATTER, arrived, left, REDUCE_SCATTER)
         combine(block(recv_block), arrived, op)
+    # END SOLUTION
 
 
 def ring_allgather_in_place(comm, data):
@@ -75,11 +78,14 @@ def ring_allgather_in_place(comm, data):
     def block(i):
         return data[offsets[i]:offsets[i] + counts[i]]
 
+    # BEGIN SOLUTION
     right, left = (rank + 1) % size, (rank - 1) % size
+    # allgather: the complete blocks travel once around the ring, copied, not added
     for step in range(size - 1):
         send_block = (rank - step) % size         # complete: my own, or received last step
         recv_block = (rank - step - 1) % size     # complete at the left neighbour; copy it in
         comm.Sendrecv(block(send_block), right, ALLGATHER, block(recv_block), left, ALLGATHER)
+    # END SOLUTION
 
 
 def ring_allreduce_in_place(comm, data, op):

@@ -39,7 +39,8 @@ from .tags import BROADCAST, REDUCE
 def tree_reduce_in_place(comm, data, op, root=0):
     """Binomial-tree reduce of `data` to `root`; on other ranks `data` ends as a partial result."""
     rank, size = comm.Get_rank(), comm.Get_size()
-    relative = (rank - root) % size
+    # BEGIN SOLUTION
+    relative = (rank - root) % size               # the tree is drawn with the root as relative 0
     incoming = array_module(data).empty_like(data)
     mask = 1
     while mask < size:
@@ -47,16 +48,19 @@ def tree_reduce_in_place(comm, data, op, root=0):
             # my subtree is complete: hand it to my parent and stop
             comm.Send(data, dest=(relative - mask + root) % size, tag=REDUCE)
             break
+        # otherwise reduce my child's subtree into mine, if that child exists
         child = relative + mask
         if child < size:
             comm.Recv(incoming, source=(child + root) % size, tag=REDUCE)
             combine(data, incoming, op)
         mask *= 2
+    # END SOLUTION
 
 
 def tree_broadcast_in_place(comm, data, root=0):
     """Binomial-tree broadcast of `data` from `root` (the reduce's edges, walked backwards)."""
     rank, size = comm.Get_rank(), comm.Get_size()
+    # BEGIN SOLUTION
     relative = (rank - root) % size
     # receive from my parent: the lowest set bit of `relative` names the edge
     mask = 1
@@ -71,6 +75,7 @@ def tree_broadcast_in_place(comm, data, root=0):
         if relative + mask < size:
             comm.Send(data, dest=(relative + mask + root) % size, tag=BROADCAST)
         mask //= 2
+    # END SOLUTION
 
 
 def tree_allreduce_in_place(comm, data, op):

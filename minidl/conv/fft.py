@@ -81,6 +81,7 @@ def _to_space(xp, product_hat, size, shape_2d, crop, dtype):
 
 
 def forward(x, weight, stride, padding):
+    """conv2d of x (N, C, H, W) with weight (F, C, kh, kw) as a product of spectra; returns (out, cache)."""
     xp = get_array_module(x)
     n, c, h, w = x.shape
     f, _, kh, kw = weight.shape
@@ -88,13 +89,18 @@ def forward(x, weight, stride, padding):
     x_pad = pad(x, padding)
     size = transform_size(*x_pad.shape[2:])
     spectrum_shape = (size[0], size[1] // 2 + 1)
+    full_h, full_w = x_pad.shape[2] - kh + 1, x_pad.shape[3] - kw + 1   # the stride-1 output
 
+    # BEGIN SOLUTION
+    # transform every input plane and every kernel once, to the common size
     x_hat = _spectrum(xp, x_pad, size)                               # (freqs, N, C)
     weight_hat = xp.conj(_spectrum(xp, weight, size)).transpose(0, 2, 1)   # (freqs, C, F), conjugated
+    # at each frequency, the sum over channels is one small complex matrix product
     out_hat = xp.matmul(x_hat, weight_hat)                           # (freqs, N, C) @ (freqs, C, F)
-    full_h, full_w = x_pad.shape[2] - kh + 1, x_pad.shape[3] - kw + 1   # the stride-1 output
+    # back to space, crop the valid stride-1 output, keep every stride-th row and column
     out_full = _to_space(xp, out_hat, size, spectrum_shape, (full_h, full_w), x.dtype)
     out = out_full[:, :, ::stride, ::stride]
+    # END SOLUTION
     assert out.shape[2:] == (out_h, out_w)
     cache = {"x_hat": x_hat, "weight_hat": weight_hat, "size": size, "x_shape": x.shape,
              "weight_shape": weight.shape, "padded_shape": x_pad.shape, "full_shape": (full_h, full_w),

@@ -44,10 +44,13 @@ def im2col(x_pad, kh, kw, stride, out_h, out_w):
     """
     xp = get_array_module(x_pad)
     n, c = x_pad.shape[:2]
-    cols = workspace(xp, (c, kh, kw, n, out_h, out_w), x_pad.dtype)
+    cols = workspace(xp, (c, kh, kw, n, out_h, out_w), x_pad.dtype)     # the stored order, batch inside
+    # BEGIN SOLUTION
+    # one strided copy per kernel offset (i, j): every channel, image and output pixel at once
     for i in range(kh):
         for j in range(kw):
             cols[:, i, j] = _window(x_pad, i, j, stride, out_h, out_w).transpose(1, 0, 2, 3)
+    # END SOLUTION
     return cols.transpose(3, 0, 1, 2, 4, 5)
 
 
@@ -56,9 +59,12 @@ def col2im(cols, padded_shape, stride):
     xp = get_array_module(cols)
     n, c, kh, kw, out_h, out_w = cols.shape
     x_pad = workspace(xp, padded_shape, cols.dtype, zero=True)
+    # BEGIN SOLUTION
+    # im2col's loop with += : windows of neighbouring outputs overlap, so their entries add up
     for i in range(kh):
         for j in range(kw):
             _window(x_pad, i, j, stride, out_h, out_w)[...] += cols[:, :, i, j]
+    # END SOLUTION
     return x_pad
 
 

@@ -107,6 +107,7 @@ def _tile_counts(out_h, out_w):
 
 
 def forward(x, weight, stride, padding):
+    """conv2d of x (N, C, H, W) with 3x3 weight (F, C, 3, 3), stride 1, by F(2x2, 3x3); returns (out, cache)."""
     xp = get_array_module(x)
     n, c, h, w = x.shape
     f = weight.shape[0]
@@ -118,6 +119,7 @@ def forward(x, weight, stride, padding):
     x_ext = workspace(xp, (c, n, 2 * tiles_h + 2, 2 * tiles_w + 2), x.dtype, zero=True)
     x_ext[:, :, padding:padding + h, padding:padding + w] = x.transpose(1, 0, 2, 3)
 
+    # BEGIN SOLUTION
     # U = G weight G^T: (4, 4, F, C)
     U = xp.empty((4, 4, f, c), dtype=x.dtype)
     transform(G, lambda u: weight[:, :, u, :], lambda r, v: r[..., v], lambda a, b: U[a, b])
@@ -131,6 +133,7 @@ def forward(x, weight, stride, padding):
     # Y = A^T M A: each tile's 2x2 outputs, written to out_fn[:, :, 2i + a, 2j + b]
     out_fn = workspace(xp, (f, n, 2 * tiles_h, 2 * tiles_w), x.dtype)
     transform(A_T, lambda u: M[u], lambda r, v: r[v], lambda a, b: out_fn[:, :, a::2, b::2])
+    # END SOLUTION
 
     out = xp.ascontiguousarray(out_fn[:, :, :out_h, :out_w].transpose(1, 0, 2, 3))
     cache = {"U": U, "V": V, "x_shape": x.shape, "padding": padding}
@@ -138,16 +141,19 @@ def forward(x, weight, stride, padding):
 
 
 def backward(grad_out, cache, need_x=True, need_weight=True):
+    """(grad_x, grad_weight) from grad_out (N, F, Ho, Wo): forward's linear maps transposed; None where not needed."""
     xp = get_array_module(grad_out)
     U, V = cache["U"], cache["V"]
     n, f, out_h, out_w = grad_out.shape
     c = V.shape[2]
     tiles_h, tiles_w = _tile_counts(out_h, out_w)
     p = n * tiles_h * tiles_w
-
-    # dM = A dY A^T, dY = grad_out cut into 2x2 tiles (zero where the last tile hangs over): (4, 4, F, P)
+    # dY = grad_out cut into 2x2 tiles (zero where the last tile hangs over), channels first
     grad_fn = workspace(xp, (f, n, 2 * tiles_h, 2 * tiles_w), grad_out.dtype, zero=True)
     grad_fn[:, :, :out_h, :out_w] = grad_out.transpose(1, 0, 2, 3)
+
+    # BEGIN SOLUTION
+    # dM = A dY A^T: (4, 4, F, P)
     dM = workspace(xp, (4, 4, f, n, tiles_h, tiles_w), grad_out.dtype)
     transform(transposed(A_T), lambda u: grad_fn[:, :, u::2, :], lambda r, v: r[..., v::2],
               lambda a, b: dM[a, b])
@@ -172,4 +178,5 @@ def backward(grad_out, cache, need_x=True, need_weight=True):
         padding = cache["padding"]
         h, w = cache["x_shape"][2:]
         grad_x = xp.ascontiguousarray(grad_ext[:, :, padding:padding + h, padding:padding + w].transpose(1, 0, 2, 3))
+    # END SOLUTION
     return grad_x, grad_weight
