@@ -125,7 +125,7 @@ def owner(functions, begin):
     """The qualified name of the innermost function whose body holds line ``begin`` (0-based)."""
     best = None
     for name, node in functions.items():
-        if node.body[0].lineno <= begin + 1 <= node.end_lineno:
+        if node.lineno < begin + 1 <= node.end_lineno:
             if best is None or node.lineno > functions[best].lineno:
                 best = name
     return best
