@@ -37,10 +37,18 @@ from tutorials import assignments  # noqa: E402
 NPROCS = re.compile(r"nprocs=(\d+)")
 
 
+def test_files(tree, task):
+    """The test files that mark a test for ``task`` (so pytest collects only those: much faster)."""
+    mark = re.compile(r"""task\(\s*["']""" + re.escape(task.id) + r"""["']""")
+    return sorted(str(path.relative_to(tree)) for path in (Path(tree) / "tests").rglob("test_*.py")
+                  if mark.search(path.read_text()))
+
+
 def collect(tree, task, env):
     """{rank count: [node ids]} of the task's tests in ``tree``."""
     done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                           "--task", task.id], cwd=tree, env=env, capture_output=True, text=True, timeout=300)
+                           "--task", task.id, *test_files(tree, task)], cwd=tree, env=env, capture_output=True,
+                          text=True, timeout=300)
     groups = {}
     for line in done.stdout.splitlines():
         if "::" not in line or line.startswith(("=", " ")):
@@ -92,7 +100,7 @@ def grade_task(tree, task, timeout, env, max_ranks=8):
     for nprocs, ids in sorted(collect(tree, task, env).items()):
         if nprocs > max_ranks:
             continue
-        got = run(tree, nprocs, ["--task", task.id], timeout, len(ids), env)
+        got = run(tree, nprocs, ["--task", task.id, *test_files(tree, task)], timeout, len(ids), env)
         outcomes.update({nodeid: got.get(nodeid, "failed") for nodeid in ids})
         deadlocked = False
         for nodeid in [nodeid for nodeid in ids if nodeid not in got]:      # the run died first
