@@ -4,6 +4,12 @@ In each chapter, ``tutorials/NN_*.md``, the ```python blocks run in order in one
 this process, from the repository root. A ```python block whose first line is a comment like
 ``# mpiexec -n 4`` is an MPI program: it is written to a file and run as ``mpiexec -n 4 python FILE``
 (timeout 120 s) and must exit 0. Other blocks (```bash, ```text) are shown, not run.
+
+A block that runs a course-assignment task's code (tutorials/assignments/tasks.toml) says so in a
+comment line ``# needs: 3.4, 3.5`` (its first line, or its second after ``# mpiexec -n N``). In a
+student tree (``python -m tutorials.assignments make``) a block that needs a task whose body is still
+the generated stub is skipped, and so is the rest of its chapter (later blocks use its variables);
+in the reference tree no task is stubbed and every block runs.
 """
 import os
 import re
@@ -13,14 +19,28 @@ from pathlib import Path
 
 import pytest
 
+from tutorials.assignments import load, stubbed
+
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = sorted((ROOT / "tutorials").glob("[0-9][0-9]_*.md"))      # not references.md and the like
 BLOCK = re.compile(r"^```python[^\n]*\n(.*?)^```", re.S | re.M)
 MPI_LINE = re.compile(r"#\s*mpiexec\s+-n\s+(\d+)")
+NEEDS_LINE = re.compile(r"#\s*needs:\s*(.*)$")
 
 
 def python_blocks(path):
     return BLOCK.findall(path.read_text())
+
+
+def needs(code):
+    """The task ids of the block's ``# needs:`` line (first line, or second after ``# mpiexec -n N``)."""
+    lines = code.lstrip().splitlines()
+    head = lines[:2] if lines and MPI_LINE.match(lines[0]) else lines[:1]
+    for line in head:
+        match = NEEDS_LINE.match(line.strip())
+        if match:
+            return [task for task in re.split(r"[,\s]+", match.group(1)) if task]
+    return []
 
 
 def test_readme_links_every_chapter_and_every_chapter_has_code_that_runs_here():
@@ -43,6 +63,32 @@ def test_readme_links_every_chapter_and_every_chapter_has_code_that_runs_here():
                     f"{chapter.name} block {number} asks for {match.group(1)} ranks; tests run 1..8"
 
 
+def test_every_needs_line_names_known_tasks_where_it_is_read():
+    known = {task.id for task in load()[0]}
+    for chapter in CHAPTERS:
+        for number, code in enumerate(python_blocks(chapter), 1):
+            named = needs(code)
+            assert set(named) <= known, f"{chapter.name} block {number} needs unknown task(s) {set(named) - known}"
+            anywhere = [line for line in code.splitlines() if NEEDS_LINE.match(line.strip())]
+            assert len(anywhere) == (1 if named else 0), (f"{chapter.name} block {number}: a '# needs:' line "
+                                                          "must be the first line (the second after '# mpiexec -n N')")
+
+
+def test_the_assignments_readme_plans_with_the_registrys_numbers():
+    # tutorials/assignments/README.md quotes the task count and each chapter's points and hours; README.md the count
+    tasks = load()[0]
+    text = (ROOT / "tutorials" / "assignments" / "README.md").read_text()
+    assert f"The {len(tasks)} hearts" in text, "the README's task count differs from tasks.toml"
+    assert f"are {len(tasks)} course tasks" in (ROOT / "README.md").read_text(), \
+        "README.md's 'Teaching with minidl' counts the tasks differently from tasks.toml"
+    rows = re.findall(r"^\| (\d) \| [^|]+ \| ([\d.]+) \| ([\d.]+) \|", text, re.M)
+    assert [int(chapter) for chapter, _, _ in rows] == sorted({task.chapter for task in tasks})
+    for chapter, points, hours in rows:
+        mine = [task for task in tasks if task.chapter == int(chapter)]
+        assert (float(points), float(hours)) == (sum(t.points for t in mine), sum(t.hours for t in mine)), \
+            f"chapter {chapter}: the README's points and hours differ from tasks.toml"
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=[path.stem for path in CHAPTERS])
 def test_chapter_code_runs(chapter, tmp_path, monkeypatch):
@@ -52,6 +98,9 @@ def test_chapter_code_runs(chapter, tmp_path, monkeypatch):
                PYTHONPATH=str(ROOT))
     namespace = {"__name__": f"tutorial_{chapter.stem}"}
     for number, code in enumerate(python_blocks(chapter), 1):
+        not_done = [task for task in needs(code) if stubbed(task, root=ROOT)]
+        if not_done:                     # a student tree: this block and the rest of the chapter wait
+            pytest.skip(f"{chapter.name}: block {number} needs task {not_done[0]}, which is not done yet")
         first = code.lstrip().splitlines()[0] if code.strip() else ""
         match = MPI_LINE.match(first)
         if match:
