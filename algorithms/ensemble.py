@@ -22,7 +22,7 @@ any one of them.
 
 Communication: none between epoch ends (the non-finite-loss agreement, run.FiniteCheck, runs
 once per epoch here: --check-every 0); at each epoch's end one 8-byte agreement and one allreduce
-of len(x) * classes floats for the evaluation (the 360 test images x 10 classes: 14 KB in
+of len(x) * classes floats for the evaluation (the 359 test images x 10 classes: 14 KB in
 float32), both counted in ``bytes``. The log reports the
 ensemble's test accuracy and ``member_accuracy``, the mean of the members' own accuracies.
 
