@@ -1,5 +1,13 @@
 """Shared test set-up.
 
+Course-assignment tasks: ``@pytest.mark.task("3.4")`` marks a test of task 3.4 of
+tutorials/assignments/tasks.toml, and ``--task 3.4,3.5`` runs only the tests marked with one of
+those ids (every other test is deselected; without ``--task`` nothing changes). It combines with
+mpi-pytest's markers as tests/run.py uses them: ``-m "parallel[3]" --task 3.4``. A marked item
+must fail when only that task's body is the generated stub (``raise NotImplementedError``) and
+pass with the reference, so items that never reach the function (a collective on one rank, a cost
+of n = 0) carry no mark. Tests whose oracle would hand a student a solution live in tests/hidden/.
+
 Hypothesis must draw the same examples on every MPI rank, or the ranks would disagree about
 which test case they are running and deadlock. So examples are derandomized (a fixed sequence
 derived from the test), nothing is read from an example database, and timing-based checks
@@ -36,3 +44,28 @@ def backend_name(request):
     backend.set_backend(request.param)
     yield request.param
     backend.set_backend(previous)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--task", default=None, metavar="IDS",
+                     help="run only the tests marked @pytest.mark.task(<id>) for one of these comma-separated "
+                          "course-assignment task ids (tutorials/assignments/tasks.toml)")
+
+
+def task_ids(item):
+    """The task ids a test item is marked with (``@pytest.mark.task``, on the function or a param)."""
+    return {str(task_id) for mark in item.iter_markers("task") for task_id in mark.args}
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    option = config.getoption("--task")
+    if option is None:
+        return
+    wanted = {part.strip() for part in option.split(",") if part.strip()}
+    selected, deselected = [], []
+    for item in items:
+        (selected if task_ids(item) & wanted else deselected).append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = selected

@@ -21,7 +21,16 @@ from hypothesis import given, strategies as st
 from minidl import Tensor, backend, conv, functional as F, gradcheck
 from minidl.conv import auto, cost, direct
 
-ALGORITHMS = ["im2col", "fft", "winograd", "auto"]
+# Each algorithm's items belong to the course task whose code they run (tutorials/assignments/tasks.toml):
+# im2col's forward and backward need im2col and col2im (1.3, 1.4), FFT's need its forward (2.1; the
+# backward is no task), Winograd's need its forward and backward (2.2, 2.3). auto picks one of them.
+BY_ALGORITHM = [pytest.param("im2col", marks=pytest.mark.task("1.4")),
+                pytest.param("fft", marks=pytest.mark.task("2.1")),
+                pytest.param("winograd", marks=pytest.mark.task("2.3")),
+                "auto"]
+FORWARD_TASKS = [pytest.param("im2col", marks=pytest.mark.task("1.3")),
+                 pytest.param("fft", marks=pytest.mark.task("2.1")),
+                 pytest.param("winograd", marks=pytest.mark.task("2.2"))]
 FLOAT64_TOL = 1e-11
 FLOAT32_TOL = 5e-6
 
@@ -66,7 +75,7 @@ def draw_arrays(setting, seed, dtype):
                  for shape in ((n, c, h, w), (f, c, k, k), (n, f, out_h, out_w)))
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("algorithm", BY_ALGORITHM)
 @given(data=st.data(), seed=st.integers(0, 2**32 - 1))
 def test_every_algorithm_equals_direct_forward_and_both_gradients_in_float64(backend_name, algorithm, data, seed):
     setting = data.draw(shapes_for(algorithm))
@@ -77,7 +86,7 @@ def test_every_algorithm_equals_direct_forward_and_both_gradients_in_float64(bac
         assert relative_error(actual, expected) <= FLOAT64_TOL, f"{algorithm} {name} for setting {setting}"
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("algorithm", BY_ALGORITHM)
 @given(data=st.data(), seed=st.integers(0, 2**32 - 1))
 def test_float32_error_against_float64_direct_is_within_the_measured_bound(backend_name, algorithm, data, seed):
     setting = data.draw(shapes_for(algorithm, max_channels=16, max_side=12))
@@ -90,14 +99,36 @@ def test_float32_error_against_float64_direct_is_within_the_measured_bound(backe
         assert relative_error(actual, expected) <= FLOAT32_TOL, f"{algorithm} {name} for setting {setting}"
 
 
-def test_winograd_and_fft_on_a_wide_layer_in_float32():
+@pytest.mark.parametrize("algorithm", [
+    pytest.param("im2col", marks=pytest.mark.task("1.3")),     # F <= C, stride 1: grad_x without col2im
+    pytest.param("fft", marks=pytest.mark.task("2.1")),
+    pytest.param("winograd", marks=pytest.mark.task("2.3")),
+])
+def test_winograd_and_fft_on_a_wide_layer_in_float32(algorithm):
     """A 64-channel 3x3 layer: the shape Winograd is for, and longer sums than hypothesis draws."""
     setting = (2, 64, 64, 12, 12, 3, 1, 1)
     x, weight, grad_out = draw_arrays(setting, 7, "float32")
     expected = reference(x, weight, grad_out, 1, 1)
-    for algorithm in ("im2col", "fft", "winograd"):
-        for actual, wanted in zip(run(algorithm, x, weight, grad_out, 1, 1), expected):
-            assert relative_error(actual, wanted) <= FLOAT32_TOL, algorithm
+    for actual, wanted in zip(run(algorithm, x, weight, grad_out, 1, 1), expected):
+        assert relative_error(actual, wanted) <= FLOAT32_TOL, algorithm
+
+
+@pytest.mark.parametrize("algorithm", FORWARD_TASKS)
+@pytest.mark.parametrize("dtype, tolerance", [pytest.param("float64", FLOAT64_TOL, id="float64"),
+                                              pytest.param("float32", FLOAT32_TOL, id="float32")])
+@given(data=st.data(), seed=st.integers(0, 2**32 - 1))
+def test_every_forward_pass_alone_equals_direct(backend_name, algorithm, dtype, tolerance, data, seed):
+    """The forward pass without any backward: im2col and Winograd's forward are tasks of their own."""
+    setting = data.draw(shapes_for(algorithm))
+    stride, padding = setting[6], setting[7]
+    x, weight, _ = draw_arrays(setting, seed, dtype)
+    out, _ = conv.get(algorithm, x.shape, weight.shape, stride, padding).forward(x, weight, stride, padding)
+    assert out.dtype == np.dtype(dtype), f"{dtype} in, {out.dtype} out"
+    expected, _ = direct.forward(*(backend.to_numpy(a).astype(np.float64) for a in (x, weight)), stride, padding)
+    # relative to max(|expected|, 1): an output of padding alone is exactly 0 (e.g. a 1x1 kernel at
+    # stride 2 on a 1x1 image with padding 1), where FFT's rounding leaves ~1e-18
+    error = float(np.abs(backend.to_numpy(out) - expected).max() / max(np.abs(expected).max(), 1.0))
+    assert out.shape == expected.shape and error <= tolerance, f"{algorithm} for setting {setting}"
 
 
 def test_the_check_rejects_a_true_convolution_and_a_one_pixel_shift():
@@ -111,7 +142,8 @@ def test_the_check_rejects_a_true_convolution_and_a_one_pixel_shift():
     assert relative_error(shifted, expected) > 1e-2
 
 
-@pytest.mark.parametrize("algorithm", ["fft", "winograd"])
+@pytest.mark.parametrize("algorithm", [pytest.param("fft", marks=pytest.mark.task("2.1")),
+                                       pytest.param("winograd", marks=pytest.mark.task("2.3"))])
 def test_conv2d_through_autograd_matches_finite_differences(algorithm):
     rng = np.random.default_rng(5)
     stride = 2 if algorithm == "fft" else 1

@@ -1,4 +1,8 @@
-"""Downpour SGD on real MPI ranks: one worker is serial SGD, and any deterministic run is its log replayed."""
+"""Downpour SGD on real MPI ranks: one worker is serial SGD; the schedule of fetches and pushes is the documented one.
+
+That any deterministic run is its log replayed is checked by tests/hidden/test_ps_replay.py (the
+replay is a solution of tasks 5.1 and 5.3).
+"""
 import json
 import os
 import subprocess
@@ -6,15 +10,15 @@ import sys
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
 from algorithms import downpour_sgd, objective, serial_sgd
-from minidl.flat import flatten
-from tests import ps_replay
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# NO_DROPS: the tests of the workers' step (task 5.3) run without a silence timeout (timeout=None), so
+# server 0 never looks for silent workers: no worker is dropped on a slow machine, and dropping one
+# (task 5.6, tested with the failure tests below) takes no part.
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
 
 
@@ -30,50 +34,19 @@ def mpiexec(n, *args, timeout=120):
                           timeout=timeout)
 
 
+@pytest.mark.task("5.3")
 @pytest.mark.parallel(nprocs=[2, 3, 4])
 def test_downpour_with_one_worker_and_fixed_rate_equals_serial_sgd_exactly():
     # S = p - 1 servers, so exactly one worker; n_fetch = n_push = 1, server SGD at the serial rate
     comm = MPI.COMM_WORLD
     data = objective.load_data("digits", seed=0)
     params, history = downpour_sgd.train(comm, epochs=2, lr=0.05, server_optimizer="sgd", servers=comm.size - 1,
-                                         quiet=True, data=data)
+                                         timeout=None, quiet=True, data=data)     # timeout: see NO_DROPS
     serial, serial_history = serial_sgd.train(epochs=2, lr=0.05, momentum=0.0, quiet=True, data=data)
     parallel_assert(bool(np.array_equal(params, serial)),
                     f"max difference {np.abs(params - serial).max()} from serial SGD")
     parallel_assert([h["test_accuracy"] for h in history] == [h["test_accuracy"] for h in serial_history],
                     f"{history} vs {serial_history}")
-
-
-@pytest.mark.parallel(nprocs=[2, 3, 4])
-@settings(max_examples=4)
-@given(seed=st.integers(0, 1000), two_servers=st.booleans(), n_fetch=st.integers(1, 3), n_push=st.integers(1, 3),
-       optimizer=st.sampled_from(["sgd", "adagrad"]), warm_start=st.sampled_from([0, 4]))
-def test_deterministic_downpour_equals_a_serial_replay_of_its_log(seed, two_servers, n_fetch, n_push, optimizer,
-                                                                   warm_start):
-    comm = MPI.COMM_WORLD
-    servers = 2 if two_servers and comm.size >= 3 else 1
-    data, lr, epochs, batch = small_data(), 0.05, 2, 8
-    report = {}
-    params, _ = downpour_sgd.train(comm, model="mlp", epochs=epochs, lr=lr, batch_size=batch, seed=seed,
-                                   servers=servers, n_fetch=n_fetch, n_push=n_push, server_optimizer=optimizer,
-                                   warm_start_steps=warm_start, deterministic=True, quiet=True, data=data,
-                                   report=report)
-    workers = comm.size - servers
-    programs = [ps_replay.worker_program(w, workers, data, "mlp", seed, epochs, batch, lr, n_fetch, n_push)
-                for w in range(workers)]
-    initial = flatten(objective.build_model("mlp", seed)).data.copy()
-    try:
-        replayed = ps_replay.replay(report["logs"], report["layout"].ranges, initial, programs, optimizer, lr)
-        message = f"max difference {np.abs(params - replayed).max()} from the replay"
-        equal = bool(np.array_equal(params, replayed))
-    except AssertionError as error:
-        equal, message = False, f"the log cannot be replayed: {error}"
-    parallel_assert(equal, message)
-    # warm start: no fetch by another worker before worker 0 has pushed warm_start steps
-    first_other = next((i for i, e in enumerate(report["logs"][0]) if e[0] == "fetch" and e[1] != 0), None)
-    pushes_before = sum(1 for e in report["logs"][0][:first_other] if e[0] == "push")
-    parallel_assert(first_other is None or pushes_before >= -(-warm_start // n_push),   # ceil(warm / n_push)
-                    f"another worker started after {pushes_before} pushes of worker 0 (warm start {warm_start})")
 
 
 @pytest.mark.parallel(nprocs=[3, 4])
@@ -103,14 +76,15 @@ def documented_schedule(steps_per_epoch, epochs, n_fetch, n_push):
     return events + ["goodbye"]
 
 
+@pytest.mark.task("5.3")
 @pytest.mark.parallel(nprocs=[2, 3])
 def test_each_epoch_starts_from_a_fetch_and_counts_its_n_fetch_and_n_push_steps_afresh():
     # 96 rows, batch 8: 12 steps per epoch with one worker, 6 with two; n_fetch = 5 and n_push = 4
     # divide neither, so a phase carried over the epoch's end would put a fetch or push elsewhere
     comm = MPI.COMM_WORLD
     report = {}
-    downpour_sgd.train(comm, model="mlp", epochs=3, batch_size=8, n_fetch=5, n_push=4, quiet=True,
-                       data=small_data(), report=report)
+    downpour_sgd.train(comm, model="mlp", epochs=3, batch_size=8, n_fetch=5, n_push=4, timeout=None, quiet=True,
+                       data=small_data(), report=report)                         # timeout: see NO_DROPS
     workers = comm.size - 1
     logged = [[event[0] for event in report["logs"][0]
                if (event[1].worker if event[0] == "push" else event[1]) == w] for w in range(workers)]
@@ -154,6 +128,7 @@ def test_command_line_bad_input_prints_error_and_exits_2_on_every_rank():
     assert done.stderr.count("error:") == 3 and "cannot hold 3 server(s)" in done.stderr
 
 
+@pytest.mark.task("5.6")
 def test_a_failed_worker_is_dropped_and_every_other_rank_finishes_with_exit_0():
     # rank 2 goes silent at its step 5; the server drops it after 2 s; ranks 0, 1, 3 finish
     done = mpiexec(4, "-m", "algorithms.downpour_sgd", "--epochs", "3", "--fail-worker", "2", "--fail-step", "5",

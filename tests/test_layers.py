@@ -51,7 +51,8 @@ def naive_max_pool_grad(x, grad_out, k, stride, padding):
     return grad[:, :, padding:padding + h, padding:padding + w]
 
 
-@pytest.mark.parametrize("algorithm", ["direct", "im2col"])
+# im2col's backward takes col2im (task 1.4) for strides above 1 or more output than input channels
+@pytest.mark.parametrize("algorithm", ["direct", pytest.param("im2col", marks=pytest.mark.task("1.4"))])
 @given(setting=strategies.conv_settings(), seed=strategies.seeds)
 def test_conv2d_equals_the_naive_loop_and_its_gradients_match_finite_differences(backend_name, algorithm, setting, seed):
     n, c, f, h, w, k, stride, padding = setting
@@ -89,6 +90,7 @@ def test_max_pool_sends_a_tied_maximum_to_one_position_only():
     np.testing.assert_array_equal(x.grad[0, 0], [[1.0, 0.0], [0.0, 0.0]])
 
 
+@pytest.mark.task("1.1")
 def test_linear_is_x_times_weight_plus_bias():
     rng = np.random.default_rng(0)
     layer = nn.Linear(4, 3, rng=rng, dtype="float64")
@@ -137,10 +139,14 @@ def test_conv_errors_name_shapes_and_limits():
 
 
 @pytest.mark.parametrize("in_channels, out_channels, kernel, padding", [
-    (4, 2, 3, 1),     # F <= C, stride 1: grad_x by a convolution with the flipped kernel
-    (4, 4, 3, 2),     # padding = k - 1: the "full" convolution needs no extra padding
-    (2, 5, 3, 1),     # F > C: grad_x by GEMM + col2im
-    (3, 3, 2, 0),     # even kernel
+    # F <= C, stride 1: grad_x by a convolution with the flipped kernel (im2col again, no col2im)
+    pytest.param(4, 2, 3, 1, marks=pytest.mark.task("1.3")),
+    # padding = k - 1: the "full" convolution needs no extra padding
+    pytest.param(4, 4, 3, 2, marks=pytest.mark.task("1.3")),
+    # F > C: grad_x by GEMM + col2im
+    pytest.param(2, 5, 3, 1, marks=pytest.mark.task("1.4")),
+    # even kernel
+    pytest.param(3, 3, 2, 0, marks=pytest.mark.task("1.3")),
 ])
 def test_both_input_gradient_paths_of_im2col_equal_the_direct_kernel(in_channels, out_channels, kernel, padding):
     from minidl.conv import direct, im2col

@@ -33,9 +33,22 @@ def test_impossible_layouts_are_refused_with_a_clear_error():
         Layout.make(size=20, servers=11, n_params=10)
     with pytest.raises(ValueError, match="--servers must be an integer >= 1"):
         Layout.make(size=4, servers=0, n_params=10)
-    assert not parameter_server.may_proceed(clock=3, clocks=[3, 0], staleness=2)
-    assert parameter_server.may_proceed(clock=2, clocks=[2, 0], staleness=2)
-    assert parameter_server.may_proceed(clock=99, clocks=[99, 0], staleness=None)
+
+
+@pytest.mark.task("5.2")
+@pytest.mark.parametrize("clock, clocks, staleness, expected", [
+    (3, [3, 0], 2, False),           # 3 clocks ahead of the slowest: one too many for s = 2
+    (2, [2, 0], 2, True),            # exactly s ahead: may proceed
+    (99, [99, 0], None, True),       # no bound: asynchronous
+    (0, [0, 0, 0], 0, True),         # s = 0: everyone at the same clock proceeds ...
+    (1, [1, 0, 1], 0, False),        # ... and nobody runs ahead of the slowest
+    (0, [0, 5, 7], 0, True),         # the slowest worker itself always may
+    (4, [4], 0, True),               # the only worker left
+    (6, [2, 6, 3], 3, False),        # the minimum, not the asking worker's neighbour, counts
+    (5, [2, 5, 3], 3, True),
+])
+def test_may_proceed_is_the_stale_synchronous_condition(clock, clocks, staleness, expected):
+    assert parameter_server.may_proceed(clock=clock, clocks=clocks, staleness=staleness) is expected
 
 
 def gradient(seed, worker, push, n):
@@ -43,6 +56,7 @@ def gradient(seed, worker, push, n):
     return np.random.default_rng([seed, worker, push]).standard_normal(n).astype(np.float32)
 
 
+@pytest.mark.task("5.1")
 @pytest.mark.parallel(nprocs=[2, 3, 4])
 @settings(max_examples=6)
 @given(seed=st.integers(0, 10**6), n=st.integers(3, 40), pushes=st.integers(1, 6),
@@ -86,3 +100,13 @@ def test_server_side_optimizer_equals_minidl_optimizer_on_the_same_gradient_sequ
                     f"max difference {np.abs(result - whole.data).max()} from minidl's {optimizer}")
     orders = [[(e[1].worker, e[1].version) for e in log if e[0] == "push"] for _, log in gathered]
     parallel_assert(all(order == orders[0] for order in orders), "servers applied pushes in different orders")
+    # each logged update: the shard's versions count the pushes, each worker's clocks its own pushes
+    for _, log in gathered:
+        updates = [e[1] for e in log if e[0] == "push"]
+        parallel_assert([u.version for u in updates] == list(range(len(updates))), "versions are not 0, 1, 2, ...")
+        clocks = {}
+        for update in updates:
+            parallel_assert(update.clock == clocks.get(update.worker, 0), f"worker {update.worker}'s clock")
+            clocks[update.worker] = update.clock + 1
+            parallel_assert(0 <= update.version_read <= update.version and update.staleness >= 0,
+                            f"read at version {update.version_read}, applied at {update.version}")

@@ -63,6 +63,7 @@ downpour_sgd.main(["--epochs", "1", "--model", "mlp", "--timeout", "1"])
 """
 
 
+@pytest.mark.task("5.6")
 def test_a_busy_server_drops_no_live_worker():
     # rank 0 evaluates for 2.5 s with --timeout 1: the workers' requests wait in its queue meanwhile
     done = mpiexec(3, "-c", SLOW_SERVER, timeout=60)
@@ -70,6 +71,7 @@ def test_a_busy_server_drops_no_live_worker():
     assert "lost worker" not in done.stdout and done.stdout.count("test_accuracy") == 1, done.stdout
 
 
+@pytest.mark.task("5.6")
 def test_losing_every_worker_is_an_error():
     # the only worker goes silent at its step 2: nothing was trained to the end
     done = mpiexec(2, "-m", "algorithms.downpour_sgd", "--epochs", "1", "--model", "mlp", "--fail-worker", "1",

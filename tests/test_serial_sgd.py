@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 
 from algorithms import serial_sgd
+from tests.test_sync_sgd import float64_mlp, serial_reference, tiny_digits
 
 
+@pytest.mark.task("1.5")
 def test_serial_sgd_reaches_95_percent_on_the_embedded_digits_with_the_default_seed(tmp_path):
     params, history = serial_sgd.train(quiet=True, log=str(tmp_path / "run.jsonl"))
     assert history[-1]["test_accuracy"] >= 0.95
@@ -17,6 +19,7 @@ def test_serial_sgd_reaches_95_percent_on_the_embedded_digits_with_the_default_s
     assert [line["epoch"] for line in lines] == list(range(1, 11))
 
 
+@pytest.mark.task("1.5")
 def test_same_seed_gives_identical_parameters_and_save_resume_continues_the_run(tmp_path):
     full, _ = serial_sgd.train(epochs=3, quiet=True)
     again, _ = serial_sgd.train(epochs=3, quiet=True)
@@ -25,6 +28,17 @@ def test_same_seed_gives_identical_parameters_and_save_resume_continues_the_run(
     resumed, history = serial_sgd.train(epochs=3, quiet=True, resume=str(tmp_path / "two.npz"))
     np.testing.assert_array_equal(resumed, full)      # epochs 1-2 saved, epoch 3 run again identically
     assert [h["epoch"] for h in history] == [3]
+
+
+@pytest.mark.task("1.5")
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_serial_sgd_is_the_update_of_its_header_bit_for_bit(momentum):
+    # the float64 MLP on 50 digits, against the loop that the chapter-4 tests compare with
+    data = tiny_digits()
+    params, history = serial_sgd.train(model=float64_mlp, data=data, epochs=2, lr=0.1, momentum=momentum,
+                                       batch_size=4, quiet=True)
+    np.testing.assert_array_equal(params, serial_reference(data, epochs=2, lr=0.1, momentum=momentum, batch_size=4))
+    assert [h["epoch"] for h in history] == [1, 2] and all(np.isfinite(h["train_loss"]) for h in history)
 
 
 def test_bad_settings_are_refused_before_training():
@@ -36,6 +50,7 @@ def test_bad_settings_are_refused_before_training():
         serial_sgd.train(model="lenet5", quiet=True)
 
 
+@pytest.mark.task("1.5")
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")   # the overflow itself warns; the run must then stop
 def test_a_diverging_run_stops_and_names_the_step():
     with pytest.raises(FloatingPointError, match="at step"):

@@ -1,4 +1,7 @@
-"""Stale-synchronous SGD on real MPI ranks: the bound holds, s = 0 is synchronous SGD, failures do not stall it."""
+"""Stale-synchronous SGD on real MPI ranks: the bound holds, s = 0 is synchronous SGD, failures do not stall it.
+
+That a deterministic run is its log replayed is checked by tests/hidden/test_ps_replay.py.
+"""
 import collections
 
 import numpy as np
@@ -11,7 +14,6 @@ from algorithms import objective, ps_job, ssp_sgd
 from minidl.flat import flatten
 from minidl.optim import SGD
 from minidl.tensor import Parameter
-from tests import ps_replay
 from tests.test_downpour import mpiexec, small_data
 
 
@@ -45,6 +47,7 @@ def test_the_recomputation_sees_a_read_that_broke_the_bound():
     assert clock_staleness_at_each_read([("push", Push(0)), ("fetch", 0, 1)], workers=2) == {0: [1]}
 
 
+@pytest.mark.task("5.4")
 @pytest.mark.parallel(nprocs=[2, 3, 4])
 @settings(max_examples=5)
 @given(staleness=st.integers(0, 3), seed=st.integers(0, 1000), deterministic=st.booleans(),
@@ -56,9 +59,9 @@ def test_every_read_is_within_s_clocks_of_the_slowest_worker_by_the_servers_logs
     data, lr, epochs, batch = small_data(), 0.05, 2, 8
     workers = comm.size - servers
     report = {}
-    params, history = ssp_sgd.train(comm, model="mlp", epochs=epochs, lr=lr, batch_size=batch, seed=seed,
-                                     staleness=staleness, servers=servers, deterministic=deterministic,
-                                     quiet=True, data=data, report=report)
+    ssp_sgd.train(comm, model="mlp", epochs=epochs, lr=lr, batch_size=batch, seed=seed, staleness=staleness,
+                  servers=servers, deterministic=deterministic, timeout=None, quiet=True, data=data,
+                  report=report)                          # timeout: see NO_DROPS in tests/test_downpour.py
     # every step of every worker reads once (the first before it, the others with the previous push)
     steps = [epochs * len(ps_job.worker_batches(len(data.x_train), seed, 0, w, workers, batch)) for w in range(workers)]
     for log in report["logs"]:
@@ -69,12 +72,6 @@ def test_every_read_is_within_s_clocks_of_the_slowest_worker_by_the_servers_logs
         # push j was computed at read j: the staleness the server logged with it is the recomputed one
         logged = {w: [e[1].clock_staleness for e in log if e[0] == "push" and e[1].worker == w] for w in reads}
         parallel_assert(logged == reads, f"the server logged {logged}, its events say {reads}")
-    if deterministic:    # a deterministic SSP run is also its log replayed
-        programs = [ps_replay.worker_program(w, workers, data, "mlp", seed, epochs, batch, lr, 1, 1)
-                    for w in range(workers)]
-        initial = flatten(objective.build_model("mlp", seed)).data.copy()
-        replayed = ps_replay.replay(report["logs"], report["layout"].ranges, initial, programs, "sgd", lr)
-        parallel_assert(bool(np.array_equal(params, replayed)), "the deterministic SSP run differs from its replay")
 
 
 def synchronous_sgd(data, model, seed, epochs, batch_size, lr, workers, ranges, logs):
@@ -112,6 +109,7 @@ def synchronous_sgd(data, model, seed, epochs, batch_size, lr, workers, ranges, 
     return np.concatenate([param.data for param, _ in shards])
 
 
+@pytest.mark.task("5.4")
 @pytest.mark.parallel(nprocs=[2, 3, 4])
 @pytest.mark.parametrize("servers", [1, 2])
 def test_ssp_with_s_0_equals_synchronous_sgd(servers):
@@ -121,7 +119,8 @@ def test_ssp_with_s_0_equals_synchronous_sgd(servers):
     data = small_data(n_train=100)        # 100 rows: unequal shards for 3 workers, so clocks end unevenly
     report = {}
     params, _ = ssp_sgd.train(comm, model="mlp", epochs=2, lr=0.05, batch_size=8, seed=1, staleness=0,
-                              servers=servers, quiet=True, data=data, report=report)
+                              servers=servers, timeout=None, quiet=True, data=data,
+                              report=report)              # timeout: see NO_DROPS in tests/test_downpour.py
     try:
         reference = synchronous_sgd(data, "mlp", 1, 2, 8, 0.05, comm.size - servers, report["layout"].ranges,
                                     report["logs"])
@@ -132,6 +131,7 @@ def test_ssp_with_s_0_equals_synchronous_sgd(servers):
     parallel_assert(equal, message)
 
 
+@pytest.mark.task("5.6")
 def test_ssp_with_a_failed_worker_is_not_stalled_after_the_timeout():
     # s = 0 would wait for the silent worker forever; the servers drop it after 2 s instead
     done = mpiexec(4, "-m", "algorithms.ssp_sgd", "--staleness", "0", "--epochs", "2", "--servers", "2",

@@ -5,6 +5,10 @@ Run: python tests/run.py --max-ranks 4 -- tests/test_sync_sgd.py
 Exact equivalences use a float64 MLP on 50 digits, so that the only difference from serial SGD
 is the order of floating-point additions; convergence claims use least squares with a known
 optimum. Every check goes through parallel_assert, so a failure on one rank fails every rank.
+
+Course tasks (``@pytest.mark.task``): each algorithm's tests sum with MPI's own Allreduce
+(``allreduce="mpi"``), so that they run only that algorithm's heart and none of chapter 3's; sync
+SGD is also checked with every allreduce of collectives/ (those items carry no task).
 """
 import numpy as np
 import pytest
@@ -65,7 +69,8 @@ EQUAL_UP_TO_ROUNDING = 1e-10
 
 @pytest.mark.parallel(nprocs=ALL_RANKS)
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
-@pytest.mark.parametrize("algorithm", cli.ALLREDUCE_NAMES)
+@pytest.mark.parametrize("algorithm", [pytest.param(name, marks=pytest.mark.task("4.1")) if name == "mpi" else name
+                                       for name in cli.ALLREDUCE_NAMES])
 def test_sync_sgd_on_p_ranks_equals_serial_sgd_on_p_times_batch(algorithm, momentum):
     comm = MPI.COMM_WORLD
     data, batch = tiny_digits(), 3                    # 50 rows: the last global batch is uneven for p > 1
@@ -84,19 +89,23 @@ def test_sync_sgd_on_one_rank_is_bitwise_the_serial_sgd_module():
     parallel_assert(bool(np.array_equal(params, serial)), "allreduce SGD at p = 1 differs from serial_sgd")
 
 
+@pytest.mark.task("4.2")
 @pytest.mark.parallel(nprocs=ALL_RANKS)
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
 def test_model_averaging_every_step_equals_sync_sgd(momentum):
+    # sync SGD on p ranks is serial SGD at batch p b (up to the order of additions, tested above);
+    # compared with that directly, so that no other task's code takes part
     comm = MPI.COMM_WORLD
     data = tiny_digits(n_train=48)                    # 48 = a multiple of p b for p = 1..4, b = 2
-    kwargs = dict(model=float64_mlp, data=data, epochs=2, lr=0.1, momentum=momentum, batch_size=2,
-                  partition="global", quiet=True)
-    averaged, _ = model_averaging.train(comm, period=1, **kwargs)
-    synchronous, _ = allreduce_sgd.train(comm, **kwargs)
+    averaged, _ = model_averaging.train(comm, period=1, model=float64_mlp, data=data, epochs=2, lr=0.1,
+                                        momentum=momentum, batch_size=2, partition="global", allreduce="mpi",
+                                        quiet=True)
+    synchronous = serial_reference(data, epochs=2, lr=0.1, momentum=momentum, batch_size=comm.size * 2)
     error = relative_error(averaged, synchronous)
     parallel_assert(error < EQUAL_UP_TO_ROUNDING, f"H = 1, p={comm.size}: relative error {error:.2e}")
 
 
+@pytest.mark.task("4.2")
 @pytest.mark.parallel(nprocs=[1])
 @pytest.mark.parametrize("period", [1, 3, 7, None])
 def test_model_averaging_on_one_rank_is_serial_sgd_for_any_period(period):
@@ -118,6 +127,7 @@ def shard_quadratics(problem, size):
     return out
 
 
+@pytest.mark.task("4.3")
 @pytest.mark.parallel(nprocs=ALL_RANKS)
 def test_admm_reaches_the_serial_optimum_of_least_squares():
     # Full-shard batches make each x-step a deterministic gradient step, so the only error left is
@@ -126,12 +136,13 @@ def test_admm_reaches_the_serial_optimum_of_least_squares():
     comm = MPI.COMM_WORLD
     problem = least_squares(48, 5, np.random.default_rng(1))
     z, history = admm_sgd.train(comm, problem=problem, epochs=400, lr=0.3, momentum=0.0, batch_size=48,
-                                rho=1.0, local_steps=1, quiet=True)
+                                rho=1.0, local_steps=1, allreduce="mpi", quiet=True)
     distance = float(np.linalg.norm(z - problem.w_star))
     parallel_assert(distance < 1e-9 * np.linalg.norm(problem.w_star), f"p={comm.size}: |z - w*| = {distance:.2e}")
     parallel_assert(same_on_every_rank(comm, z), "z differs across ranks")
 
 
+@pytest.mark.task("4.3")
 @pytest.mark.parallel(nprocs=[1])
 def test_admm_on_one_rank_consensus_equals_the_local_solution():
     problem = least_squares(40, 4, np.random.default_rng(2))
@@ -143,6 +154,7 @@ def test_admm_on_one_rank_consensus_equals_the_local_solution():
         parallel_assert(bool(np.array_equal(z, x)) and not u.any(), "p = 1: z != x or u != 0")
 
 
+@pytest.mark.task("4.4")
 @pytest.mark.parallel(nprocs=ALL_RANKS)
 def test_elastic_averaging_reaches_the_serial_optimum_within_its_penalty_bias():
     # EASGD is a penalty method. Its fixed point on least squares (f_i = w A_i w / 2 - b_i w) solves
@@ -157,7 +169,7 @@ def test_elastic_averaging_reaches_the_serial_optimum_within_its_penalty_bias():
     lr = 0.3
     rho = 0.5 / (comm.size * lr)                             # beta = p lr rho = 0.5
     center, _ = easgd.train(comm, problem=problem, epochs=600, lr=lr, momentum=0.0, batch_size=48, tau=1,
-                            rho=rho, quiet=True)
+                            rho=rho, allreduce="mpi", quiet=True)
     pieces = [(np.linalg.inv(a + rho * np.eye(problem.d)), b) for a, b in shard_quadratics(problem, comm.size)]
     fixed_point = np.linalg.solve(comm.size * np.eye(problem.d) - rho * sum(m for m, _ in pieces),
                                   sum(m @ b for m, b in pieces))
@@ -169,6 +181,7 @@ def test_elastic_averaging_reaches_the_serial_optimum_within_its_penalty_bias():
     parallel_assert(same_on_every_rank(comm, center), "the centre differs across ranks")
 
 
+@pytest.mark.task("4.5")
 @pytest.mark.parallel(nprocs=ALL_RANKS)
 @settings(max_examples=15)
 @given(seed=st.integers(0, 2**31 - 1), length=st.integers(1, 300), round_number=st.integers(0, 50),
@@ -193,6 +206,7 @@ def test_a_gossip_round_leaves_the_mean_over_ranks_unchanged(seed, length, round
         parallel_assert(bool(np.array_equal(after[comm.rank], before[comm.rank])), "an idle rank changed")
 
 
+@pytest.mark.task("4.5")
 @pytest.mark.parallel(nprocs=ALL_RANKS)
 @pytest.mark.parametrize("pairing", gossip_sgd.PAIRINGS)
 def test_repeated_gossip_rounds_drive_the_ranks_to_consensus(pairing):
@@ -207,16 +221,17 @@ def test_repeated_gossip_rounds_drive_the_ranks_to_consensus(pairing):
     parallel_assert(spread <= 1e-10 * max(start, 1e-300) + 1e-14, f"{pairing}: spread {spread:.2e} of {start:.2e}")
 
 
+@pytest.mark.task("4.6")
 @pytest.mark.parallel(nprocs=ALL_RANKS)
 def test_ensemble_prediction_is_the_mean_of_the_members_predictions():
     comm = MPI.COMM_WORLD
     data = tiny_digits()
     objective = NetworkObjective(float64_mlp(), data)
     objective.params[...] = np.random.default_rng([4, comm.rank]).standard_normal(objective.params.size) * 0.3
-    averaged = ensemble.ensemble_predict(comm, objective, data.x_test, run.allreduce_function("ring"))
+    averaged = ensemble.ensemble_predict(comm, objective, data.x_test, run.allreduce_function("mpi"))
     members = np.array(comm.allgather(objective.predict(data.x_test)))
     expected = members.sum(axis=0) / comm.size
-    # the ring and numpy add the p members in different orders: a few ulps of values <= 1
+    # MPI and numpy add the p members in different orders: a few ulps of values <= 1
     parallel_assert(float(np.max(np.abs(averaged - expected))) < 1e-14, "ensemble != mean of members")
     parallel_assert(not np.allclose(members[0], members[-1]) or comm.size == 1, "members are not distinct")
 

@@ -1,4 +1,4 @@
-"""A serial replay of a logged parameter-server run (the oracle of the asynchronous tests).
+"""A serial replay of a logged parameter-server run (the oracle of the hidden asynchronous tests).
 
 Given the servers' logs of a run (each server's ("push", Update) / ("fetch", worker, version) /
 ("goodbye", worker) / ("drop", worker) events in the order it handled them), the replay re-runs
