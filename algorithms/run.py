@@ -226,9 +226,10 @@ class Run:
     is the plain one, for evaluation-only reductions that are not part of the algorithm.
     """
 
-    def __init__(self, comm, settings, objective, optimizer, checkpoint, replicated):
+    def __init__(self, comm, settings, objective, optimizer, checkpoint, replicated, reader=None):
         self.comm, self.settings = comm, settings
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.reader = reader or (self.rank, self.size)   # (piece, pieces) of each global batch this rank reads
         self.objective, self.optimizer = objective, optimizer
         self.counting = CountingComm(comm)
         self.finite = FiniteCheck(self.counting, settings.check_every)
@@ -242,7 +243,7 @@ class Run:
 
     def batches(self, epoch):
         s = self.settings
-        return rank_batches(self.objective.n, s.batch_size, self.rank, self.size, s.seed, epoch, s.partition,
+        return rank_batches(self.objective.n, s.batch_size, *self.reader, s.seed, epoch, s.partition,
                             self.objective.labels)
 
     def keep(self, name, initial):
@@ -300,13 +301,15 @@ class Run:
         return backend.to_numpy(params).copy(), self.logger.history
 
 
-def start(comm, settings, check=None, model_seed=None, replicated=True):
+def start(comm, settings, check=None, model_seed=None, replicated=True, reader=None):
     """The agreed set-up of a run (see the module docstring); returns a ``Run``.
 
     ``settings``: a ``Settings``. ``check(settings)``: the algorithm's own checks (raise
     SettingError). ``model_seed``: the initial weights' seed if not ``settings.seed`` (ensembles).
     ``replicated``: every rank holds the same parameters and optimizer state at the end (so a
-    checkpoint needs one copy); otherwise each rank's own are saved too.
+    checkpoint needs one copy); otherwise each rank's own are saved too. ``reader``: (piece, pieces),
+    which piece of each global batch this rank reads (default (rank, size)); the ranks of one
+    pipeline- or model-parallel replica all read their replica's piece.
     """
     rank, size = comm.Get_rank(), comm.Get_size()
     error, job = None, None
@@ -323,7 +326,7 @@ def start(comm, settings, check=None, model_seed=None, replicated=True):
                                f"least one (use fewer ranks)")
         optimizer = SGD([objective.flat.as_parameter()], lr=settings.lr, momentum=settings.momentum)
         resumed = checkpoint.resume(settings, objective, optimizer, rank, size) if settings.resume else None
-        job = Run(comm, settings, objective, optimizer, resumed, replicated)
+        job = Run(comm, settings, objective, optimizer, resumed, replicated, reader)
         job.logger = Log(settings.log, rank=rank, quiet=settings.quiet)
     except Exception as caught:                  # noqa: BLE001 - agreed below, on every rank
         error = caught
