@@ -22,6 +22,10 @@ BROADCAST = 7107        # binomial tree: parent sends the result to its children
 EXCHANGE = 7108         # butterfly: partners swap whole vectors
 REDUCE_SCATTER = 7109   # ring and Rabenseifner: blocks travel and are reduced
 ALLGATHER = 7110        # ring and Rabenseifner: reduced blocks travel and are copied
+SPARSE_FOLD_IN = 7131   # sparse allreduce (sparse.py): even rank hands its (index, value) pairs over
+SPARSE_EXCHANGE = 7132  # sparse allreduce: partners swap sparse or dense vectors and merge them
+SPARSE_FOLD_OUT = 7133  # sparse allreduce: odd rank hands the result back
+DIRECT_GATHER = 7134    # sparse.allgather: every rank's block straight to every other rank
 
 # tag -> (phase name, whether the receiver combines the incoming data into its own)
 PHASES = {
@@ -35,4 +39,8 @@ PHASES = {
     EXCHANGE: ("exchange", True),
     REDUCE_SCATTER: ("reduce-scatter", True),
     ALLGATHER: ("allgather", False),
+    SPARSE_FOLD_IN: ("sparse fold-in", True),
+    SPARSE_EXCHANGE: ("sparse exchange", True),
+    SPARSE_FOLD_OUT: ("sparse fold-out", False),
+    DIRECT_GATHER: ("direct allgather", False),
 }
