@@ -1,0 +1,211 @@
+"""Sufficient-factor broadcasting: a Linear layer's gradient sent as its two factors, peer to peer.
+
+    mpiexec -n 4 python -m algorithms.sufficient_factors --batch-size 8          # factors where they pay
+    mpiexec -n 4 python -m algorithms.sufficient_factors --factors always
+
+Papers: Xie, Kim, Zhou, Ho, Kumar, Yu & Xing, "Distributed Machine Learning via Sufficient Factor
+Broadcasting" (2016); Zhang et al., "Poseidon" (USENIX ATC 2017), which picks factors or the full
+matrix per layer by their cost; Ben-Nun & Hoefler 2019 ("send FC factors (p_{m-1}, p_m) ...
+broadcast factors to not receive full w"). Full references: tutorials/references.md.
+
+A Linear layer y = x W (x: batch x in, W: in x out) has, over a batch of B rows, the gradient
+
+    dW = sum_i x_i^T delta_i = x^T delta        (in x out), delta = d loss / d y  (B x out)
+
+so the B x (in + out) numbers (x, delta) determine the in x out numbers of dW. In the code's
+names (``sufficient_factor_step``), at step k on rank r:
+
+    grad_r        = (|index| / total) * mean gradient on this rank's piece         (as allreduce_sgd)
+    rest          = sum_r grad_r[every entry but the factored weights]           (one dense allreduce)
+    (x_s, d_s)    for every rank s: its layer inputs and (|index_s| / total) delta_s, sent by s to
+                  every other rank (p - 1 Sendrecv rounds, ``broadcast_factors``)
+    dW            = X^T D, X and D every rank's rows stacked in rank order: the same bits everywhere
+    w            <- optimizer.step()
+
+Bytes per step on rank r, for factored layers l with in_l, out_l and B_r rows on this rank:
+
+    factors:  (p - 1) B_r sum_l (in_l + out_l) s        against the allreduce's 2 (p - 1)/p in_l out_l s
+
+so a layer's factors pay when (p - 1) B (in + out) < 2 (p - 1)/p in out (``factors_pay``). With a
+parameter server instead (the other variant of the paper, not built here) a worker pushes B (in + out)
+numbers instead of in out, and the rule is the slides' B (in + out) < in out, which is also what
+the rule above says at p = 2. --factors auto follows the rule per layer, always / never force it.
+
+Restrictions: the model's top-level Sequential entries that are Linear layers can be factored
+(the MLP's three, the CNN's last); host (NumPy) arrays; p <= number of training examples.
+"""
+import numpy
+from mpi4py import MPI
+
+from algorithms import cli, run
+from algorithms.cli import SettingError
+from collectives.tags import DIRECT_GATHER
+from minidl.nn import Linear, Module, Sequential
+from minidl.tensor import Tensor
+
+CHOICES = ("auto", "always", "never")
+
+
+def factors_pay(batch, fan_in, fan_out, p):
+    """True when broadcasting (x, delta) to p - 1 peers sends fewer bytes than the allreduce of dW."""
+    return p > 1 and (p - 1) * batch * (fan_in + fan_out) < 2 * (p - 1) / p * fan_in * fan_out
+
+
+class Factored(Module):
+    """A Linear layer that keeps its sufficient factors: ``x`` (its input) and ``delta`` (d loss / d y).
+
+    delta is read from a zero ``probe`` added to the output: y + 0 has the bits of y, and the probe's
+    gradient after backward() is exactly the gradient that reached y.
+    """
+
+    def __init__(self, linear):
+        super().__init__()
+        self.linear = linear
+        self.x, self.probe = None, None
+
+    def forward(self, x):
+        out = self.linear(x)
+        if not out.requires_grad:                          # evaluation (no_grad): no factors to keep
+            return out
+        self.x = x.data
+        self.probe = Tensor(numpy.zeros(out.shape, dtype=out.dtype), requires_grad=True)
+        return out + self.probe
+
+    @property
+    def delta(self):
+        return self.probe.grad
+
+
+def factor_linear_layers(net, choose):
+    """Wrap the top-level Linear entries of the Sequential ``net`` for which ``choose(layer)`` is true,
+    in place and keeping the order of the parameters; returns the wrappers."""
+    if not isinstance(net, Sequential):
+        return []
+    wrapped = []
+    for name, layer in list(net._modules.items()):
+        if isinstance(layer, Linear) and choose(layer):
+            net._modules[name] = Factored(layer)          # same key, same place: the order stays
+            object.__setattr__(net, name, net._modules[name])
+            wrapped.append(net._modules[name])
+    return wrapped
+
+
+def broadcast_factors(comm, block, largest):
+    """Every rank's ``block`` (1-D, at most ``largest`` elements, lengths may differ), in rank order:
+    p - 1 Sendrecv rounds, at round j to rank + j and from rank - j; the length read from the status."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    blocks = [None] * size
+    blocks[rank] = block
+    for step in range(1, size):
+        source = (rank - step) % size
+        incoming = numpy.empty(largest, dtype=block.dtype)
+        status = MPI.Status()
+        comm.Sendrecv(block, (rank + step) % size, DIRECT_GATHER, incoming, source, DIRECT_GATHER, status)
+        blocks[source] = incoming[:status.Get_count(MPI.BYTE) // block.itemsize]
+    return blocks
+
+
+def pack_factors(layers, share, rows, dtype):
+    """This rank's factors as one vector: per layer x (rows x in), then share * delta (rows x out)."""
+    parts = [numpy.zeros(0, dtype=dtype)]
+    for layer in layers:
+        if rows:
+            parts += [layer.x.ravel(), (share * layer.delta).ravel()]
+    return numpy.concatenate(parts)
+
+
+def unpack_factors(layers, block):
+    """The inverse of ``pack_factors``: [(x, delta)] per layer; the rows follow from the length."""
+    width = sum(layer.linear.in_features + layer.linear.out_features for layer in layers)
+    rows, start, factors = len(block) // width, 0, []
+    for layer in layers:
+        fan_in, fan_out = layer.linear.in_features, layer.linear.out_features
+        x = block[start:start + rows * fan_in].reshape(rows, fan_in)
+        start += rows * fan_in
+        delta = block[start:start + rows * fan_out].reshape(rows, fan_out)
+        start += rows * fan_out
+        factors.append((x, delta))
+    return factors
+
+
+def sufficient_factor_step(comm, objective, optimizer, batch, layers, rest, allreduce, largest):
+    """One synchronous step (the heart): the factored layers' gradients rebuilt from every rank's
+    factors, everything else allreduced. Returns this rank's mean loss on its piece."""
+    # BEGIN SOLUTION
+    # local gradient on this rank's piece, weighted by its share; each factored layer keeps x, delta
+    rows = len(batch.index)
+    share = rows / batch.total
+    if rows:
+        loss = objective.loss_and_grad(batch.index)
+        objective.grad *= share
+    else:
+        loss = 0.0
+        objective.grad[...] = 0
+    # everything but the factored weights: one dense allreduce of those entries
+    dense = objective.grad[rest]
+    allreduce(comm, dense)
+    objective.grad[rest] = dense
+    # every rank's factors to every other rank
+    if layers:
+        blocks = broadcast_factors(comm, pack_factors(layers, share, rows, objective.grad.dtype), largest)
+        per_rank = [unpack_factors(layers, block) for block in blocks]
+    # dW = X^T D over every rank's rows, stacked in rank order: the same bits on every rank
+    for number, layer in enumerate(layers):
+        x = numpy.concatenate([factors[number][0] for factors in per_rank])         # (rows of all, in)
+        delta = numpy.concatenate([factors[number][1] for factors in per_rank])     # (rows of all, out)
+        layer.linear.weight.grad[...] = x.T @ delta                                 # (in, out)
+    # the same update on every rank
+    optimizer.step()
+    # END SOLUTION
+    return loss
+
+
+def train(comm=None, factors="auto", allreduce="ring", **settings):
+    """Sufficient-factor broadcasting SGD on ``comm``; returns (final flat parameters as NumPy, history).
+
+    ``factors``: 'auto' (per layer, by ``factors_pay`` at the per-rank batch size), 'always', 'never'.
+    The history's records carry ``factored``, the factored layers as (in, out) pairs.
+    """
+    comm = comm or MPI.COMM_WORLD
+    settings = run.Settings.of(settings, epochs=20, momentum=0.9, partition="global", model="mlp")
+
+    def check(_):
+        run.allreduce_function(allreduce)
+        if factors not in CHOICES:
+            raise SettingError(f"unknown --factors {factors!r}; choose one of {', '.join(CHOICES)}")
+    job = run.start(comm, settings, check=check)
+    size, batch = comm.Get_size(), settings.batch_size
+
+    def choose(layer):
+        if factors == "auto":
+            return factors_pay(batch, layer.in_features, layer.out_features, size)
+        return factors == "always"
+    net = getattr(job.objective, "net", None)
+    layers = factor_linear_layers(net, choose) if net is not None else []
+    factored = {id(layer.linear.weight) for layer in layers}
+    rest = numpy.ones(len(job.objective.grad), dtype=bool)
+    for parameter, (start, stop) in zip(job.objective.flat.parameters, job.objective.flat.offsets):
+        if id(parameter) in factored:
+            rest[start:stop] = False
+    rest = numpy.flatnonzero(rest)
+    largest = batch * sum(layer.linear.in_features + layer.linear.out_features for layer in layers)
+    summed = run.allreduce_function(allreduce)
+    shapes = [[layer.linear.in_features, layer.linear.out_features] for layer in layers]
+
+    def evaluate():
+        return {**job.objective.evaluate(), "factored": shapes}
+    return job.loop(lambda piece: sufficient_factor_step(job.counting, job.objective, job.optimizer, piece, layers,
+                                                         rest, summed, largest), evaluate=evaluate)
+
+
+def main(argv=None):
+    parser = cli.parser(__doc__.splitlines()[0], epochs=20, momentum=0.9, partition="global", allreduce="ring",
+                        model="mlp")
+    parser.add_argument("--factors", default="auto", choices=CHOICES,
+                        help="send a Linear layer's factors: auto (where they cost fewer bytes), always, never")
+    args = parser.parse_args(argv)
+    cli.run_main(train, args, factors=args.factors, allreduce=args.allreduce)
+
+
+if __name__ == "__main__":
+    main()
