@@ -88,6 +88,9 @@ def test_every_message_is_as_many_bytes_as_its_formula(n):
         message = compressor.compress(grad, rng)
         assert compressor.wire_bytes(n) == nbytes, name
         assert message.nbytes == nbytes, name
+        if kind == "topk":                                      # the largest magnitudes, nothing else
+            left_out = np.delete(np.abs(grad), message.index)
+            assert left_out.size == 0 or np.abs(message.values).min() >= left_out.max()
         if isinstance(compressor, compress.Quantizer):          # the packed buffer, decoded again
             buffer = compressor.pack(message)
             assert buffer.nbytes == nbytes
