@@ -64,10 +64,34 @@ def parser(description, epochs=10, lr=0.05, batch_size=32, model="cnn", momentum
                        help="which rows each rank sees (see minidl.data.rank_batches)")
         p.add_argument("--check-every", type=int, default=1,
                        help="agree on a non-finite loss every this many steps (0: at epoch ends only)")
+        add_schedule_flags(p)
     if allreduce is not None:
         p.add_argument("--allreduce", default=allreduce, choices=ALLREDUCE_NAMES,
                        help="allreduce algorithm (mpi: MPI's own Allreduce)")
     return p
+
+
+def add_schedule_flags(p):
+    """The large-batch schedule's flags (algorithms.schedule); their defaults change nothing."""
+    p.add_argument("--lr-scaling", default="none", choices=["none", "linear", "sqrt"],
+                   help="scale --lr by the global batch over --reference-batch (Goyal et al. 2017)")
+    p.add_argument("--reference-batch", type=int, default=None,
+                   help="the batch --lr is meant for (default: --batch-size, one rank's batch)")
+    p.add_argument("--warmup-epochs", type=float, default=0.0,
+                   help="climb linearly from --lr to the scaled lr over this many epochs")
+    p.add_argument("--lr-decay", type=parse_epochs, default=(), metavar="E1,E2,...",
+                   help="divide the lr by --decay-factor at these epochs")
+    p.add_argument("--decay-factor", type=float, default=10.0)
+    p.add_argument("--batch-schedule", action="store_true",
+                   help="at the --lr-decay epochs multiply the batch by --decay-factor instead (Smith et al. 2018)")
+
+
+def parse_epochs(text):
+    """--lr-decay 10,15 -> (10, 15); '' -> ()."""
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be epochs separated by commas, e.g. 10,15, got {text!r}") from None
 
 
 def require(flag, value, integer=False, low=None, high=None, low_open=False, high_open=False):
@@ -132,7 +156,8 @@ def parse_period(text):
 
 
 SHARED = ("dataset", "data_dir", "model", "epochs", "lr", "momentum", "batch_size", "seed", "log", "save",
-          "resume", "quiet", "partition", "check_every")
+          "resume", "quiet", "partition", "check_every", "lr_scaling", "reference_batch", "warmup_epochs", "lr_decay",
+          "decay_factor", "batch_schedule")
 
 
 def shared_settings(args):

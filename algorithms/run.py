@@ -33,6 +33,7 @@ import collectives
 from algorithms import checkpoint, cli
 from algorithms.cli import SettingError
 from algorithms.objective import build as build_objective
+from algorithms.schedule import Schedule
 from minidl import backend
 from minidl.data import rank_batches
 from minidl.optim import SGD
@@ -58,6 +59,12 @@ class Settings:
     check_every: int = 1             # steps between non-finite agreements; 0: at epoch ends only
     data: object = None              # a ready objective.Data (tests, compare)
     problem: object = None           # a synthetic convex problem instead of model and data
+    lr_scaling: str = "none"         # large-batch schedule (algorithms.schedule); the defaults change nothing
+    reference_batch: int = None
+    warmup_epochs: float = 0.0
+    lr_decay: tuple = ()
+    decay_factor: float = 10.0
+    batch_schedule: bool = False
 
     @classmethod
     def of(cls, given, **defaults):
@@ -75,6 +82,7 @@ class Settings:
         cli.require("--batch-size", self.batch_size, integer=True, low=1)
         cli.require("--seed", self.seed, integer=True, low=0)
         cli.require("--check-every", self.check_every, integer=True, low=0)
+        Schedule.of(self, 1).check(self.epochs)
 
 
 def allreduce_function(name):
@@ -236,14 +244,19 @@ class Run:
         self.replicated = replicated
         self.checkpoint = checkpoint or {}
         self.first_epoch = int(self.checkpoint.get("epoch", 0))
+        self.schedule = Schedule.of(settings, self.reader[1])
+        self.schedule = None if self.schedule.constant else self.schedule   # None: lr and batch never change
         self.steps_per_epoch = len(self.batches(0))
         self.step = self.first_epoch * self.steps_per_epoch
+        if self.schedule:                          # epochs of different lengths when the batch grows
+            self.step = sum(len(self.batches(epoch)) for epoch in range(self.first_epoch))
         self.kept = {}
         self.logger = None
 
     def batches(self, epoch):
         s = self.settings
-        return rank_batches(self.objective.n, s.batch_size, *self.reader, s.seed, epoch, s.partition,
+        batch_size = self.schedule.batch_at(epoch) if self.schedule else s.batch_size
+        return rank_batches(self.objective.n, batch_size, *self.reader, s.seed, epoch, s.partition,
                             self.objective.labels)
 
     def keep(self, name, initial):
@@ -271,6 +284,8 @@ class Run:
             batches = self.batches(epoch)
             loss_sum, rows = 0.0, 0
             for start in range(0, len(batches), group or 1):
+                if self.schedule:                  # --lr-scaling, --warmup-epochs, --lr-decay
+                    self.optimizer.lr = self.schedule.lr_at(epoch + start / len(batches))
                 chunk = batches[start:start + (group or 1)]
                 losses = step(chunk) if group else [step(chunk[0])]
                 for batch, loss in zip(chunk, losses):
@@ -286,6 +301,8 @@ class Run:
             if isinstance(reference, tuple):
                 reference = epoch_mean(self.comm, *reference)
             record = {"epoch": epoch + 1, "train_loss": epoch_mean(self.comm, loss_sum, rows)}
+            if self.schedule:                      # the schedule's last lr and this epoch's global batch
+                record.update(lr=self.optimizer.lr, global_batch=self.schedule.global_batch_at(epoch))
             check_divergence(record["train_loss"], reference, f"epoch {epoch + 1}'s mean training")
             record.update(evaluate())
             record["bytes"] = self.counting.total_bytes()
