@@ -116,6 +116,7 @@ class ShardServer:
         self.watch = watch or (lambda server: None)
         self.outbox = wire.Outbox(comm, layout)
         self.version, self.stopping = 0, None                 # stopping: the reason, once stopping
+        self.failure = None                                   # an exception the algorithm raised
         workers = range(layout.workers)
         self.clock = {w: 0 for w in workers}
         self.steps = {w: 0 for w in workers}                  # steps (not pushes) applied per worker
@@ -170,10 +171,12 @@ class ShardServer:
 
     def answer_waiting(self):
         for worker in sorted(self.waiting):
+            if worker not in self.waiting:                      # answered STOP by a failure just now
+                continue
             if self.stopping is not None:
                 del self.waiting[worker]
                 self.reply(worker, wire.STOP)
-            elif self.may_answer(worker):
+            elif self.guarded(self.may_answer, worker):
                 del self.waiting[worker]
                 self.last_heard[worker] = self.listening()      # its silence starts now, not when it asked
                 self.read[worker] = (self.version, min(self.clock[w] for w in self.live()))
@@ -197,7 +200,7 @@ class ShardServer:
                 self.reply(worker, wire.DROPPED)
             return
         if request["push"] and self.stopping is None:
-            self.apply_push(worker, self.host_grad, request)
+            self.guarded(self.apply_push, worker, self.host_grad, request)
         if request["fetch"]:
             self.waiting[worker] = request
         if request["goodbye"]:
@@ -212,6 +215,20 @@ class ShardServer:
             if tell_servers:
                 self.outbox.tell_servers({"stop": reason})
         self.answer_waiting()
+
+    def guarded(self, function, *args):
+        """``function(*args)``; if it raises, the job stops instead of leaving workers waiting.
+
+        Every held fetch and every later one is answered STOP, the workers say goodbye, and
+        ``ps_job.collect`` raises the exception on every rank (a course task's stub or a bug in
+        the server's algorithm fails the run within a poll, not after a test's timeout).
+        """
+        try:
+            return function(*args)
+        except Exception as error:                   # noqa: BLE001 - raised on every rank at the end
+            self.failure = self.failure or error
+            self.stop(f"server {self.index} failed: {type(error).__name__}: {error}")
+            return None
 
     def drop(self, worker, silent=None):
         self.dropped[worker] = (self.steps[worker], silent)
@@ -252,7 +269,7 @@ class ShardServer:
     # -- the serving loop --------------------------------------------------------------------------
     def between_requests(self):
         self.follow()
-        self.drop_silent()
+        self.guarded(self.drop_silent)
         busy_since = time.monotonic()
         self.watch(self)
         self.busy += time.monotonic() - busy_since

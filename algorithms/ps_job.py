@@ -180,7 +180,9 @@ def serve(job):
     server.serve()
     epoch_log.finish(server)
     error = None
-    if server.stopping is not None:
+    if server.failure is not None:               # the algorithm raised: every rank raises it (collect)
+        error = server.failure
+    elif server.stopping is not None:
         error = run.Diverged(server.stopping)
     elif server.index == 0 and not server.finished:
         silent = ", ".join(f"rank {layout.rank_of(w)} after {steps} steps" for w, (steps, _) in server.dropped.items())
@@ -217,6 +219,8 @@ def work(job, worker_step):
         ending, error = "dropped", None
     except wire.Stopped:
         ending, error = "stopped", None
+    except Exception as failure:                 # noqa: BLE001 - the step raised: stop the job, raise everywhere
+        ending, error = "stopped", failure
     if ending != "crashed":
         servers.goodbye(stop=None if error is None else str(error))
     run.wait_together(job.comm)
@@ -258,7 +262,8 @@ def collect(job, mine, name, report=None):
     comm, layout, s = job.comm, job.layout, job.settings
     gathered = comm.allgather(mine)
     errors = [part["error"] for part in gathered if part["error"] is not None]
-    if errors:                                   # the lowest rank's: server 0 heard the first reason
+    errors.sort(key=lambda error: isinstance(error, (run.Diverged, JobFailed)))   # a raised exception first
+    if errors:                                   # else the lowest rank's: server 0 heard the first reason
         job.logger.close()
         raise errors[0]
     servers = gathered[:layout.servers]

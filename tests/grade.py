@@ -34,9 +34,6 @@ sys.path.insert(0, str(ROOT))
 
 from tutorials import assignments  # noqa: E402
 
-NPROCS = re.compile(r"nprocs=(\d+)")
-
-
 def test_files(tree, task):
     """The test files that mark a test for ``task`` (so pytest collects only those: much faster)."""
     mark = re.compile(r"""task\(\s*["']""" + re.escape(task.id) + r"""["']""")
@@ -45,17 +42,16 @@ def test_files(tree, task):
 
 
 def collect(tree, task, env):
-    """{rank count: [node ids]} of the task's tests in ``tree``."""
-    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                           "--task", task.id, *test_files(tree, task)], cwd=tree, env=env, capture_output=True,
-                          text=True, timeout=300)
-    groups = {}
-    for line in done.stdout.splitlines():
-        if "::" not in line or line.startswith(("=", " ")):
-            continue
-        match = NPROCS.search(line)
-        groups.setdefault(int(match.group(1)) if match else 1, []).append(line.strip())
-    return groups
+    """{rank count: [node ids]} of the task's tests in ``tree`` (the sizes from their markers)."""
+    with tempfile.NamedTemporaryFile("r", suffix=".tsv") as listing:
+        subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                        "-p", "tests.grade_record", "--task", task.id, *test_files(tree, task)], cwd=tree,
+                       env=dict(env, MINIDL_GRADE_COLLECT=listing.name), capture_output=True, timeout=300)
+        groups = {}
+        for line in Path(listing.name).read_text().splitlines():
+            nprocs, nodeid = line.split("\t")
+            groups.setdefault(int(nprocs), []).append(nodeid)
+        return groups
 
 
 def command(tree, nprocs, selection, timeout):

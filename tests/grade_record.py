@@ -1,9 +1,27 @@
-"""pytest plugin for tests/grade.py: append each test's outcome to $MINIDL_GRADE_RECORD as it happens.
+"""pytest plugin for tests/grade.py: what was collected, and each test's outcome as it happens.
 
-Written line by line (``when<TAB>outcome<TAB>nodeid``), so that a run killed by a timeout (a
-deadlocked student function) still tells the grader which tests had finished. Rank 0 only.
+$MINIDL_GRADE_COLLECT: after collection, one line ``nprocs<TAB>nodeid`` per test, the rank count
+taken from mpi-pytest's ``parallel[N]`` marker (a test marked for one size only has no
+``nprocs=`` in its node id, so the id alone cannot tell).
+
+$MINIDL_GRADE_RECORD: written line by line (``when<TAB>outcome<TAB>nodeid``), so that a run killed
+by a timeout (a deadlocked student function) still tells the grader which tests had finished.
+Rank 0 only.
 """
 import os
+import re
+
+SIZE = re.compile(r"parallel\[(\d+)\]$")
+
+
+def pytest_collection_finish(session):
+    path = os.environ.get("MINIDL_GRADE_COLLECT")
+    if not path:
+        return
+    with open(path, "w") as file:
+        for item in session.items:
+            sizes = [int(m.group(1)) for m in (SIZE.match(mark.name) for mark in item.iter_markers()) if m]
+            file.write(f"{sizes[0] if sizes else 1}\t{item.nodeid}\n")
 
 
 def pytest_runtest_logreport(report):

@@ -7,7 +7,7 @@ from pytest_mpi import parallel_assert
 
 from algorithms import parameter_server, ps_wire, run
 from algorithms.parameter_server import ShardServer
-from algorithms.ps_wire import Layout, ServerShards
+from algorithms.ps_wire import Layout, ServerShards, Stopped
 from minidl import backend
 from minidl.optim import SGD, Adagrad
 from minidl.tensor import Parameter
@@ -72,17 +72,24 @@ def test_server_side_optimizer_equals_minidl_optimizer_on_the_same_gradient_sequ
         # a seeded schedule, so the order of the pushes is known from the log on every rank
         server = ShardServer(comm, layout, initial, optimizer, lr, schedule_seed=seed)
         server.serve()
-        mine = (backend.to_numpy(server.param.data), server.log)
+        mine = (backend.to_numpy(server.param.data), server.log, server.failure)
     else:
         worker = comm.rank - layout.servers
         client = ServerShards(comm, layout, np.float32)
         params = np.empty(n, dtype=np.float32)
-        for push in range(pushes):
-            client.push(gradient(seed, worker, push, n), 1, fetch_into=params if fetch else None)
+        try:
+            for push in range(pushes):
+                client.push(gradient(seed, worker, push, n), 1, fetch_into=params if fetch else None)
+        except Stopped:              # the server's update raised (server.failure): finish the protocol
+            pass
         client.goodbye()
         run.wait_together(comm)
         mine = None
-    gathered = comm.allgather(mine)[:servers]
+    parts = comm.allgather(mine)[:servers]
+    gathered = [(shard, log) for shard, log, _ in parts]
+    failures = [failure for *_, failure in parts if failure is not None]
+    if failures:                     # every rank fails the same example (hypothesis stays in step)
+        raise failures[0]
     result = np.concatenate([shard for shard, _ in gathered])
     # the same gradients, in server 0's order, through minidl's optimizer on the whole vector
     whole = Parameter(initial.copy())

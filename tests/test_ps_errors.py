@@ -11,7 +11,7 @@ import pytest
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
-from algorithms import checkpoint, objective, ps_job, run, ssp_sgd
+from algorithms import checkpoint, downpour_sgd, objective, parameter_server, ps_job, run, ssp_sgd
 from algorithms.cli import SettingError
 from minidl.flat import flatten
 from minidl.optim import SGD, Adagrad
@@ -91,6 +91,37 @@ def test_a_warm_start_with_a_staleness_bound_is_refused_on_every_rank_before_any
         raised = error
     parallel_assert(raised is not None and raised.every_rank and "warm start cannot be combined" in str(raised),
                     f"got {raised!r}")
+
+
+class Planted(Exception):
+    """An exception planted in the algorithm's code (a bug, or a course task's unfinished stub)."""
+
+
+@pytest.mark.parallel(nprocs=[3, 4])
+@pytest.mark.parametrize("where", ["worker step", "server update"])
+def test_an_exception_in_the_algorithm_ends_the_job_with_it_on_every_rank(where, monkeypatch):
+    # it used to end only the rank that raised: the others waited for messages that never came
+    comm = MPI.COMM_WORLD
+    last_worker = comm.size - 1
+
+    def step(replica, rows, i, **kwargs):
+        if comm.rank == last_worker and i == 2:
+            raise Planted(f"planted in the {where}")
+        return downpour_sgd.downpour_step(replica, rows, i, **kwargs)
+
+    def push(server, worker, grad, request):
+        raise Planted(f"planted in the {where}")
+
+    if where == "server update":
+        monkeypatch.setattr(parameter_server.ShardServer, "apply_push", push)
+    settings = run.Settings(model="mlp", epochs=1, quiet=True, batch_size=8)
+    try:
+        ps_job.run_job(comm, step, settings, ps_job.Settings(server_optimizer="sgd"), name="downpour")
+        raised = None
+    except Planted as error:
+        raised = error
+    parallel_assert(raised is not None and str(raised) == f"planted in the {where}",
+                    f"rank {comm.rank} got {raised!r}")
 
 
 def write_checkpoint(path, optimizer_class, epoch, **optimizer_kwargs):
