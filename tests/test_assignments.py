@@ -119,3 +119,19 @@ def test_a_deadlock_in_one_task_costs_only_that_task(tmp_path):
     result = {task["id"]: task for task in json.loads((tmp_path / "g.json").read_text())["tasks"]}
     assert result["3.4"]["total"] > 0 and result["3.4"]["points"] < result["3.4"]["max_points"], done.stdout
     assert result["5.2"]["points"] == result["5.2"]["max_points"], done.stdout
+
+
+def test_the_grader_reads_each_tests_rank_count_from_its_marker(tmp_path):
+    # a test marked for one size only has no "nprocs=" in its node id: the marker must tell
+    (tmp_path / "test_sizes.py").write_text(
+        "import pytest\n\n"
+        "@pytest.mark.parallel(nprocs=4)\ndef test_four():\n    pass\n\n"
+        "@pytest.mark.parallel(nprocs=[2, 3])\ndef test_two_three():\n    pass\n\n"
+        "def test_serial():\n    pass\n")
+    listing = tmp_path / "listing.tsv"
+    subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                    "-p", "tests.grade_record", "test_sizes.py"], cwd=tmp_path, capture_output=True, timeout=120,
+                   env=dict(os.environ, PYTHONPATH=str(ROOT), MINIDL_GRADE_COLLECT=str(listing)))
+    sizes = dict(reversed(line.split("\t")) for line in listing.read_text().splitlines())
+    assert sizes == {"test_sizes.py::test_four": "4", "test_sizes.py::test_two_three[nprocs=2]": "2",
+                     "test_sizes.py::test_two_three[nprocs=3]": "3", "test_sizes.py::test_serial": "1"}, sizes
