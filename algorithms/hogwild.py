@@ -272,12 +272,15 @@ def main(argv=None):
             name, LR_DECAY[name], **DEFAULTS[name]) for name in DEFAULTS)
     parser.add_argument("--problem", default="sparse", choices=sorted(DEFAULTS),
                         help="sparse: logistic regression with --nnz nonzeros per sample; dense: --model on --dataset")
-    parser.add_argument("--lr-decay", type=float, default=None, help="lr <- lr * decay after each epoch")
+    # its own dest: the shared settings (cli.SHARED) have an lr_decay of their own, the synchronous
+    # family's list of step epochs (algorithms.schedule); Hogwild's is a factor per epoch
+    parser.add_argument("--lr-decay", dest="decay_per_epoch", type=float, default=None,
+                        help="lr <- lr * decay after each epoch")
     parser.add_argument("--n-samples", type=int, default=5000)
     parser.add_argument("--features", type=int, default=500)
     parser.add_argument("--nnz", type=int, default=10, help="nonzeros per sample (sparse problem)")
     args = parser.parse_args(argv)
-    cli.run_main(train, args, problem=args.problem, lr_decay=args.lr_decay, n_samples=args.n_samples,
+    cli.run_main(train, args, problem=args.problem, lr_decay=args.decay_per_epoch, n_samples=args.n_samples,
                  features=args.features, nnz=args.nnz)
 
 
