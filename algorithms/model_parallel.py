@@ -47,7 +47,9 @@ optimizer state lives in pieces); the whole batch on every rank (one replica; se
 for replicas of a partitioned model).
 
 Default run (the MLP on the embedded digits, 10 epochs, batch 32, lr 0.05, momentum 0.9): the
-same trajectory as serial SGD on the same MLP.
+same trajectory as serial SGD on the same MLP; measured at P = 4: 97.5% test accuracy, as
+``serial_sgd --model mlp`` (17 s with other jobs on the 2 cores, against 2 s serially: this MLP is
+far too small for its layers to be worth splitting; tutorials/06 counts the bytes).
 """
 import numpy
 from mpi4py import MPI

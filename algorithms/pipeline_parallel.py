@@ -58,7 +58,9 @@ the epoch's last, shorter batch uses min(m, its rows)); a Sequential model (not 
 are cut by layer count, not balanced by cost as GPipe's partitioner does.
 
 Default run (the small CNN on the embedded digits, 20 epochs, batch 32, m 4, 1F1B, lr 0.05,
-momentum 0.9): the same trajectory as serial SGD at batch 32, for any P <= 8.
+momentum 0.9): the same trajectory as serial SGD at batch 32, for any P <= 8; measured at P = 4:
+98.9% test accuracy, as serial SGD's 20 epochs (the final training losses agree to 2e-8; 40 s
+with other jobs on the 2 cores, against 14 s serially: 4 ranks share 2 cores, and the bubble).
 """
 import numpy
 from mpi4py import MPI

@@ -1,0 +1,304 @@
+"""The figures and tables of chapter 6 (model, pipeline and hybrid parallelism); about 20 s on 2 cores.
+
+    mpiexec -n 4 python tutorials/figures/make_06_figures.py [--quick] [--out DIR]
+
+06_schedule_gpipe.png, 06_schedule_1f1b.png   space-time diagrams of one global batch (P = 4, m = 8):
+                       each stage's forwards and backwards as measured boxes
+06_bubble.png          measured bubble fraction against m, both schedules, beside (P-1)/(m+P-1)
+06_memory.png          activation memory per stage, GPipe against 1F1B (tracemalloc peaks)
+06_measurements.json   every number of the chapter; 06_table.md the tables as markdown
+
+The stages' work in the schedule and bubble measurements is simulated: a ``Work`` layer sleeps
+10 ms per forward and 20 ms per backward of a micro-batch, so that 4 ranks on 2 shared cores do not
+compete for the cores and the timing shows the schedule rather than the contention; the messages
+between the stages are the module's real ones. Memory and bytes are measured on the real MLP.
+--quick (for a check that it runs): fewer micro-batch counts, one repeat, no figures.
+"""
+import argparse
+import json
+import os
+import time
+import tracemalloc
+
+import numpy as np
+from mpi4py import MPI
+
+from algorithms import model_parallel, pipeline_parallel
+from algorithms.objective import Data, NetworkObjective, load_data
+from collectives import allreduce
+from collectives.trace import CountingComm, WatchedComm
+from minidl.data import Batch
+from minidl.nn import Linear, Module, ReLU, Sequential
+from minidl.tensor import result
+
+comm = MPI.COMM_WORLD
+P = comm.size
+FORWARD_SECONDS, BACKWARD_SECONDS = 0.010, 0.020
+ALPHA, BETA = 1.63e-6, 0.0574e-9       # this machine's ping-pong fit, tutorials/03_collectives.md
+
+
+class Work(Module):
+    """Identity that sleeps (forward and backward) and logs when: a stage's simulated compute."""
+
+    def __init__(self, log):
+        super().__init__()
+        object.__setattr__(self, "log", log)
+
+    def forward(self, x):
+        start = time.perf_counter()
+        time.sleep(FORWARD_SECONDS)
+        self.log.append(("forward", start, time.perf_counter()))
+
+        def backward(grad):
+            begin = time.perf_counter()
+            time.sleep(BACKWARD_SECONDS)
+            self.log.append(("backward", begin, time.perf_counter()))
+            return (grad,)
+        return result(x.data, (x,), backward, "work")
+
+
+class PoliteComm(WatchedComm):
+    """Receives that sleep between polls: a waiting stage leaves the cores to the working ones (MPI's
+    own Recv spins), as it would on a machine with a core per rank."""
+
+    def Recv(self, buf, source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=None):
+        request = self.comm.Irecv(buf, source, tag)
+        while not request.Test():
+            time.sleep(0.0002)
+
+
+def flat_digits(rows=256):
+    data = load_data("digits", seed=0)
+    x = data.x_train[:rows].reshape(rows, -1).astype(np.float64)
+    return Data(x, data.y_train[:rows], x[:1], data.y_train[:1])
+
+
+def timed_pipeline(kind, m, rows, log):
+    """One global batch through a P-stage pipeline of (Linear, Work) blocks; returns this rank's log."""
+    rng = np.random.default_rng(0)
+    layers = []
+    for block in range(P):
+        layers += [Linear(64, 10 if block == P - 1 else 64, rng=rng, dtype="float64"), Work(log)]
+    net = Sequential(*layers)
+    objective = NetworkObjective(net, flat_digits(rows))
+    stage = pipeline_parallel.Stage(net, comm.rank, P, objective.data.x_train[:1])
+    log.clear()
+    comm.Barrier()
+    pipeline_parallel.pipeline_gradient(PoliteComm(comm), stage, objective, Batch(np.arange(rows), rows), m, kind)
+    return list(log)
+
+
+def bubble(logs):
+    """1 - (busy time of all stages) / (P x the span from the first start to the last end)."""
+    starts = [start for log in logs for _, start, _ in log]
+    ends = [end for log in logs for _, _, end in log]
+    busy = sum(end - start for log in logs for _, start, end in log)
+    return 1 - busy / (len(logs) * (max(ends) - min(starts)))
+
+
+def measure_bubbles(micro_batch_counts, repeats):
+    log, out = [], {}
+    for kind in pipeline_parallel.SCHEDULES:
+        for m in micro_batch_counts:
+            fractions = []
+            for _ in range(repeats):
+                logs = comm.gather(timed_pipeline(kind, m, max(m, 8), log), root=0)
+                if comm.rank == 0:
+                    fractions.append(bubble(logs))
+                    if m == 2 * P:
+                        out.setdefault("diagrams", {})[kind] = logs
+            if comm.rank == 0:
+                out.setdefault("bubble", {}).setdefault(kind, {})[m] = float(np.median(fractions))
+    return out
+
+
+def real_mlp(width=256):
+    rng = np.random.default_rng(1)
+    return Sequential(Linear(64, width, rng=rng, dtype="float64"), ReLU(),
+                      Linear(width, width, rng=rng, dtype="float64"), ReLU(),
+                      Linear(width, width, rng=rng, dtype="float64"), ReLU(),
+                      Linear(width, 10, rng=rng, dtype="float64"))
+
+
+def measure_memory(m, rows):
+    """Peak bytes allocated (tracemalloc) during one global batch, per stage, for each schedule."""
+    out = {}
+    for kind in pipeline_parallel.SCHEDULES:
+        net = real_mlp()
+        objective = NetworkObjective(net, flat_digits(rows))
+        stage = pipeline_parallel.Stage(net, comm.rank, P, objective.data.x_train[:1])
+        comm.Barrier()
+        tracemalloc.start()
+        pipeline_parallel.pipeline_gradient(comm, stage, objective, Batch(np.arange(rows), rows), m, kind)
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        out[kind] = {"peak_bytes": comm.gather(peak, root=0), "held": comm.gather(stage.peak_held, root=0)}
+    return out
+
+
+def default_mlp():
+    """minidl.models.mlp's shape, 64 -> 128 -> 64 -> 10, float32."""
+    rng = np.random.default_rng(0)
+    return Sequential(Linear(64, 128, rng=rng), ReLU(), Linear(128, 64, rng=rng), ReLU(),
+                      Linear(64, 10, rng=rng, init="glorot"))
+
+
+def measure_bytes(batch_sizes, m=4):
+    """Bytes all ranks send in one step of each kind of parallelism, on the same network and batch."""
+    data = load_data("digits", seed=0)
+    flat = Data(data.x_train.reshape(len(data.x_train), -1), data.y_train, data.x_test[:1], data.y_test[:1])
+    rows_out = {}
+    for rows in batch_sizes:
+        record = {}
+        # data parallel: a ring allreduce of the whole gradient (every rank holds the whole model)
+        objective = NetworkObjective(default_mlp(), flat)
+        counting = CountingComm(comm)
+        allreduce(counting, MPI.IN_PLACE, objective.grad, op="sum", algorithm="ring", check=False)
+        record["data"] = {"bytes": counting.total_bytes(), "parameters": int(objective.params.size)}
+        # pipeline parallel: P stages of the same layers
+        counting = CountingComm(comm)
+        stage = pipeline_parallel.Stage(objective.net, comm.rank, P, flat.x_train[:1])
+        pipeline_parallel.pipeline_gradient(counting, stage, objective, Batch(np.arange(rows), rows), m, "1f1b")
+        widths = [int(np.prod(stage.shapes[stop])) for _, stop in stage.bounds[:-1]]
+        record["pipeline"] = {"bytes": counting.total_bytes(),
+                              "formula": pipeline_parallel.bytes_per_step(rows, widths, 4)}
+        # model parallel, each split
+        for split in model_parallel.SPLITS:
+            layers = model_parallel.linear_layers(objective.net)
+            pieces = [model_parallel.Piece(layer, comm.rank, P, split) for layer in layers]
+            for piece in pieces:
+                for parameter in piece.parameters():
+                    parameter.grad = np.zeros_like(parameter.data)
+            counting = CountingComm(comm)
+            model_parallel.model_parallel_gradient(counting, pieces, flat.x_train[:rows], flat.y_train[:rows], split)
+            widths = [64, 128, 64, 10]
+            record[f"model ({split})"] = {"bytes": counting.total_bytes(),
+                                          "formula": model_parallel.bytes_per_step(rows, widths, P, 4, split)}
+        rows_out[rows] = record
+    return rows_out
+
+
+def predicted_seconds(p, rows, n=17226, itemsize=4, m=4, widths=(64, 128, 64, 10)):
+    """alpha-beta time of one step's messages on the busiest rank (no overlap, no compute)."""
+    inner, outputs = sum(widths[1:-1]), sum(widths[1:])
+    data = 2 * (p - 1) * ALPHA + 2 * (p - 1) / p * n * itemsize * BETA                 # ring allreduce
+    model = (2 * len(widths) - 3) * (p - 1) * ALPHA + (p - 1) / p * rows * (outputs + inner) * itemsize * BETA
+    pipeline = 2 * m * ALPHA + 2 * rows * max(widths[1:-1]) * itemsize * BETA      # a middle stage, both ways
+    return {"data": data, "model (output)": model, "pipeline": pipeline}
+
+
+def plot_diagram(logs, kind, m, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    origin = min(start for log in logs for _, start, _ in log)
+    figure, axes = plt.subplots(figsize=(9, 0.55 * len(logs) + 1.2))
+    for stage, log in enumerate(logs):
+        order = pipeline_parallel.schedule(kind, stage, len(logs), m)
+        for (step, start, end), (expected, index) in zip(log, order):
+            assert step == expected, "the measured order differs from the schedule"
+            colour = "tab:blue" if step == "forward" else "tab:orange"
+            axes.barh(stage, (end - start) * 1e3, left=(start - origin) * 1e3, color=colour, edgecolor="white")
+            axes.text((start + end - 2 * origin) / 2 * 1e3, stage, str(index), ha="center", va="center",
+                      fontsize=7, color="white")
+    axes.set_yticks(range(len(logs)), [f"stage {s}" for s in range(len(logs))])
+    axes.invert_yaxis()
+    axes.set_xlabel("time (ms); blue: forward, orange: backward, number: micro-batch")
+    axes.set_title(f"{kind}: P = {len(logs)} stages, m = {m} micro-batches (measured)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=80)
+    plt.close(figure)
+
+
+def plot_bubble(bubbles, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    figure, axes = plt.subplots(figsize=(5.5, 3.6))
+    counts = sorted(bubbles["gpipe"])
+    grid = np.linspace(1, max(counts), 100)
+    axes.plot(grid, (P - 1) / (grid + P - 1), "k--", label="(P-1)/(m+P-1)")
+    for kind, marker in (("gpipe", "o"), ("1f1b", "x")):
+        axes.plot(counts, [bubbles[kind][m] for m in counts], marker, label=f"{kind}, measured")
+    axes.set_xscale("log", base=2)
+    axes.set_xlabel("micro-batches m")
+    axes.set_ylabel("bubble fraction")
+    axes.set_title(f"P = {P} stages")
+    axes.legend(frameon=False)
+    figure.tight_layout()
+    figure.savefig(path, dpi=80)
+    plt.close(figure)
+
+
+def plot_memory(memory, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    figure, axes = plt.subplots(figsize=(5.5, 3.4))
+    stages = np.arange(P)
+    for offset, kind in ((-0.2, "gpipe"), (0.2, "1f1b")):
+        axes.bar(stages + offset, np.array(memory[kind]["peak_bytes"]) / 1e3, width=0.4, label=kind)
+    axes.set_xticks(stages, [f"stage {s}" for s in stages])
+    axes.set_ylabel("peak allocated (kB)")
+    axes.set_title(f"one global batch, P = {P}, m = {memory['m']}")
+    axes.legend(frameon=False)
+    figure.tight_layout()
+    figure.savefig(path, dpi=80)
+    plt.close(figure)
+
+
+def table(results):
+    lines = ["| m | bubble GPipe | bubble 1F1B | (P-1)/(m+P-1) |", "| --- | --- | --- | --- |"]
+    for m in sorted(results["bubble"]["gpipe"]):
+        lines.append(f"| {m} | {results['bubble']['gpipe'][m]:.3f} | {results['bubble']['1f1b'][m]:.3f} | "
+                     f"{(P - 1) / (m + P - 1):.3f} |")
+    memory = results["memory"]
+    lines += ["", "| stage | held GPipe | held 1F1B | peak kB GPipe | peak kB 1F1B |", "| --- | --- | --- | --- | --- |"]
+    for s in range(P):
+        lines.append(f"| {s} | {memory['gpipe']['held'][s]} | {memory['1f1b']['held'][s]} | "
+                     f"{memory['gpipe']['peak_bytes'][s] / 1e3:.0f} | {memory['1f1b']['peak_bytes'][s] / 1e3:.0f} |")
+    lines += ["", "| batch | data (ring) | pipeline | model (output) | model (input) |", "| --- | --- | --- | --- | --- |"]
+    for rows, record in results["bytes"].items():
+        lines.append(f"| {rows} | {record['data']['bytes']} | {record['pipeline']['bytes']} | "
+                     f"{record['model (output)']['bytes']} | {record['model (input)']['bytes']} |")
+    lines += ["", "| P | batch | data (ring) us | model (output) us | pipeline us |", "| --- | --- | --- | --- | --- |"]
+    for key, value in results["predicted"].items():
+        lines.append(f"| {key.split(',')[0]} | {key.split(',')[1]} | {value['data'] * 1e6:.1f} | "
+                     f"{value['model (output)'] * 1e6:.1f} | {value['pipeline'] * 1e6:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer points, one repeat, no figures")
+    parser.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
+    args = parser.parse_args(argv)
+    counts = [1, 2 * P] if args.quick else [1, 2, 4, 8, 16]
+    results = measure_bubbles(counts, 1 if args.quick else 3)
+    memory = measure_memory(m=2 * P, rows=256)
+    measured_bytes = measure_bytes([8, 32] if args.quick else [8, 32, 128])
+    if comm.rank != 0:
+        return
+    results["memory"] = {**memory, "m": 2 * P, "rows": 256}
+    results["load_average"] = os.getloadavg()          # other jobs on the cores lengthen every hand-over
+    results["bytes"] = measured_bytes
+    results["predicted"] = {f"{p},{rows}": predicted_seconds(p, rows) for p in (4, 16, 64) for rows in (32, 256)}
+    for rows, record in measured_bytes.items():
+        for name in ("pipeline", "model (output)", "model (input)"):
+            assert record[name]["bytes"] == record[name]["formula"], (rows, name, record[name])
+    diagrams = results.pop("diagrams", {})
+    prefix = "06_quick_" if args.quick else "06_"
+    with open(os.path.join(args.out, prefix + "measurements.json"), "w") as handle:
+        json.dump({"P": P, **results}, handle, indent=1, default=str)
+    with open(os.path.join(args.out, prefix + "table.md"), "w") as handle:
+        handle.write(table(results))
+    print(table(results))
+    if not args.quick:
+        for kind, logs in diagrams.items():
+            plot_diagram(logs, kind, 2 * P, os.path.join(args.out, f"06_schedule_{kind}.png"))
+        plot_bubble(results["bubble"], os.path.join(args.out, "06_bubble.png"))
+        plot_memory(results["memory"], os.path.join(args.out, "06_memory.png"))
+
+
+if __name__ == "__main__":
+    main()
