@@ -100,7 +100,10 @@ def train(comm=None, stages=2, schedule="1f1b", micro_batches=4, allreduce="ring
         return {**job.objective.evaluate(), "bytes_pipeline": job.comm.allreduce(pipeline.bytes_sent),
                 "bytes_allreduce": job.comm.allreduce(replicas.bytes_sent)}
 
-    return job.loop(step, evaluate=evaluate)
+    result = job.loop(step, evaluate=evaluate)
+    pipeline.comm.Free()
+    replicas.comm.Free()
+    return result
 
 
 def main(argv=None):
