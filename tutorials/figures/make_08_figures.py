@@ -1,0 +1,236 @@
+"""Regenerate chapter 8's tables and figures (about 10 minutes on 2 cores; --quick: about a minute).
+
+    python tutorials/figures/make_08_figures.py
+    python tutorials/figures/make_08_figures.py --part pays  # only part 2 (or --part training)
+    python tutorials/figures/make_08_figures.py --quick      # 1 seed, 2 epochs, 2 sizes, into a temporary folder
+
+1. Every compressor on the digits CNN at p = 4 (algorithms.compressed_sgd, 20 epochs, 3 seeds, plain
+   SGD at lr 0.2), top-k and 1-bit with and without error feedback, error feedback under the
+   default momentum 0.9, and sufficient factors on the MLP at batch 8 against allreduce SGD on
+   the same MLP -> 08_training.json, 08_table.md (accuracy mean with a 95% t interval
+   over the seeds, bytes sent per step and rank, seconds), 08_feedback.png (accuracy per epoch).
+2. When compression pays: on p = 2 and 4 ranks, one dense ring allreduce of n float32 entries
+   against top-k (1%) compression + the sparse allreduce and 8-bit stochastic rounding + the direct
+   allgather, measured, and the alpha-beta model with the fitted alpha, beta, gamma plus the
+   measured compression time -> 08_pays.json, 08_pays.md, 08_pays.png.
+Timings depend on the machine and on what else runs on it; accuracies and bytes do not (same seeds).
+"""
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
+OUT = HERE                                            # --quick writes to a temporary folder instead
+RANKS, BATCH, TRAIN_ROWS = 4, 32, 1438                 # the digits split: 1438 training images
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776}     # Student t, two-sided 95%, by degrees of freedom
+
+SGD = ["--momentum", "0", "--lr", "0.2"]           # the table's runs: plain SGD (see MOMENTUM)
+CONFIGS = {   # label -> (module, flags)
+    "none": ("compressed_sgd", ["--compressor", "none", *SGD]),
+    "qsgd 8 bits": ("compressed_sgd", ["--compressor", "qsgd", "--bits", "8", *SGD]),
+    "qsgd 2 bits": ("compressed_sgd", ["--compressor", "qsgd", "--bits", "2", *SGD]),
+    "terngrad": ("compressed_sgd", ["--compressor", "terngrad", *SGD]),
+    "onebit + EF": ("compressed_sgd", ["--compressor", "onebit", *SGD]),
+    "onebit, no EF": ("compressed_sgd", ["--compressor", "onebit", "--no-error-feedback", *SGD]),
+    "topk 1% + residuals": ("compressed_sgd", ["--compressor", "topk", "--density", "0.01", *SGD]),
+    "topk 1%, no residuals": ("compressed_sgd", ["--compressor", "topk", "--density", "0.01",
+                                                 "--no-error-feedback", *SGD]),
+    "randomk 10% + residuals": ("compressed_sgd", ["--compressor", "randomk", "--density", "0.1", *SGD]),
+    "randomk 1% + residuals": ("compressed_sgd", ["--compressor", "randomk", "--density", "0.01", *SGD]),
+    "MLP b=8, allreduce": ("sufficient_factors", ["--factors", "never", "--batch-size", "8"]),
+    "MLP b=8, factors (auto)": ("sufficient_factors", ["--factors", "auto", "--batch-size", "8"]),
+    # the module defaults, momentum 0.9 and lr 0.05: error feedback meets momentum
+    "none, momentum 0.9": ("compressed_sgd", ["--compressor", "none"]),
+    "onebit + EF, momentum 0.9": ("compressed_sgd", ["--compressor", "onebit"]),
+    "topk 1% + residuals, momentum 0.9": ("compressed_sgd", ["--compressor", "topk", "--density", "0.01"]),
+    "randomk 10% + residuals, momentum 0.9": ("compressed_sgd", ["--compressor", "randomk", "--density", "0.1"]),
+}
+QUICK = ["none", "topk 1% + residuals", "topk 1%, no residuals", "MLP b=8, factors (auto)"]
+
+
+def run_once(module, flags, seed, epochs):
+    """One run at p = RANKS; its per-epoch history, or None if it stopped with an error (diverged)."""
+    with tempfile.TemporaryDirectory() as folder:
+        log = Path(folder) / "log.jsonl"
+        command = [MPIEXEC, "-n", str(RANKS), sys.executable, "-m", f"algorithms.{module}", *flags,
+                   "--seed", str(seed), "--epochs", str(epochs), "--quiet", "--log", str(log)]
+        print("$", " ".join(command[4:]), flush=True)
+        done = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True)
+        if done.returncode != 0:
+            print("  ", done.stderr.strip().splitlines()[0] if done.stderr.strip() else f"exit {done.returncode}")
+            return None
+        return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def interval(values):
+    """(mean, half-width of the 95% t interval) of a list of numbers."""
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, float("nan")
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+    return mean, T_975[len(values) - 1] * sd / math.sqrt(len(values))
+
+
+def training(seeds, epochs, labels):
+    runs = {label: [run_once(*CONFIGS[label], seed, epochs) for seed in seeds] for label in labels}
+    (OUT / "08_training.json").write_text(json.dumps({"seeds": seeds, "epochs": epochs, "ranks": RANKS,
+                                                       "runs": runs}))
+    lines = ["| run (p = 4) | test accuracy, mean ± 95% CI | bytes per step per rank | seconds | diverged |",
+             "| --- | --- | --- | --- | --- |"]
+    for label, histories in runs.items():
+        finished = [h for h in histories if h is not None]
+        diverged = f"{len(histories) - len(finished)} of {len(histories)}"
+        if not finished:
+            lines.append(f"| {label} | - | - | - | {diverged} |")
+            continue
+        batch = 8 if "MLP" in label else BATCH
+        steps = epochs * math.ceil(TRAIN_ROWS / (RANKS * batch))
+        accuracy, half = interval([h[-1]["test_accuracy"] * 100 for h in finished])
+        per_step = sum(h[-1]["bytes"] for h in finished) / len(finished) / (steps * RANKS)
+        seconds = sum(h[-1]["seconds"] for h in finished) / len(finished)
+        lines.append(f"| {label} | {accuracy:.1f}% ± {half:.1f} | {per_step:,.0f} | {seconds:.1f} | {diverged} |")
+    (OUT / "08_table.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    plot_feedback(runs, epochs)
+
+
+def plot_feedback(runs, epochs):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for label in ("none", "topk 1% + residuals", "topk 1%, no residuals", "onebit + EF", "onebit, no EF"):
+        finished = [h for h in runs.get(label, []) if h is not None]
+        if finished:
+            curve = [sum(h[e]["test_accuracy"] for h in finished) / len(finished) * 100 for e in range(epochs)]
+            axis.plot(range(1, epochs + 1), curve, label=label, linestyle="--" if ", no " in label else "-")
+    axis.set_xlabel("epoch")
+    axis.set_ylabel("test accuracy (%), mean over seeds")
+    axis.set_ylim(50, 100)
+    axis.set_title("digits CNN, p = 4, SGD lr 0.2: what error feedback keeps")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(OUT / "08_feedback.png", dpi=80)
+    plt.close(figure)
+
+
+# ---- when does compression pay? (runs under mpiexec: --measure) -------------------------------------
+
+def measure(sizes, out):
+    """On every rank: times of dense ring allreduce, top-k + sparse allreduce, qsgd + allgather."""
+    import numpy as np
+    from mpi4py import MPI
+
+    import collectives
+    from collectives import bench, compress, cost, sparse
+    comm = MPI.COMM_WORLD
+    p, rank = comm.Get_size(), comm.Get_rank()
+    alpha, beta, _ = bench.fit_alpha_beta(comm, 0.02)
+    gamma = bench.fit_gamma(comm, 0.02)
+    records = []
+    for n in sizes:
+        grad = np.random.default_rng([n, rank]).normal(size=n).astype(np.float32)
+        topk, qsgd = compress.make("topk", density=0.01, dtype=np.float32), compress.make("qsgd", bits=8,
+                                                                                         dtype=np.float32)
+        rng = np.random.default_rng(rank)
+
+        def dense():
+            collectives.allreduce(comm, grad.copy(), op="sum", algorithm="ring", check=False)
+
+        def sparse_topk():
+            message = topk.compress(grad)
+            sparse.sparse_allreduce(comm, message.index, message.values, n)
+
+        def quantized():
+            blocks = sparse.allgather(comm, qsgd.pack(qsgd.compress(grad, rng)))
+            sum(qsgd.decompress(qsgd.unpack(block, n)) for block in blocks)
+        measured = {name: min(bench.timed(comm, call, 0.05) for _ in range(3))
+                    for name, call in (("dense ring", dense), ("topk 1% + sparse", sparse_topk),
+                                       ("qsgd 8 + allgather", quantized))}
+        compress_topk = min(bench.timed(comm, lambda: topk.compress(grad), 0.02) for _ in range(2))
+        compress_qsgd = min(bench.timed(comm, lambda: qsgd.pack(qsgd.compress(grad, rng)), 0.02) for _ in range(2))
+        wire = qsgd.wire_bytes(n)
+        model = {"dense ring": cost.predict("ring", p, 4 * n, alpha, beta, gamma),
+                 "topk 1% + sparse": compress_topk + sparse.expected_cost(p, n, 0.01, 4, alpha, beta, gamma),
+                 # gather p - 1 messages, then decode and add p of them (decoding ~ compressing)
+                 "qsgd 8 + allgather": compress_qsgd + (p - 1) * (alpha + wire * beta) + p * compress_qsgd}
+        records.append({"n": n, "measured": measured, "model": model,
+                        "compress_seconds": {"topk": compress_topk, "qsgd": compress_qsgd}})
+    if rank == 0:
+        Path(out).write_text(json.dumps({"p": p, "alpha": alpha, "beta": beta, "gamma": gamma, "records": records}))
+
+
+def pays(ranks, sizes):
+    results = {}
+    for p in ranks:
+        path = Path(tempfile.gettempdir()) / f"08_pays_p{p}.json"
+        command = [MPIEXEC, "-n", str(p), sys.executable, str(Path(__file__).resolve()), "--measure", str(path),
+                   "--sizes", ",".join(map(str, sizes))]
+        print("$", " ".join(command[2:]), flush=True)
+        subprocess.run(command, cwd=ROOT, env=ENV, check=True)
+        results[p] = json.loads(path.read_text())
+    (OUT / "08_pays.json").write_text(json.dumps(results))
+    lines = ["| p | n (float32) | dense ring | top-k 1% + sparse allreduce | qsgd 8 bits + allgather |",
+             "| --- | --- | --- | --- | --- |"]
+    for p, result in results.items():
+        for record in result["records"]:
+            cells = [f"{record['measured'][k] * 1e3:.2f} ms (model {record['model'][k] * 1e3:.2f})"
+                     for k in ("dense ring", "topk 1% + sparse", "qsgd 8 + allgather")]
+            lines.append(f"| {p} | {record['n']:,} | " + " | ".join(cells) + " |")
+    (OUT / "08_pays.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    for p, result in results.items():
+        print(f"p = {p}: alpha {result['alpha'] * 1e6:.1f} us, beta {result['beta'] * 1e9:.3f} ns/B, "
+              f"gamma {result['gamma'] * 1e9:.3f} ns/B")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    figure, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4), squeeze=False)
+    for axis, (p, result) in zip(axes[0], results.items()):
+        sizes_n = [r["n"] for r in result["records"]]
+        for key, colour in (("dense ring", "C0"), ("topk 1% + sparse", "C1"), ("qsgd 8 + allgather", "C2")):
+            axis.loglog(sizes_n, [r["measured"][key] for r in result["records"]], "o", color=colour, label=key)
+            axis.loglog(sizes_n, [r["model"][key] for r in result["records"]], "-", color=colour, alpha=0.6)
+        axis.set_xlabel("gradient entries (float32)")
+        axis.set_ylabel("seconds per step (dots measured, lines model)")
+        axis.set_title(f"p = {p}")
+        axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(OUT / "08_pays.png", dpi=80)
+    plt.close(figure)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--measure", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--sizes", default="1024,16384,262144,1048576")
+    parser.add_argument("--part", default="all", choices=["all", "training", "pays"])
+    args = parser.parse_args()
+    sizes = [int(size) for size in args.sizes.split(",")]
+    if args.measure:
+        measure(sizes, args.measure)
+        return
+    if args.quick:
+        global OUT
+        OUT = Path(tempfile.mkdtemp(prefix="make_08_quick_"))
+        print(f"--quick: outputs in {OUT}")
+        training(seeds=[0], epochs=2, labels=QUICK)
+        pays(ranks=[2], sizes=[1024, 65536])
+    else:
+        if args.part in ("all", "training"):
+            training(seeds=[0, 1, 2], epochs=20, labels=list(CONFIGS))
+        if args.part in ("all", "pays"):
+            pays(ranks=[2, 4], sizes=sizes)
+
+
+if __name__ == "__main__":
+    main()
