@@ -114,3 +114,20 @@ def test_chapter_code_runs(chapter, tmp_path, monkeypatch):
                 exec(compile(code, f"{chapter.name}:block{number}", "exec"), namespace)
             except Exception as error:
                 raise AssertionError(f"{chapter.name} block {number} failed: {error!r}") from error
+
+
+def test_the_block_runner_runs_one_block_after_the_serial_blocks_it_builds_on(tmp_path):
+    # chapter 1's block 5 uses `image` and `columns`, which block 4 builds (and prints): run alone,
+    # block 5 must run the serial blocks before it first, quietly
+    run = [sys.executable, "-m", "tutorials.block"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run([*run, "01", "5"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "[[ 0.  1.  2.  3.]" not in done.stdout, "the earlier blocks' output should be quiet"
+    listing = subprocess.run([*run, "04", "--list"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert re.search(r"^\s+2\s+mpiexec -n 4 ", listing.stdout, re.M), listing.stdout
+    bad = subprocess.run([*run, "01", "5", "--ranks", "2"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "not an MPI block" in bad.stderr
+    missing = subprocess.run([*run, "01", "99"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "python blocks 1.." in missing.stderr

@@ -3,7 +3,7 @@
     python -m tutorials.assignments list                                 # the tasks
     python -m tutorials.assignments make --out DIR [--tasks 3.4,3.6]     # a student tree
     python -m tutorials.assignments make --out DIR --solutions           # an instructor tree
-    python -m tutorials.assignments block 03 2                           # one block of chapter 3
+    python -m tutorials.block 03 2                                       # one block of chapter 3
     python tests/grade.py [--student DIR] [--tasks ...] [--json FILE]    # grade (see tests/grade.py)
 
 The registry (``tasks.toml`` beside this file) names each task's file and function. In the
