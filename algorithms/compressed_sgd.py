@@ -17,7 +17,7 @@ The update, in the code's names (``compressed_step``), at step k on rank r:
     message_r = compress(grad_r + residual_r)       with error feedback, residual_r keeps the rest
               = compress(grad_r)                    without
     grad      = sum_r decompress(message_r)         (the exchange, below; the same bits everywhere)
-    w        <- optimizer.step()                    (SGD with momentum, the same on every rank)
+    w        <- optimizer.step()                    (SGD, the same on every rank)
 
 The exchange depends on what the messages are:
 
@@ -39,7 +39,17 @@ Restrictions: host (NumPy) arrays; p <= number of training examples. Random draw
 rounding, TernGrad, random-k) come from Generator([seed, step, rank]) (random-k: [seed, step]),
 so the same seed gives the same bits. --save / --resume keep each rank's residual.
 
-Measured (digits CNN, p = 4, 3 seeds): see the table in tutorials/08_communicating_less.md.
+Defaults: plain SGD, lr 0.2, no momentum (chapter 4's allreduce_sgd: momentum 0.9, lr 0.05). Error
+feedback releases an entry's held-back gradient in one burst, and momentum 0.9 repeats that burst
+for about ten steps: with chapter 4's settings, 1-bit with error feedback ended at 98.6, 75.5 and
+91.1% test accuracy on seeds 0, 1, 2 and random-k at 10% did not learn. Lin et al.'s momentum
+correction (compress the velocity, not the gradient) is not built (an exercise of chapter 8).
+
+Measured (digits CNN, p = 4, 20 epochs, seeds 0-2, defaults; tutorials/08_communicating_less.md,
+section 6): none 97.4% +- 0.4 test accuracy at 36,553 bytes per step and rank; top-k 1% with
+residuals 97.4% +- 1.1 at 1,453; without residuals 87.6% +- 19.5; 1-bit with error feedback 97.2%
++- 0.7 at 2,587; qsgd 8 bits 97.4% +- 0.4 at 18,427; random-k 10% 97.1% +- 1.1 at 9,757; random-k
+1% does not learn in 20 epochs (34.8% +- 67.0).
 """
 import argparse
 
@@ -110,7 +120,7 @@ def train(comm=None, compressor="none", bits=8, density=0.01, k=None, error_feed
     for topk/randomk; ``error_feedback`` None: on for onebit, topk, randomk. ``settings``: run.Settings.
     """
     comm = comm or MPI.COMM_WORLD
-    settings = run.Settings.of(settings, epochs=20, momentum=0.9, partition="global")
+    settings = run.Settings.of(settings, epochs=20, lr=0.2, momentum=0.0, partition="global")
     feedback = compressor in BIASED if error_feedback is None else bool(error_feedback)
 
     def check(_):
@@ -131,7 +141,7 @@ def train(comm=None, compressor="none", bits=8, density=0.01, k=None, error_feed
 
 
 def main(argv=None):
-    parser = cli.parser(__doc__.splitlines()[0], epochs=20, momentum=0.9, partition="global", allreduce="ring")
+    parser = cli.parser(__doc__.splitlines()[0], epochs=20, lr=0.2, momentum=0.0, partition="global", allreduce="ring")
     parser.add_argument("--compressor", default="none", choices=compress.NAMES)
     parser.add_argument("--bits", type=int, default=8, help="qsgd: bits per entry (1..16)")
     parser.add_argument("--density", type=float, default=0.01, help="topk, randomk: fraction of entries sent")

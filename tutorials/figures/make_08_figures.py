@@ -32,7 +32,8 @@ OUT = HERE                                            # --quick writes to a temp
 RANKS, BATCH, TRAIN_ROWS = 4, 32, 1438                 # the digits split: 1438 training images
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776}     # Student t, two-sided 95%, by degrees of freedom
 
-SGD = ["--momentum", "0", "--lr", "0.2"]           # the table's runs: plain SGD (see MOMENTUM)
+SGD = ["--momentum", "0", "--lr", "0.2"]           # compressed_sgd's defaults: plain SGD
+MOMENTUM = ["--momentum", "0.9", "--lr", "0.05"]   # chapter 4's allreduce_sgd defaults
 CONFIGS = {   # label -> (module, flags)
     "none": ("compressed_sgd", ["--compressor", "none", *SGD]),
     "qsgd 8 bits": ("compressed_sgd", ["--compressor", "qsgd", "--bits", "8", *SGD]),
@@ -47,11 +48,13 @@ CONFIGS = {   # label -> (module, flags)
     "randomk 1% + residuals": ("compressed_sgd", ["--compressor", "randomk", "--density", "0.01", *SGD]),
     "MLP b=8, allreduce": ("sufficient_factors", ["--factors", "never", "--batch-size", "8"]),
     "MLP b=8, factors (auto)": ("sufficient_factors", ["--factors", "auto", "--batch-size", "8"]),
-    # the module defaults, momentum 0.9 and lr 0.05: error feedback meets momentum
-    "none, momentum 0.9": ("compressed_sgd", ["--compressor", "none"]),
-    "onebit + EF, momentum 0.9": ("compressed_sgd", ["--compressor", "onebit"]),
-    "topk 1% + residuals, momentum 0.9": ("compressed_sgd", ["--compressor", "topk", "--density", "0.01"]),
-    "randomk 10% + residuals, momentum 0.9": ("compressed_sgd", ["--compressor", "randomk", "--density", "0.1"]),
+    # chapter 4's settings, momentum 0.9 and lr 0.05: error feedback meets momentum
+    "none, momentum 0.9": ("compressed_sgd", ["--compressor", "none", *MOMENTUM]),
+    "onebit + EF, momentum 0.9": ("compressed_sgd", ["--compressor", "onebit", *MOMENTUM]),
+    "topk 1% + residuals, momentum 0.9": ("compressed_sgd", ["--compressor", "topk", "--density", "0.01",
+                                                             *MOMENTUM]),
+    "randomk 10% + residuals, momentum 0.9": ("compressed_sgd", ["--compressor", "randomk", "--density", "0.1",
+                                                                 *MOMENTUM]),
 }
 QUICK = ["none", "topk 1% + residuals", "topk 1%, no residuals", "MLP b=8, factors (auto)"]
 
