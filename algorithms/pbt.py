@@ -1,0 +1,297 @@
+"""Population-based training: members train side by side; the worst copy the best and explore.
+
+    mpiexec -n 4 python -m algorithms.pbt [--population 4] [--ready 40] [--rounds 12]
+                                          [--fraction 0.25] [--search pbt|random] [--lineage lineage.json]
+
+Paper: Jaderberg et al. 2017, "Population Based Training of Neural Networks", section 3 (the
+ready / exploit / explore steps; "truncation selection" and "perturb" are its section 4.1
+choices). Random search (Bergstra & Bengio 2012) is the same population trained with its
+initial hyperparameters and no exploit: the same compute, the baseline of the paper's figures.
+Full references: tutorials/references.md.
+
+The population: M = --population members; member m is the group of R = p / M consecutive ranks
+m R .. m R + R - 1, which trains it by synchronous data-parallel SGD on its own communicator
+(``allreduce_sgd.data_parallel_step``). Every member starts from the same weights and draws its
+hyperparameters h_m = (lr, momentum, batch) from the prior (``sample``). Then, for each round:
+
+    train     every member takes --ready steps with its own h_m            (R ranks per member)
+    eval      score_m = minus the loss on held-out rows (the last --validation of the training
+              split; NaN if it is not finite)                         one allgather of p floats
+    ready     pairs = truncation_selection(scores): each of the bottom q = max(1, floor(fraction M))
+              members, and every NaN member, is paired with a member drawn from the top q
+    exploit   loser <- winner's weights w and SGD momentum buffer v: rank j of the winner sends
+              one flat buffer [w, v] to rank j of the loser            (point to point, 2 n floats)
+    explore   h_loser <- perturb(h_winner): lr, momentum and batch each times 0.8 or 1.2
+
+Every rank keeps the same table of all members' hyperparameters and draws the same random
+numbers (``Generator([seed, round])``), so the selection and the perturbations need no message
+beyond the scores, and a run is reproducible bit for bit from --seed. A NaN member is replaced
+and never chosen as a winner. The lineage (who copied whom, with which h, scoring what) is
+logged per round and written as JSON with --lineage; tutorials/figures/make_09_figures.py plots it.
+
+Cost per round, beyond training: one allgather of p scores, and per loser R messages of 2 n
+floats (n = 6090 for the CNN: 49 KB each). The rounds are not an epoch loop: a member's batch
+size changes, so members take the same number of steps (the budget) but not the same epochs;
+each member reads an endless stream of its own shuffled epochs (``Stream``).
+
+Restrictions: 2 <= M <= p with M dividing p; 0 < fraction <= 0.5; no --save / --resume.
+The result is the best member at the last ranking; its test accuracy is in the last record.
+"""
+import dataclasses
+import json
+import math
+
+import numpy
+from mpi4py import MPI
+
+from algorithms import cli, run
+from algorithms.allreduce_sgd import data_parallel_step
+from algorithms.cli import SettingError
+from algorithms.objective import Data, evaluate, load_data
+from collectives.trace import CountingComm
+from minidl import backend
+from minidl.data import Batch, shard
+
+SEARCHES = ("pbt", "random")
+HYPERPARAMETERS = ("lr", "momentum", "batch_size")
+PERTURB = (0.8, 1.2)                    # Jaderberg et al., section 4.1: "perturb"
+
+
+# ---- the hyperparameters: the prior, and the explore step -----------------------------------------
+
+def sample(rng):
+    """One member's (lr, momentum, batch) from the prior: lr log-uniform in [1e-3, 1], momentum
+    uniform in [0, 0.99], batch log-uniform in [8, 128] (rounded)."""
+    return numpy.array([10 ** rng.uniform(-3, 0), rng.uniform(0, 0.99), round(2 ** rng.uniform(3, 7))])
+
+
+def perturb(hyper, rng):
+    """Each hyperparameter times 0.8 or 1.2 (the momentum's 1 - m, so it stays below 1; the batch
+    rounded and kept in [2, 512])."""
+    lr, momentum, batch = hyper
+    factors = rng.choice(PERTURB, size=3)
+    return numpy.array([lr * factors[0], min(max(1 - (1 - momentum) * factors[1], 0.0), 0.999),
+                        min(max(round(batch * factors[2]), 2), 512)])
+
+
+# ---- ready: who copies whom ---------------------------------------------------------------------
+
+def truncation_selection(scores, fraction, rng):
+    """[(loser, winner)]: the bottom q = max(1, floor(fraction M)) members by score, and every
+    member whose score is NaN, each paired with a member drawn uniformly from the top q finite ones.
+
+    Higher scores are better; ties rank the lower member index higher. No NaN member is a winner.
+    Empty if no member has a finite score (the caller stops the run).
+    """
+    # BEGIN SOLUTION
+    members = len(scores)
+    q = max(1, int(fraction * members))
+    finite = [m for m in range(members) if math.isfinite(scores[m])]
+    ranked = sorted(finite, key=lambda m: (-scores[m], m))             # best first
+    top = ranked[:q]
+    if not top:
+        return []
+    bottom = [m for m in range(members) if m not in finite] + ranked[len(ranked) - q:]
+    losers = sorted(set(bottom) - set(top))
+    return [(loser, top[rng.integers(len(top))]) for loser in losers]
+    # END SOLUTION
+
+
+# ---- exploit and explore ------------------------------------------------------------------------
+
+def flat_state(objective, optimizer):
+    """One flat buffer [w, v]: the weights and SGD's momentum buffer (zeros before the first step
+    with momentum, which is what SGD's first step would make of it)."""
+    velocity = optimizer.state[0].get("momentum")
+    velocity = backend.xp().zeros_like(objective.params) if velocity is None else velocity
+    return backend.to_numpy(backend.xp().concatenate([objective.params, velocity]))
+
+
+def load_flat_state(objective, optimizer, buffer):
+    """The inverse of ``flat_state``: weights and momentum buffer from one received buffer."""
+    n = objective.params.size
+    objective.params[...] = backend.asarray(buffer[:n])
+    optimizer.state[0]["momentum"] = backend.asarray(buffer[n:].copy())
+
+
+def exploit_and_explore(comm, ranks_per_member, pairs, objective, optimizer, hyper, rng):
+    """The ready step's exploit and explore (the heart) on ``comm``, the whole population.
+
+    ``pairs``: [(loser, winner)] from ``truncation_selection``; ``hyper``: the (M, 3) table of every
+    member's (lr, momentum, batch), the same on every rank, updated in place. Rank j of a winner
+    sends [w, v] to rank j of each of its losers, which load it; then every rank sets each loser's
+    row to the winner's, perturbed, drawing from ``rng`` in the order of ``pairs``.
+    """
+    # BEGIN SOLUTION
+    member, piece = divmod(comm.Get_rank(), ranks_per_member)
+    # exploit: the winner's ranks send their flat [w, v] (the same on all of them) to the loser's
+    outgoing = [loser for loser, winner in pairs if winner == member]
+    if outgoing:
+        buffer = flat_state(objective, optimizer)
+        requests = [comm.Isend(buffer, dest=loser * ranks_per_member + piece, tag=loser) for loser in outgoing]
+    for loser, winner in pairs:
+        if loser == member:
+            received = numpy.empty(2 * objective.params.size, dtype=backend.to_numpy(objective.params).dtype)
+            comm.Recv(received, source=winner * ranks_per_member + piece, tag=loser)
+            load_flat_state(objective, optimizer, received)
+    if outgoing:
+        MPI.Request.Waitall(requests)
+    # explore: the loser continues with the winner's hyperparameters, perturbed (every rank alike)
+    for loser, winner in pairs:
+        hyper[loser] = perturb(hyper[winner], rng)
+    # END SOLUTION
+
+
+# ---- a member's data ----------------------------------------------------------------------------
+
+class Stream:
+    """A member's endless global batches: its own shuffled epochs (Generator([seed, member, epoch]))
+    cut into batches of whatever size the member has now; this rank reads piece ``piece`` of
+    ``pieces`` of each, as in synchronous SGD (minidl.data.rank_batches, partition "global")."""
+
+    def __init__(self, n, seed, member, piece, pieces):
+        self.n, self.seed, self.member, self.piece, self.pieces = n, seed, member, piece, pieces
+        self.epoch, self.position = 0, 0
+        self.order = self.shuffle()
+
+    def shuffle(self):
+        return numpy.random.default_rng([self.seed, self.member, self.epoch]).permutation(self.n)
+
+    def next(self, batch_size):
+        if self.position >= self.n:
+            self.epoch, self.position = self.epoch + 1, 0
+            self.order = self.shuffle()
+        rows = self.order[self.position:self.position + self.pieces * batch_size]
+        self.position += len(rows)
+        return Batch(rows[shard(len(rows), self.piece, self.pieces)], len(rows))
+
+
+def split_validation(data, fraction):
+    """(training Data, held-out x, held-out y): the last ``fraction`` of the training rows are held
+    out for the ranking; the test set stays untouched for the final report."""
+    keep = len(data.x_train) - max(1, int(round(fraction * len(data.x_train))))
+    train = Data(data.x_train[:keep], data.y_train[:keep], data.x_test, data.y_test)
+    return train, data.x_train[keep:], data.y_train[keep:]
+
+
+def check(size, population, ready, rounds, fraction, search, validation):
+    cli.require("--population", population, integer=True, low=2)
+    if population > size or size % population:
+        raise SettingError(f"--population {population} on {size} ranks: each member is a group of ranks, so the "
+                           f"member count must divide the rank count (e.g. --population {size})")
+    cli.require("--ready", ready, integer=True, low=1)
+    cli.require("--rounds", rounds, integer=True, low=1)
+    cli.require("--fraction", fraction, low=0, high=0.5, low_open=True)
+    cli.require("--validation", validation, low=0, high=0.5, low_open=True)
+    if search not in SEARCHES:
+        raise SettingError(f"--search must be one of {', '.join(SEARCHES)}, got {search!r}")
+
+
+def train(comm=None, population=None, ready=40, rounds=12, fraction=0.25, search="pbt", lineage=None,
+          validation=0.2, **settings):
+    """Population-based training (or random search) on ``comm``; returns (the best member's flat
+    parameters as NumPy, the per-round history) on every rank. ``settings`` are ``run.Settings``;
+    --lr, --momentum and --batch-size are not used (each member samples its own), nor --epochs
+    (the budget is ``rounds`` x ``ready`` steps per member)."""
+    comm = comm or MPI.COMM_WORLD
+    size, rank = comm.Get_size(), comm.Get_rank()
+    population = size if population is None else population
+    error = None
+    try:                                        # the same checks on every rank, before any message
+        if settings.pop("epochs", None) is not None:
+            raise SettingError("--epochs: pbt's budget is --rounds x --ready steps per member")
+        for name in HYPERPARAMETERS:
+            if settings.pop(name, None) is not None:
+                raise SettingError(f"--{name.replace('_', '-')}: each pbt member samples its own (see pbt.sample)")
+        for flag in ("save", "resume"):
+            if settings.get(flag):
+                raise SettingError(f"--{flag}: pbt does not save or resume (use --lineage for its record)")
+        check(size, population, ready, rounds, fraction, search, validation)
+        if rank == 0:
+            cli.check_output("--lineage", lineage)
+    except SettingError as caught:
+        error = caught
+    run.agree_on_errors(comm, error)
+    per_member = size // population
+    member, piece = divmod(rank, per_member)
+    team = comm.Split(member, rank)             # the member's own ranks, for its synchronous SGD
+
+    # every member: the same weights, its own data stream and optimizer (run.start, on the team)
+    settings = run.Settings.of(settings, epochs=1, partition="global")
+    log, settings.log = settings.log, None
+    error, job, held_out = None, None, None
+    try:
+        data, *held_out = split_validation(settings.data or load_data(settings.dataset, settings.seed,
+                                                                       settings.data_dir), validation)
+        job = run.start(team, dataclasses.replace(settings, data=data, quiet=True), reader=(piece, per_member))
+    except Exception as caught:                 # noqa: BLE001 - agreed below, on every rank
+        error = caught
+    run.agree_on_errors(comm, error)            # a member that failed to start stops the whole population
+    objective, optimizer = job.objective, job.optimizer
+    stream = Stream(objective.n, settings.seed, member, piece, per_member)
+    world = CountingComm(comm)
+    hyper = numpy.array([sample(numpy.random.default_rng([settings.seed, 10 ** 6 + m])) for m in range(population)])
+    logger = run.Log(log, rank=rank, quiet=settings.quiet)
+    records = []
+
+    for round_ in range(rounds):
+        # train: --ready steps of synchronous SGD with this member's hyperparameters
+        optimizer.lr, optimizer.momentum = float(hyper[member, 0]), float(hyper[member, 1])
+        with numpy.errstate(over="ignore", invalid="ignore", divide="ignore"):    # a NaN member is replaced
+            for _ in range(ready):
+                batch = stream.next(int(hyper[member, 2]))
+                data_parallel_step(job.counting, objective, optimizer, batch, run.mpi_allreduce)
+            loss, accuracy = evaluate(objective.net, *held_out)
+        # eval: every rank learns every member's held-out score (minus the loss: accuracy ties on
+        # the few held-out rows once members are good)
+        score = -loss if math.isfinite(loss) else math.nan
+        scores, accuracies = zip(*comm.allgather((score, accuracy))[::per_member])
+        rng = numpy.random.default_rng([settings.seed, round_])
+        pairs = truncation_selection(scores, fraction, rng)
+        if not pairs and not any(math.isfinite(value) for value in scores):
+            raise run.Diverged(f"every member diverged by round {round_ + 1}; lower the prior's lr")
+        before = hyper.copy()
+        last = round_ == rounds - 1
+        if search == "pbt" and not last:            # ready -> exploit -> explore
+            exploit_and_explore(world, per_member, pairs, objective, optimizer, hyper, rng)
+        parents = dict(pairs) if search == "pbt" and not last else {}
+        records.append([{"round": round_ + 1, "member": m, "score": scores[m], "accuracy": accuracies[m],
+                         "parent": parents.get(m, m),
+                         **dict(zip(HYPERPARAMETERS, before[m].tolist()))} for m in range(population)])
+        best = max((m for m in range(population) if math.isfinite(scores[m])), key=lambda m: (scores[m], -m))
+        logger.epoch(round=round_ + 1, step=(round_ + 1) * ready, best_member=best, best_held_out_loss=-scores[best],
+                     held_out_accuracy=[round(value, 4) for value in accuracies], copied=len(parents),
+                     bytes=int(comm.allreduce(world.bytes_sent + job.counting.bytes_sent)))
+
+    # the result: the best member at the last ranking, sent to every rank, scored on the test set
+    params = backend.to_numpy(objective.params).copy()
+    comm.Bcast(params, root=best * per_member)
+    objective.params[...] = backend.asarray(params)
+    test_loss, test_accuracy = evaluate(objective.net, objective.data.x_test, objective.data.y_test)
+    logger.epoch(best_member=best, test_loss=test_loss, test_accuracy=test_accuracy, search=search)
+    logger.close()
+    if rank == 0 and lineage:
+        with open(lineage, "w") as file:
+            json.dump({"search": search, "population": population, "ready": ready, "rounds": rounds,
+                       "fraction": fraction, "seed": settings.seed, "members": records}, file)
+    team.Free()
+    return params, logger.history
+
+
+def main(argv=None):
+    parser = cli.parser(__doc__.splitlines()[0], epochs=None, lr=None, batch_size=None, momentum=None)
+    parser.add_argument("--population", type=int, default=None, help="members (default: one per rank)")
+    parser.add_argument("--ready", type=int, default=40, help="steps each member trains between rankings")
+    parser.add_argument("--rounds", type=int, default=12, help="rankings; the budget is rounds x ready steps")
+    parser.add_argument("--fraction", type=float, default=0.25, help="bottom and top fraction of truncation selection")
+    parser.add_argument("--search", default="pbt", choices=SEARCHES,
+                        help="random: the same population and budget, no exploit or explore")
+    parser.add_argument("--validation", type=float, default=0.2, help="fraction of the training rows held out")
+    parser.add_argument("--lineage", default=None, help="write every member's history as JSON")
+    args = parser.parse_args(argv)
+    cli.run_main(train, args, population=args.population, ready=args.ready, rounds=args.rounds,
+                 fraction=args.fraction, search=args.search, validation=args.validation, lineage=args.lineage)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,155 @@
+"""Population-based training (algorithms/pbt.py): selection, exploit/explore, reproducibility, errors.
+
+Run: python tests/run.py --max-ranks 4 -- tests/test_pbt.py
+
+- Truncation selection: for hypothesis-drawn scores (NaN included) the losers are exactly the
+  bottom q and the NaN members, the winners come from the top q finite ones (an independent
+  ranking by counting better members is the oracle).
+- Exploit copies the winner's weights and SGD momentum buffer bit for bit, rank j to rank j, and
+  explore perturbs the winner's hyperparameters by 0.8 or 1.2 on every rank alike.
+- A whole run: the same seed gives the same lineage and the same bits; a member that diverges
+  (NaN) is replaced at the first ranking and never chosen as a parent.
+- Bad input stops every rank with ``error:`` and exit 2.
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+from mpi4py import MPI
+from pytest_mpi import parallel_assert
+
+from algorithms import pbt
+from algorithms.cli import SettingError
+from minidl.flat import FlatParameters
+from minidl.optim import SGD
+from minidl.tensor import Parameter
+from tests.test_sync_sgd import float64_mlp, tiny_digits
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def better_count(scores, m):
+    """How many finite members rank above member m (higher score, or equal score and lower index)."""
+    return sum(1 for other, value in enumerate(scores) if math.isfinite(value)
+               and (value > scores[m] or (value == scores[m] and other < m)))
+
+
+@pytest.mark.task("9.2")
+@settings(max_examples=30)
+@given(scores=st.lists(st.one_of(st.floats(-5, 5), st.sampled_from([0.0, 1.0, math.nan])), min_size=2, max_size=12),
+       fraction=st.sampled_from([0.1, 0.25, 0.3, 0.5]), seed=st.integers(0, 3))
+def test_truncation_selection_replaces_the_bottom_and_nan_members_by_top_ones(scores, fraction, seed):
+    members = len(scores)
+    q = max(1, int(fraction * members))
+    finite = [m for m in range(members) if math.isfinite(scores[m])]
+    top = {m for m in finite if better_count(scores, m) < q}
+    bottom = {m for m in finite if better_count(scores, m) >= len(finite) - q} | set(range(members)) - set(finite)
+    pairs = pbt.truncation_selection(scores, fraction, np.random.default_rng(seed))
+    if not finite:
+        assert pairs == []
+        return
+    losers = [loser for loser, _ in pairs]
+    assert sorted(losers) == sorted(bottom - top), (scores, pairs)
+    assert all(winner in top for _, winner in pairs), (scores, pairs)
+    assert all(math.isfinite(scores[winner]) for _, winner in pairs)
+    again = pbt.truncation_selection(scores, fraction, np.random.default_rng(seed))
+    assert again == pairs                                       # the same draws on every rank
+
+
+def member_state(rank):
+    """A 7-element float64 'objective' and an SGD with a momentum buffer, both rank-specific."""
+    flat = FlatParameters([Parameter(np.linspace(0, 1, 7) * (rank + 1) + np.pi)])
+    objective = type("Objective", (), {"params": flat.data})()
+    optimizer = SGD([flat.as_parameter()], lr=0.1, momentum=0.9)
+    optimizer.state[0]["momentum"] = np.sqrt(np.arange(7.0) + rank) / 3
+    return objective, optimizer
+
+
+@pytest.mark.task("9.3")
+@pytest.mark.parallel(nprocs=[2, 4])
+def test_exploit_copies_weights_and_momentum_bit_for_bit_and_explore_perturbs_the_winners_row():
+    comm = MPI.COMM_WORLD
+    for per_member in sorted({1, comm.size // 2}):
+        population = comm.size // per_member
+        member = comm.rank // per_member
+        pairs = [(1, 0)] if population == 2 else [(2, 0), (3, 0)]       # member 0 wins twice on 4
+        objective, optimizer = member_state(comm.rank % per_member)       # a member's ranks differ by piece j
+        if member == 0:
+            objective.params[...] = np.exp(np.arange(7.0))               # the winner's bits
+            optimizer.state[0]["momentum"] = np.log1p(np.arange(7.0))
+        before = (objective.params.copy(), optimizer.state[0]["momentum"].copy())
+        hyper = np.array([[0.1 * (m + 1), 0.5, 32] for m in range(population)])
+        pbt.exploit_and_explore(comm, per_member, pairs, objective, optimizer, hyper, np.random.default_rng(3))
+        losers = [loser for loser, _ in pairs]
+        expected = (np.exp(np.arange(7.0)), np.log1p(np.arange(7.0))) if member in losers else before
+        parallel_assert(np.array_equal(objective.params, expected[0])                  # one collective per rank
+                        and np.array_equal(optimizer.state[0]["momentum"], expected[1]),
+                        f"member {member}: weights or momentum buffer not {'copied' if member in losers else 'kept'}")
+        tables = comm.allgather(hyper)
+        parallel_assert(all(np.array_equal(table, hyper) for table in tables), "ranks disagree on the table")
+        for loser in losers:
+            lr, momentum, batch = hyper[loser]
+            parallel_assert(any(math.isclose(lr, 0.1 * f) for f in pbt.PERTURB), f"lr {lr} not 0.1 x 0.8|1.2")
+            parallel_assert(any(math.isclose(1 - momentum, 0.5 * f) for f in pbt.PERTURB), f"momentum {momentum}")
+            parallel_assert(batch in (round(32 * 0.8), round(32 * 1.2)), f"batch {batch}")
+        parallel_assert(np.array_equal(hyper[[m for m in range(population) if m not in losers]],
+                                       np.array([[0.1 * (m + 1), 0.5, 32] for m in range(population)
+                                                 if m not in losers])), "a non-loser's row changed")
+
+
+def diverging_prior(monkeypatch):
+    """Member 1 samples lr = 1e200 (it diverges at once); the others a sane lr, momentum and batch."""
+    drawn = []
+
+    def sample(rng):
+        drawn.append(None)
+        return np.array([1e200 if len(drawn) == 2 else 10 ** rng.uniform(-2, -1), rng.uniform(0, 0.9), 4.0])
+    monkeypatch.setattr(pbt, "sample", sample)
+
+
+@pytest.mark.parallel(nprocs=[2])
+def test_same_seed_same_lineage_and_bits_and_a_nan_member_is_replaced_never_chosen(monkeypatch, tmp_path_factory):
+    comm = MPI.COMM_WORLD
+    folder = comm.bcast(str(tmp_path_factory.mktemp("pbt")) if comm.rank == 0 else None)
+    runs = []
+    for attempt in range(2):
+        diverging_prior(monkeypatch)
+        path = os.path.join(folder, f"lineage{attempt}.json")
+        params, history = pbt.train(comm, model=float64_mlp, data=tiny_digits(), ready=3, rounds=3, fraction=0.5,
+                                    lineage=path, quiet=True)
+        comm.Barrier()
+        with open(path) as file:
+            runs.append((params, json.load(file)["members"]))
+    (first, lineage), (second, lineage_again) = runs
+    parallel_assert(np.array_equal(first, second), "the same seed gave different bits")
+    parallel_assert(json.dumps(lineage) == json.dumps(lineage_again), "the same seed gave a different lineage")
+    round_one = {entry["member"]: entry for entry in lineage[0]}
+    parallel_assert(math.isnan(round_one[1]["score"]) and round_one[1]["parent"] == 0,
+                    f"the diverged member was not replaced by member 0: {round_one}")
+    nan_members = {(entry["round"], entry["member"]) for row in lineage for entry in row if math.isnan(entry["score"])}
+    parents = {(entry["round"], entry["parent"]) for row in lineage for entry in row if entry["parent"] != entry["member"]}
+    parallel_assert(not nan_members & parents, f"a NaN member was chosen: {nan_members & parents}")
+    parallel_assert(bool(np.isfinite(first).all()), "the result is not finite")
+
+
+def test_bad_population_fraction_and_rank_counts_are_refused():
+    for size, population, fraction in [(4, 1, 0.25), (4, 3, 0.25), (2, 4, 0.25), (4, 4, 0.0), (4, 4, 0.6)]:
+        with pytest.raises(SettingError, match="--population|--fraction"):
+            pbt.check(size, population, 10, 2, fraction, "pbt", 0.2)
+    pbt.check(4, 2, 10, 2, 0.5, "random", 0.2)
+
+
+def test_a_population_that_does_not_divide_the_ranks_stops_every_rank_with_exit_2():
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    done = subprocess.run([str(Path(sys.executable).parent / "mpiexec"), "-n", "3", sys.executable, "-m",
+                           "algorithms.pbt", "--population", "2"],
+                          capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and done.stderr.count("error: --population 2 on 3 ranks") == 3, done.stderr
+    assert "round" not in done.stdout
