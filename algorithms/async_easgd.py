@@ -1,0 +1,108 @@
+"""Asynchronous elastic averaging SGD: workers pulled towards a centre on parameter-server shards.
+
+    mpiexec -n 4 python -m algorithms.async_easgd [--tau 4] [--rho R] [--servers 1] [--deterministic]
+        (and the flags every algorithm shares)
+
+Zhang, Choromanska & LeCun, "Deep Learning with Elastic Averaging SGD", NIPS 2015, algorithm 2
+(asynchronous EASGD) with its communication period tau. The centre x~ lives on the parameter
+server shards (ranks 0 .. S-1, ``parameter_server``); each worker i (ranks S .. p-1) keeps its own
+x_i and, in the code's names (``async_easgd_step``), at step i of each of its epochs:
+
+    grad    = gradient of the worker's batch at x_i               (before the spring moves x_i)
+    if i % tau == 0:                                              (no waiting for the other workers)
+        x~      <- fetch()                                        (the centre as the servers hold it now)
+        elastic  = alpha (x_i - x~)                               (alpha = lr * rho)
+        x_i     <- x_i - elastic                                  (the spring pulls the worker ...)
+        push(-elastic)      server: x~ <- x~ - 1 * (-elastic)     (... and the centre, by the same amount)
+    x_i <- x_i - lr * grad                                        (local SGD)
+
+The server applies what it receives as a gradient with rate 1 (plain SGD, no momentum), so the
+centre moves by exactly +elastic; it serves whichever worker is ready, or in ``--deterministic``
+mode in an order drawn from the seed (replayable, as Downpour's). The exchange counter restarts
+each epoch (an epoch's end is a boundary, as Downpour's n_push): with one worker and tau dividing
+the steps per epoch this is exactly synchronous EASGD (``algorithms/easgd.py``) at p = 1.
+
+Unlike the synchronous form no worker waits for another: a slow worker only exchanges less
+often, and the centre is a running average of whatever the workers sent. alpha is checked as the
+synchronous form checks it, with W workers: 0 < beta = W alpha <= 1 (default beta = 0.9).
+
+Communication per exchange (every tau steps of a worker): one fetch (S replies, n values in all)
+and one push (n values), against Downpour's push and fetch every step: tau trades traffic for
+how tightly the workers follow the centre.
+
+Restrictions: at least S + 1 ranks; tau >= 1; no --momentum (the local step is plain SGD, as in
+algorithm 2); --resume restarts the workers from the centre.
+"""
+import dataclasses
+import functools
+
+from mpi4py import MPI
+
+from algorithms import cli, easgd, ps_job, run
+from minidl import backend
+
+
+@dataclasses.dataclass
+class Spring:
+    """What a worker's exchange needs: the period, the elastic rate alpha, its own lr, a buffer for x~."""
+    tau: int
+    alpha: float
+    lr: float
+    center: object = None
+
+
+def async_easgd_step(spring, replica, rows, i, end_of_epoch, last_step):
+    """Step ``i`` of an epoch of an asynchronous EASGD worker (the heart); returns the batch loss."""
+    x = replica.objective.params
+    if spring.center is None:
+        spring.center = backend.xp().empty_like(x)
+    # BEGIN SOLUTION
+    # the local gradient at x_i, before the spring moves it
+    loss = replica.objective.loss_and_grad(rows)
+    # every tau steps: read the centre, move both ends of the spring by the same elastic amount
+    if i % spring.tau == 0:
+        replica.servers.fetch(spring.center)
+        elastic = spring.alpha * (x - spring.center)
+        x -= elastic
+        replica.servers.push(-elastic, 1)            # the server: x~ <- x~ - 1 * (-elastic)
+    # the local SGD step with the gradient taken at the old x_i
+    x -= spring.lr * replica.objective.grad
+    # END SOLUTION
+    return loss
+
+
+def train(comm=None, tau=4, rho=None, servers=1, deterministic=False, report=None, **settings):
+    """Asynchronous EASGD; returns (the centre as NumPy, the same on every rank; per-epoch history)."""
+    comm = comm or MPI.COMM_WORLD
+    settings = run.Settings.of(settings, epochs=20, lr=0.05, momentum=0.0)
+    workers = comm.Get_size() - servers
+    try:                                          # every rank computes the same: every rank raises alike
+        cli.require("--tau", tau, integer=True, low=1)
+        cli.require("--lr", settings.lr, low=0, low_open=True)
+        if settings.momentum:
+            raise cli.SettingError("--momentum is not offered: algorithm 2's local step is plain SGD")
+        alpha = easgd.moving_rate(settings.lr, rho, max(workers, 1))
+    except cli.SettingError as error:
+        raise cli.SettingError(str(error), every_rank=True) from None
+    spring = Spring(tau, alpha, settings.lr)
+    server_settings = dataclasses.replace(settings, lr=1.0)   # the server adds the elastic moves as sent
+    ps = ps_job.Settings(servers=servers, n_fetch=tau, n_push=tau, staleness=None, server_optimizer="sgd",
+                         deterministic=deterministic)
+    return ps_job.run_job(comm, functools.partial(async_easgd_step, spring), server_settings, ps,
+                          name="async easgd", report=report)
+
+
+def main(argv=None):
+    parser = cli.parser(__doc__.splitlines()[0], epochs=20, lr=0.05, momentum=None)
+    parser.add_argument("--tau", type=int, default=4, help="communication period (steps)")
+    parser.add_argument("--rho", type=float, default=None,
+                        help="elastic force; alpha = lr * rho (default: beta = W alpha = 0.9)")
+    parser.add_argument("--servers", type=int, default=1, help="parameter-server ranks (0 .. S-1)")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="serve workers in a seeded order; the run is replayable from its log")
+    args = parser.parse_args(argv)
+    cli.run_main(train, args, tau=args.tau, rho=args.rho, servers=args.servers, deterministic=args.deterministic)
+
+
+if __name__ == "__main__":
+    main()
