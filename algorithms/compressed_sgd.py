@@ -59,6 +59,7 @@ from mpi4py import MPI
 from algorithms import cli, run
 from algorithms.cli import SettingError
 from collectives import compress, sparse
+from minidl import backend
 
 BIASED = ("onebit", "topk", "randomk")
 
@@ -99,6 +100,12 @@ def exchange_for(compressor, allreduce):
     return gather_and_add
 
 
+def host_only():
+    """The compressors and exchanges are NumPy code: refuse the CuPy backend before any message."""
+    if backend.get_backend() != "numpy":
+        raise SettingError(f"compressed_sgd runs on host (NumPy) arrays only; the backend is {backend.get_backend()!r}")
+
+
 def build(name, bits, density, k, bucket, dtype):
     """The compressor, with bad settings as SettingErrors naming the flag."""
     cli.require("--bits", bits, integer=True, low=1, high=16)
@@ -125,6 +132,7 @@ def train(comm=None, compressor="none", bits=8, density=0.01, k=None, error_feed
 
     def check(_):
         run.allreduce_function(allreduce)
+        host_only()
         build(compressor, bits, density, k, bucket, numpy.float64)
     job = run.start(comm, settings, check=check, replicated=not feedback)
     chosen = build(compressor, bits, density, k, bucket, job.objective.grad.dtype)

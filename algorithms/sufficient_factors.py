@@ -40,6 +40,7 @@ from mpi4py import MPI
 from algorithms import cli, run
 from algorithms.cli import SettingError
 from collectives.tags import DIRECT_GATHER
+from minidl import backend
 from minidl.nn import Linear, Module, Sequential
 from minidl.tensor import Tensor
 
@@ -171,6 +172,9 @@ def train(comm=None, factors="auto", allreduce="ring", **settings):
 
     def check(_):
         run.allreduce_function(allreduce)
+        if backend.get_backend() != "numpy":
+            raise SettingError(f"sufficient_factors runs on host (NumPy) arrays only; the backend is "
+                               f"{backend.get_backend()!r}")
         if factors not in CHOICES:
             raise SettingError(f"unknown --factors {factors!r}; choose one of {', '.join(CHOICES)}")
     job = run.start(comm, settings, check=check)
