@@ -2,6 +2,7 @@
 
     mpiexec -n 4 python -m algorithms.sufficient_factors --batch-size 8          # factors where they pay
     mpiexec -n 4 python -m algorithms.sufficient_factors --factors always
+    mpiexec -n 4 python -m algorithms.sufficient_factors --exchange server --batch-size 32
 
 Papers: Xie, Kim, Zhou, Ho, Kumar, Yu & Xing, "Distributed Machine Learning via Sufficient Factor
 Broadcasting" (2016); Zhang et al., "Poseidon" (USENIX ATC 2017), which picks factors or the full
@@ -26,10 +27,19 @@ Bytes per step on rank r, for factored layers l with in_l, out_l and B_r rows on
 
     factors:  (p - 1) B_r sum_l (in_l + out_l) s        against the allreduce's 2 (p - 1)/p in_l out_l s
 
-so a layer's factors pay when (p - 1) B (in + out) < 2 (p - 1)/p in out (``factors_pay``). With a
-parameter server instead (the other variant of the paper, not built here) a worker pushes B (in + out)
-numbers instead of in out, and the rule is the slides' B (in + out) < in out, which is also what
-the rule above says at p = 2. --factors auto follows the rule per layer, always / never force it.
+so a layer's factors pay when (p - 1) B (in + out) < 2 (p - 1)/p in out (``factors_pay``).
+
+--exchange server (``server_factor_step``): a synchronous sharded server, one shard per factored
+layer, served by rank (layer number mod p) beside its own work (not chapter 5's asynchronous
+server). Every other rank pushes its factors of that layer to the owner, the owner forms
+dW = X^T D from all of them in rank order and sends dW back (what a worker would pull):
+
+    push:  B_r (in + out) s bytes from each rank but the owner     (instead of in out s)
+    pull:  (p - 1) in out s bytes from the owner
+
+so the factors pay on the push when B (in + out) < in out: the slides' rule (which is also the
+broadcast rule at p = 2). --factors auto follows the exchange's rule per layer, always / never
+force it.
 
 Restrictions: the model's top-level Sequential entries that are Linear layers can be factored
 (the MLP's three, the CNN's last); host (NumPy) arrays; p <= number of training examples.
@@ -39,16 +49,20 @@ from mpi4py import MPI
 
 from algorithms import cli, run
 from algorithms.cli import SettingError
-from collectives.tags import DIRECT_GATHER
+from collectives.tags import DIRECT_GATHER, GATHER, SEND_BACK
 from minidl import backend
 from minidl.nn import Linear, Module, Sequential
 from minidl.tensor import Tensor
 
 CHOICES = ("auto", "always", "never")
+EXCHANGES = ("broadcast", "server")
 
 
-def factors_pay(batch, fan_in, fan_out, p):
-    """True when broadcasting (x, delta) to p - 1 peers sends fewer bytes than the allreduce of dW."""
+def factors_pay(batch, fan_in, fan_out, p, exchange="broadcast"):
+    """True when sending a layer's factors costs fewer bytes than sending its gradient: broadcast to
+    p - 1 peers against the allreduce of dW, or (server) one push of factors against one of dW."""
+    if exchange == "server":
+        return p > 1 and batch * (fan_in + fan_out) < fan_in * fan_out
     return p > 1 and (p - 1) * batch * (fan_in + fan_out) < 2 * (p - 1) / p * fan_in * fan_out
 
 
@@ -106,6 +120,14 @@ def broadcast_factors(comm, block, largest):
     return blocks
 
 
+def receive_factors(comm, source, largest, dtype, tag):
+    """One rank's factors block (at most ``largest`` elements), its length read from the status."""
+    incoming = numpy.empty(largest, dtype=dtype)
+    status = MPI.Status()
+    comm.Recv(incoming, source, tag, status)
+    return incoming[:status.Get_count(MPI.BYTE) // incoming.itemsize]
+
+
 def pack_factors(layers, share, rows, dtype):
     """This rank's factors as one vector: per layer x (rows x in), then share * delta (rows x out)."""
     parts = [numpy.zeros(0, dtype=dtype)]
@@ -161,10 +183,54 @@ def sufficient_factor_step(comm, objective, optimizer, batch, layers, rest, allr
     return loss
 
 
-def train(comm=None, factors="auto", allreduce="ring", **settings):
+def server_factor_step(comm, objective, optimizer, batch, layers, rest, allreduce, largest):
+    """One synchronous step with a sharded server (the heart of --exchange server): each factored
+    layer's owner (rank layer number mod p) gathers every rank's factors, forms dW = X^T D and
+    sends it back; everything else is allreduced. Returns this rank's mean loss on its piece."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    # BEGIN SOLUTION
+    # local gradient on this rank's piece, weighted by its share; each factored layer keeps x, delta
+    rows = len(batch.index)
+    share = rows / batch.total
+    if rows:
+        loss = objective.loss_and_grad(batch.index)
+        objective.grad *= share
+    else:
+        loss = 0.0
+        objective.grad[...] = 0
+    # everything but the factored weights: one dense allreduce of those entries
+    dense = objective.grad[rest]
+    allreduce(comm, dense)
+    objective.grad[rest] = dense
+    for number, layer in enumerate(layers):
+        owner = number % size
+        mine = pack_factors([layer], share, rows, objective.grad.dtype)
+        if rank == owner:
+            # the server shard: every rank's factors, in rank order; dW = X^T D; dW back to each rank
+            blocks = [mine if source == rank else receive_factors(comm, source, largest, mine.dtype, GATHER)
+                      for source in range(size)]
+            factors = [unpack_factors([layer], block)[0] for block in blocks]
+            x = numpy.concatenate([x for x, _ in factors])                          # (rows of all, in)
+            delta = numpy.concatenate([delta for _, delta in factors])              # (rows of all, out)
+            layer.linear.weight.grad[...] = x.T @ delta                             # (in, out)
+            for destination in range(size):
+                if destination != rank:
+                    comm.Send(layer.linear.weight.grad, destination, SEND_BACK)
+        else:
+            # a worker: push the factors, pull the layer's gradient
+            comm.Send(mine, owner, GATHER)
+            comm.Recv(layer.linear.weight.grad, owner, SEND_BACK)
+    # the same update on every rank
+    optimizer.step()
+    # END SOLUTION
+    return loss
+
+
+def train(comm=None, factors="auto", exchange="broadcast", allreduce="ring", **settings):
     """Sufficient-factor broadcasting SGD on ``comm``; returns (final flat parameters as NumPy, history).
 
     ``factors``: 'auto' (per layer, by ``factors_pay`` at the per-rank batch size), 'always', 'never'.
+    ``exchange``: 'broadcast' (peer to peer) or 'server' (a synchronous sharded server).
     The history's records carry ``factored``, the factored layers as (in, out) pairs.
     """
     comm = comm or MPI.COMM_WORLD
@@ -177,12 +243,14 @@ def train(comm=None, factors="auto", allreduce="ring", **settings):
                                f"{backend.get_backend()!r}")
         if factors not in CHOICES:
             raise SettingError(f"unknown --factors {factors!r}; choose one of {', '.join(CHOICES)}")
+        if exchange not in EXCHANGES:
+            raise SettingError(f"unknown --exchange {exchange!r}; choose one of {', '.join(EXCHANGES)}")
     job = run.start(comm, settings, check=check)
     size, batch = comm.Get_size(), settings.batch_size
 
     def choose(layer):
         if factors == "auto":
-            return factors_pay(batch, layer.in_features, layer.out_features, size)
+            return factors_pay(batch, layer.in_features, layer.out_features, size, exchange)
         return factors == "always"
     net = getattr(job.objective, "net", None)
     layers = factor_linear_layers(net, choose) if net is not None else []
@@ -198,8 +266,9 @@ def train(comm=None, factors="auto", allreduce="ring", **settings):
 
     def evaluate():
         return {**job.objective.evaluate(), "factored": shapes}
-    return job.loop(lambda piece: sufficient_factor_step(job.counting, job.objective, job.optimizer, piece, layers,
-                                                         rest, summed, largest), evaluate=evaluate)
+    step = server_factor_step if exchange == "server" else sufficient_factor_step
+    return job.loop(lambda piece: step(job.counting, job.objective, job.optimizer, piece, layers, rest, summed,
+                                       largest), evaluate=evaluate)
 
 
 def main(argv=None):
@@ -207,8 +276,11 @@ def main(argv=None):
                         model="mlp")
     parser.add_argument("--factors", default="auto", choices=CHOICES,
                         help="send a Linear layer's factors: auto (where they cost fewer bytes), always, never")
+    parser.add_argument("--exchange", default="broadcast", choices=EXCHANGES,
+                        help="broadcast: every rank's factors to every rank; server: to the layer's owner rank, "
+                             "which sends dW back")
     args = parser.parse_args(argv)
-    cli.run_main(train, args, factors=args.factors, allreduce=args.allreduce)
+    cli.run_main(train, args, factors=args.factors, exchange=args.exchange, allreduce=args.allreduce)
 
 
 if __name__ == "__main__":
