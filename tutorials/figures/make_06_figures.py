@@ -164,8 +164,7 @@ def measure_bytes(batch_sizes, m=4):
                               "formula": pipeline_parallel.bytes_per_step(rows, widths, 4)}
         # model parallel, each split
         for split in model_parallel.SPLITS:
-            layers = model_parallel.linear_layers(objective.net)
-            pieces = [model_parallel.Piece(layer, comm.rank, P, split) for layer in layers]
+            pieces = [model_parallel.Piece(block, comm.rank, P, split) for block in model_parallel.blocks_of(objective.net)]
             for piece in pieces:
                 for parameter in piece.parameters():
                     parameter.grad = np.zeros_like(parameter.data)
