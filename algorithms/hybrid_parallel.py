@@ -1,11 +1,13 @@
-"""Hybrid parallel SGD: a 2-D grid of ranks, R data-parallel replicas x P pipeline stages.
+"""Hybrid parallel SGD: a 2-D grid of ranks, R data-parallel replicas x P pipeline stages or model pieces.
 
     mpiexec -n 4 python -m algorithms.hybrid_parallel --stages 2 [--schedule 1f1b] [--micro-batches 4]
+    mpiexec -n 4 python -m algorithms.hybrid_parallel --stages 2 --group model [--split output|input]
 
 Papers: Ben-Nun & Hoefler 2019 (hybrid parallelism: data, model and pipeline parallelism
-combined); Dean et al. 2012, section 3-4 (DistBelief's replicas are themselves partitioned
-models); Huang et al. 2019 and Narayanan et al. 2021 for the pipeline inside each replica
-(algorithms/pipeline_parallel.py). Full references: tutorials/references.md.
+combined); Dean et al. 2012, sections 3-4 (DistBelief's replicas are themselves partitioned
+models: --group model, algorithms/model_parallel.py); Huang et al. 2019 and Narayanan et al. 2021
+for a pipeline inside each replica (--group pipeline, algorithms/pipeline_parallel.py). Full
+references: tutorials/references.md.
 
 The grid, for R = size / P replicas (``comm.Split`` twice):
 
@@ -25,16 +27,19 @@ One step, on the rank at (replica q, stage s), for global batch k of R b rows (`
     w_s     <- optimizer step on w_s               (the same on every replica)
 
 so grad_s is serial SGD's gradient at batch R b restricted to stage s's layers: R x P ranks ==
-serial SGD at batch R b, up to the order of the additions.
+serial SGD at batch R b, up to the order of the additions. With --group model the row is one
+partitioned replica instead (model_parallel: rank s of the row owns piece s of every layer), its
+pieces' gradient is weighted by rows / (R b) and allreduced in column s the same way.
 
 Communication per step: each replica's pipeline sends 2 b (sum of boundary widths) itemsize
 bytes (pipeline_parallel.bytes_per_step); each column allreduces its stage's n_s parameters (for
 the ring 2 (R-1)/R n_s itemsize per rank). Data parallelism alone would allreduce all n
 parameters on every rank; here each rank allreduces only its stage's n_s ~ n / P. The per-epoch
-log adds both counts (bytes_pipeline, bytes_allreduce).
+log adds both counts (bytes_pipeline or bytes_model, and bytes_allreduce).
 
 Restrictions: size divisible by --stages; the pipeline's (P <= layers, 1 <= m <= --batch-size,
---batch-size is per replica) and the data-parallel one (R <= training rows).
+--batch-size is per replica) or the model's (P <= every split width; no --save/--resume), and the
+data-parallel one (R <= training rows).
 
 Default run (the small CNN on the embedded digits, 20 epochs, batch 32 per replica, 2 stages,
 1F1B with 4 micro-batches, ring allreduce, lr 0.05, momentum 0.9): the trajectory of serial SGD at
@@ -43,77 +48,129 @@ batch 32 R; measured at 4 ranks (2 x 2): 97.8% test accuracy, as ``serial_sgd --
 """
 from mpi4py import MPI
 
-from algorithms import cli, pipeline_parallel, run
+from algorithms import cli, model_parallel, pipeline_parallel, run
 from algorithms.cli import SettingError
 from collectives.trace import CountingComm
+from minidl.flat import FlatParameters
+
+GROUPS = ("pipeline", "model")
 
 
-def hybrid_step(pipeline, replicas, stage, objective, optimizer, batch, micro_batches, kind, allreduce):
-    """One hybrid step (the heart): this stage's pipeline gradient of this replica's piece, summed over
-    the replicas, then the update. ``pipeline``: this replica's ranks; ``replicas``: this stage's column.
+def hybrid_step(replicas, share, optimizer, replica_gradient, allreduce):
+    """One hybrid step (the heart): this rank's share of its replica's gradient, summed over the
+    replicas, then the update; returns this replica's mean loss on its piece of the batch.
 
-    Returns this replica's mean loss on its piece.
+    ``replica_gradient()``: the pipeline- or model-parallel gradient of this rank's share (a stage's
+    slice, or its pieces of every layer) on its replica's piece of the global batch, weighted by
+    rows / (R b), into ``share`` (a contiguous vector); ``replicas``: the ranks holding the same share.
     """
     # BEGIN SOLUTION
-    # pipeline parallel: this stage's gradient of the replica's piece, weighted by rows / (R b)
-    loss = pipeline_parallel.pipeline_gradient(pipeline, stage, objective, batch, micro_batches, kind)
-    # data parallel: the sum over the replicas, of this stage's slice only
-    allreduce(replicas, objective.grad[stage.start:stage.end])
-    # the same update on every replica: only this stage's slice has a gradient
+    # pipeline or model parallel: this rank's share of its replica's gradient
+    loss = replica_gradient()
+    # data parallel: the sum over the replicas, of this share only
+    allreduce(replicas, share)
+    # the same update on every replica
     optimizer.step()
     # END SOLUTION
     return loss
 
 
-def check(settings, size, stages, kind, micro_batches):
+def check(settings, size, stages, group, split, kind, micro_batches):
     cli.require("--stages", stages, integer=True, low=1)
+    if group not in GROUPS:
+        raise SettingError(f"unknown --group {group!r}; choose one of {', '.join(GROUPS)}")
     if size % stages:
         raise SettingError(f"{size} ranks do not form a grid of --stages {stages}: use a multiple of {stages} ranks")
-    pipeline_parallel.check(settings, stages, kind, micro_batches)
+    if group == "pipeline":
+        pipeline_parallel.check(settings, stages, kind, micro_batches)
+    else:
+        model_parallel.check(settings, stages, split)
 
 
-def train(comm=None, stages=2, schedule="1f1b", micro_batches=4, allreduce="ring", **settings):
-    """Hybrid SGD on ``comm``, size / stages replicas of a ``stages``-deep pipeline; returns (final
-    flat parameters, on every rank, history)."""
+class ModelShare:
+    """A rank's pieces of every layer (model_parallel), with their own flat gradient and optimizer."""
+
+    def __init__(self, job, group, split):
+        self.group, self.split = group, split
+        self.blocks = model_parallel.blocks_of(job.objective.net)
+        self.pieces = [model_parallel.Piece(block, group.Get_rank(), group.Get_size(), split) for block in self.blocks]
+        self.flat = FlatParameters([parameter for piece in self.pieces for parameter in piece.parameters()])
+        self.optimizer = type(job.optimizer)([self.flat.as_parameter()], lr=job.settings.lr,
+                                             momentum=job.settings.momentum)
+        self.data = job.objective.data
+
+    def gradient(self, batch):
+        """This rank's pieces' gradient of the replica's rows, weighted by rows / (R b)."""
+        rows = batch.index
+        if not len(rows):                      # a replica without rows in the epoch's last batch
+            self.flat.grad[...] = 0
+            return 0.0
+        loss = model_parallel.model_parallel_gradient(self.group, self.pieces, self.data.x_train[rows],
+                                                      self.data.y_train[rows], self.split)
+        self.flat.grad *= len(rows) / batch.total
+        return loss
+
+
+def train(comm=None, stages=2, group="pipeline", split="output", schedule="1f1b", micro_batches=4, allreduce="ring",
+          **settings):
+    """Hybrid SGD on ``comm``: size / stages replicas, each a ``stages``-deep pipeline (``group``
+    "pipeline") or partitioned into ``stages`` model pieces (``group`` "model", ``split`` as in
+    model_parallel); returns (final flat parameters, on every rank, history)."""
     comm = comm or MPI.COMM_WORLD
     size, rank = comm.Get_size(), comm.Get_rank()
     settings = run.Settings.of(settings, epochs=20, momentum=0.9, partition="global")
 
     def check_all(s):
-        check(s, size, stages, schedule, micro_batches)
+        check(s, size, stages, group, split, schedule, micro_batches)
         run.allreduce_function(allreduce)
 
-    replica, stage_index = divmod(rank, stages) if isinstance(stages, int) and stages >= 1 else (0, 0)
+    replica, position = divmod(rank, stages) if isinstance(stages, int) and stages >= 1 else (0, 0)
     job = run.start(comm, settings, check=check_all, reader=(replica, size // max(stages, 1)))
-    pipeline = CountingComm(comm.Split(color=replica, key=stage_index))      # a row of the grid
-    replicas = CountingComm(comm.Split(color=stage_index, key=replica))      # a column
-    stage = pipeline_parallel.Stage(job.objective.net, stage_index, stages, job.objective.data.x_train[:1])
+    row = CountingComm(comm.Split(color=replica, key=position))          # one replica: a pipeline or a model
+    column = CountingComm(comm.Split(color=position, key=replica))       # the same share in every replica
     summed = run.allreduce_function(allreduce)
+    if group == "pipeline":
+        stage = pipeline_parallel.Stage(job.objective.net, position, stages, job.objective.data.x_train[:1])
+        share, optimizer = job.objective.grad[stage.start:stage.end], job.optimizer
+
+        def replica_gradient(batch):
+            return pipeline_parallel.pipeline_gradient(row, stage, job.objective, batch, micro_batches, schedule)
+
+        def gather():
+            pipeline_parallel.share_stages(row.comm, stage, job.objective, job.optimizer)
+    else:
+        model = ModelShare(job, row, split)
+        share, optimizer, replica_gradient = model.flat.grad, model.optimizer, model.gradient
+
+        def gather():
+            model_parallel.assemble(row.comm, model.pieces, model.blocks, split)
 
     def step(batch):
-        loss = hybrid_step(pipeline, replicas, stage, job.objective, job.optimizer, batch, micro_batches,
-                           schedule, summed)
-        return pipeline.comm.bcast(loss, root=stages - 1)   # the replica's loss, for the log
+        loss = hybrid_step(column, share, optimizer, lambda: replica_gradient(batch), summed)
+        return row.comm.bcast(loss, root=stages - 1)           # the replica's loss, for the log
 
     def evaluate():
-        pipeline_parallel.share_stages(pipeline.comm, stage, job.objective, job.optimizer)
-        return {**job.objective.evaluate(), "bytes_pipeline": job.comm.allreduce(pipeline.bytes_sent),
-                "bytes_allreduce": job.comm.allreduce(replicas.bytes_sent)}
+        gather()
+        return {**job.objective.evaluate(), f"bytes_{group}": job.comm.allreduce(row.bytes_sent),
+                "bytes_allreduce": job.comm.allreduce(column.bytes_sent)}
 
     result = job.loop(step, evaluate=evaluate)
-    pipeline.comm.Free()
-    replicas.comm.Free()
+    row.comm.Free()
+    column.comm.Free()
     return result
 
 
 def main(argv=None):
     parser = cli.parser(__doc__.splitlines()[0], epochs=20, momentum=0.9, allreduce="ring")
-    parser.add_argument("--stages", type=int, default=2, help="pipeline depth P; size / P data-parallel replicas")
-    parser.add_argument("--schedule", default="1f1b", choices=pipeline_parallel.SCHEDULES)
-    parser.add_argument("--micro-batches", type=int, default=4, help="micro-batches per replica's batch")
+    parser.add_argument("--stages", type=int, default=2,
+                        help="ranks per replica P (pipeline stages, or model pieces); size / P replicas")
+    parser.add_argument("--group", default="pipeline", choices=GROUPS, help="how each replica is split")
+    parser.add_argument("--split", default="output", choices=model_parallel.SPLITS, help="with --group model")
+    parser.add_argument("--schedule", default="1f1b", choices=pipeline_parallel.SCHEDULES, help="with --group pipeline")
+    parser.add_argument("--micro-batches", type=int, default=4, help="with --group pipeline: per replica's batch")
     args = parser.parse_args(argv)
-    cli.run_main(train, args, stages=args.stages, schedule=args.schedule, micro_batches=args.micro_batches,
-                 allreduce=args.allreduce)
+    cli.run_main(train, args, stages=args.stages, group=args.group, split=args.split, schedule=args.schedule,
+                 micro_batches=args.micro_batches, allreduce=args.allreduce)
 
 
 if __name__ == "__main__":
