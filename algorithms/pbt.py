@@ -36,6 +36,11 @@ each member reads an endless stream of its own shuffled epochs (``Stream``).
 
 Restrictions: 2 <= M <= p with M dividing p; 0 < fraction <= 0.5; no --save / --resume.
 The result is the best member at the last ranking; its test accuracy is in the last record.
+
+Default run (4 members of one rank, 12 rounds of 40 steps, digits CNN), measured on 2 shared
+cores: 8-30 s (the members' batch sizes vary with the seed); the chosen member reaches 99.2%,
+97.8% and 98.3% test accuracy for seeds 0, 1, 2, random search 98.6%, 96.7% and 98.3%: inside
+the noise (tutorials/09_large_batch_and_search.md, section 3).
 """
 import dataclasses
 import json

@@ -1,0 +1,216 @@
+"""Regenerate chapter 9's figures and tables (about 10 minutes on 2 shared cores; --quick: about one):
+
+    python tutorials/figures/make_09_figures.py [--quick]
+
+1. Accuracy against the global batch, 1x .. 16x a base batch of 16 at the same number of epochs,
+   with the base lr as it is and with linear scaling + gradual warm-up (Goyal et al.), 3 seeds
+   -> 09_batch.json, 09_batch.png, rows of 09_table.md.
+2. Decaying the lr against increasing the batch (Smith et al.): the same milestones, 3 seeds,
+   test accuracy per epoch and per step -> 09_schedule.json, 09_schedule.png, rows of 09_table.md.
+3. PBT against random search with the same budget on the digits CNN (`mpiexec -n 4 python -m
+   algorithms.pbt`, defaults, --search pbt|random, 3 seeds) -> 09_search.json, 09_lineage.png
+   (seed 0's PBT lineage), rows of 09_table.md.
+Runs 1 and 2 are serial (one process trains the global batch; chapter 4 shows that p ranks at
+batch b are serial SGD at p b up to rounding). --quick shrinks every part and writes to /tmp.
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+sys.path.insert(0, str(ROOT))
+ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
+
+from mpi4py import MPI  # noqa: E402
+
+from algorithms import allreduce_sgd, run  # noqa: E402
+
+BASE_BATCH, BASE_LR, MOMENTUM = 16, 0.02, 0.9
+
+
+def serial(seed, epochs, **schedule):
+    """One serial run (the global batch on one process); its history, or None if it diverged."""
+    settings = dict(batch_size=BASE_BATCH, lr=BASE_LR, momentum=MOMENTUM, epochs=epochs, seed=seed, quiet=True)
+    settings.update(schedule)
+    try:
+        return allreduce_sgd.train(MPI.COMM_SELF, allreduce="mpi", **settings)[1]
+    except run.Diverged:
+        return None
+
+
+def mean_sd(values):
+    values = [value for value in values if value is not None and math.isfinite(value)]
+    if not values:
+        return float("nan"), float("nan"), 0
+    return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0, len(values)
+
+
+def batch_sweep(out, quick):
+    multiples = (1, 4, 16) if quick else (1, 2, 4, 8, 16)
+    seeds, epochs = (0, 1) if quick else (0, 1, 2), 2 if quick else 10
+    results = {}
+    for multiple in multiples:
+        for label, schedule in [("base lr", {}),
+                                ("linear scaling + 2-epoch warm-up", dict(lr_scaling="linear",
+                                                                          reference_batch=BASE_BATCH,
+                                                                          warmup_epochs=2))]:
+            key = f"{multiple}x|{label}"
+            histories = [serial(seed, epochs, batch_size=BASE_BATCH * multiple, **schedule) for seed in seeds]
+            results[key] = [None if h is None else h[-1]["test_accuracy"] for h in histories]
+            print(key, results[key], flush=True)
+    (out / "09_batch.json").write_text(json.dumps({"multiples": multiples, "seeds": seeds, "epochs": epochs,
+                                                   "base_batch": BASE_BATCH, "base_lr": BASE_LR,
+                                                   "accuracy": results}))
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    figure, axis = plt.subplots(figsize=(6.5, 4))
+    for label in ("base lr", "linear scaling + 2-epoch warm-up"):
+        stats = [mean_sd(results[f"{m}x|{label}"]) for m in multiples]
+        axis.errorbar([BASE_BATCH * m for m in multiples], [s[0] * 100 for s in stats],
+                      yerr=[s[1] * 100 for s in stats], marker="o", capsize=3, label=label)
+    axis.set(xscale="log", xlabel="global batch (same epochs)", ylabel="test accuracy (%)",
+             title=f"digits CNN, {epochs} epochs, mean +- sd over {len(seeds)} seeds")
+    axis.set_xticks([BASE_BATCH * m for m in multiples], [str(BASE_BATCH * m) for m in multiples])
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(out / "09_batch.png", dpi=110)
+    rows = []
+    for m in multiples:
+        cells = []
+        for label in ("base lr", "linear scaling + 2-epoch warm-up"):
+            mean, sd, count = mean_sd(results[f"{m}x|{label}"])
+            cells.append(f"{mean * 100:.1f} +- {sd * 100:.1f}%" + ("" if count == len(seeds) else f" ({len(seeds) - count} diverged)"))
+        rows.append(f"| {BASE_BATCH * m} ({m}x) | " + " | ".join(cells) + " |")
+    return ["| global batch | base lr 0.02 | linear scaling + warm-up |", "| --- | --- | --- |"] + rows
+
+
+def decay_or_grow(out, quick):
+    seeds, epochs = (0, 1) if quick else (0, 1, 2), 4 if quick else 16
+    milestones = (2, 3) if quick else (8, 12)
+    runs = {}
+    for label, schedule in [("decay lr / 4", dict(lr_decay=milestones, decay_factor=4.0)),
+                            ("batch x 4", dict(lr_decay=milestones, decay_factor=4.0, batch_schedule=True))]:
+        runs[label] = [serial(seed, epochs, lr=0.05, **schedule) for seed in seeds]
+        print(label, [h[-1]["test_accuracy"] for h in runs[label]], flush=True)
+    (out / "09_schedule.json").write_text(json.dumps({"milestones": milestones, "seeds": seeds, "runs": runs}))
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    figure, (per_epoch, per_step) = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    n_train = 1438
+    for label, histories in runs.items():
+        epochs_axis = [r["epoch"] for r in histories[0]]
+        accuracy = [statistics.mean(h[i]["test_accuracy"] for h in histories) * 100 for i in range(len(epochs_axis))]
+        steps = [sum(math.ceil(n_train / r["global_batch"]) for r in histories[0][:i + 1]) for i in range(len(epochs_axis))]
+        per_epoch.plot(epochs_axis, accuracy, marker=".", label=label)
+        per_step.plot(steps, accuracy, marker=".", label=label)
+    per_epoch.set(xlabel="epoch", ylabel="test accuracy (%), mean of seeds", ylim=(90, 100))
+    per_step.set(xlabel="optimizer steps")
+    per_epoch.legend()
+    figure.suptitle(f"decaying the lr vs increasing the batch at epochs {milestones} (batch 16, lr 0.05)")
+    figure.tight_layout()
+    figure.savefig(out / "09_schedule.png", dpi=110)
+    rows = []
+    for label, histories in runs.items():
+        mean, sd, _ = mean_sd([h[-1]["test_accuracy"] for h in histories])
+        steps = sum(math.ceil(n_train / r["global_batch"]) for r in histories[0])
+        rows.append(f"| {label} at epochs {','.join(map(str, milestones))} | {mean * 100:.1f} +- {sd * 100:.1f}% | {steps} |")
+    return [f"| schedule ({epochs} epochs) | test accuracy | optimizer steps |", "| --- | --- | --- |"] + rows
+
+
+def search(out, quick):
+    seeds = (0, 1) if quick else (0, 1, 2)
+    extra = ["--rounds", "3", "--ready", "10"] if quick else []
+    results = {}
+    for method in ("pbt", "random"):
+        for seed in seeds:
+            scratch = Path("/tmp")                        # per-run files; 09_search.json collects them
+            log, lineage = scratch / f"09_{method}_{seed}.jsonl", scratch / f"09_{method}_{seed}_lineage.json"
+            command = [MPIEXEC, "-n", "4", sys.executable, "-m", "algorithms.pbt", "--search", method,
+                       "--seed", str(seed), "--quiet", "--log", str(log), "--lineage", str(lineage), *extra]
+            print("$", " ".join(command[3:]), flush=True)
+            subprocess.run(command, cwd=ROOT, env=ENV, check=True)
+            records = [json.loads(line) for line in log.read_text().splitlines()]
+            results[f"{method}|{seed}"] = {"final": records[-1], "rounds": records[:-1],
+                                           "lineage": json.loads(lineage.read_text())}
+    (out / "09_search.json").write_text(json.dumps(results))
+    plot_lineage(results[f"pbt|{seeds[0]}"]["lineage"], out / "09_lineage.png")
+    return search_table(results, seeds)
+
+
+def search_table(results, seeds):
+    """Rows of 09_table_search.md from 09_search.json's results (the same steps; examples may differ)."""
+    rows = []
+    for method in ("pbt", "random"):
+        runs = [results[f"{method}|{seed}"] for seed in seeds]
+        mean, sd, _ = mean_sd([r["final"]["test_accuracy"] for r in runs])
+        each = ", ".join(f"{r['final']['test_accuracy'] * 100:.1f}" for r in runs)
+        seconds = statistics.mean(r["final"]["seconds"] for r in runs)
+        examples = statistics.mean(sum(entry["batch_size"] * r["lineage"]["ready"] for row in r["lineage"]["members"]
+                                       for entry in row) for r in runs)
+        rows.append(f"| {method} | {mean * 100:.1f} +- {sd * 100:.1f}% ({each}) | {examples / 1000:.0f} k | "
+                    f"{seconds:.0f} s |")
+    lineage = results[f"pbt|{seeds[0]}"]["lineage"]
+    return [f"| search ({lineage['population']} members x {lineage['ready'] * lineage['rounds']} steps) | test "
+            f"accuracy of the chosen member (seeds {', '.join(map(str, seeds))}) | examples trained on, all "
+            "members | wall time |", "| --- | --- | --- | --- |"] + rows
+
+
+def plot_lineage(lineage, path):
+    """Members (rows) over rounds (columns); an arrow where a member copied another; colour = lr."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    figure, axis = plt.subplots(figsize=(8, 3.5))
+    members = lineage["members"]
+    lrs = [entry["lr"] for row in members for entry in row]
+    low, high = math.log10(min(lrs)), math.log10(max(lrs))
+    colour = plt.get_cmap("viridis")
+    for row in members:
+        for entry in row:
+            shade = (math.log10(entry["lr"]) - low) / max(high - low, 1e-12)
+            marker = "x" if not math.isfinite(entry["score"]) else "o"
+            axis.scatter(entry["round"], entry["member"], color=colour(shade), marker=marker, s=40, zorder=3)
+            if entry["parent"] != entry["member"]:
+                axis.annotate("", xy=(entry["round"] + 0.9, entry["member"]), xytext=(entry["round"], entry["parent"]),
+                              arrowprops=dict(arrowstyle="->", color="tab:red", lw=1))
+    axis.set(xlabel="round (--ready steps each)", ylabel="member", yticks=range(lineage["population"]),
+             xticks=range(1, len(members) + 1), title="PBT lineage: arrow = exploit (copy, then perturb)")
+    figure.colorbar(plt.cm.ScalarMappable(cmap=colour, norm=plt.Normalize(low, high)), ax=axis, label="log10 lr")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny settings, output under /tmp")
+    parser.add_argument("--only", choices=["batch", "schedule", "search", "lineage", "search-table"], default=None,
+                        help="one part; lineage, search-table: redraw 09_lineage.png and 09_table_search.md "
+                             "from 09_search.json")
+    args = parser.parse_args()
+    out = Path("/tmp/make_09_quick") if args.quick else HERE
+    out.mkdir(exist_ok=True)
+    if args.only in ("lineage", "search-table"):        # redrawn from 09_search.json, no training
+        results = json.loads((out / "09_search.json").read_text())
+        plot_lineage(results["pbt|0"]["lineage"], out / "09_lineage.png")
+        seeds = sorted({int(key.split("|")[1]) for key in results})
+        (out / "09_table_search.md").write_text("\n".join(search_table(results, seeds)) + "\n")
+        return
+    parts = {"batch": batch_sweep, "schedule": decay_or_grow, "search": search}
+    for name, part in parts.items():
+        if args.only in (None, name):
+            table = part(out, args.quick)
+            (out / f"09_table_{name}.md").write_text("\n".join(table) + "\n")
+            print("\n".join(table), flush=True)
+
+
+if __name__ == "__main__":
+    main()
