@@ -212,6 +212,8 @@ class Shard:
             return float(abs(v(args["a"])).max())
         if op == "norm1":
             return float(abs(v(args["a"])).sum())
+        if op == "bytes":                        # for the log: what this shard has sent so far
+            return float(self.comm.bytes_sent)
         if op == "copy":
             v(args["target"])[...] = v(args["source"]) if args["factor"] == 1.0 else args["factor"] * v(args["source"])
         elif op == "axpy":
@@ -382,6 +384,7 @@ class Coordinator:
         self.idle = []                           # workers waiting for a portion
         self.discarded = self.backups = self.evaluations = 0
         self.batch_seconds = []
+        self.worker_bytes = [0] * roles.workers  # as each worker last reported them (for the log)
 
     # -- one batch: f and g at w + t d, from the workers ----------------------------------------------
     def evaluate(self, t):
@@ -409,6 +412,7 @@ class Coordinator:
     def handle(self, report):
         rank, message = report
         worker = self.roles.worker_ranks.index(rank)
+        self.worker_bytes[worker] = message["bytes"]
         reply = {"keep": False, "drop": False, "push": 0, "portion": None, "batch": None, "stop": False}
         if message["batch"] is not None and message["batch"] != self.batch.number:
             reply["drop"] = True                 # a result of a closed batch: discarded, counted at the close
@@ -474,8 +478,9 @@ class Coordinator:
                 steps += 1
                 if change <= o["tolerance_change"]:
                     break
+            sent = self.comm.bytes_sent + sum(shards.ask("bytes")) + sum(self.worker_bytes)
             self.log.epoch(epoch=epoch + 1, train_loss=loss, iterations=steps, evaluations=self.evaluations,
-                           backups=self.backups, discarded=self.discarded)
+                           backups=self.backups, discarded=self.discarded, bytes=int(sent))
         self.stop()
 
 
@@ -486,7 +491,7 @@ def work(comm, roles, objective, options, rows):
     rank, n = comm.Get_rank(), objective.n
     accrued, kept, computed = numpy.zeros_like(backend.to_numpy(objective.grad)), 0, 0
     fetched, slow = None, options["slow_factor"] if rank == options["slow_worker"] else 1.0
-    report = {"batch": None, "portion": None, "loss": None}
+    report = {"batch": None, "portion": None, "loss": None, "bytes": 0}
     host = numpy.empty_like(accrued)
     while True:
         comm.send(report, dest=0, tag=REPORT)
@@ -523,7 +528,7 @@ def work(comm, roles, objective, options, rows):
         computed += 1
         if slow > 1:                             # the injected straggler
             time.sleep((slow - 1) * (time.perf_counter() - began))
-        report = {"batch": reply["batch"], "portion": reply["portion"], "loss": loss}
+        report = {"batch": reply["batch"], "portion": reply["portion"], "loss": loss, "bytes": comm.bytes_sent}
 
 
 # ---- train / main -----------------------------------------------------------------------------------
@@ -618,7 +623,6 @@ def collect(comm, job, roles, mine, report):
     history = comm.bcast(job.logger.history, root=0)
     if history:                                  # the final test metrics, on the joined parameters
         history[-1].update(evaluate_at(job.objective, params))
-        history[-1]["bytes"] = sum(part["bytes"] for part in gathered)
         if comm.Get_rank() == 0 and not job.settings.quiet:
             print(run.Log.format({key: history[-1][key] for key in history[-1] if key not in ("epoch",)}),
                   flush=True)
