@@ -139,8 +139,8 @@ def stage_layers(layers, stage, stages):
 
 def pipeline_gradient(comm, stage, objective, batch, micro_batches, kind):
     """This stage's gradient of the global batch ``batch`` (into ``objective.grad``), by running
-    ``schedule(kind, ...)``; returns the batch's mean loss as the last stage computed it (on every rank
-    of the pipeline: one small broadcast, for the log only)."""
+    ``schedule(kind, ...)``; returns the mean loss over the batch's rows on the last stage (0 on the
+    others: ``train`` broadcasts the last stage's for the log)."""
     rows = batch.index
     pieces = [rows[shard(len(rows), i, min(micro_batches, len(rows)))] for i in range(min(micro_batches, len(rows)))]
     x_data, y_data = objective.data.x_train, objective.data.y_train
@@ -231,7 +231,7 @@ def train(comm=None, schedule="1f1b", micro_batches=4, **settings):
     Every rank returns the whole trained parameter vector.
     """
     comm = comm or MPI.COMM_WORLD
-    kind = schedule
+    kind = schedule                                # the argument's name hides the function schedule() here
     settings = run.Settings.of(settings, epochs=20, momentum=0.9, partition="global")
     job = run.start(comm, settings, check=lambda s: check(s, comm.Get_size(), kind, micro_batches),
                     reader=(0, 1))
