@@ -57,8 +57,9 @@ workers and 2 S (reductions) or S (vector commands) small messages per command w
 about 8 k + 20 commands per iteration for a history of k pairs. No vector ever passes through it.
 
 Restrictions: p >= S + 2; S <= n; W <= --portions <= training examples; 0 < --backup-threshold
-<= 1 (1: no backups); --slow-worker must be a worker rank, --slow-factor >= 1; --resume is not
-offered (the history would have to be saved; --save writes the final parameters).
+<= 1 (1: no backups); --slow-worker must be a worker rank, --slow-factor >= 1; --batch-size is
+refused (a batch is the whole training set); --resume is refused (the history would have to be
+saved too; --save writes the final parameters).
 Errors: a bad flag stops every rank before the first message (``run.start``); an exception in
 any role afterwards prints ``error: ...`` and aborts the job (``MPI.Abort(2)``), because the other
 roles are waiting for that rank's messages and would wait forever.
@@ -555,6 +556,7 @@ def train(comm=None, servers=1, portions=32, backup_threshold=None, push_every=4
     results, the bytes sent, and each worker's count of computed portions.
     """
     comm = comm or MPI.COMM_WORLD
+    batch_size = settings.pop("batch_size", None)        # refused below: the batch is the training set
     settings = run.Settings.of(settings, epochs=10, lr=1.0, momentum=0.0, model="mlp")
     size, rank = comm.Get_size(), comm.Get_rank()
     threshold = (1.0 if deterministic else 0.9) if backup_threshold is None else backup_threshold
@@ -562,6 +564,9 @@ def train(comm=None, servers=1, portions=32, backup_threshold=None, push_every=4
 
     def check(settings):
         nonlocal roles
+        if batch_size is not None:
+            raise cli.SettingError("--batch-size is not used by sandblaster_lbfgs: every batch is the whole training "
+                                   "set, cut into --portions pieces")
         if settings.resume:
             raise cli.SettingError("--resume is not offered by sandblaster_lbfgs: the L-BFGS history lives on the "
                                    "servers and is not saved")
@@ -642,6 +647,7 @@ def default_problem(seed=0):
 
 def main(argv=None):
     parser = cli.parser(__doc__.splitlines()[0], epochs=10, lr=1.0, model="mlp", momentum=None)
+    parser.set_defaults(batch_size=None)                 # not used: given, it is refused
     parser.add_argument("--servers", type=int, default=1, help="parameter-server shards (ranks 1 .. S)")
     parser.add_argument("--portions", type=int, default=32, help="pieces of each batch, handed out one at a time")
     parser.add_argument("--backup-threshold", type=float, default=None,

@@ -18,6 +18,9 @@ iterations, far from the tolerances' thresholds) carries them forward without am
 much: measured differences are about 1e-15, while a wrong history, step or weighting moves the
 result by > 1e-3.
 """
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -27,7 +30,7 @@ from algorithms import sandblaster_lbfgs as sandblaster
 from algorithms.objective import ConvexObjective
 from minidl.data import least_squares
 from minidl.optim import LBFGS, two_loop_direction
-from tests.test_error_contract import launch
+from tests.test_error_contract import ENV, MPIEXEC, ROOT, launch
 
 TOLERANCE = 1e-10
 D = 64                               # parameters: one shard's slice is >= 256 bytes at S <= 2
@@ -157,14 +160,39 @@ def test_sandblaster_equals_serial_lbfgs_with_and_without_backup_tasks():
     parallel_assert(not failed, f"failed: {failed}")
 
 
-@pytest.mark.parametrize("flags, ranks, message", [
-    (["--portions", "1"], 4, "--portions 1 is fewer than the 2 workers"),
-    (["--backup-threshold", "0"], 3, "--backup-threshold must be a finite number > 0 and <= 1"),
-    (["--slow-worker", "1", "--slow-factor", "3"], 3, "--slow-worker must be a worker rank (2..2"),
+@pytest.mark.parametrize("module, flags, ranks, message", [
+    ("sandblaster_lbfgs", ["--portions", "1"], 4, "--portions 1 is fewer than the 2 workers"),
+    ("sandblaster_lbfgs", ["--backup-threshold", "0"], 3, "--backup-threshold must be a finite number > 0 and <= 1"),
+    ("sandblaster_lbfgs", ["--slow-worker", "1", "--slow-factor", "3"], 3, "--slow-worker must be a worker rank (2..2"),
+    ("sandblaster_lbfgs", ["--batch-size", "8"], 3, "--batch-size is not used by sandblaster_lbfgs"),
+    ("async_easgd", ["--tau", "0"], 3, "--tau must be an integer >= 1, got 0"),
 ])
-def test_bad_sandblaster_flags_stop_every_rank(flags, ranks, message):
-    done = launch("sandblaster_lbfgs", "--problem", "least-squares", "--epochs", "1", *flags, ranks=ranks)
+def test_bad_flags_stop_every_rank(module, flags, ranks, message):
+    extra = ["--problem", "least-squares"] if module == "sandblaster_lbfgs" else []
+    done = launch(module, *extra, "--epochs", "1", *flags, ranks=ranks)
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     assert done.stderr.count("error: ") == ranks and done.stderr.count(message) == ranks, done.stderr
     assert "epoch" not in done.stdout
+
+
+PLANTED = """
+from algorithms import sandblaster_lbfgs as sandblaster
+command = sandblaster.Shard.command
+def failing(self, op, args):
+    if op == "accept":
+        raise RuntimeError("planted failure")
+    return command(self, op, args)
+sandblaster.Shard.command = failing
+sandblaster.main(["--problem", "least-squares", "--epochs", "1"])
+"""
+
+
+def test_an_exception_on_one_rank_stops_the_whole_job():
+    # the failing shard aborts the job: the coordinator and the workers, waiting for its messages,
+    # must not hang (the subprocess timeout would fail the test)
+    done = subprocess.run([MPIEXEC, "-n", "4", sys.executable, "-c", PLANTED], capture_output=True, text=True,
+                          timeout=60, env=ENV, cwd=ROOT)
+    assert done.returncode != 0
+    assert "error: planted failure (RuntimeError in the server on rank 1)" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
