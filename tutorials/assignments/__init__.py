@@ -57,10 +57,11 @@ class Task:
 
 
 def load(path=REGISTRY):
-    """(tasks in registry order, the [generator] table)."""
+    """(tasks ordered by id: chapter, then number; the [generator] table)."""
     with open(path, "rb") as file:
         registry = tomllib.load(file)
     tasks = [Task(**{**entry, "requires": tuple(entry.get("requires", ()))}) for entry in registry["task"]]
+    tasks.sort(key=lambda task: tuple(int(part) for part in task.id.split(".")))
     ids = [task.id for task in tasks]
     if len(set(ids)) != len(ids):
         raise ValueError(f"{path}: duplicate task ids")
