@@ -64,8 +64,12 @@ Errors: a bad flag stops every rank before the first message (``run.start``); an
 any role afterwards prints ``error: ...`` and aborts the job (``MPI.Abort(2)``), because the other
 roles are waiting for that rank's messages and would wait forever.
 
-Defaults (MLP on the embedded digits, 1 shard and 2 workers at -n 4, 32 portions, history 10,
-10 epochs x 10 iterations, lr 1): measured numbers are in tutorials/07_sandblaster_and_asynchrony.md.
+Defaults (MLP on the embedded digits, 1 shard and 2 workers at -n 4, 32 portions, push every 4,
+backups at 0.9, history 10, 10 epochs x 10 iterations, lr 1), measured on 2 shared cores: 95.8% and
+95.3% test accuracy in two runs (training loss below 1e-4; the line search's loss stops changing
+after 78 iterations), 15 to 16 s, 77 MB sent in all. ``--problem least-squares`` (512 x 32): the
+loss is within 5e-14 of the optimum's after 4 epochs of 5 iterations (tutorials/figures/
+make_07_figures.py --part compare; chapter 7 has the comparison with Downpour and the straggler).
 """
 import collections
 import sys
