@@ -60,9 +60,10 @@ Restrictions: p >= S + 2; S <= n; W <= --portions <= training examples; 0 < --ba
 <= 1 (1: no backups); --slow-worker must be a worker rank, --slow-factor >= 1; --batch-size is
 refused (a batch is the whole training set); --resume is refused (the history would have to be
 saved too; --save writes the final parameters).
-Errors: a bad flag stops every rank before the first message (``run.start``); an exception in
-any role afterwards prints ``error: ...`` and aborts the job (``MPI.Abort(2)``), because the other
-roles are waiting for that rank's messages and would wait forever.
+Errors: a bad flag stops every rank before the first message (``run.start``); a non-finite loss
+makes the coordinator stop every worker and shard and every rank raise the same error; an
+exception in any role prints ``error: ...`` and aborts the job (``MPI.Abort(2)``), because the
+other roles are waiting for that rank's messages and would wait forever.
 
 Defaults (MLP on the embedded digits, 1 shard and 2 workers at -n 4, 32 portions, push every 4,
 backups at 0.9, history 10, 10 epochs x 10 iterations, lr 1), measured on 2 shared cores: 95.8% and
@@ -72,6 +73,7 @@ loss is within 5e-14 of the optimum's after 4 epochs of 5 iterations (tutorials/
 make_07_figures.py --part compare; chapter 7 has the comparison with Downpour and the straggler).
 """
 import collections
+import math
 import sys
 import time
 
@@ -389,6 +391,7 @@ class Coordinator:
         self.idle = []                           # workers waiting for a portion
         self.discarded = self.backups = self.evaluations = 0
         self.batch_seconds = []
+        self.failure = None                      # why the run stopped early, if it did
         self.worker_bytes = [0] * roles.workers  # as each worker last reported them (for the log)
 
     # -- one batch: f and g at w + t d, from the workers ----------------------------------------------
@@ -454,10 +457,25 @@ class Coordinator:
 
     # -- L-BFGS: minidl.optim.LBFGS.step, line for line, on the shards ----------------------------------
     def train(self, epochs):
+        """L-BFGS for ``epochs``; then every worker and shard is told to stop, also after a non-finite loss."""
+        try:
+            self.lbfgs(epochs)
+        except run.Diverged as diverged:         # raised on every rank after the stop (collect)
+            self.failure = str(diverged)
+        self.stop()
+
+    @staticmethod
+    def check_finite(loss, iteration):
+        if not math.isfinite(loss):
+            raise run.Diverged(f"loss became {'nan' if math.isnan(loss) else 'inf'} at L-BFGS iteration "
+                               f"{iteration}; lower --lr or check the data")
+
+    def lbfgs(self, epochs):
         o, shards = self.options, self.shards
         pairs, steps = 0, 0
         for epoch in range(epochs):
             loss = self.evaluate(None)                          # f(w), g(w)
+            self.check_finite(loss, steps)
             shards.order("take_gradient")
             for _ in range(o["max_iter"]):
                 if shards.max_abs("g") <= o["tolerance_grad"]:
@@ -480,13 +498,13 @@ class Coordinator:
                     pairs = min(pairs + 1, o["history"])
                 shards.order("advance")                         # w <- w + s, g <- new_g
                 change, loss = abs(new_loss - loss), new_loss
+                self.check_finite(loss, steps)
                 steps += 1
                 if change <= o["tolerance_change"]:
                     break
             sent = self.comm.bytes_sent + sum(shards.ask("bytes")) + sum(self.worker_bytes)
             self.log.epoch(epoch=epoch + 1, train_loss=loss, iterations=steps, evaluations=self.evaluations,
                            backups=self.backups, discarded=self.discarded, bytes=int(sent))
-        self.stop()
 
 
 # ---- a worker: portions of each batch, pushed every few ----------------------------------------------
@@ -599,7 +617,7 @@ def train(comm=None, servers=1, portions=32, backup_threshold=None, push_every=4
         if portions > n:
             raise cli.SettingError(f"--portions {portions} is more than the {n} training examples")
         roles = Roles(size, servers, job.objective.params.size)
-    except cli.SettingError as caught:
+    except (cli.SettingError, ValueError) as caught:     # every rank computes the same: agreed below
         error = caught
     run.agree_on_errors(comm, error)
 
@@ -613,7 +631,8 @@ def train(comm=None, servers=1, portions=32, backup_threshold=None, push_every=4
         traced = TracedComm(counting)
         coordinator = Coordinator(traced, roles, options, job.logger)
         abort_on_error(comm, role, coordinator.train, settings.epochs)
-        mine = dict(messages=traced.messages, batch_seconds=coordinator.batch_seconds, backups=coordinator.backups,
+        mine = dict(failure=coordinator.failure, messages=traced.messages, batch_seconds=coordinator.batch_seconds,
+                    backups=coordinator.backups,
                     discarded=coordinator.discarded, evaluations=coordinator.evaluations)
     elif role == "server":
         shard = Shard(counting, roles, rank - 1, job.objective.params, history)
@@ -628,6 +647,9 @@ def train(comm=None, servers=1, portions=32, backup_threshold=None, push_every=4
 def collect(comm, job, roles, mine, report):
     """After the run (not part of the algorithm): the shards' w joined on every rank, the log, --save."""
     gathered = comm.allgather(mine)
+    if gathered[0]["failure"] is not None:       # a non-finite loss: the same error on every rank
+        job.logger.close()
+        raise run.Diverged(gathered[0]["failure"])
     params = numpy.concatenate([gathered[rank]["shard"] for rank in roles.server_ranks])
     history = comm.bcast(job.logger.history, root=0)
     if history:                                  # the final test metrics, on the joined parameters

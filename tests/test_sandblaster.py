@@ -166,6 +166,7 @@ def test_sandblaster_equals_serial_lbfgs_with_and_without_backup_tasks():
     ("sandblaster_lbfgs", ["--slow-worker", "1", "--slow-factor", "3"], 3, "--slow-worker must be a worker rank (2..2"),
     ("sandblaster_lbfgs", ["--batch-size", "8"], 3, "--batch-size is not used by sandblaster_lbfgs"),
     ("async_easgd", ["--tau", "0"], 3, "--tau must be an integer >= 1, got 0"),
+    ("sandblaster_lbfgs", ["--lr", "1e300"], 3, "at L-BFGS iteration 0; lower --lr"),
 ])
 def test_bad_flags_stop_every_rank(module, flags, ranks, message):
     extra = ["--problem", "least-squares"] if module == "sandblaster_lbfgs" else []
