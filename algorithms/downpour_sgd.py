@@ -2,7 +2,7 @@
 
     mpiexec -n 4 python -m algorithms.downpour_sgd [--servers 1] [--n-fetch 1] [--n-push 1]
         [--server-optimizer adagrad|sgd] [--warm-start-steps 20] [--deterministic]
-        [--fail-worker R --fail-step K --timeout T]  (and the flags every algorithm shares)
+        [--fail-worker R --fail-step K --timeout T] [--groups G]  (and the flags every algorithm shares)
 
 J. Dean et al., *Large Scale Distributed Deep Networks*, NIPS 2012, section 4.1 (and figure 2):
 each worker (model replica) trains on its own share of the data and talks only to the parameter
@@ -33,6 +33,9 @@ servers answer anyone else's first fetch. ``--deterministic``: the servers serve
 order drawn from Generator(seed) and the run can be replayed from its log (``parameter_server``).
 ``--fail-worker R --fail-step K``: rank R goes silent at its step K; server 0 drops it after
 ``--timeout`` seconds and the others finish (``ps_job`` explains how the crash is simulated).
+``--groups G``: a hierarchical server; ranks S .. S+G-1 are group servers that sum one step of each
+of their workers and push it to the root shards as one push (``ps_job.relay``; needs n_fetch =
+n_push = 1 and G dividing the p - S - G workers).
 
 Restrictions: at least S + 1 ranks; S <= number of parameters; n_fetch, n_push >= 1.
 Communication per worker step: a push every n_push steps (S messages of n/S gradient values) and a
@@ -69,7 +72,7 @@ def downpour_step(replica, rows, i, end_of_epoch, last_step):
 
 
 def train(comm=None, servers=1, n_fetch=1, n_push=1, server_optimizer="adagrad", warm_start_steps=0,
-          deterministic=False, fail_worker=None, fail_step=None, timeout=10.0, report=None, **settings):
+          deterministic=False, fail_worker=None, fail_step=None, timeout=10.0, groups=None, report=None, **settings):
     """Downpour SGD on ``comm``; returns (final flat parameters as NumPy, per-epoch history) on every rank.
 
     ``settings`` are ``run.Settings`` (the shared flags). ``report`` (a dict) receives the servers'
@@ -78,7 +81,8 @@ def train(comm=None, servers=1, n_fetch=1, n_push=1, server_optimizer="adagrad",
     settings = run.Settings.of(settings, epochs=10, lr=0.05, momentum=0.0)
     ps = ps_job.Settings(servers=servers, n_fetch=n_fetch, n_push=n_push, staleness=None,
                          warm_start_steps=warm_start_steps, server_optimizer=server_optimizer,
-                         deterministic=deterministic, fail_worker=fail_worker, fail_step=fail_step, timeout=timeout)
+                         deterministic=deterministic, fail_worker=fail_worker, fail_step=fail_step, timeout=timeout,
+                         groups=groups)
     return ps_job.run_job(comm, downpour_step, settings, ps, name="downpour", report=report)
 
 
@@ -106,9 +110,11 @@ def main(argv=None):
     parser.add_argument("--n-push", type=int, default=1, help="push the accrued gradient every n_push steps")
     parser.add_argument("--warm-start-steps", type=int, default=0,
                         help="steps worker 0 trains alone before the others start")
+    parser.add_argument("--groups", type=int, default=None,
+                        help="group servers between the workers and the root shards (default: none, flat)")
     args = parser.parse_args(argv)
     cli.run_main(train, args, n_fetch=args.n_fetch, n_push=args.n_push, warm_start_steps=args.warm_start_steps,
-                 **server_flags(args))
+                 groups=args.groups, **server_flags(args))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,15 @@ when an epoch's mean training loss is more than 100x the loss at the start
 (``run.check_divergence``; the start is the mean loss of the workers' first steps). Losing every
 worker is an error too. Every rank then raises the same error in ``collect``: exit 2 everywhere.
 
+A hierarchical server (``groups`` G, >= 1; Ben-Nun & Hoefler's hierarchical parameter server):
+ranks 0 .. S-1 are the root shards, ranks S .. S+G-1 group servers, the rest workers, cut into G
+groups of equal size k in rank order. A group server (``relay``) collects one request from each
+of its workers (a round: with n_fetch = n_push = 1 each carries one step's gradient), pushes their
+sum to the root shards as one push and answers every worker of the group with the parameters it
+fetched. To the root a group server is one worker, so the root receives one push per k worker
+steps: its bytes drop by the group size. Inside a group the workers are synchronous (the sum of k
+gradients at the same parameters); across groups they are as asynchronous as Downpour's.
+
 A simulated worker failure (``fail_worker`` rank R, ``fail_step`` K): at the start of its step K
 worker R completes what it has already sent and then goes silent: no more pushes, no fetch,
 no goodbye. The servers notice nothing but silence; after ``timeout`` seconds server 0 drops it
@@ -36,6 +45,7 @@ exits 0. From the servers' side it is indistinguishable from a hung or cut-off m
 """
 import dataclasses
 import math
+import time
 
 import numpy
 from mpi4py import MPI
@@ -65,6 +75,11 @@ class Settings:
     fail_worker: int = None            # a rank
     fail_step: int = None
     timeout: float = 10.0              # seconds of silence before server 0 drops a worker
+    groups: int = None                 # a hierarchical server with this many group servers; None: flat
+
+    @property
+    def hierarchical(self):
+        return self.groups is not None
 
     def check(self, momentum):
         """The flags by themselves: every rank raises alike, before any data is read."""
@@ -89,6 +104,14 @@ class Settings:
                                "a failure is detected by a timeout, which no schedule can fix")
         if self.fail_worker is not None and self.timeout is None:
             raise SettingError("--fail-worker needs a --timeout: without one the servers wait forever")
+        if self.hierarchical:
+            cli.require("--groups", self.groups, integer=True, low=1)
+            if self.n_fetch != 1 or self.n_push != 1:
+                raise SettingError("--groups needs --n-fetch 1 and --n-push 1: a group server sums one step of "
+                                   "each of its workers per round")
+            if self.staleness is not None or self.warm_start_steps or self.fail_worker is not None:
+                raise SettingError("--groups cannot be combined with --staleness, --warm-start-steps or "
+                                   "--fail-worker: the root sees group servers, not workers")
 
     def check_layout(self, layout, n_train, batch_size, epochs):
         """What depends on the ranks and the data (``epochs``: those this run trains)."""
@@ -116,8 +139,18 @@ def steps_per_epoch(n, batch_size, worker, workers):
 
 def epoch_ends(job):
     """{(worker, epoch): that worker's clock (pushes) at the end of the epoch}: known in advance,
-    because a worker pushes every n_push steps and at each epoch's end."""
+    because a worker pushes every n_push steps and at each epoch's end. With groups the root's
+    workers are the group servers, one push per round: the round of their slowest worker's last step."""
     ends = {}
+    if job.ps.hierarchical:
+        workers = job.comm.Get_size() - job.ps.servers - job.ps.groups
+        size = workers // job.ps.groups
+        for g in range(job.ps.groups):
+            steps = [steps_per_epoch(job.objective.n, job.settings.batch_size, w, workers)
+                     for w in range(g * size, (g + 1) * size)]
+            for epoch in range(job.first_epoch, job.settings.epochs):
+                ends[g, epoch] = (epoch - job.first_epoch + 1) * max(steps)
+        return ends
     for w in range(job.layout.workers):
         steps = steps_per_epoch(job.objective.n, job.settings.batch_size, w, job.layout.workers)
         for epoch in range(job.first_epoch, job.settings.epochs):
@@ -149,7 +182,17 @@ def start(comm, settings, ps):
             cli.check_output("--save", settings.save)
         objective = objectives.build(settings.model, settings.dataset, settings.seed, settings.data,
                                      settings.data_dir, settings.problem)
-        layout = wire.Layout.make(size, ps.servers, objective.params.size)
+        if ps.hierarchical:                        # the root's view: the G group servers are its workers
+            workers = size - ps.servers - ps.groups
+            if workers < ps.groups or workers % ps.groups:
+                raise SettingError(f"--groups {ps.groups} must divide the {max(workers, 0)} workers "
+                                   f"({size} ranks - {ps.servers} server(s) - {ps.groups} group servers) into "
+                                   f"groups of at least one")
+            if objective.n < workers:
+                raise SettingError(f"{objective.n} training examples cannot feed {workers} workers")
+            layout = wire.Layout.make(ps.servers + ps.groups, ps.servers, objective.params.size)
+        else:
+            layout = wire.Layout.make(size, ps.servers, objective.params.size)
         optimizer = parameter_server.server_optimizer(ps.server_optimizer, objective.flat.as_parameter(),
                                                       settings.lr, settings.momentum)
         resumed = checkpoint.resume(settings, objective, optimizer, rank, size) if settings.resume else {}
@@ -173,10 +216,13 @@ def serve(job):
     if state is not None:                        # the whole vector's state, cut to this server's range
         state = {key: (value if key == "steps" else value[start:stop]) for key, value in state.items()}
     epoch_log = EpochLog(job, epoch_ends(job))
+    if ps.hierarchical:                            # the epoch reports come from the workers, not the group servers
+        epoch_log.reporters = range(job.comm.Get_size() - ps.servers - ps.groups)
     server = parameter_server.ShardServer(
         job.comm, layout, job.objective.params, ps.server_optimizer, s.lr, s.momentum, ps.staleness,
         ps.warm_start_steps, schedule_seed=s.seed if ps.deterministic else None,
-        timeout=None if ps.deterministic else ps.timeout, optimizer_state=state, watch=epoch_log.watch)
+        timeout=None if ps.deterministic or ps.hierarchical else ps.timeout, optimizer_state=state,
+        watch=epoch_log.watch)
     server.serve()
     epoch_log.finish(server)
     error = None
@@ -211,7 +257,15 @@ class Replica:
 
 def work(job, worker_step):
     """This rank's worker: train its share, then wait for every rank; returns how it ended."""
-    servers = wire.ServerShards(job.comm, job.layout, backend.to_numpy(job.objective.params).dtype)
+    dtype = backend.to_numpy(job.objective.params).dtype
+    if job.ps.hierarchical:                        # talk to the group server; index and count among the workers
+        size, first = job.comm.Get_size(), job.ps.servers + job.ps.groups
+        group = (job.comm.Get_rank() - first) // ((size - first) // job.ps.groups)
+        whole = wire.Layout(size, 1, ((0, job.objective.params.size),))
+        servers = wire.ServerShards(job.comm, whole, dtype, server_ranks=[job.ps.servers + group])
+        job = dataclasses.replace(job, layout=wire.Layout(size, first, job.layout.ranges))
+    else:
+        servers = wire.ServerShards(job.comm, job.layout, dtype)
     replica = Replica(job.objective, servers, job.settings.lr, job.ps.n_fetch, job.ps.n_push)
     try:
         ending, error = train_share(job, replica, worker_step)
@@ -253,6 +307,58 @@ def train_share(job, replica, worker_step):
         replica.servers.report_epoch(worker=worker, epoch=epoch, loss_sum=loss_sum, batches=len(batches),
                                      first_loss=first_loss)
     return "finished", None
+
+
+# ---- relay: ranks S .. S+G-1 of a hierarchical server ----------------------------------------------
+
+def relay(job):
+    """A group server: one push to the root per round of its workers' steps, the answer to all of them."""
+    comm, ps = job.comm, job.ps
+    size, first = comm.Get_size(), ps.servers + ps.groups
+    group_size = (size - first) // ps.groups
+    group = comm.Get_rank() - ps.servers
+    members = list(range(first + group * group_size, first + (group + 1) * group_size))
+    dtype = backend.to_numpy(job.objective.params).dtype
+    root = wire.ServerShards(comm, job.layout, dtype)          # to the root, this rank is one worker
+    grad = numpy.empty(job.objective.params.size, dtype=dtype)
+    total, params = numpy.zeros_like(grad), numpy.zeros_like(grad)
+    outbox = wire.Outbox(comm, job.layout)
+    live, waiting, steps, stop, status = set(members), set(), 0, None, wire.OK
+    while live or steps:
+        for rank in sorted(live - waiting):      # the next request of each worker not yet in this round
+            if wire.waiting_request(comm, rank) is None:
+                continue
+            request = wire.receive_request(comm, rank, grad)
+            stop = stop or request["stop"]
+            if request["push"]:
+                total += grad                    # the round's sum, in the order the requests came
+                steps += request["steps"]
+            if request["goodbye"]:
+                live.discard(rank)
+            elif request["fetch"]:
+                waiting.add(rank)
+        if live and not live <= waiting:
+            time.sleep(wire.POLL_SECONDS)
+            continue
+        # a round: every worker still training has asked; one push (and fetch) for all of them
+        if status == wire.OK and stop is None:
+            try:
+                if steps:
+                    root.push(total, steps, fetch_into=params if waiting else None)
+                elif waiting:
+                    root.fetch(params)
+            except wire.Stopped:
+                status = wire.STOP
+        elif stop is not None:
+            status = wire.STOP
+        total[...], steps = 0, 0
+        for rank in sorted(waiting):
+            outbox.reply(rank, int(root.versions[0]), int(root.min_clocks[0]), status, params.copy())
+        waiting = set()
+    root.goodbye(stop=stop)                      # a worker's stop reason reaches the root shards
+    run.wait_together(comm)
+    outbox.complete()
+    return {"ending": "relayed", "error": None}
 
 
 # ---- collect: every rank -----------------------------------------------------------------------------
@@ -306,6 +412,8 @@ def run_job(comm, worker_step, settings, ps, name, report=None):
     job = start(comm, settings, ps)
     if job.layout.is_server(comm.Get_rank()):
         mine = serve(job)
+    elif ps.hierarchical and comm.Get_rank() < job.layout.size:
+        mine = relay(job)
     else:
         mine = work(job, worker_step)
     return collect(job, mine, name, report)

@@ -31,6 +31,7 @@ class EpochLog:
         self.candidates = {}                     # epoch -> (shard, updates) after the latest push ending it
         self.parts, self.windows, self.reports = {}, {}, {}     # rank 0: epoch -> ...
         self.received, self.reference = 0, None
+        self.reporters = range(self.layout.workers)   # the workers whose epoch reports make an epoch's loss
 
     def watch(self, server):
         """Called by the server between requests (so after at most one new push)."""
@@ -68,7 +69,7 @@ class EpochLog:
         while self.next_log < self.epochs and server.stopping is None:
             parts, reports = self.parts.get(self.next_log, {}), self.reports.get(self.next_log, {})
             if len(parts) < self.layout.servers or not reports or any(
-                    w not in reports for w in range(self.layout.workers) if w not in server.dropped):
+                    w not in reports for w in self.reporters if w not in server.dropped):
                 return
             self.log_epoch(server, self.next_log, parts, reports)
             self.next_log += 1

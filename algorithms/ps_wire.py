@@ -95,12 +95,16 @@ class Stopped(Exception):
 class ServerShards:
     """A worker's handle on the S servers: ``push`` gradients and ``fetch`` parameters.
 
+    ``server_ranks``: the ranks of the servers (default 0 .. S-1; a hierarchical job's workers talk
+    to their group server instead, ``ps_job.relay``).
+
     ``versions[k]`` / ``min_clocks[k]`` are what server k reported at the last fetch; ``basis`` is
     what the next push reports as "read at": the fetch current when its first step began.
     """
 
-    def __init__(self, comm, layout, dtype):
+    def __init__(self, comm, layout, dtype, server_ranks=None):
         self.comm, self.layout = comm, layout
+        self.server_ranks = list(server_ranks) if server_ranks is not None else list(layout.server_ranks)
         self.versions = numpy.zeros(layout.servers, dtype=numpy.int64)
         self.min_clocks = numpy.zeros(layout.servers, dtype=numpy.int64)
         self.basis = (self.versions.copy(), self.min_clocks.copy())
@@ -143,14 +147,15 @@ class ServerShards:
         receives = []
         if params_out is not None:                       # post the receives before sending
             for k, (start, stop) in enumerate(self.layout.ranges):
-                receives.append(self.comm.Irecv(self.replies[k], source=k, tag=REPLY))
-                receives.append(self.comm.Irecv(self.host_params[start:stop], source=k, tag=PARAMS))
+                rank = self.server_ranks[k]
+                receives.append(self.comm.Irecv(self.replies[k], source=rank, tag=REPLY))
+                receives.append(self.comm.Irecv(self.host_params[start:stop], source=rank, tag=PARAMS))
         if grad is not None:
             self.outbox[...] = backend.to_numpy(grad)    # the caller may change grad right away
         for k, (start, stop) in enumerate(self.layout.ranges):
-            self.sending.append(self.comm.isend(meta, dest=k, tag=REQUEST))
+            self.sending.append(self.comm.isend(meta, dest=self.server_ranks[k], tag=REQUEST))
             if grad is not None:
-                self.sending.append(self.comm.Isend(self.outbox[start:stop], dest=k, tag=GRAD))
+                self.sending.append(self.comm.Isend(self.outbox[start:stop], dest=self.server_ranks[k], tag=GRAD))
         if params_out is not None:
             MPI.Request.Waitall(receives)
             self.wait()

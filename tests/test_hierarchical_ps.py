@@ -1,0 +1,77 @@
+"""The hierarchical parameter server (Downpour's ``--groups G``, ``ps_job.relay``) against the flat one.
+
+Run: python tests/run.py --max-ranks 4 -- tests/test_hierarchical_ps.py
+
+- Groups of one worker (1 root shard, 1 group server, 1 worker) are the flat server bit for bit:
+  a group server that relays one worker's push and fetch changes nothing (deterministic mode).
+- One group of two workers is synchronous inside the group: it equals flat stale-synchronous SGD
+  with s = 0 (both workers' gradients at the same parameters, applied before either goes on) up to
+  the order of two additions (tolerance 1e-10; measured about 1e-16), and the root applies one
+  push per round: half the flat server's pushes, so half its bytes received.
+- --groups that does not divide the workers stops every rank (exit 2).
+"""
+import numpy as np
+import pytest
+from mpi4py import MPI
+from pytest_mpi import parallel_assert
+
+from algorithms import downpour_sgd, ssp_sgd
+from minidl.data import least_squares
+from tests.test_error_contract import launch
+
+
+def problem():
+    return least_squares(64, 6, np.random.default_rng(4))
+
+
+COMMON = dict(epochs=2, lr=0.05, batch_size=8, server_optimizer="sgd", deterministic=True, quiet=True)
+
+
+def on_first(comm, ranks, function):
+    """function(sub) on a communicator of the first ``ranks`` ranks; None on the others."""
+    sub = comm.Split(0 if comm.rank < ranks else MPI.UNDEFINED, comm.rank)
+    if sub == MPI.COMM_NULL:
+        return None
+    try:
+        return function(sub)
+    finally:
+        sub.Free()
+
+
+def pushes(report):
+    return sum(1 for event in report["logs"][0] if event[0] == "push")
+
+
+@pytest.mark.parallel(nprocs=[4])
+def test_hierarchical_server_equals_the_flat_one_and_cuts_the_root_pushes_by_the_group_size():
+    comm = MPI.COMM_WORLD
+    task = problem()
+    results = {}
+
+    def run(name, ranks, train, **kwargs):
+        report = {}
+        params = on_first(comm, ranks, lambda sub: train(sub, problem=task, report=report, **COMMON, **kwargs)[0])
+        results[name] = comm.bcast((params, pushes(report)) if comm.rank == 0 else None, root=0)
+
+    # groups of one worker: 1 shard + 1 group server + 1 worker, against 1 shard + 1 worker
+    run("flat, 1 worker", 2, downpour_sgd.train)
+    run("1 group of 1", 3, downpour_sgd.train, groups=1)
+    # one group of two workers, against flat SSP with s = 0 (synchronous) and two workers
+    run("flat SSP s=0, 2 workers", 3, ssp_sgd.train, staleness=0)
+    run("1 group of 2", 4, downpour_sgd.train, groups=1)
+    (flat, flat_pushes), (relayed, relayed_pushes) = results["flat, 1 worker"], results["1 group of 1"]
+    (sync, sync_pushes), (grouped, grouped_pushes) = results["flat SSP s=0, 2 workers"], results["1 group of 2"]
+    checks = {
+        "groups of one are the flat server bit for bit": np.array_equal(flat, relayed) and flat_pushes == relayed_pushes,
+        "one group of two equals flat SSP s=0": np.max(np.abs(grouped - sync)) <= 1e-10 * np.max(np.abs(sync)),
+        "the root applies 1/2 of the flat pushes": 2 * grouped_pushes == sync_pushes and grouped_pushes > 0,
+    }
+    failed = [name for name, ok in checks.items() if not ok]
+    parallel_assert(not failed, f"failed: {failed} ({[(k, v[1]) for k, v in results.items()]})")
+
+
+def test_groups_that_do_not_divide_the_workers_stop_every_rank():
+    done = launch("downpour_sgd", "--epochs", "1", "--groups", "2", ranks=4)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.count("--groups 2 must divide the 1 workers") == 4, done.stderr
