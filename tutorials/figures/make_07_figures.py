@@ -16,6 +16,10 @@
    07_straggler.md.
 3. easgd: synchronous EASGD at -n 3 (3 workers) against asynchronous EASGD at -n 4 (1 server +
    3 workers), MLP on the digits, momentum 0, same lr, tau and beta -> 07_easgd.json, 07_easgd.md.
+4. hierarchy: Downpour SGD on the CNN and the digits with 2 workers, flat (-n 3: 1 shard) against
+   one group server between them and the shard (-n 4: --groups 1), seeds 0, 1, 2: updates the
+   root applied, bytes through the root (each update: a push and a fetch of the 6,090 float32
+   parameters), test accuracy -> 07_hierarchy.json, 07_hierarchy.md.
 Timings depend on the machine and on what else runs on it; losses and accuracies of the
 deterministic runs do not.
 """
@@ -63,6 +67,9 @@ def run_job(name, out, kwargs):
                       discarded=report["discarded"], computed={str(k): v for k, v in report["computed"].items()})
     elif name == "downpour":
         kwargs["problem"] = sandblaster_lbfgs.default_problem(seed)
+        _, history = downpour_sgd.train(comm, seed=seed, quiet=True, **kwargs)
+        result = dict(history=history)
+    elif name == "hierarchy":
         _, history = downpour_sgd.train(comm, seed=seed, quiet=True, **kwargs)
         result = dict(history=history)
     elif name == "easgd_sync":
@@ -184,10 +191,35 @@ def easgd_comparison(out, quick):
     print("\n".join(lines))
 
 
+def hierarchy(out, quick):
+    seeds = [0] if quick else [0, 1, 2]
+    common = dict(epochs=2 if quick else 10, lr=0.05, server_optimizer="adagrad")
+    cases = {"flat: 1 shard, 2 workers (-n 3)": (3, {}),
+             "1 group server of 2 workers (-n 4)": (4, dict(groups=1))}
+    results, parameters = {}, 6090
+    for label, (ranks, extra) in cases.items():
+        results[label] = []
+        for seed in seeds:
+            history = job("hierarchy", ranks, out / "07_job.json", seed=seed, **common, **extra)["history"]
+            updates = sum(record["updates"] for record in history)
+            results[label].append(dict(seed=seed, updates=updates, root_bytes=updates * 2 * 4 * parameters,
+                                       test_accuracy=history[-1]["test_accuracy"], seconds=history[-1]["seconds"]))
+    (out / "07_hierarchy.json").write_text(json.dumps(results, indent=1))
+    lines = ["| server | root updates (per seed) | bytes through the root | test accuracy per seed | seconds per seed |",
+             "| --- | --- | --- | --- | --- |"]
+    for label, rows in results.items():
+        lines.append(f"| {label} | {', '.join(str(r['updates']) for r in rows)} | "
+                     f"{rows[0]['root_bytes'] / 1e6:.1f} MB | "
+                     f"{', '.join(format(r['test_accuracy'] * 100, '.1f') + '%' for r in rows)} | "
+                     f"{', '.join(format(r['seconds'], '.1f') for r in rows)} |")
+    (out / "07_hierarchy.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 seed, few epochs, into a temporary folder")
-    parser.add_argument("--part", choices=["compare", "straggler", "easgd"], default=None)
+    parser.add_argument("--part", choices=["compare", "straggler", "easgd", "hierarchy"], default=None)
     parser.add_argument("--job", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--kwargs", default="{}", help=argparse.SUPPRESS)
@@ -195,7 +227,7 @@ def main(argv=None):
     if args.job:
         return run_job(args.job, args.out, json.loads(args.kwargs))
     out = Path(tempfile.mkdtemp()) if args.quick else HERE
-    parts = {"compare": compare, "straggler": straggler, "easgd": easgd_comparison}
+    parts = {"compare": compare, "straggler": straggler, "easgd": easgd_comparison, "hierarchy": hierarchy}
     for name, part in parts.items():
         if args.part in (None, name):
             part(out, args.quick)
