@@ -7,7 +7,8 @@ Run: python tests/run.py --max-ranks 4 -- tests/test_hierarchical_ps.py
 - One group of two workers is synchronous inside the group: it equals flat stale-synchronous SGD
   with s = 0 (both workers' gradients at the same parameters, applied before either goes on) up to
   the order of two additions (tolerance 1e-10; measured about 1e-16), and the root applies one
-  push per round: half the flat server's pushes, so half its bytes received.
+  push per round and answers one fetch: half the flat server's pushes, and half its bytes sent
+  (counted by wrapping the job's communicator in collectives.trace.CountingComm).
 - --groups that does not divide the workers stops every rank (exit 2).
 """
 import numpy as np
@@ -16,6 +17,7 @@ from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
 from algorithms import downpour_sgd, ssp_sgd
+from collectives.trace import CountingComm
 from minidl.data import least_squares
 from tests.test_error_contract import launch
 
@@ -49,9 +51,15 @@ def test_hierarchical_server_equals_the_flat_one_and_cuts_the_root_pushes_by_the
     results = {}
 
     def run(name, ranks, train, **kwargs):
-        report = {}
-        params = on_first(comm, ranks, lambda sub: train(sub, problem=task, report=report, **COMMON, **kwargs)[0])
-        results[name] = comm.bcast((params, pushes(report)) if comm.rank == 0 else None, root=0)
+        report, root = {}, {}
+
+        def counted(sub):                        # every message of the job through a byte counter
+            counting = CountingComm(sub)
+            params = train(counting, problem=task, report=report, **COMMON, **kwargs)[0]
+            root["bytes"] = counting.bytes_sent  # on rank 0: the root shard's sends (its fetch replies)
+            return params
+        params = on_first(comm, ranks, counted)
+        results[name] = comm.bcast((params, pushes(report), root.get("bytes")) if comm.rank == 0 else None, root=0)
 
     # groups of one worker: 1 shard + 1 group server + 1 worker, against 1 shard + 1 worker
     run("flat, 1 worker", 2, downpour_sgd.train)
@@ -59,12 +67,14 @@ def test_hierarchical_server_equals_the_flat_one_and_cuts_the_root_pushes_by_the
     # one group of two workers, against flat SSP with s = 0 (synchronous) and two workers
     run("flat SSP s=0, 2 workers", 3, ssp_sgd.train, staleness=0)
     run("1 group of 2", 4, downpour_sgd.train, groups=1)
-    (flat, flat_pushes), (relayed, relayed_pushes) = results["flat, 1 worker"], results["1 group of 1"]
-    (sync, sync_pushes), (grouped, grouped_pushes) = results["flat SSP s=0, 2 workers"], results["1 group of 2"]
+    (flat, flat_pushes, _), (relayed, relayed_pushes, _) = results["flat, 1 worker"], results["1 group of 1"]
+    (sync, sync_pushes, sync_bytes), (grouped, grouped_pushes, grouped_bytes) = (results["flat SSP s=0, 2 workers"],
+                                                                                 results["1 group of 2"])
     checks = {
         "groups of one are the flat server bit for bit": np.array_equal(flat, relayed) and flat_pushes == relayed_pushes,
         "one group of two equals flat SSP s=0": np.max(np.abs(grouped - sync)) <= 1e-10 * np.max(np.abs(sync)),
         "the root applies 1/2 of the flat pushes": 2 * grouped_pushes == sync_pushes and grouped_pushes > 0,
+        "the root sends 1/2 of the flat bytes (counted)": 2 * grouped_bytes == sync_bytes and grouped_bytes > 0,
     }
     failed = [name for name, ok in checks.items() if not ok]
     parallel_assert(not failed, f"failed: {failed} ({[(k, v[1]) for k, v in results.items()]})")
