@@ -131,3 +131,80 @@ def test_the_block_runner_runs_one_block_after_the_serial_blocks_it_builds_on(tm
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "not an MPI block" in bad.stderr
     missing = subprocess.run([*run, "01", "99"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and "python blocks 1.." in missing.stderr
+
+
+RUN_LINE = re.compile(r"#\s*run:\s*(.*)$")
+
+
+def test_every_mpi_block_shows_the_command_that_runs_it_alone():
+    # A chapter's "Running this chapter" note names its own number, and says that each MPI block shows its
+    # command: the line after '# mpiexec -n N' (and after the '# needs:' line, where there is one) is
+    # '# run: OMP_NUM_THREADS=1 python -m tutorials.block NN K', naming the block's own chapter and number,
+    # which move when a block is added or removed above it. A '# run:' line anywhere must be right.
+    for chapter in CHAPTERS:
+        text = chapter.read_text()
+        note = re.search(r"^\*\*Running this chapter\.\*\*(.*?)\n\n", text, re.S | re.M)
+        if note:
+            for command in ("tutorials.block", "tutorials.notebook"):
+                named = set(re.findall(rf"python -m {command} (\d\d)", note.group(1)))
+                assert named == {chapter.name[:2]}, f"{chapter.name}: its note runs {command} on chapter(s) {named}"
+        for number, code in enumerate(python_blocks(chapter), 1):
+            lines = code.lstrip().splitlines()
+            runs = [line.strip() for line in lines if RUN_LINE.match(line.strip())]
+            mpi = bool(lines and MPI_LINE.match(lines[0]))
+            if not (mpi and note or runs):
+                continue
+            where = int(mpi) + int(bool(needs(code)))
+            expected = f"# run: OMP_NUM_THREADS=1 python -m tutorials.block {chapter.name[:2]} {number}"
+            assert runs == [expected] and lines[where].strip() == expected, \
+                f"{chapter.name} block {number}: its line {where + 1} should be {expected!r}, found {runs}"
+
+
+def test_every_chapter_becomes_a_notebook_of_its_own_blocks():
+    # tutorials/notebook.py reads a chapter with jupytext: its code cells must be the blocks the tests
+    # run, in order, an MPI block under '%%mpiexec -n N' with its own N, and ```bash/```text blocks no code
+    notebook = pytest.importorskip("tutorials.notebook")
+    pytest.importorskip("jupytext", reason="jupytext comes with the test extra: pip install -e '.[test]'")
+    for chapter in CHAPTERS:
+        cells = notebook.notebook(chapter.name[:2]).cells
+        assert cells[1].source.endswith("%load_ext tutorials.notebook")
+        code = [cell.source for cell in cells[2:] if cell.cell_type == "code"]
+        expected = []
+        for block in python_blocks(chapter):
+            lines = block.rstrip("\n").splitlines()
+            match = MPI_LINE.match(lines[0]) if lines else None
+            expected.append("\n".join([f"%%mpiexec -n {match.group(1)}", *lines[1:]]) if match else "\n".join(lines))
+        assert code == expected, f"{chapter.name}: the notebook's code cells differ from the chapter's python blocks"
+
+
+@pytest.mark.timeout(120)
+def test_chapter_one_runs_as_a_notebook_and_mpi_cells_run_through_the_magic(tmp_path, monkeypatch):
+    # The student's path, end to end: the generated notebook of chapter 1 runs in a real Jupyter kernel
+    # (nbclient, ipykernel), and an '%%mpiexec -n 2' cell runs on two ranks and prints in the notebook;
+    # a cell whose ranks fail stops with MPIBlockFailed. In a student tree the chapter's cells stop at the
+    # first block that needs a task still stubbed, as test_chapter_code_runs does; the MPI cells run anyway.
+    for module in ("jupytext", "nbclient", "ipykernel"):
+        pytest.importorskip(module, reason=f"{module} comes with the test extra: pip install -e '.[test]'")
+    import nbformat
+    from tutorials import notebook
+
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))        # the kernel's connection file
+    book = notebook.notebook("01", out=tmp_path)
+    for index, cell in enumerate(book.cells):
+        if cell.cell_type == "code" and any(stubbed(task, root=ROOT) for task in needs(cell.source)):
+            book.cells = book.cells[:index]
+            break
+    ranks = ("%%mpiexec -n 2\nfrom mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"
+             "print(f'rank {comm.rank} of {comm.size}: sum {comm.allreduce(comm.rank + 1)}')")
+    failing = "%%mpiexec -n 2\nfrom mpi4py import MPI\nassert MPI.COMM_WORLD.rank == 0, 'rank 1 fails'"
+    book.cells += [nbformat.v4.new_code_cell(ranks),
+                   nbformat.v4.new_code_cell(failing, metadata={"tags": ["raises-exception"]})]
+    notebook.execute(book, timeout=60)
+    code = [cell for cell in book.cells if cell.cell_type == "code"]
+    assert all(cell.execution_count for cell in code), "a cell did not run"
+    printed = ["".join(output.get("text", "") for output in cell.outputs) for cell in code]
+    if len(code) > 3:                    # chapter 1's first block: y = sum(x^2 + 3x) at x = 1, 2, 3
+        assert "dy/dx = [5. 7. 9.]" in printed[1]
+    assert sorted(printed[-2].splitlines()) == ["rank 0 of 2: sum 3", "rank 1 of 2: sum 3"]
+    errors = [output for output in code[-1].outputs if output.output_type == "error"]
+    assert [error.ename for error in errors] == ["MPIBlockFailed"] and "rank 1 fails" in printed[-1]

@@ -22,6 +22,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"^```python[^\n]*\n(.*?)^```", re.S | re.M)
 MPI_LINE = re.compile(r"#\s*mpiexec\s+-n\s+(\d+)")
+# Runs the file named by its first argument, its stdout written a whole line at a time as soon as it is
+# printed: into a pipe, Python would hold it all to the end, and with -u (or reconfigure) print writes the
+# text and its newline apart, so two ranks' lines come out spliced.
+WHOLE_LINES = """import io, runpy, sys
+sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)), encoding=sys.stdout.encoding,
+                              errors=sys.stdout.errors, line_buffering=True)
+sys.argv = sys.argv[1:]                     # as 'python FILE' would have it
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+finally:
+    sys.stdout.flush()
+"""
 
 
 def chapter_file(chapter, root=ROOT):
@@ -51,8 +63,7 @@ def run_block(chapter, number, ranks=None, root=ROOT):
     if not 1 <= number <= len(codes):
         raise ValueError(f"{path.name} has python blocks 1..{len(codes)}, not {number}")
     code = codes[number - 1]
-    env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
-               MKL_NUM_THREADS="1")
+    env = environment(root)
     mpi_ranks = ranks_of(code)
     if mpi_ranks is None:
         if ranks is not None:
@@ -63,15 +74,41 @@ def run_block(chapter, number, ranks=None, root=ROOT):
                   f"exec(compile({code!r}, '{path.name} block {number}', 'exec'))\n")
         command = [sys.executable, "-c", script]
         return subprocess.run(command, cwd=root, env=env).returncode
-    if ranks is not None and ranks < 1:
+    return run_mpi(code, mpi_ranks if ranks is None else ranks, f"{path.stem}_{number}", root)
+
+
+def environment(root=ROOT):
+    """This process's environment, with ``root`` importable and BLAS on one thread per process."""
+    return dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+                MKL_NUM_THREADS="1")
+
+
+def run_mpi(code, ranks, name="block", root=ROOT, echo=None):
+    """Run ``code`` as ``mpiexec -n ranks python FILE`` from ``root``; returns mpiexec's exit status.
+
+    ``echo`` None lets the ranks write to this process's own stdout and stderr; a function instead
+    gets their merged output line by line, as it comes (a notebook cell prints it: tutorials/notebook.py).
+    """
+    if ranks < 1:
         raise ValueError(f"--ranks must be >= 1, got {ranks}")
     mpiexec = Path(sys.executable).parent / "mpiexec"
-    with tempfile.NamedTemporaryFile("w", suffix=f"_{path.stem}_{number}.py", delete=False) as file:
+    with tempfile.NamedTemporaryFile("w", suffix=f"_{name}.py", delete=False) as file:
         file.write(code)
+    command = [str(mpiexec) if mpiexec.exists() else "mpiexec", "-n", str(ranks), sys.executable, file.name]
     try:
-        command = [str(mpiexec) if mpiexec.exists() else "mpiexec", "-n", str(ranks or mpi_ranks),
-                   sys.executable, file.name]
-        return subprocess.run(command, cwd=root, env=env).returncode
+        if echo is None:
+            return subprocess.run(command, cwd=root, env=environment(root)).returncode
+        command[-1:] = ["-c", WHOLE_LINES, file.name]
+        with subprocess.Popen(command, cwd=root, env=environment(root), stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1) as ranks_running:
+            try:
+                for line in ranks_running.stdout:
+                    echo(line)
+                return ranks_running.wait()
+            except BaseException:            # an interrupted cell must not leave its ranks running
+                ranks_running.terminate()
+                ranks_running.wait()
+                raise
     finally:
         os.unlink(file.name)
 
@@ -82,7 +119,7 @@ def list_blocks(chapter, root=ROOT):
     for number, code in enumerate(blocks(path), 1):
         ranks = ranks_of(code)
         first = next((line for line in code.splitlines() if line.strip() and not MPI_LINE.match(line.strip())
-                      and not line.strip().startswith("# needs:")), "")
+                      and not line.strip().startswith(("# needs:", "# run:"))), "")
         print(f"{number:>3}  {'mpiexec -n ' + str(ranks) if ranks else 'serial':<13} {first.strip()[:70]}")
 
 
