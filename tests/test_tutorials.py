@@ -160,13 +160,17 @@ def test_every_mpi_block_shows_the_command_that_runs_it_alone():
                 f"{chapter.name} block {number}: its line {where + 1} should be {expected!r}, found {runs}"
 
 
-def test_every_chapter_becomes_a_notebook_of_its_own_blocks():
+def test_every_chapter_becomes_a_notebook_of_its_own_blocks(tmp_path, capsys):
     # tutorials/notebook.py reads a chapter with jupytext: its code cells must be the blocks the tests
     # run, in order, an MPI block under '%%mpiexec -n N' with its own N, and ```bash/```text blocks no code
-    notebook = pytest.importorskip("tutorials.notebook")
     pytest.importorskip("jupytext", reason="jupytext comes with the test extra: pip install -e '.[test]'")
+    import nbformat
+    from tutorials import notebook
+
     for chapter in CHAPTERS:
-        cells = notebook.notebook(chapter.name[:2]).cells
+        book = notebook.notebook(chapter.name[:2])
+        nbformat.validate(book)
+        cells = book.cells
         assert cells[1].source.endswith("%load_ext tutorials.notebook")
         code = [cell.source for cell in cells[2:] if cell.cell_type == "code"]
         expected = []
@@ -175,6 +179,10 @@ def test_every_chapter_becomes_a_notebook_of_its_own_blocks():
             match = MPI_LINE.match(lines[0]) if lines else None
             expected.append("\n".join([f"%%mpiexec -n {match.group(1)}", *lines[1:]]) if match else "\n".join(lines))
         assert code == expected, f"{chapter.name}: the notebook's code cells differ from the chapter's python blocks"
+    # the command line writes one, and will not overwrite it (a student's edits) without --force
+    assert notebook.main(["03", "--out", str(tmp_path)]) == 0 and (tmp_path / f"{CHAPTERS[2].stem}.ipynb").exists()
+    assert notebook.main(["03", "--out", str(tmp_path)]) == 2 and "--force" in capsys.readouterr().err
+    assert notebook.main(["03", "--out", str(tmp_path), "--force"]) == 0
 
 
 @pytest.mark.timeout(120)
