@@ -196,7 +196,8 @@ def test_chapter_one_runs_as_a_notebook_and_mpi_cells_run_through_the_magic(tmp_
     import nbformat
     from tutorials import notebook
 
-    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))        # the kernel's connection file
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))        # the kernel's connection file,
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))     # and its profile: not in the home directory
     book = notebook.notebook("01", out=tmp_path)
     for index, cell in enumerate(book.cells):
         if cell.cell_type == "code" and any(stubbed(task, root=ROOT) for task in needs(cell.source)):

@@ -9,7 +9,9 @@ line is ``# mpiexec -n N`` is an MPI program: it runs alone, as ``mpiexec -n N p
 needs nothing from other blocks. Every other block runs in one namespace with the serial blocks
 before it, because a chapter builds its variables as it goes (block 5 may use the ``data`` that
 block 2 loaded): so ``04 3`` first runs the serial blocks 1 and 2, quietly, then block 3.
-BLAS is pinned to one thread per process, as in the test suite.
+BLAS is pinned to one thread per process, as in the test suite. Every MPI block shows this command
+on its own ``# run:`` line (a test checks that the chapter and number are its own), and a notebook's
+``%%mpiexec -n N`` cells run through ``run_mpi`` below (tutorials/notebook.py).
 """
 import argparse
 import os
