@@ -18,6 +18,8 @@ Why a generated notebook and not a jupytext pairing: the markdown is what the te
 the course hands out; a paired notebook would write every edit a student makes, and the magics,
 back into it. Here the notebook is the student's own copy: regenerating it from the markdown picks
 up a revised chapter, and it refuses to overwrite a notebook (and its edits) without ``--force``.
+(jupytext's Jupyter extension also opens the ``.md`` itself as a notebook, but there an MPI block
+is plain code and runs in the kernel on one rank: open the generated notebook instead.)
 """
 import argparse
 import os
