@@ -144,6 +144,7 @@ def test_every_mpi_block_shows_the_command_that_runs_it_alone():
     for chapter in CHAPTERS:
         text = chapter.read_text()
         note = re.search(r"^\*\*Running this chapter\.\*\*(.*?)\n\n", text, re.S | re.M)
+        assert note, f"{chapter.name} has no '**Running this chapter.**' note"
         if note:
             for command in ("tutorials.block", "tutorials.notebook"):
                 named = set(re.findall(rf"python -m {command} (\d\d)", note.group(1)))
