@@ -17,6 +17,13 @@ def bench(tmp_path, *arguments):
 
 def test_main_bench_writes_case_minidl_torch_ratio_and_gflops(tmp_path):
     rows, stdout = bench(tmp_path)
+    summary = rows.pop()
+    assert summary["case"] == "summary"
+    stages = {(stage["layer"], stage["pass"], stage["stage"]) for stage in summary["stages"]}
+    assert {("conv2d large", "forward", "im2col copy"), ("conv2d large", "weight gradient", "GEMM"),
+            ("lenet conv2", "input gradient", "col2im"), ("lenet pool1", "forward", "max over windows")} <= stages
+    assert all(stage["ms"] > 0 for stage in summary["stages"])
+    assert "where the time goes" in stdout
     cases = [row["case"] for row in rows]
     assert "conv2d large fwd+bwd" in cases and "lenet5 train step" in cases and "mlp 784-256-256-10 train step" in cases
     have_torch = importlib.util.find_spec("torch") is not None

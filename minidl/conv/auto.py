@@ -2,18 +2,22 @@
 
 A fixed rule, not a timing at run time (so the same shape always takes the same path and the
 result is reproducible bit for bit). The thresholds were measured with
-``python -m minidl.bench conv`` (forward + both gradients, float32, NumPy + OpenBLAS, one thread,
-process CPU time, minimum of 5 runs, on the 2-core AMD EPYC machine this project was developed on;
-the full table is in tutorials/02_convolution.md):
+``python -m minidl.bench conv`` and the per-pass sweep below (forward + both gradients, float32,
+NumPy + OpenBLAS, one thread, process CPU time, minimum of 5 runs):
 
     winograd  for 3x3, stride 1, when in_channels and out_channels are both >= WINOGRAD_MIN_CHANNELS.
-              Channel sweep (batch 16, 32x32): Winograd/im2col time 0.70x at 8 channels, 0.92x at
-              16, 1.12x faster at 32, 1.13x at 64, 1.59x at 128 (below 32 the tile transforms,
-              which are memory-bound passes, cost more than the saved multiplications).
+              Channel sweep (batch 16, 32x32), im2col / Winograd time, forward, input gradient,
+              weight gradient, on the 2-core Intel Xeon machine this project's CI runs on:
+              64 channels 0.69, 0.60, 0.92 (Winograd slower in every pass); 128 channels 0.78,
+              0.76, 1.12; 256 channels 0.84, 1.23, 1.34, the whole layer 1.10x faster with
+              Winograd. Hence 256. (On an AMD EPYC machine with OpenBLAS's SkylakeX kernels the
+              whole layer was 1.12x faster with Winograd at 64 channels and 1.59x at 128: the tile
+              transforms are memory-bound passes, and how much of the saved multiplications they
+              eat depends on the machine's memory system.)
     fft       for kernels of FFT_MIN_KERNEL or more on a side. Kernel sweep (batch 8, 16 -> 16
-              channels, 64x64, "same" padding): FFT first wins at 5x5 (1.17x), by 1.9x at 7x7 and
-              5x at 11x11; but on LeNet's 5x5 layers (14x14 and 28x28 images, 1 or 6 channels)
-              im2col still wins, so the rule starts at 7.
+              channels, 64x64, "same" padding), im2col / FFT time: 0.70 at 5x5, 1.34 at 7x7, 1.98
+              at 9x9 on the Intel machine (the AMD one: 0.93, 1.55, 3.1); on LeNet's 5x5 layers
+              (14x14 and 28x28 images, 1 or 6 channels) im2col wins, so the rule starts at 7.
     im2col    otherwise (the default; direct was never the fastest).
 
 On another machine (or on a GPU, where cuDNN-like libraries make other choices) the crossovers
@@ -24,7 +28,7 @@ import time
 
 from minidl import conv
 
-WINOGRAD_MIN_CHANNELS = 32
+WINOGRAD_MIN_CHANNELS = 256
 FFT_MIN_KERNEL = 7
 
 
