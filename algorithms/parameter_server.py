@@ -98,15 +98,29 @@ class ShardServer:
     ``log`` lists what it did, in order: ("push", Update), ("fetch", worker, version),
     ("goodbye", worker), ("drop", worker). ``watch(server)`` is called between requests: what the
     job does beside serving (rank 0's per-epoch log), kept out of the server's algorithm.
+
+    ``replica_indices`` (model-parallel replicas, ``layout.replica_size`` k > 1): for each position j
+    of a replica, the sorted flat indices that rank j of every replica owns (``ps_replica``). A
+    worker is then a replica: its request is the requests of those of its ranks that own indices
+    of this shard (``senders``), each carrying the gradient of its own indices only, and each
+    answered with the parameters at its own indices only.
     """
 
     def __init__(self, comm, layout, initial, optimizer="sgd", lr=0.05, momentum=0.0, staleness=None,
-                 warm_start_steps=0, schedule_seed=None, timeout=None, optimizer_state=None, watch=None):
+                 warm_start_steps=0, schedule_seed=None, timeout=None, optimizer_state=None, watch=None,
+                 replica_indices=None):
         self.comm, self.layout, self.index = comm, layout, comm.Get_rank()
         start, stop = layout.ranges[self.index]
         self.param = Parameter(backend.xp().asarray(backend.to_numpy(initial)[start:stop]).copy())
         self.param.grad = backend.xp().zeros_like(self.param.data)
         self.host_grad = numpy.empty(stop - start, dtype=backend.to_numpy(initial).dtype)
+        self.senders = [(0, None, self.host_grad)]            # (position in the replica, my indices, buffer)
+        if replica_indices is not None:
+            self.senders = []
+            for position, owned in enumerate(replica_indices):
+                mine = owned[(owned >= start) & (owned < stop)] - start
+                if mine.size:
+                    self.senders.append((position, mine, numpy.empty(mine.size, dtype=self.host_grad.dtype)))
         self.optimizer = server_optimizer(optimizer, self.param, lr, momentum)
         if optimizer_state is not None:
             self.optimizer.load_state_dict(optimizer_state)
@@ -185,12 +199,29 @@ class ShardServer:
 
     def reply(self, worker, status):
         shard = backend.to_numpy(self.param.data).copy()     # later pushes must not change what is sent
-        self.outbox.reply(self.layout.rank_of(worker), self.version, self.read[worker][1], status, shard)
+        for position, mine, _ in self.senders:               # a replica's ranks: each its own indices
+            part = shard if mine is None else shard[mine]
+            self.outbox.reply(self.layout.rank_of(worker) + position, self.version, self.read[worker][1], status, part)
+
+    def receive(self, worker):
+        """Worker's next request (it is there), its gradient in ``host_grad``; from each rank of a replica
+        that owns indices of this shard, which together own all of them."""
+        request = None
+        for position, mine, buffer in self.senders:
+            part = wire.receive_request(self.comm, self.layout.rank_of(worker) + position, buffer)
+            if mine is not None and part["push"]:
+                self.host_grad[mine] = buffer
+            request = request or part
+            request["stop"] = request["stop"] or part["stop"]
+        return request
+
+    def first_sender(self, worker):
+        return self.layout.rank_of(worker) + self.senders[0][0]
 
     # -- one request -----------------------------------------------------------------------------
     def handle(self, worker):
         """Receive worker's next request (it is there) and act on it."""
-        request = wire.receive_request(self.comm, self.layout.rank_of(worker), self.host_grad)
+        request = self.receive(worker)
         self.last_heard[worker] = self.listening()
         self.checked_in.add(worker)
         if request["stop"] is not None:                        # a worker's loss was not finite
@@ -250,7 +281,7 @@ class ShardServer:
             if worker in self.waiting or silent <= self.timeout:
                 continue
             # a request already in its queue: not lost, only not yet heard
-            if wire.waiting_request(self.comm, self.layout.rank_of(worker)) is not None:
+            if wire.waiting_request(self.comm, self.first_sender(worker)) is not None:
                 self.last_heard[worker] = self.listening()      # it spoke; this server was slow to hear
                 continue
             # drop it here and tell the other servers, so all agree on who still trains
@@ -280,12 +311,12 @@ class ShardServer:
             rank = wire.waiting_request(self.comm)
             if rank is None:
                 time.sleep(wire.POLL_SECONDS)
-            return None if rank is None else rank - self.layout.servers
+            return None if rank is None else self.layout.worker_of(rank)
         ready = sorted(w for w in self.live() if w not in self.waiting)   # deterministic: a seeded choice
         if not ready:
             raise RuntimeError(f"server {self.index}: every live worker is held; this is a bug")
         worker = int(self.schedule.choice(ready))
-        while wire.waiting_request(self.comm, self.layout.rank_of(worker)) is None:
+        while wire.waiting_request(self.comm, self.first_sender(worker)) is None:
             self.between_requests()
             if self.stopping is not None:
                 return None
@@ -306,5 +337,5 @@ class ShardServer:
     def answer_late(self):
         """Answer requests of dropped workers that are still alive, and late decisions of server 0."""
         while (rank := wire.waiting_request(self.comm)) is not None:
-            self.handle(rank - self.layout.servers)
+            self.handle(self.layout.worker_of(rank))
         self.follow()

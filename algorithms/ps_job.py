@@ -50,7 +50,8 @@ import time
 import numpy
 from mpi4py import MPI
 
-from algorithms import checkpoint, cli, objective as objectives, parameter_server, ps_wire as wire, run
+from algorithms import (checkpoint, cli, model_parallel, objective as objectives, parameter_server, ps_replica,
+                        ps_wire as wire, run)
 from algorithms.ps_log import EpochLog
 from algorithms.cli import SettingError
 from minidl import backend, data as datasets
@@ -76,6 +77,7 @@ class Settings:
     fail_step: int = None
     timeout: float = 10.0              # seconds of silence before server 0 drops a worker
     groups: int = None                 # a hierarchical server with this many group servers; None: flat
+    replica_size: int = 1              # ranks per worker: a model-parallel replica (ps_replica) when > 1
 
     @property
     def hierarchical(self):
@@ -104,6 +106,10 @@ class Settings:
                                "a failure is detected by a timeout, which no schedule can fix")
         if self.fail_worker is not None and self.timeout is None:
             raise SettingError("--fail-worker needs a --timeout: without one the servers wait forever")
+        cli.require("--replica-size", self.replica_size, integer=True, low=1)
+        if self.replica_size > 1 and (self.hierarchical or self.fail_worker is not None):
+            raise SettingError("--replica-size > 1 cannot be combined with --groups or --fail-worker: "
+                               "a group server and a failure both see one rank per worker")
         if self.hierarchical:
             cli.require("--groups", self.groups, integer=True, low=1)
             if self.n_fetch != 1 or self.n_push != 1:
@@ -182,6 +188,9 @@ def start(comm, settings, ps):
             cli.check_output("--save", settings.save)
         objective = objectives.build(settings.model, settings.dataset, settings.seed, settings.data,
                                      settings.data_dir, settings.problem)
+        if ps.replica_size > 1:                    # the model's widths: model_parallel's own check
+            model_parallel.check(dataclasses.replace(settings, save=None, resume=None), ps.replica_size,
+                                 ps_replica.SPLIT)
         if ps.hierarchical:                        # the root's view: the G group servers are its workers
             workers = size - ps.servers - ps.groups
             if workers < ps.groups or workers % ps.groups:
@@ -192,7 +201,7 @@ def start(comm, settings, ps):
                 raise SettingError(f"{objective.n} training examples cannot feed {workers} workers")
             layout = wire.Layout.make(ps.servers + ps.groups, ps.servers, objective.params.size)
         else:
-            layout = wire.Layout.make(size, ps.servers, objective.params.size)
+            layout = wire.Layout.make(size, ps.servers, objective.params.size, ps.replica_size)
         optimizer = parameter_server.server_optimizer(ps.server_optimizer, objective.flat.as_parameter(),
                                                       settings.lr, settings.momentum)
         resumed = checkpoint.resume(settings, objective, optimizer, rank, size) if settings.resume else {}
@@ -218,11 +227,14 @@ def serve(job):
     epoch_log = EpochLog(job, epoch_ends(job))
     if ps.hierarchical:                            # the epoch reports come from the workers, not the group servers
         epoch_log.reporters = range(job.comm.Get_size() - ps.servers - ps.groups)
+    replica_indices = None
+    if ps.replica_size > 1:                        # who owns what in every replica (ps_replica)
+        replica_indices = [ps_replica.owned_indices(job.objective, ps.replica_size, j) for j in range(ps.replica_size)]
     server = parameter_server.ShardServer(
         job.comm, layout, job.objective.params, ps.server_optimizer, s.lr, s.momentum, ps.staleness,
         ps.warm_start_steps, schedule_seed=s.seed if ps.deterministic else None,
         timeout=None if ps.deterministic or ps.hierarchical else ps.timeout, optimizer_state=state,
-        watch=epoch_log.watch)
+        watch=epoch_log.watch, replica_indices=replica_indices)
     server.serve()
     epoch_log.finish(server)
     error = None
@@ -255,10 +267,17 @@ class Replica:
         self.accrued = backend.xp().zeros_like(self.objective.grad)
 
 
-def work(job, worker_step):
-    """This rank's worker: train its share, then wait for every rank; returns how it ended."""
+def work(job, worker_step, group=None):
+    """This rank's worker: train its share, then wait for every rank; returns how it ended.
+
+    ``group``: the communicator of this rank's model-parallel replica (``ps_replica``), or None."""
     dtype = backend.to_numpy(job.objective.params).dtype
-    if job.ps.hierarchical:                        # talk to the group server; index and count among the workers
+    objective = job.objective
+    if group is not None:                          # my pieces of the replica; my indices, to their shards
+        objective = ps_replica.ReplicaPart(job.objective, group)
+        servers = wire.ServerShards(job.comm, job.layout, dtype, slices=ps_replica.slices(objective.owned,
+                                                                                          job.layout.ranges))
+    elif job.ps.hierarchical:                        # talk to the group server; index and count among the workers
         size, first = job.comm.Get_size(), job.ps.servers + job.ps.groups
         group = (job.comm.Get_rank() - first) // ((size - first) // job.ps.groups)
         whole = wire.Layout(size, 1, ((0, job.objective.params.size),))
@@ -266,7 +285,7 @@ def work(job, worker_step):
         job = dataclasses.replace(job, layout=wire.Layout(size, first, job.layout.ranges))
     else:
         servers = wire.ServerShards(job.comm, job.layout, dtype)
-    replica = Replica(job.objective, servers, job.settings.lr, job.ps.n_fetch, job.ps.n_push)
+    replica = Replica(objective, servers, job.settings.lr, job.ps.n_fetch, job.ps.n_push)
     try:
         ending, error = train_share(job, replica, worker_step)
     except wire.WorkerDropped:
@@ -278,13 +297,14 @@ def work(job, worker_step):
     if ending != "crashed":
         servers.goodbye(stop=None if error is None else str(error))
     run.wait_together(job.comm)
-    return {"ending": ending, "error": error}
+    return {"ending": ending, "error": error, "values": (servers.values_pushed, servers.values_fetched),
+            "replica_bytes": objective.group.bytes_sent if group is not None else 0}
 
 
 def train_share(job, replica, worker_step):
     """The worker's epochs; returns (ending, error): 'finished', 'crashed' (simulated) or 'stopped'."""
     s, rank, layout = job.settings, job.comm.Get_rank(), job.layout
-    worker, n = rank - layout.servers, job.objective.n
+    worker, n = layout.worker_of(rank), job.objective.n
     plan = [(epoch, worker_batches(n, s.seed, epoch, worker, layout.workers, s.batch_size))
             for epoch in range(job.first_epoch, s.epochs)]
     total = sum(len(batches) for _, batches in plan)
@@ -304,8 +324,9 @@ def train_share(job, replica, worker_step):
             first_loss = loss if first_loss is None else first_loss
             loss_sum += loss
             step += 1
-        replica.servers.report_epoch(worker=worker, epoch=epoch, loss_sum=loss_sum, batches=len(batches),
-                                     first_loss=first_loss)
+        if rank == layout.rank_of(worker):     # one report per replica
+            replica.servers.report_epoch(worker=worker, epoch=epoch, loss_sum=loss_sum, batches=len(batches),
+                                         first_loss=first_loss)
     return "finished", None
 
 
@@ -397,7 +418,10 @@ def collect(job, mine, name, report=None):
     job.logger.close()
     if report is not None:
         report.update(logs=[part["log"] for part in servers], lost=lost, layout=layout,
-                      endings={rank: part["ending"] for rank, part in enumerate(gathered) if "ending" in part})
+                      endings={rank: part["ending"] for rank, part in enumerate(gathered) if "ending" in part},
+                      values={rank: part["values"] for rank, part in enumerate(gathered) if "values" in part},
+                      replica_bytes={rank: part["replica_bytes"] for rank, part in enumerate(gathered)
+                                     if "replica_bytes" in part})
     return params, history
 
 
@@ -405,15 +429,24 @@ def run_job(comm, worker_step, settings, ps, name, report=None):
     """One parameter-server job on ``comm``; returns (final flat parameters, per-epoch history) on every rank.
 
     ``report``, if a dict, is filled on every rank with the servers' logs (``logs[k]``: server k's
-    events in the order it handled them, see ``ShardServer``), the lost workers, the layout, and
-    what each worker rank ended as.
+    events in the order it handled them, see ``ShardServer``), the lost workers, the layout, what
+    each worker rank ended as, and per worker rank the values it pushed and fetched (``values``) and
+    the bytes it sent inside its model-parallel replica (``replica_bytes``).
     """
     comm = comm if comm is not None else MPI.COMM_WORLD
     job = start(comm, settings, ps)
+    group = None
+    if ps.replica_size > 1:                        # every rank splits; the workers into replicas of k
+        rank, layout = comm.Get_rank(), job.layout
+        worker = layout.worker_of(rank) if not layout.is_server(rank) else None
+        group = comm.Split(color=MPI.UNDEFINED if worker is None else worker,
+                           key=0 if worker is None else rank - layout.rank_of(worker))
     if job.layout.is_server(comm.Get_rank()):
         mine = serve(job)
     elif ps.hierarchical and comm.Get_rank() < job.layout.size:
         mine = relay(job)
     else:
-        mine = work(job, worker_step)
+        mine = work(job, worker_step, group)
+    if group is not None and group != MPI.COMM_NULL:
+        group.Free()
     return collect(job, mine, name, report)

@@ -56,30 +56,41 @@ def shard_ranges(n, servers):
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-    """Ranks 0 .. servers-1 serve ``ranges``; the rest are workers (worker index = rank - servers)."""
+    """Ranks 0 .. servers-1 serve ``ranges``; the rest are workers (worker index = rank - servers).
+
+    ``replica_size`` k > 1: a worker is a model-parallel replica of k consecutive ranks (``ps_replica``);
+    worker w is ranks servers + w k .. servers + w k + k - 1, and ``rank_of(w)`` the first of them.
+    """
     size: int
     servers: int
     ranges: tuple
+    replica_size: int = 1
 
     @classmethod
-    def make(cls, size, servers, n_params):
+    def make(cls, size, servers, n_params, replica_size=1):
         """The layout, or a ValueError that every rank raises alike (it depends only on the arguments)."""
         if not isinstance(servers, int) or servers < 1:
             raise ValueError(f"--servers must be an integer >= 1, got {servers!r}")
         if size < servers + 1:
             raise ValueError(f"{size} rank(s) cannot hold {servers} server(s) and at least one worker; "
                              f"run with mpiexec -n {servers + 1} or more, or fewer --servers")
-        return cls(size, servers, tuple(shard_ranges(n_params, servers)))
+        if (size - servers) % replica_size:
+            raise ValueError(f"--replica-size {replica_size} does not divide the {size - servers} worker ranks "
+                             f"({size} ranks - {servers} server(s)); use a multiple of {replica_size} worker ranks")
+        return cls(size, servers, tuple(shard_ranges(n_params, servers)), replica_size)
 
     server_ranks = property(lambda self: range(self.servers))
     worker_ranks = property(lambda self: range(self.servers, self.size))
-    workers = property(lambda self: self.size - self.servers)
+    workers = property(lambda self: (self.size - self.servers) // self.replica_size)
 
     def is_server(self, rank):
         return rank < self.servers
 
     def rank_of(self, worker):
-        return worker + self.servers
+        return worker * self.replica_size + self.servers
+
+    def worker_of(self, rank):
+        return (rank - self.servers) // self.replica_size
 
 
 # ---- the worker's side ---------------------------------------------------------------------------
@@ -96,22 +107,29 @@ class ServerShards:
     """A worker's handle on the S servers: ``push`` gradients and ``fetch`` parameters.
 
     ``server_ranks``: the ranks of the servers (default 0 .. S-1; a hierarchical job's workers talk
-    to their group server instead, ``ps_job.relay``).
+    to their group server instead, ``ps_job.relay``). ``slices``: for each server, the (start, stop)
+    of this rank's vector that it holds (default ``layout.ranges``: the whole vector, cut as the
+    servers cut it). A rank of a model-parallel replica holds only its own parameters, and talks only
+    to the servers whose slice is not empty (``ps_replica``). ``values_pushed`` and
+    ``values_fetched`` count the gradient and parameter values this rank has sent and received.
 
     ``versions[k]`` / ``min_clocks[k]`` are what server k reported at the last fetch; ``basis`` is
     what the next push reports as "read at": the fetch current when its first step began.
     """
 
-    def __init__(self, comm, layout, dtype, server_ranks=None):
+    def __init__(self, comm, layout, dtype, server_ranks=None, slices=None):
         self.comm, self.layout = comm, layout
         self.server_ranks = list(server_ranks) if server_ranks is not None else list(layout.server_ranks)
+        self.slices = list(slices) if slices is not None else list(layout.ranges)
+        self.talks_to = [k for k, (start, stop) in enumerate(self.slices) if stop > start]
         self.versions = numpy.zeros(layout.servers, dtype=numpy.int64)
         self.min_clocks = numpy.zeros(layout.servers, dtype=numpy.int64)
         self.basis = (self.versions.copy(), self.min_clocks.copy())
         self.replies = numpy.zeros((layout.servers, 3), dtype=numpy.int64)
-        self.host_params = numpy.empty(layout.ranges[-1][1], dtype=dtype)
-        self.outbox = numpy.empty(layout.ranges[-1][1], dtype=dtype)
+        self.host_params = numpy.empty(self.slices[-1][1], dtype=dtype)
+        self.outbox = numpy.empty(self.slices[-1][1], dtype=dtype)
         self.sending = []                                  # requests of the last non-blocking sends
+        self.values_pushed = self.values_fetched = 0
 
     def fetch(self, params_out):
         """params_out <- the servers' current parameters (waits until every server answers)."""
@@ -146,13 +164,16 @@ class ServerShards:
         self.wait()
         receives = []
         if params_out is not None:                       # post the receives before sending
-            for k, (start, stop) in enumerate(self.layout.ranges):
-                rank = self.server_ranks[k]
+            for k in self.talks_to:
+                (start, stop), rank = self.slices[k], self.server_ranks[k]
                 receives.append(self.comm.Irecv(self.replies[k], source=rank, tag=REPLY))
                 receives.append(self.comm.Irecv(self.host_params[start:stop], source=rank, tag=PARAMS))
+            self.values_fetched += self.host_params.size
         if grad is not None:
             self.outbox[...] = backend.to_numpy(grad)    # the caller may change grad right away
-        for k, (start, stop) in enumerate(self.layout.ranges):
+            self.values_pushed += self.outbox.size
+        for k in self.talks_to:
+            start, stop = self.slices[k]
             self.sending.append(self.comm.isend(meta, dest=self.server_ranks[k], tag=REQUEST))
             if grad is not None:
                 self.sending.append(self.comm.Isend(self.outbox[start:stop], dest=self.server_ranks[k], tag=GRAD))
