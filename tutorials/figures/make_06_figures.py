@@ -1,18 +1,25 @@
 """The figures and tables of chapter 6 (model, pipeline and hybrid parallelism); about 20 s on 2 cores.
 
-    mpiexec -n 4 python tutorials/figures/make_06_figures.py [--quick] [--out DIR]
+    mpiexec -n 4 python tutorials/figures/make_06_figures.py [--quick] [--out DIR] [--part replicas]
 
 06_schedule_gpipe.png, 06_schedule_1f1b.png   space-time diagrams of one global batch (P = 4, m = 8):
                        each stage's forwards and backwards as measured boxes
 06_bubble.png          measured bubble fraction against m, both schedules, beside (P-1)/(m+P-1)
 06_memory.png          activation memory per stage, GPipe against 1F1B (tracemalloc peaks)
 06_measurements.json   every number of the chapter; 06_table.md the tables as markdown
+06_replicas.json       section 5 (``--part replicas`` measures only this)
+
+Downpour with model-parallel replicas (section 5, ``measure_replicas``): one server and one replica
+of k = 1 .. P-1 ranks (a communicator of k + 1 ranks), the default CNN and Adagrad, 3 seeds: the
+test accuracy reached, and per step what each replica rank moves to and from the server and sends
+inside its replica.
 
 The stages' work in the schedule and bubble measurements is simulated: a ``Work`` layer sleeps
 10 ms per forward and 20 ms per backward of a micro-batch, so that 4 ranks on 2 shared cores do not
 compete for the cores and the timing shows the schedule rather than the contention; the messages
 between the stages are the module's real ones. Memory and bytes are measured on the real MLP.
---quick (for a check that it runs): fewer micro-batch counts, one repeat, no figures.
+--quick (for a check that it runs): fewer micro-batch counts, one repeat, no figures; replicas of
+k = 1, 2 for one epoch and one seed.
 """
 import argparse
 import json
@@ -23,7 +30,7 @@ import tracemalloc
 import numpy as np
 from mpi4py import MPI
 
-from algorithms import model_parallel, pipeline_parallel
+from algorithms import downpour_sgd, model_parallel, pipeline_parallel
 from algorithms.objective import Data, NetworkObjective, load_data
 from collectives import allreduce
 from collectives.trace import CountingComm, WatchedComm
@@ -177,6 +184,31 @@ def measure_bytes(batch_sizes, m=4):
     return rows_out
 
 
+def measure_replicas(sizes, seeds, epochs):
+    """Downpour, 1 server + one replica of k ranks, for k in ``sizes``: accuracy and traffic per step."""
+    records = {}
+    for k in sizes:
+        sub = comm.Split(color=0 if comm.rank <= k else MPI.UNDEFINED, key=comm.rank)
+        if sub == MPI.COMM_NULL:
+            continue
+        for seed in seeds:
+            report = {}
+            started = time.perf_counter()
+            _, history = downpour_sgd.train(sub, replica_size=k, epochs=epochs, seed=seed, timeout=None, quiet=True,
+                                            report=report)
+            seconds = time.perf_counter() - started
+            steps = sum(1 for event in report["logs"][0] if event[0] == "push")     # n_push = 1: one push a step
+            ranks = sorted(report["values"])
+            record = records.setdefault(k, {"accuracy": [], "seconds": []})
+            record["accuracy"].append(history[-1]["test_accuracy"])
+            record["seconds"].append(round(seconds, 2))
+            # float32: 4 bytes a value; per rank of the replica, per step
+            record["server_bytes_per_step"] = [sum(report["values"][r]) * 4 // steps for r in ranks]
+            record["replica_bytes_per_step"] = [report["replica_bytes"][r] // steps for r in ranks]
+        sub.Free()
+    return records
+
+
 def predicted_seconds(p, rows, n=17226, itemsize=4, m=4, widths=(64, 128, 64, 10)):
     """alpha-beta time of one step's messages on the busiest rank (no overlap, no compute)."""
     inner, outputs = sum(widths[1:-1]), sum(widths[1:])
@@ -267,11 +299,33 @@ def table(results):
     return "\n".join(lines) + "\n"
 
 
+def replicas_table(replicas):
+    lines = ["| k | test accuracy (one per seed) | bytes to and from the server, per replica rank and step | "
+             "bytes sent inside the replica, per replica rank and step | seconds |", "| --- | --- | --- | --- | --- |"]
+    for k, record in replicas.items():
+        lines.append(f"| {k} | {', '.join(f'{a:.4f}' for a in record['accuracy'])} | "
+                     f"{', '.join(map(str, record['server_bytes_per_step']))} | "
+                     f"{', '.join(map(str, record['replica_bytes_per_step']))} | "
+                     f"{', '.join(map(str, record['seconds']))} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer points, one repeat, no figures")
     parser.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
+    parser.add_argument("--part", choices=["replicas"], default=None,
+                        help="only section 5's Downpour replicas (06_replicas.json)")
     args = parser.parse_args(argv)
+    prefix = "06_quick_" if args.quick else "06_"
+    replicas = measure_replicas([1, 2] if args.quick else list(range(1, P)), [0] if args.quick else [0, 1, 2],
+                                1 if args.quick else 5)
+    if comm.rank == 0:
+        with open(os.path.join(args.out, prefix + "replicas.json"), "w") as handle:
+            json.dump({"P": P, "epochs": 1 if args.quick else 5, "replicas": replicas}, handle, indent=1)
+        print(replicas_table(replicas))
+    if args.part == "replicas":
+        return
     counts = [1, 2 * P] if args.quick else [1, 2, 4, 8, 16]
     results = measure_bubbles(counts, 1 if args.quick else 3)
     memory = measure_memory(m=2 * P, rows=256)
@@ -286,7 +340,6 @@ def main(argv=None):
         for name in ("pipeline", "model (output)", "model (input)"):
             assert record[name]["bytes"] == record[name]["formula"], (rows, name, record[name])
     diagrams = results.pop("diagrams", {})
-    prefix = "06_quick_" if args.quick else "06_"
     with open(os.path.join(args.out, prefix + "measurements.json"), "w") as handle:
         json.dump({"P": P, **results}, handle, indent=1, default=str)
     with open(os.path.join(args.out, prefix + "table.md"), "w") as handle:
