@@ -52,6 +52,28 @@ class FlatParameters:
         whole.grad = self.grad
         return whole
 
+    def buckets(self, nbytes):
+        """The gradient cut into buckets for overlapping communication with backward (as PyTorch DDP).
+
+        Returns a list of ``(start, stop, members)``: ``flat.grad[start:stop]`` is contiguous and
+        ``members`` are the indices (into ``self.parameters``) of the whole parameters it holds.
+        Buckets run in reverse parameter order, because backward finishes the last layer's
+        gradients first; each is filled with whole parameters until it holds at least ``nbytes``
+        bytes (the last one may be smaller), so a parameter is never split.
+        """
+        if not nbytes > 0:
+            raise ValueError(f"FlatParameters.buckets: nbytes must be > 0, got {nbytes!r}")
+        itemsize = self.grad.dtype.itemsize
+        plan, members, stop = [], [], None
+        for index in reversed(range(len(self.parameters))):
+            start, end = self.offsets[index]
+            stop = end if stop is None else stop
+            members.append(index)
+            if (stop - start) * itemsize >= nbytes or index == 0:
+                plan.append((start, stop, tuple(members)))
+                members, stop = [], None
+        return plan
+
     def zero_grad(self):
         self.grad[...] = 0
 

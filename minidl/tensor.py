@@ -61,6 +61,7 @@ class Tensor:
         self._parents = ()
         self._backward = None
         self.op = ""
+        self._accumulate_hooks = ()
 
     # ---- array-like facts -------------------------------------------------------------
     shape = property(lambda self: self.data.shape)
@@ -153,6 +154,17 @@ class Tensor:
     def sigmoid(self):
         return functional.sigmoid(self)
 
+    def register_accumulate_hook(self, hook):
+        """Call ``hook(self)`` during ``backward()`` right after this leaf's ``grad`` was accumulated.
+
+        Each ``backward()`` visits a leaf once, after every path to it is done, so at that moment
+        the leaf's gradient for this backward is final while the rest of the graph (the layers
+        nearer the input) is still being differentiated: data parallelism starts summing a
+        gradient over ranks there (``collectives.nonblocking``). A generic callable: minidl
+        knows nothing of MPI.
+        """
+        self._accumulate_hooks = self._accumulate_hooks + (hook,)
+
     # ---- the chain rule -----------------------------------------------------------------
     def backward(self, grad=None):
         """Accumulate d(self)/d(leaf) into ``leaf.grad`` for every leaf with requires_grad.
@@ -196,6 +208,8 @@ class Tensor:
                     node.grad = xp.array(node_grad, dtype=node.dtype, copy=True)
                 else:
                     node.grad += node_grad
+                for hook in node._accumulate_hooks:         # this backward's gradient for node is final
+                    hook(node)
                 continue
             for parent, parent_grad in zip(node._parents, node._backward(node_grad)):
                 if parent_grad is None or not parent.requires_grad:
