@@ -2,6 +2,7 @@
 
     mpiexec -n 4 python -m algorithms.ssp_sgd --staleness 2 [--servers 1] [--server-optimizer sgd]
         [--deterministic] [--fail-worker R --fail-step K --timeout T]  (and the flags every algorithm shares)
+        [--straggler R --straggler-delay SECONDS]
 
 Q. Ho et al., *More Effective Distributed ML via a Stale Synchronous Parallel Parameter Server*,
 NIPS 2013; the consistency spectrum of Ben-Nun & Hoefler 2019 (synchronous,
@@ -27,6 +28,10 @@ A worker that has finished, or that server 0 dropped after ``--timeout`` seconds
 leaves the minimum; without that timeout a dead worker would stall every other one forever,
 as it would in synchronous SGD.
 
+A straggler (``--straggler R --straggler-delay D``, off by default): worker rank R sleeps D seconds
+before each of its steps, a slow machine, so that the bound binds: with it the fast workers reach
+clock staleness s and then wait, while with s = inf they run ahead (tutorials/05, section 3).
+
 Restrictions: at least S + 1 ranks; s >= 0 (``--staleness inf`` for no bound).
 Communication per step: one push + fetch request, 2 S messages of n/S values each way.
 
@@ -34,6 +39,10 @@ Defaults (small CNN, embedded digits, 1 server + 3 workers at -n 4, s = 2, serve
 batch 32 per worker, 10 epochs): measured on 2 shared cores, 93.9% and 96.7% test accuracy in two
 runs, about 3 seconds. (Each push is applied with lr, so 3 workers step like serial SGD at 3 lr.)
 """
+import time
+
+from mpi4py import MPI
+
 from algorithms import cli, downpour_sgd, ps_job, run
 
 
@@ -57,17 +66,41 @@ def parse_staleness(text):
     return int(text)
 
 
+def slowed(step, seconds):
+    """``step`` after a sleep of ``seconds``: the straggler's step (a slow machine, same arithmetic)."""
+    def slow_step(*args, **kwargs):
+        time.sleep(seconds)
+        return step(*args, **kwargs)
+    return slow_step
+
+
+def check_straggler(straggler, delay, servers, size):
+    """A SettingError (on every rank alike) unless ``straggler`` is a worker rank and ``delay`` >= 0."""
+    try:                                          # every rank computes the same: every rank raises alike
+        if straggler is None and delay:
+            raise cli.SettingError("--straggler-delay needs --straggler R (the slow worker rank)")
+        if straggler is not None:
+            cli.require("--straggler", straggler, integer=True, low=servers, high=size - 1)
+            cli.require("--straggler-delay", delay, low=0)
+    except cli.SettingError as error:
+        raise cli.SettingError(str(error), every_rank=True) from None
+
+
 def train(comm=None, staleness=2, servers=1, server_optimizer="sgd", deterministic=False, fail_worker=None,
-          fail_step=None, timeout=10.0, report=None, **settings):
+          fail_step=None, timeout=10.0, report=None, straggler=None, straggler_delay=0.0, **settings):
     """Stale-synchronous SGD with bound ``staleness`` (None: none); returns (final parameters, history).
 
-    ``settings`` are ``run.Settings`` (the shared flags); ``report`` as in ``ps_job.run_job``.
+    ``settings`` are ``run.Settings`` (the shared flags); ``report`` as in ``ps_job.run_job``;
+    ``straggler`` (a worker rank) sleeps ``straggler_delay`` seconds before each step.
     """
+    comm = comm if comm is not None else MPI.COMM_WORLD
+    check_straggler(straggler, straggler_delay, servers, comm.Get_size())
+    step = slowed(ssp_step, straggler_delay) if comm.Get_rank() == straggler else ssp_step
     settings = run.Settings.of(settings, epochs=10, lr=0.05, momentum=0.0)
     ps = ps_job.Settings(servers=servers, n_fetch=1, n_push=1, staleness=staleness,
                          server_optimizer=server_optimizer, deterministic=deterministic,
                          fail_worker=fail_worker, fail_step=fail_step, timeout=timeout)
-    return ps_job.run_job(comm, ssp_step, settings, ps, name=f"ssp s={staleness}", report=report)
+    return ps_job.run_job(comm, step, settings, ps, name=f"ssp s={staleness}", report=report)
 
 
 def main(argv=None):
@@ -75,8 +108,12 @@ def main(argv=None):
     parser.set_defaults(server_optimizer="sgd")
     parser.add_argument("--staleness", type=parse_staleness, default=2,
                         help="the bound s (an integer >= 0, or 'inf' for none)")
+    parser.add_argument("--straggler", type=int, default=None, help="a worker rank that is slow (default: none)")
+    parser.add_argument("--straggler-delay", type=float, default=0.0,
+                        help="seconds the straggler sleeps before each step")
     args = parser.parse_args(argv)
-    cli.run_main(train, args, staleness=args.staleness, **downpour_sgd.server_flags(args))
+    cli.run_main(train, args, staleness=args.staleness, straggler=args.straggler,
+                 straggler_delay=args.straggler_delay, **downpour_sgd.server_flags(args))
 
 
 if __name__ == "__main__":
