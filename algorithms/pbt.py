@@ -1,12 +1,14 @@
 """Population-based training: members train side by side; the worst copy the best and explore.
 
-    mpiexec -n 4 python -m algorithms.pbt [--population 4] [--ready 40] [--rounds 12]
+    mpiexec -n 4 python -m algorithms.pbt [--population 4] [--ready 40] [--ready-batch 32] [--rounds 12]
                                           [--fraction 0.25] [--search pbt|random] [--lineage lineage.json]
 
 Paper: Jaderberg et al. 2017, "Population Based Training of Neural Networks", section 3 (the
 ready / exploit / explore steps; "truncation selection" and "perturb" are its section 4.1
 choices). Random search (Bergstra & Bengio 2012) is the same population trained with its
 initial hyperparameters and no exploit: the same compute, the baseline of the paper's figures.
+The budget is counted in examples read: every member reads the same number per round (below),
+whatever its batch size, in both searches.
 Full references: tutorials/references.md.
 
 The population: M = --population members; member m is the group of R = p / M consecutive ranks
@@ -14,7 +16,8 @@ m R .. m R + R - 1, which trains it by synchronous data-parallel SGD on its own 
 (``allreduce_sgd.data_parallel_step``). Every member starts from the same weights and draws its
 hyperparameters h_m = (lr, momentum, batch) from the prior (``sample``). Then, for each round:
 
-    train     every member takes --ready steps with its own h_m            (R ranks per member)
+    train     every member reads B = ready x ready_batch x R examples with its own h_m: steps of
+              its own batch, the last one cut to what is left of B        (R ranks per member)
     eval      score_m = minus the loss on held-out rows (the last --validation of the training
               split; NaN if it is not finite)                         one allgather of p floats
     ready     pairs = truncation_selection(scores): each of the bottom q = max(1, floor(fraction M))
@@ -30,9 +33,10 @@ and never chosen as a winner. The lineage (who copied whom, with which h, scorin
 logged per round and written as JSON with --lineage; tutorials/figures/make_09_figures.py plots it.
 
 Cost per round, beyond training: one allgather of p scores, and per loser R messages of 2 n
-floats (n = 6090 for the CNN: 49 KB each). The rounds are not an epoch loop: a member's batch
-size changes, so members take the same number of steps (the budget) but not the same epochs;
-each member reads an endless stream of its own shuffled epochs (``Stream``).
+floats (n = 6090 for the CNN: 49 KB each). The rounds are not an epoch loop: members read the
+same examples per round (the budget: --rounds x B each, 4 x 15360 for the defaults), but a member
+with a bigger batch takes fewer steps; each member reads an endless stream of its own shuffled
+epochs (``Stream``), so a round need not end at an epoch's end.
 
 Restrictions: 2 <= M <= p with M dividing p; 0 < fraction <= 0.5; no --save / --resume.
 The result is the best member at the last ranking; its test accuracy is in the last record.
@@ -162,11 +166,13 @@ class Stream:
     def shuffle(self):
         return numpy.random.default_rng([self.seed, self.member, self.epoch]).permutation(self.n)
 
-    def next(self, batch_size):
+    def next(self, batch_size, limit=None):
+        """The next global batch of ``pieces`` x ``batch_size`` rows (fewer at an epoch's end, and at
+        most ``limit`` rows)."""
         if self.position >= self.n:
             self.epoch, self.position = self.epoch + 1, 0
             self.order = self.shuffle()
-        rows = self.order[self.position:self.position + self.pieces * batch_size]
+        rows = self.order[self.position:self.position + min(self.pieces * batch_size, limit or math.inf)]
         self.position += len(rows)
         return Batch(rows[shard(len(rows), self.piece, self.pieces)], len(rows))
 
@@ -193,11 +199,11 @@ def check(size, population, ready, rounds, fraction, search, validation):
 
 
 def train(comm=None, population=None, ready=40, rounds=12, fraction=0.25, search="pbt", lineage=None,
-          validation=0.2, **settings):
+          validation=0.2, ready_batch=32, **settings):
     """Population-based training (or random search) on ``comm``; returns (the best member's flat
     parameters as NumPy, the per-round history) on every rank. ``settings`` are ``run.Settings``;
     --lr, --momentum and --batch-size are not used (each member samples its own), nor --epochs
-    (the budget is ``rounds`` x ``ready`` steps per member)."""
+    (the budget is ``rounds`` x ``ready`` x ``ready_batch`` examples per rank of a member)."""
     comm = comm or MPI.COMM_WORLD
     size, rank = comm.Get_size(), comm.Get_rank()
     population = size if population is None else population
@@ -212,6 +218,7 @@ def train(comm=None, population=None, ready=40, rounds=12, fraction=0.25, search
             if settings.get(flag):
                 raise SettingError(f"--{flag}: pbt does not save or resume (use --lineage for its record)")
         check(size, population, ready, rounds, fraction, search, validation)
+        cli.require("--ready-batch", ready_batch, integer=True, low=1)
         if rank == 0:
             cli.check_output("--lineage", lineage)
     except SettingError as caught:
@@ -238,19 +245,24 @@ def train(comm=None, population=None, ready=40, rounds=12, fraction=0.25, search
     hyper = numpy.array([sample(numpy.random.default_rng([settings.seed, 10 ** 6 + m])) for m in range(population)])
     logger = run.Log(log, rank=rank, quiet=settings.quiet)
     records = []
+    budget = ready * ready_batch * per_member  # examples per member and round, whatever its batch
 
     for round_ in range(rounds):
         # train: --ready steps of synchronous SGD with this member's hyperparameters
+        # train: synchronous SGD with this member's hyperparameters until it has read this round's
+        # budget of examples (a bigger batch takes fewer steps; the last step may be smaller)
         optimizer.lr, optimizer.momentum = float(hyper[member, 0]), float(hyper[member, 1])
+        examples = 0
         with numpy.errstate(over="ignore", invalid="ignore", divide="ignore"):    # a NaN member is replaced
-            for _ in range(ready):
-                batch = stream.next(int(hyper[member, 2]))
+            while examples < budget:
+                batch = stream.next(int(hyper[member, 2]), limit=budget - examples)
                 data_parallel_step(job.counting, objective, optimizer, batch, run.mpi_allreduce)
+                examples += batch.total
             loss, accuracy = evaluate(objective.net, *held_out)
         # eval: every rank learns every member's held-out score (minus the loss: accuracy ties on
         # the few held-out rows once members are good)
         score = -loss if math.isfinite(loss) else math.nan
-        scores, accuracies = zip(*comm.allgather((score, accuracy))[::per_member])
+        scores, accuracies, read = zip(*comm.allgather((score, accuracy, examples))[::per_member])
         rng = numpy.random.default_rng([settings.seed, round_])
         pairs = truncation_selection(scores, fraction, rng)
         if not pairs and not any(math.isfinite(value) for value in scores):
@@ -261,10 +273,10 @@ def train(comm=None, population=None, ready=40, rounds=12, fraction=0.25, search
             exploit_and_explore(world, per_member, pairs, objective, optimizer, hyper, rng)
         parents = dict(pairs) if search == "pbt" and not last else {}
         records.append([{"round": round_ + 1, "member": m, "score": scores[m], "accuracy": accuracies[m],
-                         "parent": parents.get(m, m),
+                         "parent": parents.get(m, m), "examples": read[m],
                          **dict(zip(HYPERPARAMETERS, before[m].tolist()))} for m in range(population)])
         best = max((m for m in range(population) if math.isfinite(scores[m])), key=lambda m: (scores[m], -m))
-        logger.epoch(round=round_ + 1, step=(round_ + 1) * ready, best_member=best, best_held_out_loss=-scores[best],
+        logger.epoch(round=round_ + 1, examples=(round_ + 1) * budget, best_member=best, best_held_out_loss=-scores[best],
                      held_out_accuracy=[round(value, 4) for value in accuracies], copied=len(parents),
                      bytes=int(comm.allreduce(world.bytes_sent + job.counting.bytes_sent)))
 
@@ -277,7 +289,8 @@ def train(comm=None, population=None, ready=40, rounds=12, fraction=0.25, search
     logger.close()
     if rank == 0 and lineage:
         with open(lineage, "w") as file:
-            json.dump({"search": search, "population": population, "ready": ready, "rounds": rounds,
+            json.dump({"search": search, "population": population, "ready": ready, "ready_batch": ready_batch,
+                       "rounds": rounds,
                        "fraction": fraction, "seed": settings.seed, "members": records}, file)
     team.Free()
     return params, logger.history
@@ -286,8 +299,12 @@ def train(comm=None, population=None, ready=40, rounds=12, fraction=0.25, search
 def main(argv=None):
     parser = cli.parser(__doc__.splitlines()[0], epochs=None, lr=None, batch_size=None, momentum=None)
     parser.add_argument("--population", type=int, default=None, help="members (default: one per rank)")
-    parser.add_argument("--ready", type=int, default=40, help="steps each member trains between rankings")
-    parser.add_argument("--rounds", type=int, default=12, help="rankings; the budget is rounds x ready steps")
+    parser.add_argument("--ready", type=int, default=40,
+                        help="a round (between rankings) is the examples of this many steps at --ready-batch")
+    parser.add_argument("--ready-batch", type=int, default=32,
+                        help="batch per rank that defines a round's examples (members' own batches vary)")
+    parser.add_argument("--rounds", type=int, default=12,
+                        help="rankings; the budget is rounds x ready x ready-batch examples per member rank")
     parser.add_argument("--fraction", type=float, default=0.25, help="bottom and top fraction of truncation selection")
     parser.add_argument("--search", default="pbt", choices=SEARCHES,
                         help="random: the same population and budget, no exploit or explore")
@@ -295,7 +312,8 @@ def main(argv=None):
     parser.add_argument("--lineage", default=None, help="write every member's history as JSON")
     args = parser.parse_args(argv)
     cli.run_main(train, args, population=args.population, ready=args.ready, rounds=args.rounds,
-                 fraction=args.fraction, search=args.search, validation=args.validation, lineage=args.lineage)
+                 fraction=args.fraction, search=args.search, validation=args.validation, lineage=args.lineage,
+                 ready_batch=args.ready_batch)
 
 
 if __name__ == "__main__":

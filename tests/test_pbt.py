@@ -8,7 +8,8 @@ Run: python tests/run.py --max-ranks 4 -- tests/test_pbt.py
 - Exploit copies the winner's weights and SGD momentum buffer bit for bit, rank j to rank j, and
   explore perturbs the winner's hyperparameters by 0.8 or 1.2 on every rank alike.
 - A whole run: the same seed gives the same lineage and the same bits; a member that diverges
-  (NaN) is replaced at the first ranking and never chosen as a parent.
+  (NaN) is replaced at the first ranking and never chosen as a parent; every member reads the same
+  examples per round (--ready x --ready-batch per rank), whatever its batch size.
 - Bad input stops every rank with ``error:`` and exit 2.
 """
 import json
@@ -104,12 +105,13 @@ def test_exploit_copies_weights_and_momentum_bit_for_bit_and_explore_perturbs_th
 
 
 def diverging_prior(monkeypatch):
-    """Member 1 samples lr = 1e200 (it diverges at once); the others a sane lr, momentum and batch."""
+    """Member 1 samples lr = 1e200 (it diverges at once); the others a sane lr and momentum; member m
+    batch 4 + m (so a round at --ready-batch 4 is not a whole number of steps for every member)."""
     drawn = []
 
     def sample(rng):
         drawn.append(None)
-        return np.array([1e200 if len(drawn) == 2 else 10 ** rng.uniform(-2, -1), rng.uniform(0, 0.9), 4.0])
+        return np.array([1e200 if len(drawn) == 2 else 10 ** rng.uniform(-2, -1), rng.uniform(0, 0.9), float(3 + len(drawn))])
     monkeypatch.setattr(pbt, "sample", sample)
 
 
@@ -122,7 +124,7 @@ def test_same_seed_same_lineage_and_bits_and_a_nan_member_is_replaced_never_chos
         diverging_prior(monkeypatch)
         path = os.path.join(folder, f"lineage{attempt}.json")
         params, history = pbt.train(comm, model=float64_mlp, data=tiny_digits(), ready=3, rounds=3, fraction=0.5,
-                                    lineage=path, quiet=True)
+                                    ready_batch=4, lineage=path, quiet=True)
         comm.Barrier()
         with open(path) as file:
             runs.append((params, json.load(file)["members"]))
@@ -136,6 +138,9 @@ def test_same_seed_same_lineage_and_bits_and_a_nan_member_is_replaced_never_chos
     parents = {(entry["round"], entry["parent"]) for row in lineage for entry in row if entry["parent"] != entry["member"]}
     parallel_assert(not nan_members & parents, f"a NaN member was chosen: {nan_members & parents}")
     parallel_assert(bool(np.isfinite(first).all()), "the result is not finite")
+    read = [(entry["batch_size"], entry["examples"]) for row in lineage for entry in row]
+    parallel_assert(len({batch for batch, _ in read}) > 1 and all(examples == 3 * 4 for _, examples in read),
+                    f"members did not read 3 x 4 examples per round whatever their batch: {read}")
 
 
 def test_bad_population_fraction_and_rank_counts_are_refused():

@@ -7,9 +7,11 @@
    -> 09_batch.json, 09_batch.png, rows of 09_table.md.
 2. Decaying the lr against increasing the batch (Smith et al.): the same milestones, 3 seeds,
    test accuracy per epoch and per step -> 09_schedule.json, 09_schedule.png, rows of 09_table.md.
-3. PBT against random search with the same budget on the digits CNN (`mpiexec -n 4 python -m
-   algorithms.pbt`, defaults, --search pbt|random, 3 seeds) -> 09_search.json, 09_lineage.png
-   (seed 0's PBT lineage), rows of 09_table.md.
+3. PBT against random search with the same budget in examples on the digits CNN (`mpiexec -n 4
+   python -m algorithms.pbt`, defaults, --search pbt|random, seeds 0-7; a seed gives both methods the
+   same initial draws, so the comparison is paired: per seed, PBT minus random search, and an exact
+   sign-flip test of the mean difference) -> 09_search.json, 09_lineage.png (seed 0's PBT lineage),
+   09_table_search.md.
 Runs 1 and 2 are serial (one process trains the global batch; chapter 4 shows that p ranks at
 batch b are serial SGD at p b up to rounding). --quick shrinks every part and writes to /tmp.
 """
@@ -127,7 +129,7 @@ def decay_or_grow(out, quick):
 
 
 def search(out, quick):
-    seeds = (0, 1) if quick else (0, 1, 2)
+    seeds = (0, 1) if quick else tuple(range(8))
     extra = ["--rounds", "3", "--ready", "10"] if quick else []
     results = {}
     for method in ("pbt", "random"):
@@ -146,22 +148,44 @@ def search(out, quick):
     return search_table(results, seeds)
 
 
+def sign_flip_p(differences):
+    """Two-sided p of the paired differences' mean under the null "no difference": the share of the
+    2^n sign flips whose |mean| is at least the observed one (exact; n is small)."""
+    n, observed = len(differences), abs(sum(differences))
+    extreme = sum(1 for signs in range(2 ** n)
+                  if abs(sum(d if signs >> i & 1 else -d for i, d in enumerate(differences))) >= observed - 1e-12)
+    return extreme / 2 ** n
+
+
 def search_table(results, seeds):
-    """Rows of 09_table_search.md from 09_search.json's results (the same steps; examples may differ)."""
-    rows = []
+    """Rows of 09_table_search.md from 09_search.json's results: per method the chosen member's test
+    accuracy and loss (mean +- sd over seeds, and each seed), the examples every member read and
+    the wall time; then the paired differences PBT - random search."""
+    rows, finals = [], {}
     for method in ("pbt", "random"):
         runs = [results[f"{method}|{seed}"] for seed in seeds]
-        mean, sd, _ = mean_sd([r["final"]["test_accuracy"] for r in runs])
+        finals[method] = [r["final"] for r in runs]
+        accuracy = mean_sd([r["final"]["test_accuracy"] for r in runs])
+        loss = mean_sd([r["final"]["test_loss"] for r in runs])
         each = ", ".join(f"{r['final']['test_accuracy'] * 100:.1f}" for r in runs)
         seconds = statistics.mean(r["final"]["seconds"] for r in runs)
-        examples = statistics.mean(sum(entry["batch_size"] * r["lineage"]["ready"] for row in r["lineage"]["members"]
-                                       for entry in row) for r in runs)
-        rows.append(f"| {method} | {mean * 100:.1f} +- {sd * 100:.1f}% ({each}) | {examples / 1000:.0f} k | "
-                    f"{seconds:.0f} s |")
+        examples = statistics.mean(sum(entry.get("examples", entry["batch_size"] * r["lineage"]["ready"])
+                                       for row in r["lineage"]["members"] for entry in row) for r in runs)
+        rows.append(f"| {method} | {accuracy[0] * 100:.1f} +- {accuracy[1] * 100:.1f}% ({each}) | "
+                    f"{loss[0]:.3f} +- {loss[1]:.3f} | {examples / 1000:.1f} k | {seconds:.0f} s |")
+    for key, name, scale, unit in [("test_accuracy", "accuracy", 100, " points"), ("test_loss", "loss", 1, "")]:
+        differences = [p[key] - r[key] for p, r in zip(finals["pbt"], finals["random"])]
+        mean, sd, _ = mean_sd(differences)
+        wins = sum(d > 0 if key == "test_accuracy" else d < 0 for d in differences)
+        ties = sum(d == 0 for d in differences)
+        rows.append(f"| pbt - random, {name} | {mean * scale:+.{1 if scale == 100 else 3}f} +- "
+                    f"{sd * scale:.{1 if scale == 100 else 3}f}{unit}; pbt better in {wins}, tied in {ties} of "
+                    f"{len(differences)} seeds | sign-flip p = {sign_flip_p(differences):.2f} | | |")
     lineage = results[f"pbt|{seeds[0]}"]["lineage"]
-    return [f"| search ({lineage['population']} members x {lineage['ready'] * lineage['rounds']} steps) | test "
-            f"accuracy of the chosen member (seeds {', '.join(map(str, seeds))}) | examples trained on, all "
-            "members | wall time |", "| --- | --- | --- | --- |"] + rows
+    budget = lineage.get("ready_batch", 0) * lineage["ready"] * lineage["rounds"]
+    return [f"| search ({lineage['population']} members x {budget} examples) | test accuracy of the chosen member "
+            f"(seeds {', '.join(map(str, seeds))}) | test loss | examples read, all members | wall time |",
+            "| --- | --- | --- | --- | --- |"] + rows
 
 
 def plot_lineage(lineage, path):
