@@ -77,3 +77,77 @@ def cost(algorithm, x_shape, weight_shape, stride, padding):
     if algorithm not in functions:
         raise ValueError(f"cost: no cost model for algorithm {algorithm!r}; choose one of {sorted(functions)}")
     return functions[algorithm](tuple(x_shape), tuple(weight_shape), stride, padding)
+
+
+# ---- work and depth (Ben-Nun & Hoefler 2019, section 2: the work-depth model) ------------------
+# W counts arithmetic operations: a multiplication and the addition that accumulates it are two
+# (so W = 2 * multiplies; the transforms' additions are left out, as in ``cost``). D is the longest
+# chain of dependent operations with unbounded processors: one level for a multiplication, and
+# ceil(log2 n) levels for a sum of n terms added as a balanced tree. Copies (im2col, padding,
+# transposes) are free in this model. A layer's forward + backward is the forward, then the two
+# gradients side by side: D = D_forward + max(D_grad_x, D_grad_weight). W / D is the average
+# parallelism: how many processors the layer could keep busy on average.
+
+def _sum_depth(terms):
+    """Levels of a balanced tree adding ``terms`` numbers (0 for one term)."""
+    return math.ceil(math.log2(terms)) if terms > 1 else 0
+
+
+def _dot_depth(terms):
+    """A dot product of length ``terms``: the multiplications (one level), then their sum."""
+    return 1 + _sum_depth(terms)
+
+
+def _transform_depth(matrix):
+    """Depth of ``M X M^T`` for a constant matrix M: per side, a multiplication level if an entry is
+    not 0 or +-1, and the sum of a row's nonzero terms."""
+    general = any(k not in (0, 1, -1) for row in matrix for k in row)
+    one_side = int(general) + _sum_depth(max(sum(1 for k in row if k != 0) for row in matrix))
+    return 2 * one_side
+
+
+def _result(work_passes, depth_forward, depth_grad_x, depth_grad_weight):
+    work = sum(work_passes)
+    depth = depth_forward + max(depth_grad_x, depth_grad_weight)
+    return {"work": work, "depth": depth, "parallelism": work / depth, "work_forward": work_passes[0],
+            "depth_forward": depth_forward}
+
+
+def work_depth(algorithm, x_shape, weight_shape, stride, padding):
+    """Work W, depth D and average parallelism W / D of forward + both gradients of one conv layer.
+
+    Returns {"work", "depth", "parallelism", "work_forward", "depth_forward"}. W is
+    2 * ``cost(...)["multiplies"]`` per pass; D follows the data dependences of minidl's kernels:
+      direct, im2col  each output a dot product over C kh kw; grad_x over F kh kw; grad_weight over N Ho Wo
+      winograd        the tile transforms (B^T d B, G g G^T side by side), one product, a sum over C,
+                      then A^T M A; the gradients the transposed maps, summed over F or over the tiles
+      fft             a transform (2-D radix-2: log2 of the points, a multiply and an add per stage),
+                      one product, a sum over C (F, N for the gradients), the inverse transform
+    """
+    from minidl.conv import winograd as wino
+    n, c, f, kh, kw, out_h, out_w = _shape(x_shape, weight_shape, stride, padding)
+    counted = cost(algorithm, x_shape, weight_shape, stride, padding)
+    forward = 2 * counted["multiplies"]
+    passes = (forward, 2 * counted["multiplies_fwd_bwd"] - forward)
+    if algorithm in ("direct", "im2col"):
+        return _result(passes, _dot_depth(c * kh * kw), _dot_depth(f * kh * kw), _dot_depth(n * out_h * out_w))
+    if algorithm == "winograd":
+        tiles = n * ((out_h + 1) // 2) * ((out_w + 1) // 2)
+        d_in, d_g, d_out = _transform_depth(wino.B_T), _transform_depth(wino.G), _transform_depth(wino.A_T)
+        forward_depth = max(d_in, d_g) + _dot_depth(c) + d_out
+        grad_x = d_out + _dot_depth(f) + d_in                          # A dY A^T, U^T dM over F, B dV B^T
+        grad_weight = max(d_out, d_in) + _dot_depth(tiles) + d_g       # dM V^T over the tiles, G^T dU G
+        return _result(passes, forward_depth, grad_x, grad_weight)
+    if algorithm == "fft":
+        from minidl.conv.fft import transform_size
+        size_h, size_w = transform_size(x_shape[2] + 2 * padding, x_shape[3] + 2 * padding)
+        transform = 2 * _sum_depth(size_h * size_w)                    # log2 S stages, multiply + add each
+        return _result(passes, 2 * transform + _dot_depth(c), 2 * transform + _dot_depth(f),
+                       2 * transform + _dot_depth(n))
+    raise ValueError(f"work_depth: no model for algorithm {algorithm!r}; choose one of direct, im2col, winograd, fft")
+
+
+def work_depth_linear(batch, in_features, out_features):
+    """Work, depth and W / D of a fully connected layer's forward + both gradients (three GEMMs)."""
+    gemm = 2 * batch * in_features * out_features
+    return _result((gemm, 2 * gemm), _dot_depth(in_features), _dot_depth(out_features), _dot_depth(batch))

@@ -1,0 +1,279 @@
+"""Regenerate chapter 2's tables and figures (about 5-10 minutes on 2 shared cores; --quick: seconds):
+
+    python tutorials/figures/make_02_figures.py [--quick] [--out DIR] [--only PART]
+
+1. conv: ``python -m minidl.bench conv`` (every algorithm on LeNet-5's layers, a 64-channel layer,
+   a channel sweep and a kernel sweep; PyTorch beside im2col when it is installed)
+   -> 02_conv.json, 02_conv.txt (the printed table), 02_conv.png (time relative to im2col).
+2. layers: ``python -m minidl.bench layers`` (Hegde & Usmani 2016, section 4: a conv layer and a
+   fully connected layer over sizes; CuPy rows only where CuPy and a GPU are present)
+   -> 02_layers.json, 02_layers.txt, 02_layers.png (minidl's time relative to PyTorch's).
+3. main: ``python -m minidl.bench`` (its per-stage breakdown gives each GEMM's GFLOP/s)
+   -> 02_main.json, 02_main.txt.
+4. memory: the peak of memory NumPy allocates (tracemalloc) in forward and in forward + backward of
+   each algorithm on the batch-32, 64-channel layer, beside ``cost.cost(...)["extra_elements"]``
+   -> 02_memory.json, 02_memory.md.
+5. workdepth: work W, depth D and average parallelism W / D (``cost.work_depth``, Ben-Nun & Hoefler)
+   for each algorithm and the fully connected layer, beside the measured CPU times of parts 1-2
+   -> 02_workdepth.json, 02_workdepth.md (needs parts 1 and 2's JSON in --out).
+6. plots: the two figures and 02_gemm.md, from the JSON of parts 1-3 (no timing).
+7. summary: the numbers the chapter's prose quotes, each computed from the JSON above
+   -> 02_numbers.json (tests/test_chapter_numbers.py checks the prose against it).
+
+Timing: float32, one thread, this process's CPU time (``--clock cpu``: the other jobs on a shared
+machine do not count), minimum of --repeats runs. --quick shrinks every case and writes to
+/tmp/minidl_02_quick unless --out is given.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tracemalloc
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+sys.path.insert(0, str(ROOT))
+ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+
+import numpy as np  # noqa: E402
+
+from minidl import conv  # noqa: E402
+from minidl.conv import cost  # noqa: E402
+
+PARTS = ("conv", "layers", "main", "memory", "plots", "workdepth", "summary")
+MEMORY_SHAPE = ((32, 64, 32, 32), (64, 64, 3, 3), 1, 1)     # the chapter's "big" layer (section 3)
+COLOURS = {"direct": "tab:red", "fft": "tab:green", "winograd": "tab:purple", "PyTorch": "tab:orange",
+           "im2col": "tab:blue"}
+
+
+def bench(suite, out, quick, repeats, no_torch=False):
+    """Run one suite of minidl.bench in its own process; keep its JSON and its printed table."""
+    command = [sys.executable, "-m", "minidl.bench"] + ([suite] if suite != "main" else []) + [
+        "--json", str(out / f"02_{suite}.json"), "--clock", "cpu", "--repeats", str(repeats)] + (
+        ["--quick"] if quick else []) + (["--no-torch"] if no_torch else [])
+    done = subprocess.run(command, env=ENV, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
+    (out / f"02_{suite}.txt").write_text(done.stdout)
+    print(done.stdout)
+
+
+def load(out, suite):
+    rows = json.loads((out / f"02_{suite}.json").read_text())
+    return [row for row in rows if row["kind"] != "summary"], next(
+        (row for row in rows if row["kind"] == "summary"), None)
+
+
+# ---- figures: ratios, since the differences the chapter discusses are 1.5-5x ----------------------
+def plot_conv(out):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows, _ = load(out, "conv")
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for axis, sweep, label in [(axes[0], "channels", "channels (in = out); batch 16, 32x32, 3x3"),
+                               (axes[1], "kernel", "kernel size; batch 8, 16 -> 16 channels, 64x64")]:
+        chosen = [row for row in rows if row.get("sweep") == sweep and row["device"] == "cpu"]
+        base = {row["x"]: row["minidl_ms"] for row in chosen if row["algorithm"] == "im2col"}
+        lines = {}
+        for row in chosen:
+            if row["algorithm"] != "im2col":
+                lines.setdefault(f"minidl {row['algorithm']}", []).append((row["x"], row["minidl_ms"] / base[row["x"]]))
+            elif row["torch_ms"]:
+                lines.setdefault("PyTorch conv2d", []).append((row["x"], row["torch_ms"] / base[row["x"]]))
+        for name, points in lines.items():
+            points.sort()
+            axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name,
+                      color=COLOURS.get(name.split()[-1] if name.startswith("minidl") else "PyTorch"))
+        axis.axhline(1.0, color=COLOURS["im2col"], linestyle="--", label="minidl im2col (= 1)")
+        axis.set_yscale("log", base=2)
+        axis.set_xlabel(label)
+        axis.set_ylabel("time / minidl im2col's time (fwd + bwd)")
+        axis.grid(True, alpha=0.3, which="both")
+        axis.legend(fontsize=8)
+    figure.suptitle("Chapter 2: convolution algorithms on the CPU, float32, 1 thread, CPU time "
+                    "(below 1 = faster than im2col)")
+    figure.tight_layout()
+    figure.savefig(out / "02_conv.png", dpi=110)
+    plt.close(figure)
+
+
+def plot_layers(out):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows, _ = load(out, "layers")
+    torch = any(row["torch_ms"] for row in rows)
+    gpu = any(row["device"] == "gpu" for row in rows)
+    torch_cpu = {(row["sweep"], row["x"]): row["torch_ms"] for row in rows if row["device"] == "cpu"}
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for axis, sweep, label in [(axes[0], "conv", "channels (in = out); batch 32, 32x32, 3x3, im2col"),
+                               (axes[1], "fc", "width (in = out); batch 128")]:
+        for device, name, colour in [("cpu", "minidl, NumPy on the CPU", "tab:blue"),
+                                     ("gpu", "minidl, CuPy on the GPU", "tab:green")]:
+            points = sorted((row["x"], row["minidl_ms"] / torch_cpu[(sweep, row["x"])] if torch else row["gemm_fraction"])
+                            for row in rows if row["sweep"] == sweep and row["device"] == device
+                            and (row["gemm_fraction"] is not None or torch))
+            if points:
+                axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name, color=colour)
+        if torch:
+            axis.axhline(1.0, color=COLOURS["PyTorch"], linestyle="--", label="PyTorch on the CPU (= 1)")
+            axis.set_yscale("log", base=2)
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel(label)
+        axis.set_ylabel("time / PyTorch CPU's time (fwd + bwd)" if torch else "fraction of NumPy's GEMM rate")
+        axis.grid(True, alpha=0.3, which="both")
+        axis.legend(fontsize=8)
+    figure.suptitle("Chapter 2 (Hegde & Usmani, section 4): float32, 1 thread, CPU time"
+                    + ("" if gpu else "; no GPU here, so no GPU line"))
+    figure.tight_layout()
+    figure.savefig(out / "02_layers.png", dpi=110)
+    plt.close(figure)
+
+
+# ---- the GEMM stages of the main suite's breakdown --------------------------------------------
+def gemm_table(out):
+    rows, summary = load(out, "main")
+    stages = [stage for stage in summary["stages"] if stage["stage"] == "GEMM"]
+    lines = ["| layer | pass | GEMM ms | GFLOP/s | fraction of NumPy's square GEMM |", "|---|---|---|---|---|"]
+    lines += [f"| {s['layer']} | {s['pass']} | {s['ms']:.3g} | {s['gflops']:.3g} | {s['gemm_fraction']:.2f} |"
+              for s in stages]
+    (out / "02_gemm.md").write_text("\n".join(lines) + "\n")
+    return stages
+
+
+# ---- memory: tracemalloc sees NumPy's allocations --------------------------------------------
+def memory(out, quick):
+    x_shape, w_shape, stride, padding = ((2, 8, 8, 8), (8, 8, 3, 3), 1, 1) if quick else MEMORY_SHAPE
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    weight = rng.standard_normal(w_shape).astype(np.float32)
+    rows = []
+    for name in ("direct", "im2col", "winograd", "fft"):
+        kernel = conv.get(name, x_shape, w_shape, stride, padding)
+        kernel.forward(x, weight, stride, padding)                       # warm-up (workspace caches)
+        tracemalloc.start()
+        output, cache = kernel.forward(x, weight, stride, padding)
+        forward_peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.reset_peak()
+        kernel.backward(output, cache)
+        backward_peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        del output, cache
+        counted = cost.cost(name, x_shape, w_shape, stride, padding)["extra_elements"]
+        rows.append({"algorithm": name, "forward_peak_mib": round(forward_peak / 2 ** 20, 2),
+                     "fwd_bwd_peak_mib": round(max(forward_peak, backward_peak) / 2 ** 20, 2),
+                     "cost_extra_mib": round(counted * 4 / 2 ** 20, 2)})
+    (out / "02_memory.json").write_text(json.dumps({"shape": [x_shape, w_shape, stride, padding], "rows": rows}, indent=1))
+    lines = [f"| algorithm | cost.cost extra_elements, MiB | measured peak, forward, MiB | measured peak, "
+             f"forward + backward, MiB |", "|---|---|---|---|"]
+    lines += [f"| {r['algorithm']} | {r['cost_extra_mib']:.1f} | {r['forward_peak_mib']:.1f} | "
+              f"{r['fwd_bwd_peak_mib']:.1f} |" for r in rows]
+    (out / "02_memory.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+# ---- work and depth beside the measured times ---------------------------------------------------
+def workdepth(out):
+    conv_rows, _ = load(out, "conv")
+    layer_rows, _ = load(out, "layers")
+    table = []
+    for row in conv_rows:
+        if row["device"] != "cpu" or row["algorithm"] == "auto" or row["case"] not in ("large", "lenet conv2"):
+            continue
+        n, c, f, side, k, stride, padding = row["shape"]
+        wd = cost.work_depth(row["algorithm"], (n, c, side, side), (f, c, k, k), stride, padding)
+        table.append({"layer": f"conv {row['case']}", "algorithm": row["algorithm"], "shape": row["shape"],
+                      **wd, "cpu_ms": row["minidl_ms"], "torch_ms": row["torch_ms"]})
+    for row in layer_rows:
+        if row["device"] == "cpu" and row["kind"] == "linear":
+            n, i, o = row["shape"]
+            wd = cost.work_depth_linear(n, i, o)
+            table.append({"layer": row["case"], "algorithm": "GEMM", "shape": row["shape"], **wd,
+                          "cpu_ms": row["minidl_ms"], "torch_ms": row["torch_ms"]})
+    (out / "02_workdepth.json").write_text(json.dumps(table, indent=1))
+    lines = ["| layer | algorithm | work W (fwd + bwd) | depth D | W / D | CPU time, ms | PyTorch CPU, ms |",
+             "|---|---|---|---|---|---|---|"]
+    for r in table:
+        torch = f"{r['torch_ms']:.3g}" if r["torch_ms"] else "-"
+        lines.append(f"| {r['layer']} | {r['algorithm']} | {r['work']:.3g} | {r['depth']} | "
+                     f"{r['parallelism']:.3g} | {r['cpu_ms']:.3g} | {torch} |")
+    (out / "02_workdepth.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+# ---- the numbers the prose quotes ----------------------------------------------------------------
+def numbers(out):
+    conv_rows, conv_summary = load(out, "conv")
+    layer_rows, _ = load(out, "layers")
+    cpu = [row for row in conv_rows if row["device"] == "cpu"]
+    by = {(row["case"], row["algorithm"]): row for row in cpu}
+    result = {"winograd_speedup": {}, "fft_speedup": {}}
+    _, main_summary = load(out, "main")
+    conv_gemm = [s for s in main_summary["stages"] if s["stage"] == "GEMM" and s["layer"] == "conv2d large"]
+    result["conv_large_gemm_gflops"] = [min(s["gflops"] for s in conv_gemm), max(s["gflops"] for s in conv_gemm)]
+    main_rows, _ = load(out, "main")
+    result["conv_large_layer_gflops"] = next(r["gflops"] for r in main_rows if r["case"] == "conv2d large fwd+bwd")
+    for item in conv_summary["winograd_vs_im2col"]:
+        result["winograd_speedup"][item["case"]] = item["time_ratio"]
+    result["winograd_multiply_ratio"] = conv_summary["winograd_vs_im2col"][0]["multiply_ratio"]
+    for row in cpu:
+        if row.get("sweep") == "kernel" and row["algorithm"] == "fft":
+            result["fft_speedup"][str(row["x"])] = round(by[(row["case"], "im2col")]["minidl_ms"] / row["minidl_ms"], 3)
+    result["fft_crossover_kernel"] = conv_summary["fft_crossover_kernel"]
+    ratios = {row["case"]: row["ratio"] for row in cpu if row["algorithm"] == "im2col" and row["ratio"]}
+    if ratios:
+        sweep = [ratio for case, ratio in ratios.items() if case.startswith("kernel")]
+        result["torch_ratio_large"] = ratios.get("large")
+        result["torch_ratio_channels"] = [min(r for c, r in ratios.items() if c.startswith("channels")),
+                                          max(r for c, r in ratios.items() if c.startswith("channels"))]
+        result["torch_ratio_kernel"] = [min(sweep), max(sweep)]
+        result["torch_ratio_all"] = [min(ratios.values()), max(ratios.values())]
+    result["auto_disagrees"] = sorted({row["case"] for row in cpu if row["auto_choice"] != row["fastest"]})
+    fc = [row["ratio"] for row in layer_rows if row["kind"] == "linear" and row["device"] == "cpu" and row["ratio"]]
+    cv = [row["ratio"] for row in layer_rows if row["kind"] == "conv" and row["device"] == "cpu" and row["ratio"]]
+    if fc:
+        result["layers_torch_ratio_fc"] = [min(fc), max(fc)]
+        result["layers_torch_ratio_conv"] = [min(cv), max(cv)]
+    result["layers_gpu_measured"] = any(row["device"] == "gpu" for row in layer_rows)
+    memory_rows = {r["algorithm"]: r for r in json.loads((out / "02_memory.json").read_text())["rows"]}
+    result["memory_fwd_bwd_peak_mib"] = {name: r["fwd_bwd_peak_mib"] for name, r in memory_rows.items()}
+    result["memory_cost_mib"] = {name: r["cost_extra_mib"] for name, r in memory_rows.items()}
+    (out / "02_numbers.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny cases, for CI")
+    parser.add_argument("--out", help="output folder (default: tutorials/figures, or /tmp/minidl_02_quick with --quick)")
+    parser.add_argument("--only", choices=PARTS, action="append", help="run only this part (repeatable)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed runs per case (default 7; --quick 2)")
+    parser.add_argument("--no-torch", action="store_true", help="leave PyTorch out (its columns stay empty)")
+    parser.add_argument("--no-plots", action="store_true", help="skip the figures")
+    args = parser.parse_args(argv)
+    out = Path(args.out or ("/tmp/minidl_02_quick" if args.quick else HERE))
+    out.mkdir(parents=True, exist_ok=True)
+    repeats = args.repeats or (2 if args.quick else 7)
+    parts = args.only or PARTS
+    for suite in ("conv", "layers", "main"):
+        if suite in parts:
+            bench(suite, out, args.quick, repeats, args.no_torch)
+    if "memory" in parts:
+        memory(out, args.quick)
+    if "plots" in parts:
+        gemm_table(out)
+        if not args.no_plots:
+            plot_conv(out)
+            plot_layers(out)
+    if "workdepth" in parts:
+        workdepth(out)
+    if "summary" in parts:
+        numbers(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
