@@ -121,15 +121,20 @@ class BucketedAllreduce:
             self._advance(bucket, steps, requests)
 
     def finish(self):
-        """Start the buckets not started yet (in plan order), then wait for all of them."""
+        """Start the buckets not started yet (in plan order), then wait for all of them.
+
+        All started buckets are advanced together (wait for any message, advance what it freed),
+        never one bucket to its end: ranks may have started the buckets in different orders (a
+        rank with no rows starts them all here), and waiting for bucket a to finish while the
+        partner waits for bucket b would deadlock.
+        """
         for bucket, missing in enumerate(self.missing):
             if missing is not None:
                 self._start(bucket)
-        for bucket, (steps, requests) in list(self.active.items()):
-            while requests is not None:
-                MPI.Request.Waitall(requests)
-                requests = next(steps, None)
-            self._advance(bucket, steps, None)
+        self.progress()
+        while self.active:
+            MPI.Request.Waitany([request for _, requests in self.active.values() for request in requests])
+            self.progress()
         self.armed = False
 
     def _start(self, bucket):

@@ -196,7 +196,12 @@ class Tensor:
                 continue
             seen.add(id(node))
             stack.append((node, True))
-            stack.extend((parent, False) for parent in node._parents if parent.requires_grad)
+            # leaves pushed first, so popped last: each leaf then comes right after its last user in
+            # the backward order below, and its gradient is final (and its hooks run) as early as
+            # possible. The order of the other nodes, and so every sum, is the same either way.
+            parents = [parent for parent in node._parents if parent.requires_grad]
+            stack.extend((parent, False) for parent in parents if parent._backward is None)
+            stack.extend((parent, False) for parent in parents if parent._backward is not None)
 
         grads = {id(self): grad}
         for node in reversed(order):
