@@ -34,6 +34,12 @@ fetched. To the root a group server is one worker, so the root receives one push
 steps: its bytes drop by the group size. Inside a group the workers are synchronous (the sum of k
 gradients at the same parameters); across groups they are as asynchronous as Downpour's.
 
+Model-parallel replicas (``replica_size`` k > 1, ``ps_replica``): the worker ranks form replicas
+of k consecutive ranks, each with its own communicator (one ``comm.Split`` by every rank in
+``run_job``). A replica trains on its share of the data as one worker does; each of its ranks runs
+the worker's step on its own pieces and pushes and fetches only its own parameters; its first
+rank reports the epochs. The servers count a replica as one worker (``Layout.worker_of``).
+
 A simulated worker failure (``fail_worker`` rank R, ``fail_step`` K): at the start of its step K
 worker R completes what it has already sent and then goes silent: no more pushes, no fetch,
 no goodbye. The servers notice nothing but silence; after ``timeout`` seconds server 0 drops it
@@ -267,14 +273,14 @@ class Replica:
         self.accrued = backend.xp().zeros_like(self.objective.grad)
 
 
-def work(job, worker_step, group=None):
+def work(job, worker_step, replica_comm=None):
     """This rank's worker: train its share, then wait for every rank; returns how it ended.
 
-    ``group``: the communicator of this rank's model-parallel replica (``ps_replica``), or None."""
+    ``replica_comm``: the communicator of this rank's model-parallel replica (``ps_replica``), or None."""
     dtype = backend.to_numpy(job.objective.params).dtype
     objective = job.objective
-    if group is not None:                          # my pieces of the replica; my indices, to their shards
-        objective = ps_replica.ReplicaPart(job.objective, group)
+    if replica_comm is not None:                   # my pieces of the replica; my indices, to their shards
+        objective = ps_replica.ReplicaPart(job.objective, replica_comm)
         servers = wire.ServerShards(job.comm, job.layout, dtype, slices=ps_replica.slices(objective.owned,
                                                                                           job.layout.ranges))
     elif job.ps.hierarchical:                        # talk to the group server; index and count among the workers
@@ -298,7 +304,7 @@ def work(job, worker_step, group=None):
         servers.goodbye(stop=None if error is None else str(error))
     run.wait_together(job.comm)
     return {"ending": ending, "error": error, "values": (servers.values_pushed, servers.values_fetched),
-            "replica_bytes": objective.group.bytes_sent if group is not None else 0}
+            "replica_bytes": objective.group.bytes_sent if replica_comm is not None else 0}
 
 
 def train_share(job, replica, worker_step):
@@ -435,18 +441,18 @@ def run_job(comm, worker_step, settings, ps, name, report=None):
     """
     comm = comm if comm is not None else MPI.COMM_WORLD
     job = start(comm, settings, ps)
-    group = None
+    replica_comm = None
     if ps.replica_size > 1:                        # every rank splits; the workers into replicas of k
         rank, layout = comm.Get_rank(), job.layout
         worker = layout.worker_of(rank) if not layout.is_server(rank) else None
-        group = comm.Split(color=MPI.UNDEFINED if worker is None else worker,
-                           key=0 if worker is None else rank - layout.rank_of(worker))
+        replica_comm = comm.Split(color=MPI.UNDEFINED if worker is None else worker,
+                                  key=0 if worker is None else rank - layout.rank_of(worker))
     if job.layout.is_server(comm.Get_rank()):
         mine = serve(job)
     elif ps.hierarchical and comm.Get_rank() < job.layout.size:
         mine = relay(job)
     else:
-        mine = work(job, worker_step, group)
-    if group is not None and group != MPI.COMM_NULL:
-        group.Free()
+        mine = work(job, worker_step, replica_comm)
+    if replica_comm is not None and replica_comm != MPI.COMM_NULL:
+        replica_comm.Free()
     return collect(job, mine, name, report)
