@@ -216,6 +216,7 @@ class ShardServer:
         return request
 
     def first_sender(self, worker):
+        """The rank to probe for worker's next request here (a replica's first rank with indices here)."""
         return self.layout.rank_of(worker) + self.senders[0][0]
 
     # -- one request -----------------------------------------------------------------------------
