@@ -159,6 +159,7 @@ def main(argv=None):
     else:
         out = Path(args.out or HERE)
         measured = []
+        load = [os.getloadavg()[0]]
         for p in (2, 4):
             path = Path(tempfile.gettempdir()) / f"04_overlap_p{p}.json"
             command = [MPIEXEC, "-n", str(p), sys.executable, __file__, "--worker", str(path),
@@ -166,10 +167,16 @@ def main(argv=None):
             print("$", " ".join(command[2:]), flush=True)
             subprocess.run(command, cwd=ROOT, env=ENV, check=True)
             measured.append(json.loads(path.read_text()))
+        load.append(os.getloadavg()[0])
     fitted = next((m for m in measured if "alpha" in m), {"alpha": 0.0, "beta": 0.0, "gamma": 0.0})
     fit = (fitted["alpha"], fitted["beta"], fitted["gamma"])
     profiles = {model: profile(model, 5 if args.quick else 30) for model in MODELS}
     text = table(measured, profiles, fit)
+    if not args.quick:                            # how busy the 2 cores were: the timings depend on it
+        text += (f"\nLoad average (1 min) before and after the measured runs: {load[0]:.1f}, {load[1]:.1f} "
+                 f"(2 cores). Model: alpha = {fit[0] * 1e6:.2f} us, beta = {fit[1] * 1e9:.3f} ns/B, "
+                 f"gamma = {fit[2] * 1e9:.3f} ns/B; forward + backward of one rank's batch: "
+                 + ", ".join(f"{model} {profiles[model]['forward_backward'] * 1e3:.2f} ms" for model in MODELS) + ".\n")
     print(f"alpha = {fit[0] * 1e6:.2f} us, beta = {fit[1] * 1e9:.4f} ns/B, gamma = {fit[2] * 1e9:.4f} ns/B")
     print(text)
     (out / "04_overlap.md").write_text(text)
