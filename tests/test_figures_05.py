@@ -18,3 +18,53 @@ def test_make_05_figures_quick_writes_every_part_and_the_figures(tmp_path):
     assert {row["p"] for row in results["hogwild"].values()} == {1, 2}
     for name in ("05_downpour.png", "05_staleness.png", "05_hogwild.png", "05_table.md"):
         assert (tmp_path / name).stat().st_size > 0, name
+
+
+def test_chapter_5_quotes_the_numbers_its_script_wrote():
+    """Every measured number in chapter 5's tables and sentences, formatted from 05_measurements.json."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "tutorials", "figures", "05_measurements.json")) as file:
+        m = json.load(file)
+    with open(os.path.join(root, "tutorials", "05_parameter_servers.md")) as file:
+        text = file.read()
+
+    def pct(c, spread=True):
+        return f"{100 * c['mean']:.1f}% ± {100 * c['std']:.1f}" + (
+            f" [{100 * c['min']:.1f}, {100 * c['max']:.1f}]" if spread else "")
+
+    def sec(c, spread=True):
+        return f"{c['mean']:.2f} ± {c['std']:.2f}" + (f" [{c['min']:.2f}, {c['max']:.2f}]" if spread else "")
+
+    quoted = []
+    for label, row in m["downpour"].items():
+        assert row["reached_90"] == row["final_accuracy"]["n"] == 5, label
+        quoted.append(f"| {pct(row['final_accuracy'])} | {sec(row['seconds_to_90'])} |")
+    for k, name in (("0", "no warm start"), ("20", "`--warm-start-steps 20`")):
+        row = m["warmstart"][k]
+        quoted.append(f"| {name} | {pct(row['first_epoch_accuracy'])} | {pct(row['final_accuracy'])} | "
+                      f"{sec(row['seconds'])} |")
+    for key, name in (("none", "no straggler"), ("straggler", "straggler")):
+        for s in ("0", "inf") if key == "none" else ("0", "2", "8", "inf"):
+            row = m["ssp"][f"{key} s={s}"]
+            quoted.append(f"| {name}, s = {s} | {row['max_clock_staleness']} | {sec(row['wait_fast_workers'])} | "
+                          f"{sec(row['seconds'], spread=False)} |")
+    quoted += [f"and {m['ssp']['straggler s=inf']['max_clock_staleness']} without a bound",
+               f"with no bound was {m['ssp']['none s=inf']['max_clock_staleness']} in these runs",
+               f"({pct(m['ssp']['straggler s=0']['accuracy'], spread=False)} both times)"]
+    assert m["ssp"]["straggler s=0"]["accuracy"] == m["ssp"]["none s=0"]["accuracy"]      # s = 0: the same bits
+    h = m["hogwild"]
+    for problem, name in (("sparse", "sparse"), ("dense", "CNN")):
+        for p in (1, 2, 4):
+            row = h[f"{problem} p={p}"]
+            e = row["examples_per_second"]
+            quoted.append(f"| {name}, p = {p} | {e['mean']:.0f} ± {e['std']:.0f} | "
+                          f"{row['examples_per_second_per_process']['mean']:.0f} | {sec(row['seconds_to_target'])} |")
+
+    def speedup(problem, p):
+        return h[f"{problem} p={p}"]["examples_per_second"]["mean"] / h[f"{problem} p=1"]["examples_per_second"]["mean"]
+    quoted += [f"{speedup('sparse', 2):.1f} times the examples per second of one",
+               f"{speedup('sparse', 4):.1f} times one in total", f"({speedup('dense', 2):.1f} times at p = 2)",
+               f"{h['dense p=2']['staleness_mean']['mean']:.1f} (p = 2) to {h['dense p=4']['staleness_mean']['mean']:.1f}",
+               f"({pct(h['dense p=4']['final'], spread=False)} against {pct(h['dense p=1']['final'], spread=False)};"]
+    missing = [q for q in quoted if q not in text]
+    assert not missing, f"chapter 5 does not quote these (regenerate or fix the prose): {missing}"
