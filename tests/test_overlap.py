@@ -17,7 +17,7 @@ from pytest_mpi import parallel_assert
 
 from algorithms import allreduce_sgd
 from collectives import butterfly
-from collectives.nonblocking import BucketedAllreduce
+from collectives.nonblocking import BucketedAllreduce, overlap_prediction
 from minidl.flat import flatten
 from minidl.nn import Linear, ReLU, Sequential
 from minidl.tensor import Tensor
@@ -54,6 +54,15 @@ def test_the_accumulate_hook_sees_each_final_gradient_once_last_layer_first():
     assert [index for index, _ in seen][:2] in ([2, 3], [3, 2])     # the last layer's gradients come first
     for index, grad in seen:                               # what the hook saw is the final gradient
         assert np.array_equal(grad, parameters[index].grad)
+
+
+def test_the_overlap_model_on_hand_worked_cases():
+    # p = 4: the butterfly of m bytes costs 2 alpha + 2 m beta (+ 2 m gamma). Buckets ready at
+    # forward_backward - after; a bucket starts when it is ready and the previous one is done.
+    assert overlap_prediction(4, [100, 100], [10, 0], 20, alpha=1, beta=0) == (22, 22)   # latency: no gain
+    assert overlap_prediction(4, [3, 1], [10, 0], 20, alpha=0, beta=1) == (28, 22)      # 3-byte bucket hidden
+    assert overlap_prediction(4, [10, 1], [5, 4], 20, alpha=0, beta=1) == (42, 37)      # second waits for the first
+    assert overlap_prediction(4, [1, 1], [3, 0], 20, alpha=0, beta=0, gamma=1) == (24, 22)
 
 
 @pytest.mark.parallel(nprocs=[2, 3, 4])
