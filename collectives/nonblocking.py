@@ -108,6 +108,9 @@ class BucketedAllreduce:
         """One more part of ``bucket`` is final; start it if that was the last; advance all."""
         if not self.armed:                        # a backward outside a bucketed step
             return
+        if self.missing[bucket] is None:
+            raise RuntimeError(f"BucketedAllreduce: bucket {bucket} reported ready after it was started "
+                               "(one backward() per step: its hooks say when a gradient is final)")
         self.missing[bucket] -= 1
         if self.missing[bucket] == 0:
             self._start(bucket)

@@ -65,6 +65,16 @@ def test_the_overlap_model_on_hand_worked_cases():
     assert overlap_prediction(4, [1, 1], [3, 0], 20, alpha=0, beta=0, gamma=1) == (24, 22)
 
 
+def test_a_second_backward_in_one_step_is_refused():
+    summed = BucketedAllreduce(MPI.COMM_SELF, np.ones(4), [(0, 4, 1)])
+    summed.begin(0.5)
+    summed.ready(0)                                        # final: scaled and (on one rank) summed
+    with pytest.raises(RuntimeError, match="reported ready after it was started"):
+        summed.ready(0)
+    summed.finish()
+    assert summed.vector.tolist() == [0.5] * 4
+
+
 @pytest.mark.parallel(nprocs=[2, 3, 4])
 def test_bucketed_sum_is_exact_and_bitwise_the_butterfly():
     comm = MPI.COMM_WORLD
