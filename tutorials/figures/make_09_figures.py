@@ -1,4 +1,4 @@
-"""Regenerate chapter 9's figures and tables (about 10 minutes on 2 shared cores; --quick: about one):
+"""Regenerate chapter 9's figures and tables (about 25 minutes on 2 shared cores; --quick: about one):
 
     python tutorials/figures/make_09_figures.py [--quick]
 
@@ -8,10 +8,13 @@
 2. Decaying the lr against increasing the batch (Smith et al.): the same milestones, 3 seeds,
    test accuracy per epoch and per step -> 09_schedule.json, 09_schedule.png, rows of 09_table.md.
 3. PBT against random search with the same budget in examples on the digits CNN (`mpiexec -n 4
-   python -m algorithms.pbt`, defaults, --search pbt|random, seeds 0-7; a seed gives both methods the
+   python -m algorithms.pbt`, defaults, --search pbt|random, seeds 0-15; a seed gives both methods the
    same initial draws, so the comparison is paired: per seed, PBT minus random search, and an exact
    sign-flip test of the mean difference) -> 09_search.json, 09_lineage.png (seed 0's PBT lineage),
    09_table_search.md.
+4. The same with a quarter of the examples (--rounds 6 --ready 20), a setting chosen before it was
+   measured (a bad draw has less time to catch up; the accuracy is not saturated)
+   -> 09_search_short.json, 09_table_search_short.md.
 Runs 1 and 2 are serial (one process trains the global batch; chapter 4 shows that p ranks at
 batch b are serial SGD at p b up to rounding). --quick shrinks every part and writes to /tmp.
 """
@@ -128,14 +131,15 @@ def decay_or_grow(out, quick):
     return [f"| schedule ({epochs} epochs) | test accuracy | optimizer steps |", "| --- | --- | --- |"] + rows
 
 
-def search(out, quick):
-    seeds = (0, 1) if quick else tuple(range(8))
-    extra = ["--rounds", "3", "--ready", "10"] if quick else []
+def search(out, quick, name="search", extra=(), quick_extra=("--rounds", "3", "--ready", "10")):
+    """PBT and random search, the same seeds, ``extra`` flags on top of the defaults -> 09_<name>.json."""
+    seeds = (0, 1) if quick else tuple(range(16))
+    extra = list(quick_extra if quick else extra)
     results = {}
     for method in ("pbt", "random"):
         for seed in seeds:
             scratch = Path("/tmp")                        # per-run files; 09_search.json collects them
-            log, lineage = scratch / f"09_{method}_{seed}.jsonl", scratch / f"09_{method}_{seed}_lineage.json"
+            log, lineage = scratch / f"09_{name}_{method}_{seed}.jsonl", scratch / f"09_{name}_{method}_{seed}_lin.json"
             command = [MPIEXEC, "-n", "4", sys.executable, "-m", "algorithms.pbt", "--search", method,
                        "--seed", str(seed), "--quiet", "--log", str(log), "--lineage", str(lineage), *extra]
             print("$", " ".join(command[3:]), flush=True)
@@ -143,9 +147,16 @@ def search(out, quick):
             records = [json.loads(line) for line in log.read_text().splitlines()]
             results[f"{method}|{seed}"] = {"final": records[-1], "rounds": records[:-1],
                                            "lineage": json.loads(lineage.read_text())}
-    (out / "09_search.json").write_text(json.dumps(results))
-    plot_lineage(results[f"pbt|{seeds[0]}"]["lineage"], out / "09_lineage.png")
+    (out / f"09_{name}.json").write_text(json.dumps(results))
+    if name == "search":
+        plot_lineage(results[f"pbt|{seeds[0]}"]["lineage"], out / "09_lineage.png")
     return search_table(results, seeds)
+
+
+def search_short(out, quick):
+    """The same comparison with a quarter of the examples (6 rounds of 20 x 32 per member), chosen
+    before measuring: a bad draw has less time to catch up, and the accuracy is not saturated."""
+    return search(out, quick, "search_short", ["--rounds", "6", "--ready", "20"], ["--rounds", "2", "--ready", "5"])
 
 
 def sign_flip_p(differences):
@@ -157,6 +168,15 @@ def sign_flip_p(differences):
     return extreme / 2 ** n
 
 
+def p_value(p):
+    return "< 0.001" if p < 0.001 else f"= {p:.3f}"
+
+
+def chosen_held_out_loss(result):
+    """The held-out loss of the member chosen at the last ranking (the best finite score)."""
+    return -max(entry["score"] for entry in result["lineage"]["members"][-1] if math.isfinite(entry["score"]))
+
+
 def search_table(results, seeds):
     """Rows of 09_table_search.md from 09_search.json's results: per method the chosen member's test
     accuracy and loss (mean +- sd over seeds, and each seed), the examples every member read and
@@ -164,28 +184,34 @@ def search_table(results, seeds):
     rows, finals = [], {}
     for method in ("pbt", "random"):
         runs = [results[f"{method}|{seed}"] for seed in seeds]
-        finals[method] = [r["final"] for r in runs]
+        finals[method] = [dict(r["final"], held_out_loss=chosen_held_out_loss(r)) for r in runs]
         accuracy = mean_sd([r["final"]["test_accuracy"] for r in runs])
         loss = mean_sd([r["final"]["test_loss"] for r in runs])
         each = ", ".join(f"{r['final']['test_accuracy'] * 100:.1f}" for r in runs)
+        held_out = mean_sd([chosen_held_out_loss(r) for r in runs])
+        population = mean_sd([statistics.mean(entry["accuracy"] for entry in r["lineage"]["members"][-1]) for r in runs])
         seconds = statistics.mean(r["final"]["seconds"] for r in runs)
         examples = statistics.mean(sum(entry.get("examples", entry["batch_size"] * r["lineage"]["ready"])
                                        for row in r["lineage"]["members"] for entry in row) for r in runs)
         rows.append(f"| {method} | {accuracy[0] * 100:.1f} +- {accuracy[1] * 100:.1f}% ({each}) | "
-                    f"{loss[0]:.3f} +- {loss[1]:.3f} | {examples / 1000:.1f} k | {seconds:.0f} s |")
-    for key, name, scale, unit in [("test_accuracy", "accuracy", 100, " points"), ("test_loss", "loss", 1, "")]:
+                    f"{loss[0]:.3f} +- {loss[1]:.3f} | {held_out[0]:.3f} +- {held_out[1]:.3f} | "
+                    f"{population[0] * 100:.1f} +- {population[1] * 100:.1f}% | "
+                    f"{examples / 1000:.1f} k | {seconds:.0f} s |")
+    for key, name, scale, unit in [("test_accuracy", "test accuracy", 100, " points"), ("test_loss", "test loss", 1, ""),
+                                   ("held_out_loss", "held-out loss", 1, "")]:
         differences = [p[key] - r[key] for p, r in zip(finals["pbt"], finals["random"])]
         mean, sd, _ = mean_sd(differences)
         wins = sum(d > 0 if key == "test_accuracy" else d < 0 for d in differences)
         ties = sum(d == 0 for d in differences)
         rows.append(f"| pbt - random, {name} | {mean * scale:+.{1 if scale == 100 else 3}f} +- "
                     f"{sd * scale:.{1 if scale == 100 else 3}f}{unit}; pbt better in {wins}, tied in {ties} of "
-                    f"{len(differences)} seeds | sign-flip p = {sign_flip_p(differences):.2f} | | |")
+                    f"{len(differences)} seeds | sign-flip p {p_value(sign_flip_p(differences))} | | | | |")
     lineage = results[f"pbt|{seeds[0]}"]["lineage"]
     budget = lineage.get("ready_batch", 0) * lineage["ready"] * lineage["rounds"]
     return [f"| search ({lineage['population']} members x {budget} examples) | test accuracy of the chosen member "
-            f"(seeds {', '.join(map(str, seeds))}) | test loss | examples read, all members | wall time |",
-            "| --- | --- | --- | --- | --- |"] + rows
+            f"(seeds {', '.join(map(str, seeds))}) | test loss | held-out loss (what ranks the members) | "
+            "held-out accuracy, mean of all members | examples read, all members | wall time |",
+            "| --- | --- | --- | --- | --- | --- | --- |"] + rows
 
 
 def plot_lineage(lineage, path):
@@ -216,7 +242,8 @@ def plot_lineage(lineage, path):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny settings, output under /tmp")
-    parser.add_argument("--only", choices=["batch", "schedule", "search", "lineage", "search-table"], default=None,
+    parser.add_argument("--only", choices=["batch", "schedule", "search", "search_short", "lineage", "search-table"],
+                        default=None,
                         help="one part; lineage, search-table: redraw 09_lineage.png and 09_table_search.md "
                              "from 09_search.json")
     args = parser.parse_args()
@@ -225,10 +252,13 @@ def main():
     if args.only in ("lineage", "search-table"):        # redrawn from 09_search.json, no training
         results = json.loads((out / "09_search.json").read_text())
         plot_lineage(results["pbt|0"]["lineage"], out / "09_lineage.png")
-        seeds = sorted({int(key.split("|")[1]) for key in results})
-        (out / "09_table_search.md").write_text("\n".join(search_table(results, seeds)) + "\n")
+        for name in ("search", "search_short"):
+            if (out / f"09_{name}.json").exists():
+                results = json.loads((out / f"09_{name}.json").read_text())
+                seeds = sorted({int(key.split("|")[1]) for key in results})
+                (out / f"09_table_{name}.md").write_text("\n".join(search_table(results, seeds)) + "\n")
         return
-    parts = {"batch": batch_sweep, "schedule": decay_or_grow, "search": search}
+    parts = {"batch": batch_sweep, "schedule": decay_or_grow, "search": search, "search_short": search_short}
     for name, part in parts.items():
         if args.only in (None, name):
             table = part(out, args.quick)
