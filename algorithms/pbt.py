@@ -187,13 +187,14 @@ def split_validation(data, fraction):
     return train, data.x_train[keep:], data.y_train[keep:]
 
 
-def check(size, population, ready, rounds, fraction, search, validation):
+def check(size, population, ready, rounds, fraction, search, validation, ready_batch=32):
     cli.require("--population", population, integer=True, low=2)
     if population > size or size % population:
         raise SettingError(f"--population {population} on {size} ranks: each member is a group of ranks, so the "
                            f"member count must divide the rank count (e.g. --population {size})")
     cli.require("--ready", ready, integer=True, low=1)
     cli.require("--rounds", rounds, integer=True, low=1)
+    cli.require("--ready-batch", ready_batch, integer=True, low=1)
     cli.require("--fraction", fraction, low=0, high=0.5, low_open=True)
     cli.require("--validation", validation, low=0, high=0.5, low_open=True)
     if search not in SEARCHES:
@@ -219,8 +220,7 @@ def train(comm=None, population=None, ready=40, rounds=12, fraction=0.25, search
         for flag in ("save", "resume"):
             if settings.get(flag):
                 raise SettingError(f"--{flag}: pbt does not save or resume (use --lineage for its record)")
-        check(size, population, ready, rounds, fraction, search, validation)
-        cli.require("--ready-batch", ready_batch, integer=True, low=1)
+        check(size, population, ready, rounds, fraction, search, validation, ready_batch)
         if rank == 0:
             cli.check_output("--lineage", lineage)
     except SettingError as caught:

@@ -147,6 +147,9 @@ def test_bad_population_fraction_and_rank_counts_are_refused():
     for size, population, fraction in [(4, 1, 0.25), (4, 3, 0.25), (2, 4, 0.25), (4, 4, 0.0), (4, 4, 0.6)]:
         with pytest.raises(SettingError, match="--population|--fraction"):
             pbt.check(size, population, 10, 2, fraction, "pbt", 0.2)
+    for ready_batch in (0, -4, 2.5):
+        with pytest.raises(SettingError, match="--ready-batch"):
+            pbt.check(4, 4, 10, 2, 0.25, "pbt", 0.2, ready_batch)
     pbt.check(4, 2, 10, 2, 0.5, "random", 0.2)
 
 
