@@ -10,8 +10,9 @@
    -> 02_layers.json, 02_layers.txt, 02_layers.png (minidl's time relative to PyTorch's).
 3. main: ``python -m minidl.bench`` (its per-stage breakdown gives each GEMM's GFLOP/s)
    -> 02_main.json, 02_main.txt.
-4. memory: the peak of memory NumPy allocates (tracemalloc) in forward and in forward + backward of
-   each algorithm on the batch-32, 64-channel layer, beside ``cost.cost(...)["extra_elements"]``
+4. memory: the peak of memory NumPy allocates (tracemalloc, from a cold start of the scratch-buffer
+   pool; outputs and gradients included) in forward and in forward + backward of each algorithm on
+   the batch-32, 64-channel layer, beside ``cost.cost(...)["extra_elements"]``
    -> 02_memory.json, 02_memory.md.
 5. workdepth: work W, depth D and average parallelism W / D (``cost.work_depth``, Ben-Nun & Hoefler)
    for each algorithm and the fully connected layer, beside the measured CPU times of parts 1-2
@@ -153,7 +154,7 @@ def memory(out, quick):
     rows = []
     for name in ("direct", "im2col", "winograd", "fft"):
         kernel = conv.get(name, x_shape, w_shape, stride, padding)
-        kernel.forward(x, weight, stride, padding)                       # warm-up (workspace caches)
+        conv._workspaces.clear()          # a cold call: the reused scratch buffers are allocated, and counted
         tracemalloc.start()
         output, cache = kernel.forward(x, weight, stride, padding)
         forward_peak = tracemalloc.get_traced_memory()[1]
@@ -167,8 +168,8 @@ def memory(out, quick):
                      "fwd_bwd_peak_mib": round(max(forward_peak, backward_peak) / 2 ** 20, 2),
                      "cost_extra_mib": round(counted * 4 / 2 ** 20, 2)})
     (out / "02_memory.json").write_text(json.dumps({"shape": [x_shape, w_shape, stride, padding], "rows": rows}, indent=1))
-    lines = [f"| algorithm | cost.cost extra_elements, MiB | measured peak, forward, MiB | measured peak, "
-             f"forward + backward, MiB |", "|---|---|---|---|"]
+    lines = ["| algorithm | cost.cost extra_elements, MiB | measured peak, forward, MiB | measured peak, "
+             "forward + backward, MiB |", "|---|---|---|---|"]
     lines += [f"| {r['algorithm']} | {r['cost_extra_mib']:.1f} | {r['forward_peak_mib']:.1f} | "
               f"{r['fwd_bwd_peak_mib']:.1f} |" for r in rows]
     (out / "02_memory.md").write_text("\n".join(lines) + "\n")

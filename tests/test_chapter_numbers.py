@@ -1,0 +1,119 @@
+"""Chapters 1-2: the numbers in the prose are the numbers the figure script wrote, and the script runs.
+
+tutorials/figures/make_02_figures.py writes tutorials/figures/02_numbers.json (and the tables the
+chapter includes); each sentence of chapter 2 that quotes a measured number is matched here by a
+pattern and compared with that JSON within a stated tolerance (TOLERANCE: the prose rounds to two
+or three significant figures). Chapter 1 has no figure and its blocks print their own numbers;
+its one measured sentence (serial SGD from a shell: seconds and accuracy) is checked against
+tutorials/figures/01_serial.json from make_01_figures.py.
+Also: ``cost.work_depth`` against hand-computed values.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minidl.conv import cost
+
+ROOT = Path(__file__).resolve().parent.parent
+CHAPTER_1 = ROOT / "tutorials" / "01_autograd_and_layers.md"
+CHAPTER = ROOT / "tutorials" / "02_convolution.md"
+NUMBERS = ROOT / "tutorials" / "figures" / "02_numbers.json"
+TOLERANCE = 0.03             # relative: "1.49x" stands for anything within 3% of the JSON's 1.486
+
+
+def test_work_depth_matches_hand_counts():
+    # im2col, x (1, 2, 4, 4), w (3, 2, 3, 3), no padding: Ho = Wo = 2, 3 * 2 * 9 * 4 = 216 multiplications
+    # per pass; forward dot products of C kh kw = 18 terms: 1 + ceil(log2 18) = 6 levels; grad_x over
+    # F kh kw = 27: 6 levels; grad_weight over N Ho Wo = 4: 3 levels. D = 6 + max(6, 3) = 12.
+    assert cost.work_depth("im2col", (1, 2, 4, 4), (3, 2, 3, 3), 1, 0) == {
+        "work": 3 * 432, "depth": 12, "parallelism": 1296 / 12, "work_forward": 432, "depth_forward": 6}
+    # Winograd, same shape, one tile: B^T d B depth 2 (two nonzeros per row, +-1), G g G^T depth 6
+    # (a multiplication by 1/2 and a sum of 3 per side), A^T M A depth 4; the sum over C = 2 is
+    # 1 + 1. Forward 6 + 2 + 4 = 12; grad_x 4 + (1 + 2) + 2 = 9 (sum over F = 3); grad_weight
+    # 4 + 1 + 6 = 11 (one tile). D = 12 + 11 = 23.
+    wd = cost.work_depth("winograd", (1, 2, 4, 4), (3, 2, 3, 3), 1, 0)
+    assert (wd["depth_forward"], wd["depth"]) == (12, 23)
+    assert wd["work"] == 2 * cost.cost("winograd", (1, 2, 4, 4), (3, 2, 3, 3), 1, 0)["multiplies_fwd_bwd"]
+    # FFT, x (1, 1, 4, 4), w (1, 1, 3, 3): a 4x4 transform, log2 16 = 4 stages of multiply + add = 8
+    # levels, twice (forward and inverse) = 16, plus the one-term "sum" over C = 1: 17 per pass.
+    wd = cost.work_depth("fft", (1, 1, 4, 4), (1, 1, 3, 3), 1, 0)
+    assert (wd["depth_forward"], wd["depth"]) == (17, 34)
+    # fully connected, batch 4, 5 -> 3: forward 2 * 60 = 120 operations, dot products of 5 terms
+    # (1 + 3 levels); grad_x over 3 (1 + 2), grad_weight over 4 (1 + 2). D = 4 + 3 = 7.
+    assert cost.work_depth_linear(4, 5, 3) == {"work": 360, "depth": 7, "parallelism": 360 / 7,
+                                               "work_forward": 120, "depth_forward": 4}
+    with pytest.raises(ValueError, match="no cost model"):
+        cost.work_depth("gemm", (1, 1, 4, 4), (1, 1, 3, 3), 1, 0)
+
+
+def _near(quoted, value):
+    return abs(quoted - value) <= TOLERANCE * abs(value) + 0.006
+
+
+def _claims(numbers):
+    """(pattern with one number group per value, the values from the JSON) for every quoted number."""
+    w = numbers["winograd_speedup"]
+    fft = numbers["fft_speedup"]
+    return [
+        (r"GEMMs of the 64-channel layer run at ([\d.]+)-([\d.]+) GFLOP/s", numbers["conv_large_gemm_gflops"]),
+        (r"whole layer's ([\d.]+) GFLOP/s", [numbers["conv_large_layer_gflops"]]),
+        (r"measured gain is ([\d.]+)x at 64 channels and ([\d.]+)x at 128",
+         [w["channels 64"], w["channels 128"]]),
+        (r"([\d.]+)x on the batch-32 64-channel layer", [w["large"]]),
+        (r"FFT is ([\d.]+)x faster at 7x7 and ([\d.]+)x at 11x11", [fft["7"], fft["11"]]),
+        (r"from (\d+)x\d+ on, where `auto` switches", [numbers["fft_crossover_kernel"]]),
+        (r"on the large layer minidl takes ([\d.]+)x PyTorch's time", [numbers["torch_ratio_large"]]),
+        (r"minidl takes ([\d.]+)-([\d.]+)x PyTorch's time on the kernel sweep", numbers["torch_ratio_kernel"]),
+        (r"and ([\d.]+)-([\d.]+)x on the channel sweep", numbers["torch_ratio_channels"]),
+        (r"fully connected layer takes ([\d.]+)-([\d.]+)x PyTorch's time", numbers["layers_torch_ratio_fc"]),
+        (r"im2col convolution takes ([\d.]+)-([\d.]+)x", numbers["layers_torch_ratio_conv"]),
+        (r"peaks at ([\d.]+) MiB for im2col and ([\d.]+) MiB for Winograd",
+         [numbers["memory_fwd_bwd_peak_mib"]["im2col"], numbers["memory_fwd_bwd_peak_mib"]["winograd"]]),
+    ]
+
+
+def test_chapter_two_quotes_the_numbers_its_script_wrote():
+    numbers = json.loads(NUMBERS.read_text())
+    prose = " ".join(CHAPTER.read_text().split())          # sentences may wrap across lines
+    for pattern, values in _claims(numbers):
+        found = re.search(pattern, prose, re.IGNORECASE)
+        assert found, f"chapter 2 no longer says /{pattern}/"
+        quoted = [float(group) for group in found.groups()]
+        assert all(_near(q, v) for q, v in zip(quoted, values)), f"/{pattern}/ says {quoted}, 02_numbers.json {values}"
+    # the tables the chapter includes are the generated ones, verbatim
+    for name in ("02_workdepth.md", "02_gemm.md", "02_memory.md", "02_conv.txt", "02_layers.txt"):
+        table = (ROOT / "tutorials" / "figures" / name).read_text().strip()
+        assert " ".join(table.split()) in prose, f"chapter 2's copy of {name} is stale"
+    # auto's disagreements with the measured fastest are named in the text
+    for case in numbers["auto_disagrees"]:
+        assert f"`auto` is not the fastest on {case}" in prose or case in prose
+
+
+def test_chapter_one_quotes_the_serial_run_its_script_measured():
+    measured = json.loads((ROOT / "tutorials" / "figures" / "01_serial.json").read_text())
+    prose = " ".join(CHAPTER_1.read_text().split())
+    found = re.search(r"10 epochs: ([\d.]+)-([\d.]+) s of CPU time .* and ([\d.]+)-([\d.]+)% test accuracy", prose)
+    assert found, "chapter 1 no longer quotes the serial run"
+    low_s, high_s, low_a, high_a = map(float, found.groups())
+    assert _near(low_s, measured["cpu_seconds"]["min"]) and _near(high_s, measured["cpu_seconds"]["max"])
+    assert _near(low_a, 100 * measured["test_accuracy"]["min"]) and _near(high_a, 100 * measured["test_accuracy"]["max"])
+
+
+def test_make_02_figures_quick_runs(tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MPLBACKEND="Agg")
+    subprocess.run([sys.executable, str(ROOT / "tutorials" / "figures" / "make_02_figures.py"), "--quick",
+                    "--no-torch", "--repeats", "1", "--out", str(tmp_path)], check=True, env=env, cwd=ROOT,
+                   capture_output=True, timeout=300)
+    for name in ("02_conv.json", "02_layers.json", "02_main.json", "02_conv.png", "02_layers.png", "02_gemm.md",
+                 "02_memory.md", "02_workdepth.md"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    numbers = json.loads((tmp_path / "02_numbers.json").read_text())
+    assert isinstance(numbers["layers_gpu_measured"], bool)
+    assert set(numbers["winograd_speedup"]) >= {"large"} and numbers["winograd_multiply_ratio"] > 1
+    rows = json.loads((tmp_path / "02_workdepth.json").read_text())
+    assert {row["algorithm"] for row in rows} == {"direct", "im2col", "fft", "winograd", "GEMM"}
