@@ -27,29 +27,59 @@ Rabenseifner's saved n/2 gamma pays for its extra alpha: n = 2 alpha / gamma ~ 1
 threshold, 128 KiB, for every p: between the measured 64 KiB and 256 KiB at p = 4 (p = 3
 looked alike) and at the model's crossover for p = 2. The machine was shared with other jobs
 (load average 4-8 on 2 cores) while these ran, so single numbers are noisy and the crossover is
-known only to within a factor of 4. So `choose` looks at the size in bytes only, never at p;
-a p-dependent threshold would need measurements that can tell p = 2 from p = 4 apart, which
-these cannot. Re-measure and change the number below on another machine.
+known only to within a factor of 4. That was the single THRESHOLD_BYTES below.
+
+Per p (issue 15). The threshold is now looked up per p in collectives/thresholds.json, which
+the bench writes from its own measurement (the smallest size from which Rabenseifner is at
+least as fast as the butterfly at every larger size measured):
+
+    mpiexec -n 2 python -m collectives.bench --algorithms butterfly,rabenseifner,auto --write-thresholds
+    mpiexec -n 4 python -m collectives.bench --algorithms butterfly,rabenseifner,auto --write-thresholds
+
+A p missing from the file (or no file) gets THRESHOLD_BYTES. The file is plain JSON
+({"2": bytes, "4": bytes, ...}), read once at import.
 
     mpiexec -n 4 python -m collectives.auto
 """
+import json
+import os
+
 from mpi4py import MPI
 
 from . import butterfly, rabenseifner
 from .buffers import run_allreduce
 
 # vectors of at least this many bytes go to Rabenseifner, shorter ones to the butterfly
-THRESHOLD_BYTES = 128 * 1024
+THRESHOLD_BYTES = 128 * 1024       # the default, for a p that thresholds.json does not list
+THRESHOLDS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "thresholds.json")
 
 
-def choose(nbytes):
-    """The algorithm module auto uses for a vector of `nbytes` bytes (the same for every p)."""
-    return butterfly if nbytes < THRESHOLD_BYTES else rabenseifner
+def load_thresholds(path=THRESHOLDS_FILE):
+    """{p: bytes} from the bench's JSON file; {} when it is absent or unreadable."""
+    try:
+        with open(path) as file:
+            table = json.load(file)
+        return {int(p): int(nbytes) for p, nbytes in table.items() if p.isdigit()}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+THRESHOLDS = load_thresholds()
+
+
+def threshold(p):
+    """The size in bytes from which auto uses Rabenseifner on p ranks."""
+    return THRESHOLDS.get(p, THRESHOLD_BYTES)
+
+
+def choose(nbytes, p=None):
+    """The algorithm module auto uses for a vector of `nbytes` bytes on p ranks (p=None: default)."""
+    return butterfly if nbytes < (THRESHOLD_BYTES if p is None else threshold(p)) else rabenseifner
 
 
 def auto_allreduce_in_place(comm, data, op):
-    """The heart: pick by the vector's size in bytes (not by p: see the header), run that heart."""
-    chosen = choose(data.nbytes)
+    """The heart: pick by the vector's size in bytes and by p (see the header), run that heart."""
+    chosen = choose(data.nbytes, comm.Get_size())
     if chosen is butterfly:
         butterfly.butterfly_allreduce_in_place(comm, data, op)
     else:

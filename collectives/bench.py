@@ -13,6 +13,15 @@
    of one call, check=False (no agreement check), compared with comm.Allreduce on the same
    buffers, and with cost.predict(...) at the fitted alpha, beta, gamma.
 
+4. the refined model (cost.predict_refined): a pairwise Sendrecv exchange (r <-> r xor 1, every
+   rank at once) for beta_x, np.add and np.copyto on 16 MiB out-of-cache vectors (every rank
+   at once) for gamma_m and copy, share = max(1, p / cores); none of these is an allreduce;
+5. the issue-15 targets, a column per row with "met" or "NO": auto <= 1.5x MPI at every size;
+   ring and Rabenseifner <= 1.0x MPI from 1 MiB; refined model / measured within 25% for every
+   algorithm from 1 MiB. And auto's crossover: the smallest size from which Rabenseifner is as
+   fast as the butterfly at every larger size measured; --write-thresholds stores it for this
+   p in collectives/thresholds.json, which collectives.auto reads.
+
 A time is the slowest rank's mean over a batch of calls between barriers (batches of >= 0.02 s),
 and the best of seven batches, taken in turn with the other algorithms so that noise from
 other processes on the machine hits all of them alike.
@@ -99,6 +108,77 @@ def fit_gamma(comm, min_seconds, nbytes=4 << 20):
     return min(timed(comm, lambda: np.add(into, incoming, out=into), min_seconds) for _ in range(3)) / nbytes
 
 
+def fit_exchange(comm, min_seconds, sizes=(1 << 20, 4 << 20, 16 << 20)):
+    """Seconds per byte of a pairwise Sendrecv (r <-> r xor 1), all ranks at once; least squares
+    slope over `sizes` (an odd p's last rank only waits)."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    partner = rank ^ 1
+    seconds = []
+    for nbytes in sizes:
+        out, into = np.ones(nbytes, dtype=np.uint8), np.empty(nbytes, dtype=np.uint8)
+
+        def exchange():
+            if partner < size:
+                comm.Sendrecv(out, partner, 3, into, partner, 3)
+        seconds.append(min(timed(comm, exchange, min_seconds) for _ in range(3)))
+    slope, _ = np.polyfit(np.array(sizes, dtype=float), np.array(seconds), 1)
+    return float(slope)
+
+
+def fit_memory(comm, min_seconds, nbytes=16 << 20):
+    """(gamma_m, copy): seconds per byte of np.add(a, b, out=a) and np.copyto(a, b) on
+    out-of-cache float32 vectors, all ranks at once."""
+    into = np.ones(nbytes // 4, dtype=np.float32)
+    incoming = np.ones_like(into)
+    add = min(timed(comm, lambda: np.add(into, incoming, out=into), min_seconds) for _ in range(3))
+    copy = min(timed(comm, lambda: np.copyto(into, incoming), min_seconds) for _ in range(3))
+    return add / nbytes, copy / nbytes
+
+
+def cores():
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def target(name, nbytes, ratio, refined_ratio):
+    """(text, met) for the issue-15 targets on this row: met is True, False or None (no target)."""
+    checks = []
+    if name == "auto":
+        checks.append(("<=1.5x", ratio <= 1.5))
+    if name in ("ring", "rabenseifner") and nbytes >= 1 << 20:
+        checks.append(("<=1.0x", ratio <= 1.0))
+    if refined_ratio is not None and nbytes >= 1 << 20:
+        checks.append(("model+-25%", 0.75 <= refined_ratio <= 1.25))
+    if not checks:
+        return "-", None
+    return ",".join(text for text, _ in checks), all(ok for _, ok in checks)
+
+
+def crossover(records):
+    """Smallest measured size from which Rabenseifner <= butterfly at every larger size, or None."""
+    seconds = {(r["algorithm"], r["bytes"]): r["seconds"] for r in records}
+    sizes = sorted({b for a, b in seconds if a == "butterfly" and ("rabenseifner", b) in seconds})
+    found = None
+    for nbytes in reversed(sizes):
+        if seconds[("rabenseifner", nbytes)] <= seconds[("butterfly", nbytes)]:
+            found = nbytes
+        else:
+            break
+    return found
+
+
+def write_threshold(p, nbytes, path=auto.THRESHOLDS_FILE):
+    """Store auto's threshold for p in the JSON file auto reads (other p's entries kept)."""
+    table = {str(k): v for k, v in sorted(auto.load_thresholds(path).items())}
+    table[str(p)] = int(nbytes)
+    with open(path, "w") as file:
+        json.dump(dict(sorted(table.items(), key=lambda item: int(item[0]))), file, indent=1)
+        file.write("\n")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", help="comma-separated message sizes, e.g. 4K,1M,64M")
@@ -108,6 +188,9 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=7, help="batches per measurement (best kept)")
     parser.add_argument("--json", help="write one JSON object per measurement to this file")
     parser.add_argument("--plot", help="write a PNG of time against size")
+    parser.add_argument("--write-thresholds", action="store_true",
+                        help="store the measured butterfly/Rabenseifner crossover for this p in "
+                             "collectives/thresholds.json (needs both algorithms measured)")
     args = parser.parse_args(argv)
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -122,6 +205,9 @@ def main(argv=None):
     else:
         alpha, beta, points = 0.0, 0.0, []
     gamma = fit_gamma(comm, min_time)
+    gamma_m, copy = fit_memory(comm, min_time)
+    beta_x = fit_exchange(comm, min_time) if size > 1 else 0.0
+    rates = cost.Rates(alpha, beta_x, gamma_m, copy, max(1.0, size / cores()))
     if rank == 0:
         print(f"# p = {size}; {MPI.Get_library_version().splitlines()[0].strip()}")
         print(f"# ping-pong fit: alpha = {alpha * 1e6:.2f} us, beta = {beta * 1e9:.4f} ns/B "
@@ -129,7 +215,11 @@ def main(argv=None):
         for nbytes, seconds in points:
             print(f"#   ping-pong {human(nbytes):>9}: {seconds * 1e6:10.2f} us  "
                   f"(fit {(alpha + beta * nbytes) * 1e6:10.2f} us)")
-        print(f"{'bytes':>9} {'algorithm':<13} {'measured us':>12} {'x MPI':>7} {'model us':>10} {'model/meas':>10}")
+        print(f"# refined rates (all ranks at once): exchange beta_x = {beta_x * 1e9:.4f} ns/B, "
+              f"add gamma_m = {gamma_m * 1e9:.4f} ns/B, copy = {copy * 1e9:.4f} ns/B, "
+              f"share = max(1, p / {cores()} cores) = {rates.share:g}")
+        print(f"{'bytes':>9} {'algorithm':<18} {'measured us':>12} {'x MPI':>7} {'model us':>10} {'model/meas':>10}"
+              f" {'refined us':>10} {'ref/meas':>8}  {'target':<18} met")
 
     records = []
     for nbytes in sizes:
@@ -152,19 +242,45 @@ def main(argv=None):
             if name == "mpi":
                 model_name = "lower bound"
             elif name == "auto":
-                model_name = auto.choose(count * 4).__name__.split(".")[-1]
+                model_name = auto.choose(count * 4, size).__name__.split(".")[-1]
             else:
                 model_name = name
             model = cost.predict(model_name, size, count * 4, alpha, beta, gamma)
+            refined = (cost.predict_refined(model_name, size, count * 4, rates)
+                       if model_name != "lower bound" else None)     # MPI's own: no refined model
+            refined_ratio = None if refined is None else refined / best[name]
+            goal, met = target(name, count * 4, best[name] / best["mpi"], refined_ratio)
             record = {"algorithm": name, "p": size, "bytes": count * 4, "seconds": best[name],
                       "mpi_seconds": best["mpi"], "ratio": best[name] / best["mpi"],
                       "model_seconds": model, "model": model_name,
-                      "alpha": alpha, "beta": beta, "gamma": gamma}
+                      "alpha": alpha, "beta": beta, "gamma": gamma,
+                      "refined_seconds": refined, "refined_ratio": refined_ratio,
+                      "rates": {"alpha": alpha, "beta_x": beta_x, "gamma_m": gamma_m, "copy": copy,
+                                "share": rates.share},
+                      "target": goal, "met": met}
             records.append(record)
             if rank == 0:
                 label = name if name != "auto" else f"auto({model_name})"
-                print(f"{human(count * 4):>9} {label:<13} {best[name] * 1e6:12.1f} {record['ratio']:7.2f} "
-                      f"{model * 1e6:10.1f} {model / best[name]:10.2f}", flush=True)
+                print(f"{human(count * 4):>9} {label:<18} {best[name] * 1e6:12.1f} {record['ratio']:7.2f} "
+                      f"{model * 1e6:10.1f} {model / best[name]:10.2f} "
+                      f"{'-' if refined is None else f'{refined * 1e6:.1f}':>10} "
+                      f"{'-' if refined is None else f'{refined_ratio:.2f}':>8}  {goal:<18} "
+                      f"{'-' if met is None else 'met' if met else 'NO'}", flush=True)
+
+    found = crossover(records)
+    if rank == 0 and found is not None:
+        print(f"# auto crossover at p = {size}: Rabenseifner from {human(found)} on "
+              f"(auto uses {human(auto.threshold(size))}"
+              f"{'' if size in auto.THRESHOLDS else ', the default'})")
+    if rank == 0 and args.write_thresholds:
+        if found is None:
+            print("# --write-thresholds: no crossover (measure butterfly and rabenseifner at several sizes)")
+        else:
+            write_threshold(size, found)
+            print(f"# wrote {human(found)} for p = {size} to {auto.THRESHOLDS_FILE}")
+    if rank == 0:
+        rows = [r for r in records if r["met"] is not None]
+        print(f"# targets met: {sum(r['met'] for r in rows)} of {len(rows)} rows")
 
     if rank == 0 and args.json:
         with open(args.json, "w") as file:

@@ -32,9 +32,9 @@ internally whatever its eager/rendezvous switch decides.
 """
 from mpi4py import MPI
 
-from .buffers import run_allreduce
+from .buffers import run_allreduce, scratch
 from .fold import fold_in, fold_out, largest_power_of_two, world_rank
-from .ops import array_module, combine
+from .ops import combine
 from .tags import EXCHANGE
 
 
@@ -47,7 +47,7 @@ def butterfly_allreduce_in_place(comm, data, op):
     newrank = fold_in(comm, data, op)            # None: this rank sits out until fold_out
     if newrank is not None:
         # recursive doubling: lg pof2 rounds, distance 1, 2, 4, ...
-        mine, theirs = data, array_module(data).empty_like(data)
+        mine, theirs = data, scratch(data)    # a cached receive buffer
         distance = 1
         while distance < pof2:
             partner = world_rank(newrank ^ distance, size - pof2)

@@ -15,6 +15,25 @@ n bytes on p ranks, with lg = log2 and pof2 the largest power of two <= p:
 butterfly and rabenseifner with p not a power of two run on pof2 ranks (p -> pof2 above) and
 add the fold-in's 2 alpha + 2 n beta + n gamma.
 
+Refined model (issue 15), beside the plain one. On one node a "message" is two memory copies
+(into and out of MPI's shared-memory queue) and a reduction is a read-read-write pass over
+memory; when all ranks do this at once they share the memory bus, and with more ranks than
+cores they share the cores too. The ping-pong (one pair busy) and one in-cache np.add miss
+all of that, which is why the plain model is ~4x optimistic at 64 MiB. `predict_refined`
+keeps the same critical-path counts but takes its rates from micro-benchmarks that run the
+way the allreduce runs, every rank at once (collectives.bench measures them; none of them is
+an allreduce):
+
+    alpha     ping-pong latency, times `share` = max(1, p / cores): a rank waits for its
+              partner to be scheduled
+    beta_x    seconds per byte of a pairwise Sendrecv exchange (r <-> r xor 1), all ranks at once
+    gamma_m   seconds per byte of np.add(a, b, out=a) on out-of-cache vectors, all ranks at once
+    copy      seconds per byte of np.copyto on out-of-cache vectors, all ranks at once: the
+              extra whole-vector copies the code makes (sendbuf -> recvbuf on entry; the
+              butterfly's result back out of its scratch vector), `extra_copies`
+
+    t = share alpha steps + beta_x sent + gamma_m reduced + copy n extra_copies
+
 `per_rank(algorithm, p, n, itemsize, rank)` gives what one rank does, exactly, counting the
 uneven blocks (block_counts: n elements in `parts` blocks, the first n % parts one longer):
 the messages it sends, the bytes it sends, and the bytes it receives and reduces into its own
@@ -124,6 +143,33 @@ def predict(algorithm, p, nbytes, alpha, beta, gamma=0.0):
     """Predicted seconds: alpha * steps + beta * bytes + gamma * reduced bytes on the critical path."""
     steps, sent, reduced = critical_path(algorithm, p, nbytes)
     return alpha * steps + beta * sent + gamma * reduced
+
+
+@dataclass(frozen=True)
+class Rates:
+    """The refined model's rates (see the header), all seconds or seconds per byte."""
+    alpha: float
+    beta_x: float
+    gamma_m: float
+    copy: float
+    share: float = 1.0
+
+
+def extra_copies(algorithm, in_place=False):
+    """Whole-vector copies outside the messages and reductions, on the critical path."""
+    copies = 0 if in_place else 1              # run_allreduce: recvbuf[...] = sendbuf
+    if algorithm == "butterfly":
+        copies += 1                            # some rank's result ends in the scratch vector
+    return copies
+
+
+def predict_refined(algorithm, p, nbytes, rates, in_place=False):
+    """Predicted seconds with the memory-traffic terms (see the header)."""
+    if p == 1 or nbytes == 0:
+        return 0.0
+    steps, sent, reduced = critical_path(algorithm, p, nbytes)
+    return (rates.share * rates.alpha * steps + rates.beta_x * sent + rates.gamma_m * reduced
+            + rates.copy * nbytes * extra_copies(algorithm, in_place))
 
 
 def table(p, nbytes, alpha, beta, gamma=0.0):

@@ -36,9 +36,9 @@ Deadlock-freedom: every round is one Sendrecv with one partner.
 """
 from mpi4py import MPI
 
-from .buffers import block_counts, block_offsets, run_allreduce
+from .buffers import block_counts, block_offsets, run_allreduce, scratch
 from .fold import fold_in, fold_out, largest_power_of_two, world_rank
-from .ops import array_module, combine
+from .ops import combine
 from .tags import ALLGATHER, REDUCE_SCATTER
 
 
@@ -57,7 +57,7 @@ def rabenseifner_allreduce_in_place(comm, data, op):
     # fold-in: p - pof2 ranks hand their vectors to a partner and sit out
     newrank = fold_in(comm, data, op)            # None: this rank sits out until fold_out
     if newrank is not None:
-        incoming = array_module(data).empty(len(data), dtype=data.dtype)
+        incoming = scratch(data)              # a cached receive buffer
         lo, hi = 0, pof2
         # reduce-scatter by recursive halving
         distance = pof2 // 2

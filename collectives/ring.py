@@ -39,7 +39,7 @@ Building blocks, public and tested on their own: `reduce_scatter(comm, sendbuf, 
 """
 from mpi4py import MPI
 
-from .buffers import (block_counts, block_offsets, copy_into, from_mpi, run_allreduce, to_mpi,
+from .buffers import (scratch, block_counts, block_offsets, copy_into, from_mpi, run_allreduce, to_mpi,
                       validate)
 from .ops import array_module, base_op, combine, finish
 from .tags import ALLGATHER, REDUCE_SCATTER
@@ -58,7 +58,7 @@ def ring_reduce_scatter_in_place(comm, data, op):
 
     # BEGIN SOLUTION
     right, left = (rank + 1) % size, (rank - 1) % size
-    incoming = array_module(data).empty(max(counts), dtype=data.dtype)
+    incoming = scratch(data, max(counts))    # a cached receive buffer
     # reduce-scatter: each step passes one partial block right and adds my values into the one from the left
     for step in range(size - 1):
         send_block = (rank - step - 1) % size     # my partial sum of it, received last step

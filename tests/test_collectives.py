@@ -466,7 +466,7 @@ def test_trace_prints_as_text_and_draws_a_spacetime_png(tmp_path_factory):
 def test_auto_uses_the_butterfly_below_the_measured_threshold_and_rabenseifner_above():
     comm = MPI.COMM_WORLD
     traced = trace.TracedComm(comm)
-    threshold = collectives.auto.THRESHOLD_BYTES
+    threshold = collectives.auto.threshold(comm.size)     # per p, from thresholds.json or the default
     for nbytes, phase in ((threshold - 8, "exchange"), (threshold, "reduce-scatter")):
         traced.reset()
         collectives.allreduce(traced, np.ones(nbytes // 8), algorithm="auto", check=False)

@@ -1,0 +1,94 @@
+"""Which algorithm MPICH's own MPI_Allreduce runs, and what each of its algorithms costs here.
+
+MPICH picks its allreduce algorithm from a tuning table (MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=auto,
+the default; the CH4 device may override it per collective, MPIR_CVAR_ALLREDUCE_DEVICE_COLLECTIVE=1
+by default). Forcing each algorithm in turn (MPICH's `mpivars` lists the names) and timing
+MPI_Allreduce beside this package's ring on the same vector says where MPICH's default lands
+and why: no guessing about its internals.
+
+    python -m collectives.mpich_choice -n 2 --size 64M        # launches mpiexec once per setting
+    python -m collectives.mpich_choice -n 4 --size 64M --repeats 5
+
+Inside one launch (the `--worker` mode) every rank times `repeats` calls of comm.Allreduce and
+of ring.allreduce (float32, check=False, interleaved, slowest rank per call, minimum kept) and
+rank 0 prints one line of JSON. The launcher prints a table: setting, MPI time, ring time, ratio.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+SETTINGS = [("default (auto)", {}),
+            ("device collective off, auto", {"MPIR_CVAR_ALLREDUCE_DEVICE_COLLECTIVE": "0"})] + [
+    (name, {"MPIR_CVAR_ALLREDUCE_DEVICE_COLLECTIVE": "0", "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM": name})
+    for name in ("recursive_doubling", "reduce_scatter_allgather", "ring", "tree", "smp")]
+
+
+def worker(nbytes, repeats):
+    for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[variable] = "1"
+    import numpy as np
+    from mpi4py import MPI
+
+    from . import ring
+    comm = MPI.COMM_WORLD
+    send = np.full(nbytes // 4, comm.rank + 1, dtype=np.float32)
+    receive = np.empty_like(send)
+    calls = {"mpi": lambda: comm.Allreduce(send, receive, op=MPI.SUM),
+             "ring": lambda: ring.allreduce(comm, send, receive, op="sum", check=False)}
+    best = {name: float("inf") for name in calls}
+    for _ in range(repeats):
+        for name, call in calls.items():
+            comm.Barrier()
+            start = time.perf_counter()
+            call()
+            seconds = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
+            best[name] = min(best[name], seconds)
+            expected = comm.size * (comm.size + 1) / 2
+            if not np.all(receive == expected):
+                raise SystemExit(f"{name} gave a wrong sum")
+    if comm.rank == 0:
+        print(json.dumps(best), flush=True)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-n", type=int, default=2, help="ranks")
+    parser.add_argument("--size", default="64M", help="bytes per rank, e.g. 64M")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--json", help="write the table as JSON here")
+    args = parser.parse_args(argv)
+    from .bench import human, parse_size
+    nbytes = parse_size(args.size)
+    if args.worker:
+        worker(nbytes, args.repeats)
+        return None
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    rows = []
+    print(f"p = {args.n}, {human(nbytes)} float32, min of {args.repeats} calls")
+    print(f"{'MPICH setting':<32} {'MPI ms':>9} {'ring ms':>9} {'MPI/ring':>9}")
+    for label, extra in SETTINGS:
+        environment = dict(os.environ, **extra)
+        command = [mpiexec, "-n", str(args.n), sys.executable, "-m", "collectives.mpich_choice",
+                   "--worker", "--size", str(nbytes), "--repeats", str(args.repeats)]
+        done = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=600)
+        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        if done.returncode != 0 or not lines:
+            print(f"{label:<32} failed: {done.stderr.strip().splitlines()[-1:]}")
+            continue
+        best = json.loads(lines[-1])
+        rows.append({"setting": label, "env": extra, "p": args.n, "bytes": nbytes,
+                     "mpi_seconds": best["mpi"], "ring_seconds": best["ring"]})
+        print(f"{label:<32} {best['mpi'] * 1e3:9.2f} {best['ring'] * 1e3:9.2f} "
+              f"{best['mpi'] / best['ring']:9.2f}", flush=True)
+    if args.json:
+        with open(args.json, "w") as file:
+            json.dump(rows, file, indent=1)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
