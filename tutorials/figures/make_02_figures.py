@@ -72,6 +72,7 @@ def plot_conv(out):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker  # noqa: F401
     rows, _ = load(out, "conv")
     figure, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for axis, sweep, label in [(axes[0], "channels", "channels (in = out); batch 16, 32x32, 3x3"),
@@ -90,6 +91,7 @@ def plot_conv(out):
                       color=COLOURS.get(name.split()[-1] if name.startswith("minidl") else "PyTorch"))
         axis.axhline(1.0, color=COLOURS["im2col"], linestyle="--", label="minidl im2col (= 1)")
         axis.set_yscale("log", base=2)
+        axis.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:g}"))
         axis.set_xlabel(label)
         axis.set_ylabel("time / minidl im2col's time (fwd + bwd)")
         axis.grid(True, alpha=0.3, which="both")
@@ -105,6 +107,7 @@ def plot_layers(out):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker  # noqa: F401
     rows, _ = load(out, "layers")
     torch = any(row["torch_ms"] for row in rows)
     gpu = any(row["device"] == "gpu" for row in rows)
@@ -121,8 +124,9 @@ def plot_layers(out):
                 axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name, color=colour)
         if torch:
             axis.axhline(1.0, color=COLOURS["PyTorch"], linestyle="--", label="PyTorch on the CPU (= 1)")
-            axis.set_yscale("log", base=2)
+        axis.set_ylim(bottom=0)
         axis.set_xscale("log", base=2)
+        axis.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:g}"))
         axis.set_xlabel(label)
         axis.set_ylabel("time / PyTorch CPU's time (fwd + bwd)" if torch else "fraction of NumPy's GEMM rate")
         axis.grid(True, alpha=0.3, which="both")
