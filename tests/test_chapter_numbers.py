@@ -104,6 +104,14 @@ def test_chapter_one_quotes_the_serial_run_its_script_measured():
     assert _near(low_a, 100 * measured["test_accuracy"]["min"]) and _near(high_a, 100 * measured["test_accuracy"]["max"])
 
 
+def test_make_01_figures_quick_runs(tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    subprocess.run([sys.executable, str(ROOT / "tutorials" / "figures" / "make_01_figures.py"), "--quick",
+                    "--out", str(tmp_path)], check=True, env=env, cwd=ROOT, capture_output=True, timeout=120)
+    measured = json.loads((tmp_path / "01_serial.json").read_text())
+    assert [run["seed"] for run in measured["runs"]] == [0] and 0 < measured["test_accuracy"]["mean"] <= 1
+
+
 def test_make_02_figures_quick_runs(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MPLBACKEND="Agg")
     subprocess.run([sys.executable, str(ROOT / "tutorials" / "figures" / "make_02_figures.py"), "--quick",
