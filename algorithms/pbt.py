@@ -7,6 +7,9 @@ Paper: Jaderberg et al. 2017, "Population Based Training of Neural Networks", se
 ready / exploit / explore steps; "truncation selection" and "perturb" are its section 4.1
 choices). Random search (Bergstra & Bengio 2012) is the same population trained with its
 initial hyperparameters and no exploit: the same compute, the baseline of the paper's figures.
+--search evolution is truncation-selection evolution without weight inheritance: at each ranking
+the losers become offspring, a winner's hyperparameters perturbed, trained from the initial
+weights (the exploit step without the copy of w and v; what the copy adds is PBT minus this).
 The budget is counted in examples read: every member reads the same number per round (below),
 whatever its batch size, in both searches.
 Full references: tutorials/references.md.
@@ -63,7 +66,7 @@ from collectives.trace import CountingComm
 from minidl import backend
 from minidl.data import Batch, shard
 
-SEARCHES = ("pbt", "random")
+SEARCHES = ("pbt", "random", "evolution")
 HYPERPARAMETERS = ("lr", "momentum", "batch_size")
 PERTURB = (0.8, 1.2)                    # Jaderberg et al., section 4.1: "perturb"
 
@@ -248,6 +251,7 @@ def train(comm=None, population=None, ready=40, rounds=12, fraction=0.25, search
     logger = run.Log(log, rank=rank, quiet=settings.quiet)
     records = []
     budget = ready * ready_batch * per_member  # examples per member and round, whatever its batch
+    initial = flat_state(objective, optimizer)  # every member's start: --search evolution restarts from it
 
     for round_ in range(rounds):
         # train: --ready steps of synchronous SGD with this member's hyperparameters
@@ -273,7 +277,12 @@ def train(comm=None, population=None, ready=40, rounds=12, fraction=0.25, search
         last = round_ == rounds - 1
         if search == "pbt" and not last:            # ready -> exploit -> explore
             exploit_and_explore(world, per_member, pairs, objective, optimizer, hyper, rng)
-        parents = dict(pairs) if search == "pbt" and not last else {}
+        elif search == "evolution" and not last:    # offspring: a winner's h, perturbed, from scratch
+            for loser, winner in pairs:
+                hyper[loser] = perturb(hyper[winner], rng)
+                if loser == member:
+                    load_flat_state(objective, optimizer, initial.copy())
+        parents = dict(pairs) if search != "random" and not last else {}
         records.append([{"round": round_ + 1, "member": m, "score": scores[m], "accuracy": accuracies[m],
                          "parent": parents.get(m, m), "examples": read[m],
                          **dict(zip(HYPERPARAMETERS, before[m].tolist()))} for m in range(population)])
@@ -309,7 +318,8 @@ def main(argv=None):
                         help="rankings; the budget is rounds x ready x ready-batch examples per member rank")
     parser.add_argument("--fraction", type=float, default=0.25, help="bottom and top fraction of truncation selection")
     parser.add_argument("--search", default="pbt", choices=SEARCHES,
-                        help="random: the same population and budget, no exploit or explore")
+                        help="random: the same population and budget, no exploit or explore; evolution: "
+                             "the losers restart from the initial weights with a winner's perturbed h")
     parser.add_argument("--validation", type=float, default=0.2, help="fraction of the training rows held out")
     parser.add_argument("--lineage", default=None, help="write every member's history as JSON")
     args = parser.parse_args(argv)

@@ -141,6 +141,20 @@ def test_same_seed_same_lineage_and_bits_and_a_nan_member_is_replaced_never_chos
     read = [(entry["batch_size"], entry["examples"]) for row in lineage for entry in row]
     parallel_assert(len({batch for batch, _ in read}) > 1 and all(examples == 3 * 4 for _, examples in read),
                     f"members did not read 3 x 4 examples per round whatever their batch: {read}")
+    # --search evolution: the diverged member restarts from the initial weights (finite again) with
+    # member 0's hyperparameters perturbed; without a restart its NaN weights would stay NaN
+    diverging_prior(monkeypatch)
+    path = os.path.join(folder, "evolution.json")
+    pbt.train(comm, model=float64_mlp, data=tiny_digits(), ready=3, rounds=2, fraction=0.5, ready_batch=4,
+              search="evolution", lineage=path, quiet=True)
+    comm.Barrier()
+    with open(path) as file:
+        evolution = json.load(file)["members"]
+    first_row, second = evolution[0][0], evolution[1][1]
+    parallel_assert(math.isnan(evolution[0][1]["score"]) and evolution[0][1]["parent"] == 0
+                    and math.isfinite(second["score"])
+                    and any(math.isclose(second["lr"], first_row["lr"] * f) for f in pbt.PERTURB),
+                    f"the diverged member was not restarted with member 0's perturbed lr: {evolution}")
 
 
 def test_bad_population_fraction_and_rank_counts_are_refused():

@@ -38,6 +38,8 @@ from mpi4py import MPI  # noqa: E402
 from algorithms import allreduce_sgd, run  # noqa: E402
 
 BASE_BATCH, BASE_LR, MOMENTUM = 16, 0.02, 0.9
+METHODS = ("pbt", "random", "evolution")
+KEEP = False                                                  # --keep: reuse runs already in 09_search*.json
 
 
 def serial(seed, epochs, **schedule):
@@ -135,9 +137,12 @@ def search(out, quick, name="search", extra=(), quick_extra=("--rounds", "3", "-
     """PBT and random search, the same seeds, ``extra`` flags on top of the defaults -> 09_<name>.json."""
     seeds = (0, 1) if quick else tuple(range(16))
     extra = list(quick_extra if quick else extra)
-    results = {}
-    for method in ("pbt", "random"):
+    kept = out / f"09_{name}.json"
+    results = json.loads(kept.read_text()) if KEEP and kept.exists() else {}
+    for method in METHODS:
         for seed in seeds:
+            if f"{method}|{seed}" in results:                 # --keep: a run is the same bits again
+                continue
             scratch = Path("/tmp")                        # per-run files; 09_search.json collects them
             log, lineage = scratch / f"09_{name}_{method}_{seed}.jsonl", scratch / f"09_{name}_{method}_{seed}_lin.json"
             command = [MPIEXEC, "-n", "4", sys.executable, "-m", "algorithms.pbt", "--search", method,
@@ -182,7 +187,8 @@ def search_table(results, seeds):
     accuracy and loss (mean +- sd over seeds, and each seed), the examples every member read and
     the wall time; then the paired differences PBT - random search."""
     rows, finals = [], {}
-    for method in ("pbt", "random"):
+    methods = [method for method in METHODS if f"{method}|{seeds[0]}" in results]
+    for method in methods:
         runs = [results[f"{method}|{seed}"] for seed in seeds]
         finals[method] = [dict(r["final"], held_out_loss=chosen_held_out_loss(r)) for r in runs]
         accuracy = mean_sd([r["final"]["test_accuracy"] for r in runs])
@@ -197,14 +203,16 @@ def search_table(results, seeds):
                     f"{loss[0]:.3f} +- {loss[1]:.3f} | {held_out[0]:.3f} +- {held_out[1]:.3f} | "
                     f"{population[0] * 100:.1f} +- {population[1] * 100:.1f}% | "
                     f"{examples / 1000:.1f} k | {seconds:.0f} s |")
-    for key, name, scale, unit in [("test_accuracy", "test accuracy", 100, " points"), ("test_loss", "test loss", 1, ""),
-                                   ("held_out_loss", "held-out loss", 1, "")]:
-        differences = [p[key] - r[key] for p, r in zip(finals["pbt"], finals["random"])]
+    for method, key, name, scale, unit in [
+            (method, key, name, scale, unit) for method in methods if method != "random"
+            for key, name, scale, unit in [("test_accuracy", "test accuracy", 100, " points"),
+                                           ("test_loss", "test loss", 1, ""), ("held_out_loss", "held-out loss", 1, "")]]:
+        differences = [p[key] - r[key] for p, r in zip(finals[method], finals["random"])]
         mean, sd, _ = mean_sd(differences)
         wins = sum(d > 0 if key == "test_accuracy" else d < 0 for d in differences)
         ties = sum(d == 0 for d in differences)
-        rows.append(f"| pbt - random, {name} | {mean * scale:+.{1 if scale == 100 else 3}f} +- "
-                    f"{sd * scale:.{1 if scale == 100 else 3}f}{unit}; pbt better in {wins}, tied in {ties} of "
+        rows.append(f"| {method} - random, {name} | {mean * scale:+.{1 if scale == 100 else 3}f} +- "
+                    f"{sd * scale:.{1 if scale == 100 else 3}f}{unit}; {method} better in {wins}, tied in {ties} of "
                     f"{len(differences)} seeds | sign-flip p {p_value(sign_flip_p(differences))} | | | | |")
     lineage = results[f"pbt|{seeds[0]}"]["lineage"]
     budget = lineage.get("ready_batch", 0) * lineage["ready"] * lineage["rounds"]
@@ -242,11 +250,15 @@ def plot_lineage(lineage, path):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny settings, output under /tmp")
+    parser.add_argument("--keep", action="store_true",
+                        help="search parts: reuse the runs already in 09_search*.json (same seed, same bits)")
     parser.add_argument("--only", choices=["batch", "schedule", "search", "search_short", "lineage", "search-table"],
                         default=None,
                         help="one part; lineage, search-table: redraw 09_lineage.png and 09_table_search.md "
                              "from 09_search.json")
     args = parser.parse_args()
+    global KEEP
+    KEEP = args.keep
     out = Path("/tmp/make_09_quick") if args.quick else HERE
     out.mkdir(exist_ok=True)
     if args.only in ("lineage", "search-table"):        # redrawn from 09_search.json, no training
