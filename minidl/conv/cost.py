@@ -79,7 +79,7 @@ def cost(algorithm, x_shape, weight_shape, stride, padding):
     return functions[algorithm](tuple(x_shape), tuple(weight_shape), stride, padding)
 
 
-# ---- work and depth (Ben-Nun & Hoefler 2019, section 2: the work-depth model) ------------------
+# ---- work and depth (Ben-Nun & Hoefler 2019, the primer's work-depth model) -------------------
 # W counts arithmetic operations: a multiplication and the addition that accumulates it are two
 # (so W = 2 * multiplies; the transforms' additions are left out, as in ``cost``). D is the longest
 # chain of dependent operations with unbounded processors: one level for a multiplication, and
