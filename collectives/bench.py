@@ -108,7 +108,7 @@ def fit_gamma(comm, min_seconds, nbytes=4 << 20):
     return min(timed(comm, lambda: np.add(into, incoming, out=into), min_seconds) for _ in range(3)) / nbytes
 
 
-def fit_exchange(comm, min_seconds, sizes=(1 << 20, 4 << 20, 16 << 20)):
+def fit_exchange(comm, min_seconds, sizes=(1 << 20, 4 << 20, 16 << 20, 64 << 20)):
     """Seconds per byte of a pairwise Sendrecv (r <-> r xor 1), all ranks at once; least squares
     slope over `sizes` (an odd p's last rank only waits)."""
     rank, size = comm.Get_rank(), comm.Get_size()

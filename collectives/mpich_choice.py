@@ -11,7 +11,9 @@ and why: no guessing about its internals.
 
 Inside one launch (the `--worker` mode) every rank times `repeats` calls of comm.Allreduce and
 of ring.allreduce (float32, check=False, interleaved, slowest rank per call, minimum kept) and
-rank 0 prints one line of JSON. The launcher prints a table: setting, MPI time, ring time, ratio.
+then the pieces that are not messages (numpy's add against MPI's own MPI.SUM.Reduce_local on
+(p-1)/p n bytes, a fresh n-byte temporary against a reused one), and rank 0 prints one line of
+JSON. The launcher prints a table: setting, MPI time, ring time, ratio, and the pieces.
 """
 import argparse
 import json
@@ -49,6 +51,24 @@ def worker(nbytes, repeats):
             expected = comm.size * (comm.size + 1) / 2
             if not np.all(receive == expected):
                 raise SystemExit(f"{name} gave a wrong sum")
+    # the pieces of a reduce-scatter + allgather that are not messages, timed alone on every rank
+    # at once: numpy's add against MPI's own reduction (MPI.SUM.Reduce_local, what MPICH's
+    # algorithms call) over (p-1)/p n bytes, and a fresh n-byte temporary written once (what a
+    # per-call malloc costs: page faults) against writing a reused one
+    part = send[:len(send) * (comm.size - 1) // comm.size]
+    into = np.ones_like(part)
+    reused = np.empty_like(send)
+    pieces = {"numpy_add": lambda: np.add(into, part, out=into),
+              "mpi_reduce_local": lambda: MPI.SUM.Reduce_local(part, into),
+              "fresh_temporary": lambda: np.copyto(np.empty_like(send), send),
+              "reused_temporary": lambda: np.copyto(reused, send)}
+    for _ in range(repeats):
+        for name, call in pieces.items():
+            comm.Barrier()
+            start = time.perf_counter()
+            call()
+            seconds = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
+            best[name] = min(best.get(name, float("inf")), seconds)
     if comm.rank == 0:
         print(json.dumps(best), flush=True)
 
@@ -84,6 +104,13 @@ def main(argv=None):
                      "mpi_seconds": best["mpi"], "ring_seconds": best["ring"]})
         print(f"{label:<32} {best['mpi'] * 1e3:9.2f} {best['ring'] * 1e3:9.2f} "
               f"{best['mpi'] / best['ring']:9.2f}", flush=True)
+        rows[-1].update({name: best[name] for name in best if name not in ("mpi", "ring")})
+    if rows:
+        pieces = rows[0]
+        print(f"pieces (every rank at once, first launch): numpy add {pieces['numpy_add'] * 1e3:.2f} ms, "
+              f"MPI.SUM.Reduce_local {pieces['mpi_reduce_local'] * 1e3:.2f} ms on (p-1)/p n; "
+              f"fresh n-byte temporary {pieces['fresh_temporary'] * 1e3:.2f} ms, "
+              f"reused {pieces['reused_temporary'] * 1e3:.2f} ms")
     if args.json:
         with open(args.json, "w") as file:
             json.dump(rows, file, indent=1)
