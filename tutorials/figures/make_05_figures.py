@@ -1,4 +1,4 @@
-"""The figures and tables of chapter 5 (parameter servers and consistency); about 8 minutes on 2 shared cores.
+"""The figures and tables of chapter 5 (parameter servers and consistency); about 6 minutes on 2 shared cores.
 
     mpiexec -n 4 python tutorials/figures/make_05_figures.py [--quick] [--seeds N] [--only PART] [--out DIR]
 
@@ -8,21 +8,23 @@ loaded once (seed 0's split); the seed changes the initialisation and the batch 
 downpour   Dean et al.'s figure 4, small: Downpour + Adagrad, fixed-rate Downpour, one replica
            (serial SGD), lr 0.05, 10 epochs, 5 seeds: the final test accuracy and the seconds to
            reach 90%                                                             -> 05_downpour.png
-warmstart  Downpour + Adagrad with and without --warm-start-steps 20, 10 epochs, 3 seeds
+warmstart  Downpour + Adagrad with and without --warm-start-steps 20, 10 epochs, 5 seeds
 ssp        SSP with s = 0, 2, 8, inf, 3 epochs, 3 seeds, without and with a straggler (worker rank
            3 sleeps 20 ms before each step): the clock staleness of every update, and each
            worker's seconds spent waiting inside its step (push + fetch, less the gradient) -> 05_staleness.png
-hogwild    Hogwild on 1, 2 and 4 processes (the first p ranks), sparse and CNN, 3 seeds: updates
+hogwild    Hogwild on 1, 2 and 4 processes (the first p ranks), sparse and CNN, 5 seeds: updates
            (examples) per second in all and per process, the seconds to a target (loss gap 1e-3, test
            accuracy 90%)                                                         -> 05_hogwild.png
 
 Everything is written to 05_measurements.json (one key per part; --only replaces that key and
-keeps the others) and 05_table.md; the prose of tutorials/05_parameter_servers.md quotes them.
+keeps the others; "meta" says, per part, the seeds, the command and the machine's load average
+before it ran) and 05_table.md; the prose of tutorials/05_parameter_servers.md quotes them.
 --quick (for CI, about 10 s): one seed, one epoch, two settings per part, output under a temporary folder.
 """
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
 
@@ -189,6 +191,10 @@ def fmt(cell, digits=3):
 
 def table(results):
     lines = ["# Chapter 5 measurements (make_05_figures.py): mean ± sample std [min, max] over seeds", ""]
+    for part, about in results.get("meta", {}).items():
+        lines.append(f"- {part}: {about['seeds']} seeds, load average {about['load_average']:.1f} before it "
+                     f"(2 cores), `{about['command'].strip()}`")
+    lines.append("")
     if "downpour" in results:
         lines += ["## Downpour (1 server + 3 workers) against one replica", "",
                   "| method | final test accuracy | seconds | seconds to 90% (runs reaching it) |", "| --- | --- | --- | --- |"]
@@ -290,7 +296,7 @@ def figures(results, out):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one seed, one epoch, few settings (CI)")
-    parser.add_argument("--seeds", type=int, default=None, help="seeds per setting (default 5 for downpour, 3 else)")
+    parser.add_argument("--seeds", type=int, default=None, help="seeds per setting (default 3 for ssp, 5 else)")
     parser.add_argument("--only", choices=PARTS, default=None, help="measure one part only")
     parser.add_argument("--out", default=None, help="output folder (default: beside this script; --quick: a temp folder)")
     args = parser.parse_args(argv)
@@ -302,11 +308,14 @@ def main(argv=None):
     if args.quick:                                   # a slice: the check that it runs, not a measurement
         data = objective.Data(data.x_train[:192], data.y_train[:192], data.x_test[:60], data.y_test[:60])
     n = 1 if args.quick else args.seeds
-    seeds = {part: list(range(n or (5 if part == "downpour" else 3))) for part in PARTS}
+    seeds = {part: list(range(n or (3 if part == "ssp" else 5))) for part in PARTS}
     epochs = 1 if args.quick else 10
-    results = {}
+    results, meta = {}, {}
     for part in PARTS if args.only is None else (args.only,):
         started = time.perf_counter()
+        meta[part] = {"seeds": len(seeds[part]), "quick": args.quick, "load_average": os.getloadavg()[0],
+                      "command": "mpiexec -n 4 python tutorials/figures/make_05_figures.py " + " ".join(
+                          argv if argv is not None else sys.argv[1:])}
         if part == "downpour":
             results[part] = downpour(data, seeds[part], epochs)
         elif part == "warmstart":
@@ -325,6 +334,7 @@ def main(argv=None):
             with open(path) as file:
                 saved = json.load(file)
         saved.update(results)
+        saved["meta"] = {**saved.get("meta", {}), **meta}
         with open(path, "w") as file:
             json.dump(saved, file, indent=1)
         with open(os.path.join(out, "05_table.md"), "w") as file:
