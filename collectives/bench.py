@@ -205,8 +205,10 @@ def main(argv=None):
     else:
         alpha, beta, points = 0.0, 0.0, []
     gamma = fit_gamma(comm, min_time)
-    gamma_m, copy = fit_memory(comm, min_time)
-    beta_x = fit_exchange(comm, min_time) if size > 1 else 0.0
+    # --quick (the tests' smoke run): smaller micro-benchmarks, rates only roughly right
+    gamma_m, copy = fit_memory(comm, min_time, **({"nbytes": 4 << 20} if args.quick else {}))
+    beta_x = (fit_exchange(comm, min_time, **({"sizes": (1 << 20, 4 << 20)} if args.quick else {}))
+              if size > 1 else 0.0)
     rates = cost.Rates(alpha, beta_x, gamma_m, copy, max(1.0, size / cores()))
     if rank == 0:
         print(f"# p = {size}; {MPI.Get_library_version().splitlines()[0].strip()}")
