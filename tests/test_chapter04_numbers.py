@@ -50,7 +50,8 @@ def test_section_2_quotes_the_model_averaging_runs():
     iid = [percent(statistics.mean(accuracies(f"shards, H = {h}"))) for h in ("1", "8", "end")]
     expected = [
         f"one-shot averaging {iid[2]} on iid shards",
-        f"{round(statistics.mean(accuracies('shards, H = end')) * test_rows)} of {test_rows} images right on every seed",
+        f"{round(statistics.mean(accuracies('shards, H = end')) * test_rows)} of {test_rows} images right "
+        "on every seed",
         f"{mean_sd('sorted, H = end')} on sorted ones ({percent(min(one_shot))} to {percent(max(one_shot))}",
         f"{runs['sorted, H = 8']['0'][-1]['bytes']:,} against {runs['sorted, H = 1']['0'][-1]['bytes']:,}",
         f"{mean_sd('sorted, H = 8')} against {mean_sd('sorted, H = 1')} for H = 1",

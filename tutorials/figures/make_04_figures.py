@@ -1,22 +1,24 @@
-"""Regenerate chapter 4's figures, tables and numbers (about 5 minutes on 2 shared cores; --quick: seconds):
+"""Regenerate chapter 4's figures, tables and numbers (about 30 minutes on 2 loaded cores; --quick: seconds):
 
     python tutorials/figures/make_04_figures.py [--quick] [--seeds 0,1,2,3,4] [--out FOLDER] [--only compare|noniid]
 
-1. compare: `mpiexec -n p python -m algorithms.compare --seed s` for p = 1, 2, 4 and every seed (every
-   algorithm, its default settings, 20 epochs) -> 04_compare.json (every history, and per p and algorithm
-   the final test accuracy of each seed, its mean and standard deviation, the mean of every logged
-   quantity, bytes per rank), 04_table.md (accuracy mean +- sd over the seeds, examples, bytes),
-   04_differences.md (each method minus allreduce SGD, paired by seed, with a 95% t interval) and 04_compare_p4.png (p = 4: test accuracy against
-   the examples processed by all ranks, and against the bytes one rank sent; mean line, band from
-   the lowest to the highest seed).
-2. noniid: model averaging at p = 4 with H = 1, 8, end on iid shards and on label-sorted shards,
-   seeds 0, 1, 2 -> 04_noniid.json ({label: {seed: history}}) and 04_noniid.png (mean and band).
+1. compare: `mpiexec -n p python -m algorithms.compare --seed s` for p = 1, 2, 4 and seeds 0 to 4
+   (every algorithm, its default settings, 20 epochs) -> 04_compare.json (every history; per p and
+   algorithm the final test accuracy of each seed, its mean and standard deviation, the mean of
+   every logged quantity, bytes per rank, examples processed), 04_table.md (accuracy mean +- sd,
+   examples, bytes), 04_differences.md (each method minus allreduce SGD, paired by seed, with a
+   95% t interval) and 04_compare_p4.png (p = 4: test accuracy against the examples processed by
+   all ranks and against the bytes one rank sent; mean line, band from the lowest to the highest
+   seed).
+2. noniid: model averaging at p = 4 with H = 1, 8, end on iid and on label-sorted shards, seeds
+   0, 1, 2 -> 04_noniid.json ({label: {seed: history}}) and 04_noniid.png (mean and band).
 The seed also draws the train/test split (1438/359 images of the digits), so each seed is a
 different test set. Accuracies and bytes do not depend on the machine (same seed, same bits); the
-logged seconds do, and on what else runs: they are kept in the histories but not tabulated. --quick: trains in this process on its own MPI ranks (run it as
-`mpiexec -n 2 python tutorials/figures/make_04_figures.py --quick`; chapter 4's last block does), 2
-seeds, 1 epoch, output to --out (default a temporary folder): a check that the script runs, not
-numbers to quote.
+logged seconds do, and on what else runs: they stay in the histories but are not tabulated.
+--quick trains in this process on its own MPI ranks (`mpiexec -n 2 python
+tutorials/figures/make_04_figures.py --quick`, as a block in chapter 4's section 6 does), 2 seeds,
+1 epoch, output to --out (default a temporary folder): a check that the script runs, not numbers
+to quote.
 """
 import argparse
 import json
@@ -217,9 +219,10 @@ def noniid(out, seeds, epochs, periods, quick):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="this process's ranks, 2 seeds, 1 epoch: a smoke test")
-    parser.add_argument("--seeds", default=None, help="comma-separated seeds for both parts (default 0,1,2,3,4 for compare and 0,1,2 for "
-                        "noniid; quick 0,1)")
-    parser.add_argument("--out", default=None, help="output folder (default: beside this script; quick: a temporary one)")
+    parser.add_argument("--seeds", default=None, help="comma-separated seeds for both parts "
+                        "(default 0,1,2,3,4 for compare and 0,1,2 for noniid; quick 0,1)")
+    parser.add_argument("--out", default=None,
+                        help="output folder (default: beside this script; quick: a temporary one)")
     parser.add_argument("--only", choices=["compare", "noniid"], default=None, help="one part only")
     args = parser.parse_args(argv)
     try:
