@@ -102,7 +102,7 @@ def test_sections_3_to_6_and_e4_5_quote_the_comparison():
         f"{percent(four['admm_sgd']['accuracy'][0])} at p = 4",
     ]
     kilobytes = {name: f"{row['bytes_per_rank'] / 1000:,.0f}" for name, row in four.items()}
-    expected.append(f"allreduce SGD sends {kilobytes['allreduce_sgd']} KB, gossip (one peer, every step) "
+    expected.append(f"allreduce SGD sends {kilobytes['allreduce_sgd']} kB, gossip (one peer, every step) "
                     f"{kilobytes['gossip_sgd']}, EASGD (every 4 steps) {kilobytes['easgd']}, ADMM (every 8) "
                     f"{kilobytes['admm_sgd']}, model averaging (every 8) {kilobytes['model_averaging']}, and the "
                     f"ensemble, which exchanges only predictions, {kilobytes['ensemble']}")

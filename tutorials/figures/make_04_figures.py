@@ -134,7 +134,8 @@ def summarise(out, histories, seeds, sizes, epochs):
     names = list(summary[sizes[0]])
     last = sizes[-1]
     lines = ["| algorithm | " + " | ".join(f"p = {p}" for p in sizes)
-             + f" | p = {last}: examples processed, all ranks | p = {last}: KB sent per rank |",
+             + f" | p = {last}: examples processed, all ranks"
+             + f" | p = {last}: kB sent per rank (1 kB = 1000 bytes) |",
              "| --- | " + " | ".join("---" for _ in sizes) + " | --- | --- |"]
     for name in names:
         cells = [f"{summary[p][name]['mean'] * 100:.1f} ± {summary[p][name]['sd'] * 100:.1f}%" for p in sizes]
@@ -218,7 +219,8 @@ def noniid(out, seeds, epochs, periods, quick):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="this process's ranks, 2 seeds, 1 epoch: a smoke test")
+    parser.add_argument("--quick", action="store_true",
+                        help="this process's ranks, 2 seeds, 1 epoch: a smoke test")
     parser.add_argument("--seeds", default=None, help="comma-separated seeds for both parts "
                         "(default 0,1,2,3,4 for compare and 0,1,2 for noniid; quick 0,1)")
     parser.add_argument("--out", default=None,
@@ -231,7 +233,8 @@ def main(argv=None):
         parser.error(f"--seeds must be comma-separated integers, not {args.seeds!r}")
     averaging_seeds = seeds if args.seeds or args.quick else seeds[:3]
     if MPI.COMM_WORLD.size > 1 and not args.quick:
-        parser.error("run the full script as one process: it starts its own mpiexec runs (--quick uses these ranks)")
+        parser.error("run the full script as one process: it starts its own mpiexec runs "
+                     "(--quick uses these ranks)")
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp()) if args.quick else HERE
     out.mkdir(parents=True, exist_ok=True)
     epochs = 1 if args.quick else 20
