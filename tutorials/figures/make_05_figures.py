@@ -19,7 +19,8 @@ hogwild    Hogwild on 1, 2 and 4 processes (the first p ranks), sparse and CNN, 
 Everything is written to 05_measurements.json (one key per part; --only replaces that key and
 keeps the others; "meta" says, per part, the seeds, the command and the machine's load average
 before it ran) and 05_table.md; the prose of tutorials/05_parameter_servers.md quotes them.
---quick (for CI, about 10 s): one seed, one epoch, two settings per part, output under a temporary folder.
+--replot redraws the figures from the JSON. --quick (for CI, about 10 s): one seed, one epoch,
+two settings per part, output under a temporary folder.
 """
 import argparse
 import json
@@ -218,7 +219,8 @@ def table(results):
         lines.append("")
     if "hogwild" in results:
         lines += ["## Hogwild (the first p of 4 ranks on 2 shared cores)", "",
-                  "| problem, p | examples/s in all | examples/s per process | seconds | seconds to target (runs) | final | mean staleness |",
+                  "| problem, p | examples/s in all | examples/s per process | seconds | seconds to target (runs) "
+                  "| final | mean staleness |",
                   "| --- | --- | --- | --- | --- | --- | --- |"]
         for label, r in results["hogwild"].items():
             digits = 5 if r["problem"] == "sparse" else 3
@@ -280,7 +282,7 @@ def figures(results, out):
             for color, r in zip(colors, rows):
                 for i, curve in enumerate(r["curves"]):
                     axis.plot(*zip(*curve), color=color, marker="o", markersize=2, alpha=0.7,
-                              label=f"p = {r['p']}: {r['examples_per_second']['mean']:.0f} examples/s" if i == 0 else None)
+                              label=f"p = {r['p']}: mean {r['examples_per_second']['mean']:.0f} examples/s" if i == 0 else None)
             axis.set_xlabel("seconds (2 shared cores)")
             axis.legend()
         axes[0].set_yscale("log")
@@ -298,12 +300,18 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="one seed, one epoch, few settings (CI)")
     parser.add_argument("--seeds", type=int, default=None, help="seeds per setting (default 3 for ssp, 5 else)")
     parser.add_argument("--only", choices=PARTS, default=None, help="measure one part only")
+    parser.add_argument("--replot", action="store_true", help="redraw the figures from the JSON, measure nothing")
     parser.add_argument("--out", default=None, help="output folder (default: beside this script; --quick: a temp folder)")
     args = parser.parse_args(argv)
     if comm.size != 4:
         raise SystemExit("error: run on 4 ranks: mpiexec -n 4 python tutorials/figures/make_05_figures.py")
     out = args.out or (comm.bcast(tempfile.mkdtemp(prefix="make05-") if comm.rank == 0 else None)
                        if args.quick else os.path.dirname(os.path.abspath(__file__)))
+    if args.replot:
+        if comm.rank == 0:
+            with open(os.path.join(out, "05_measurements.json")) as file:
+                figures(json.load(file), out)
+        return
     data = objective.load_data("digits", 0)
     if args.quick:                                   # a slice: the check that it runs, not a measurement
         data = objective.Data(data.x_train[:192], data.y_train[:192], data.x_test[:60], data.y_test[:60])
