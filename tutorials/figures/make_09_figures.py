@@ -7,10 +7,11 @@
    -> 09_batch.json, 09_batch.png, rows of 09_table.md.
 2. Decaying the lr against increasing the batch (Smith et al.): the same milestones, 3 seeds,
    test accuracy per epoch and per step -> 09_schedule.json, 09_schedule.png, rows of 09_table.md.
-3. PBT against random search with the same budget in examples on the digits CNN (`mpiexec -n 4
-   python -m algorithms.pbt`, defaults, --search pbt|random, seeds 0-15; a seed gives both methods the
-   same initial draws, so the comparison is paired: per seed, PBT minus random search, and an exact
-   sign-flip test of the mean difference) -> 09_search.json, 09_lineage.png (seed 0's PBT lineage),
+3. PBT (and evolution without weight inheritance) against random search with the same budget in
+   examples on the digits CNN (`mpiexec -n 4 python -m algorithms.pbt`, defaults, --search
+   pbt|random|evolution, seeds 0-15; a seed gives every method the same initial draws, so the
+   comparison is paired: per seed, a method minus random search, and an exact sign-flip test of
+   the mean difference) -> 09_search.json, 09_lineage.png (seed 0's PBT lineage),
    09_table_search.md.
 4. The same with a quarter of the examples (--rounds 6 --ready 20), a setting chosen before it was
    measured (a bad draw has less time to catch up; the accuracy is not saturated)
