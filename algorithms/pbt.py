@@ -1,7 +1,7 @@
 """Population-based training: members train side by side; the worst copy the best and explore.
 
-    mpiexec -n 4 python -m algorithms.pbt [--population 4] [--ready 40] [--ready-batch 32] [--rounds 12]
-                                          [--fraction 0.25] [--search pbt|random] [--lineage lineage.json]
+    mpiexec -n 4 python -m algorithms.pbt [--population 4] [--ready 40] [--ready-batch 32]
+        [--rounds 12] [--fraction 0.25] [--search pbt|random|evolution] [--lineage lineage.json]
 
 Paper: Jaderberg et al. 2017, "Population Based Training of Neural Networks", section 3 (the
 ready / exploit / explore steps; "truncation selection" and "perturb" are its section 4.1
@@ -11,7 +11,7 @@ initial hyperparameters and no exploit: the same compute, the baseline of the pa
 the losers become offspring, a winner's hyperparameters perturbed, trained from the initial
 weights (the exploit step without the copy of w and v; what the copy adds is PBT minus this).
 The budget is counted in examples read: every member reads the same number per round (below),
-whatever its batch size, in both searches.
+whatever its batch size, in every search.
 Full references: tutorials/references.md.
 
 The population: M = --population members; member m is the group of R = p / M consecutive ranks
@@ -37,7 +37,7 @@ logged per round and written as JSON with --lineage; tutorials/figures/make_09_f
 
 Cost per round, beyond training: one allgather of p scores, and per loser R messages of 2 n
 floats (n = 6090 for the CNN: 49 KB each). The rounds are not an epoch loop: members read the
-same examples per round (the budget: --rounds x B each, 4 x 15360 for the defaults), but a member
+same examples per round (the budget: --rounds x B each, 12 x 1280 for the defaults), but a member
 with a bigger batch takes fewer steps; each member reads an endless stream of its own shuffled
 epochs (``Stream``), so a round need not end at an epoch's end.
 
