@@ -241,7 +241,7 @@ def plot_lineage(lineage, path):
             if entry["parent"] != entry["member"]:
                 axis.annotate("", xy=(entry["round"] + 0.9, entry["member"]), xytext=(entry["round"], entry["parent"]),
                               arrowprops=dict(arrowstyle="->", color="tab:red", lw=1))
-    axis.set(xlabel="round (--ready steps each)", ylabel="member", yticks=range(lineage["population"]),
+    axis.set(xlabel="round (--ready x --ready-batch examples per member)", ylabel="member", yticks=range(lineage["population"]),
              xticks=range(1, len(members) + 1), title="PBT lineage: arrow = exploit (copy, then perturb)")
     figure.colorbar(plt.cm.ScalarMappable(cmap=colour, norm=plt.Normalize(low, high)), ax=axis, label="log10 lr")
     figure.tight_layout()
