@@ -111,7 +111,8 @@ def diverging_prior(monkeypatch):
 
     def sample(rng):
         drawn.append(None)
-        return np.array([1e200 if len(drawn) == 2 else 10 ** rng.uniform(-2, -1), rng.uniform(0, 0.9), float(3 + len(drawn))])
+        return np.array([1e200 if len(drawn) == 2 else 10 ** rng.uniform(-2, -1), rng.uniform(0, 0.9),
+                         float(3 + len(drawn))])
     monkeypatch.setattr(pbt, "sample", sample)
 
 

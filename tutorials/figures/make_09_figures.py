@@ -196,7 +196,8 @@ def search_table(results, seeds):
         loss = mean_sd([r["final"]["test_loss"] for r in runs])
         each = ", ".join(f"{r['final']['test_accuracy'] * 100:.1f}" for r in runs)
         held_out = mean_sd([chosen_held_out_loss(r) for r in runs])
-        population = mean_sd([statistics.mean(entry["accuracy"] for entry in r["lineage"]["members"][-1]) for r in runs])
+        population = mean_sd([statistics.mean(entry["accuracy"] for entry in r["lineage"]["members"][-1])
+                              for r in runs])
         seconds = statistics.mean(r["final"]["seconds"] for r in runs)
         examples = statistics.mean(sum(entry.get("examples", entry["batch_size"] * r["lineage"]["ready"])
                                        for row in r["lineage"]["members"] for entry in row) for r in runs)
@@ -207,7 +208,8 @@ def search_table(results, seeds):
     for method, key, name, scale, unit in [
             (method, key, name, scale, unit) for method in methods if method != "random"
             for key, name, scale, unit in [("test_accuracy", "test accuracy", 100, " points"),
-                                           ("test_loss", "test loss", 1, ""), ("held_out_loss", "held-out loss", 1, "")]]:
+                                           ("test_loss", "test loss", 1, ""),
+                                           ("held_out_loss", "held-out loss", 1, "")]]:
         differences = [p[key] - r[key] for p, r in zip(finals[method], finals["random"])]
         mean, sd, _ = mean_sd(differences)
         wins = sum(d > 0 if key == "test_accuracy" else d < 0 for d in differences)
@@ -241,7 +243,8 @@ def plot_lineage(lineage, path):
             if entry["parent"] != entry["member"]:
                 axis.annotate("", xy=(entry["round"] + 0.9, entry["member"]), xytext=(entry["round"], entry["parent"]),
                               arrowprops=dict(arrowstyle="->", color="tab:red", lw=1))
-    axis.set(xlabel="round (--ready x --ready-batch examples per member)", ylabel="member", yticks=range(lineage["population"]),
+    axis.set(xlabel="round (--ready x --ready-batch examples per member)", ylabel="member",
+             yticks=range(lineage["population"]),
              xticks=range(1, len(members) + 1), title="PBT lineage: arrow = exploit (copy, then perturb)")
     figure.colorbar(plt.cm.ScalarMappable(cmap=colour, norm=plt.Normalize(low, high)), ax=axis, label="log10 lr")
     figure.tight_layout()
