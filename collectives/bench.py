@@ -13,9 +13,10 @@
    of one call, check=False (no agreement check), compared with comm.Allreduce on the same
    buffers, and with cost.predict(...) at the fitted alpha, beta, gamma.
 
-4. the refined model (cost.predict_refined): a pairwise Sendrecv exchange (r <-> r xor 1, every
-   rank at once) for beta_x, np.add and np.copyto on 16 MiB out-of-cache vectors (every rank
-   at once) for gamma_m and copy, share = max(1, p / cores); none of these is an allreduce;
+4. the refined model (cost.predict_refined), its rates measured at each size n (per-byte rates
+   change as n leaves the cache): a pairwise Sendrecv of n bytes (r <-> r xor 1, every rank at
+   once) for beta_x, np.add and np.copyto on n-byte vectors (every rank at once) for gamma_m and
+   copy, share = max(1, p / cores); none of these is an allreduce;
 5. the issue-15 targets, a column per row with "met" or "NO": auto <= 1.5x MPI at every size;
    ring and Rabenseifner <= 1.0x MPI from 1 MiB; refined model / measured within 25% for every
    algorithm from 1 MiB. And auto's crossover: the smallest size from which Rabenseifner is as
@@ -108,31 +109,31 @@ def fit_gamma(comm, min_seconds, nbytes=4 << 20):
     return min(timed(comm, lambda: np.add(into, incoming, out=into), min_seconds) for _ in range(3)) / nbytes
 
 
-def fit_exchange(comm, min_seconds, sizes=(1 << 20, 4 << 20, 16 << 20, 64 << 20)):
-    """Seconds per byte of a pairwise Sendrecv (r <-> r xor 1), all ranks at once; least squares
-    slope over `sizes` (an odd p's last rank only waits)."""
-    rank, size = comm.Get_rank(), comm.Get_size()
-    partner = rank ^ 1
-    seconds = []
-    for nbytes in sizes:
-        out, into = np.ones(nbytes, dtype=np.uint8), np.empty(nbytes, dtype=np.uint8)
-
-        def exchange():
-            if partner < size:
-                comm.Sendrecv(out, partner, 3, into, partner, 3)
-        seconds.append(min(timed(comm, exchange, min_seconds) for _ in range(3)))
-    slope, _ = np.polyfit(np.array(sizes, dtype=float), np.array(seconds), 1)
-    return float(slope)
-
-
-def fit_memory(comm, min_seconds, nbytes=16 << 20):
+def fit_memory(comm, min_seconds, nbytes):
     """(gamma_m, copy): seconds per byte of np.add(a, b, out=a) and np.copyto(a, b) on
-    out-of-cache float32 vectors, all ranks at once."""
-    into = np.ones(nbytes // 4, dtype=np.float32)
+    n-byte float32 vectors, all ranks at once."""
+    into = np.ones(max(nbytes // 4, 1), dtype=np.float32)
     incoming = np.ones_like(into)
     add = min(timed(comm, lambda: np.add(into, incoming, out=into), min_seconds) for _ in range(3))
     copy = min(timed(comm, lambda: np.copyto(into, incoming), min_seconds) for _ in range(3))
     return add / nbytes, copy / nbytes
+
+
+def fit_rates(comm, min_seconds, nbytes, alpha):
+    """cost.Rates for vectors of `nbytes` bytes, from micro-benchmarks at that size (none an
+    allreduce): per-byte rates depend on whether n bytes fit in cache, so each size gets its own.
+    beta_x: a pairwise Sendrecv of n bytes (r <-> r xor 1), every rank at once, over n;
+    gamma_m, copy: np.add / np.copyto on n-byte float32 vectors, every rank at once, over n."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    partner = rank ^ 1
+    out, into = np.ones(nbytes, dtype=np.uint8), np.empty(nbytes, dtype=np.uint8)
+
+    def exchange():
+        if partner < size:
+            comm.Sendrecv(out, partner, 3, into, partner, 3)
+    beta_x = (min(timed(comm, exchange, min_seconds) for _ in range(3)) / nbytes) if size > 1 else 0.0
+    gamma_m, copy = fit_memory(comm, min_seconds, nbytes)
+    return cost.Rates(alpha, beta_x, gamma_m, copy, max(1.0, size / cores()))
 
 
 def cores():
@@ -205,11 +206,6 @@ def main(argv=None):
     else:
         alpha, beta, points = 0.0, 0.0, []
     gamma = fit_gamma(comm, min_time)
-    # --quick (the tests' smoke run): smaller micro-benchmarks, rates only roughly right
-    gamma_m, copy = fit_memory(comm, min_time, **({"nbytes": 4 << 20} if args.quick else {}))
-    beta_x = (fit_exchange(comm, min_time, **({"sizes": (1 << 20, 4 << 20)} if args.quick else {}))
-              if size > 1 else 0.0)
-    rates = cost.Rates(alpha, beta_x, gamma_m, copy, max(1.0, size / cores()))
     if rank == 0:
         print(f"# p = {size}; {MPI.Get_library_version().splitlines()[0].strip()}")
         print(f"# ping-pong fit: alpha = {alpha * 1e6:.2f} us, beta = {beta * 1e9:.4f} ns/B "
@@ -217,9 +213,8 @@ def main(argv=None):
         for nbytes, seconds in points:
             print(f"#   ping-pong {human(nbytes):>9}: {seconds * 1e6:10.2f} us  "
                   f"(fit {(alpha + beta * nbytes) * 1e6:10.2f} us)")
-        print(f"# refined rates (all ranks at once): exchange beta_x = {beta_x * 1e9:.4f} ns/B, "
-              f"add gamma_m = {gamma_m * 1e9:.4f} ns/B, copy = {copy * 1e9:.4f} ns/B, "
-              f"share = max(1, p / {cores()} cores) = {rates.share:g}")
+        print(f"# refined model: rates per size from exchange/add/copy micro-benchmarks at that size, "
+              f"every rank at once; share = max(1, p / {cores()} cores) = {max(1.0, size / cores()):g}")
         print(f"{'bytes':>9} {'algorithm':<18} {'measured us':>12} {'x MPI':>7} {'model us':>10} {'model/meas':>10}"
               f" {'refined us':>10} {'ref/meas':>8}  {'target':<18} met")
 
@@ -230,6 +225,10 @@ def main(argv=None):
         recvbuf = np.empty_like(sendbuf)
         expected = np.float32(size * (size + 1) / 2)
 
+        rates = fit_rates(comm, min_time, count * 4, alpha)
+        if rank == 0:
+            print(f"# {human(count * 4)}: exchange beta_x = {rates.beta_x * 1e9:.4f} ns/B, add gamma_m = "
+                  f"{rates.gamma_m * 1e9:.4f} ns/B, copy = {rates.copy * 1e9:.4f} ns/B", flush=True)
         calls = {"mpi": lambda: comm.Allreduce(sendbuf, recvbuf, op=MPI.SUM)}
         for name in names:
             calls[name] = (lambda f: lambda: f(comm, sendbuf, recvbuf, op="sum", check=False))(ALGORITHMS[name])
@@ -257,8 +256,8 @@ def main(argv=None):
                       "model_seconds": model, "model": model_name,
                       "alpha": alpha, "beta": beta, "gamma": gamma,
                       "refined_seconds": refined, "refined_ratio": refined_ratio,
-                      "rates": {"alpha": alpha, "beta_x": beta_x, "gamma_m": gamma_m, "copy": copy,
-                                "share": rates.share},
+                      "rates": {"alpha": alpha, "beta_x": rates.beta_x, "gamma_m": rates.gamma_m,
+                                "copy": rates.copy, "share": rates.share},
                       "target": goal, "met": met}
             records.append(record)
             if rank == 0:

@@ -26,9 +26,9 @@ an allreduce):
 
     alpha     ping-pong latency, times `share` = max(1, p / cores): a rank waits for its
               partner to be scheduled
-    beta_x    seconds per byte of a pairwise Sendrecv exchange (r <-> r xor 1), all ranks at once
-    gamma_m   seconds per byte of np.add(a, b, out=a) on out-of-cache vectors, all ranks at once
-    copy      seconds per byte of np.copyto on out-of-cache vectors, all ranks at once: the
+    beta_x    seconds per byte of a pairwise Sendrecv exchange of n bytes (r <-> r xor 1), all ranks at once
+    gamma_m   seconds per byte of np.add(a, b, out=a) on n-byte vectors, all ranks at once
+    copy      seconds per byte of np.copyto on n-byte vectors, all ranks at once: the
               extra whole-vector copies the code makes (sendbuf -> recvbuf on entry; the
               butterfly's result back out of its scratch vector), `extra_copies`
 
