@@ -1,12 +1,16 @@
 """Regenerate the space-time diagrams of tutorials/03_collectives.md from real traced runs.
 
-    mpiexec -n 6 python -m collectives.figures [DIRECTORY]      # default tutorials/figures
+    mpiexec -n 4 python -m collectives.figures [DIRECTORY]      # default tutorials/figures
+    mpiexec -n 6 python -m collectives.figures [DIRECTORY]
 
 Ranks 0-3 trace every algorithm at p = 4 (16 float64 elements, check=False) and draw it with
-the logical clock (trace.logical_times: one column per step, free of timing noise); then all
-6 ranks trace Rabenseifner to show the fold-in for a p that is not a power of two, and the
-ring at p = 4 is drawn once more on the wall clock.
+the logical clock (trace.logical_times: one column per step, free of timing noise). At p = 4
+the ring is also drawn on the wall clock (1 MiB, after a warm-up call and a barrier), and the
+span and start skew of that call, of a cold first call and of the same call at p = 2 go to
+03_spacetime_wall.json (only at p = 4: idle extra ranks would poll on the same cores). At a p
+that is not a power of two all ranks trace Rabenseifner to show the fold-in.
 """
+import json
 import sys
 from pathlib import Path
 
@@ -17,14 +21,66 @@ import collectives
 from collectives import cost, trace
 
 
-def draw(comm, algorithm, path, title, clock="steps", length=16):
-    collectives.allreduce(comm, np.ones(length), algorithm=algorithm, check=False)   # warm-up
+def draw(comm, algorithm, path, title, clock="steps", length=16, warm=True):
+    """Trace one call and draw it (rank 0); returns the gathered messages (rank 0) or None.
+
+    warm=False: no warm-up call and no barrier, as a first call in a program sees it."""
+    if warm:
+        collectives.allreduce(comm, np.ones(length), algorithm=algorithm, check=False)   # warm-up
     traced = trace.TracedComm(comm)
-    comm.Barrier()                                     # start together, so the wall clock is fair
+    if warm:
+        comm.Barrier()                                 # start together, so the wall clock is fair
     collectives.allreduce(traced, np.ones(length), algorithm=algorithm, check=False)
     messages = trace.gather(traced)
-    if messages is not None:
-        trace.plot_spacetime(messages, path, title, clock=clock)
+    if messages is not None and path is not None:
+        trace.plot_spacetime(messages, path, title, clock=clock, full=8 * length)
+    return messages
+
+
+def wall_summary(messages):
+    """Span of the call and skew of the ranks' first sends, in microseconds (rank 0's view)."""
+    first = {}
+    for m in messages:
+        if m.direction == "send":
+            first[m.rank] = min(first.get(m.rank, np.inf), m.start)
+    return {"span_us": 1e6 * (max(m.end for m in messages) - min(m.start for m in messages)),
+            "start_skew_us": 1e6 * (max(first.values()) - min(first.values()))}
+
+
+def timed_call(comm, length, repeats=20):
+    """Untraced ring call after a barrier: median over repeats of the slowest rank's seconds."""
+    vector, seconds = np.ones(length), []
+    for _ in range(repeats):
+        comm.Barrier()
+        start = MPI.Wtime()
+        collectives.allreduce(comm, vector, algorithm="ring", check=False)
+        seconds.append(comm.allreduce(MPI.Wtime() - start, op=MPI.MAX))
+    return float(np.median(seconds))
+
+
+def wall_clock(comm, out, length=1 << 17, repeats=5):
+    """The ring at 1 MiB on the wall clock: cold (first call, no barrier) and warm (after a warm-up and a
+    barrier, `repeats` times, the last one drawn), at p = 4 and, for comparison, p = 2 (one rank per core);
+    summaries to 03_spacetime_wall.json on rank 0 of `comm`."""
+    cold = draw(comm, "ring", None, "", clock="wall", length=length, warm=False)
+    warm = [draw(comm, "ring", None, "", clock="wall", length=length) for _ in range(repeats - 1)]
+    warm.append(draw(comm, "ring", out / "03_spacetime_ring_wall.png",
+                     f"ring allreduce, p = {comm.Get_size()}, 1 MiB, wall clock (warm, after a barrier)",
+                     clock="wall", length=length))
+    untraced = timed_call(comm, length)
+    two = comm.Split(0 if comm.Get_rank() < 2 else MPI.UNDEFINED, comm.Get_rank())
+    if two != MPI.COMM_NULL:
+        warm_two = [draw(two, "ring", None, "", clock="wall", length=length) for _ in range(repeats)]
+        untraced_two = timed_call(two, length)
+        two.Free()
+    if comm.Get_rank() == 0:
+        (out / "03_spacetime_wall.json").write_text(json.dumps({
+            "bytes": 8 * length, "p": comm.Get_size(),
+            "first_call_no_barrier": wall_summary(cold),
+            "warm_after_barrier": [wall_summary(m) for m in warm],
+            "untraced_median_us": 1e6 * untraced,
+            "p2_warm_after_barrier": [wall_summary(m) for m in warm_two],
+            "p2_untraced_median_us": 1e6 * untraced_two}, indent=1))
 
 
 def main(argv=None):
@@ -33,14 +89,15 @@ def main(argv=None):
     world = MPI.COMM_WORLD
     four = world.Split(0 if world.Get_rank() < 4 else MPI.UNDEFINED, world.Get_rank())
     if four != MPI.COMM_NULL:
+        if world.Get_size() == 4:                      # no idle extra ranks polling on the same cores
+            wall_clock(four, out)                      # first: its cold call is the program's first
         for algorithm in cost.ALGORITHMS:
             draw(four, algorithm, out / f"03_spacetime_{algorithm}.png",
                  f"{algorithm} allreduce, p = {four.Get_size()}, 16 elements")
-        draw(four, "ring", out / "03_spacetime_ring_wall.png",
-             "ring allreduce, p = 4, 1 MiB, wall clock", clock="wall", length=1 << 17)
         four.Free()
-    draw(world, "rabenseifner", out / f"03_spacetime_rabenseifner_p{world.Get_size()}.png",
-         f"rabenseifner allreduce, p = {world.Get_size()} (fold-in), 16 elements")
+    if world.Get_size() & (world.Get_size() - 1):      # not a power of two: the fold-in
+        draw(world, "rabenseifner", out / f"03_spacetime_rabenseifner_p{world.Get_size()}.png",
+             f"rabenseifner allreduce, p = {world.Get_size()} (fold-in), 16 elements")
 
 
 if __name__ == "__main__":

@@ -297,11 +297,17 @@ def logical_times(messages):
     return slot
 
 
-def plot_spacetime(messages, path, title=None, clock="wall"):
+WIDTH = 5.0          # plot_spacetime: arrow width (points) of a message as big as the whole vector
+
+
+def plot_spacetime(messages, path, title=None, clock="wall", full=None):
     """Space-time diagram as a PNG: ranks as rows, time left to right, an arrow per message.
 
     clock="wall": arrows from a send's start to its receive's end, in microseconds.
     clock="steps": the logical schedule (logical_times), one column per step.
+    An arrow's width is proportional to its message's bytes, on one scale for every figure that
+    passes the same `full` (the whole vector's bytes; default the largest message): width
+    WIDTH at full, and a legend of the sizes drawn.
     """
     import matplotlib
     matplotlib.use("Agg")
@@ -321,18 +327,26 @@ def plot_spacetime(messages, path, title=None, clock="wall"):
         def x_of(send, recv):
             return send.start * 1e6, recv.end * 1e6
         xlabel = "time (us)"
+    full = full or max((send.nbytes for send, _ in pairs), default=1) or 1
+
+    def width(nbytes):
+        return max(0.4, WIDTH * nbytes / full)
+
     figure, axes = plt.subplots(figsize=(8, 0.6 * len(ranks) + 1.4))
     right = 1.0
     for send, recv in pairs:
         x0, x1 = x_of(send, recv)
         right = max(right, x1)
         axes.annotate("", xy=(x1, recv.rank), xytext=(x0, send.rank),
-                      arrowprops=dict(arrowstyle="->", color=colours[send.phase], lw=1.3,
+                      arrowprops=dict(arrowstyle="->", color=colours[send.phase], lw=width(send.nbytes),
                                       shrinkA=0, shrinkB=0))
     for rank in ranks:
         axes.axhline(rank, color="0.8", lw=0.8, zorder=0)
     for phase in phases:
         axes.plot([], [], color=colours[phase], label=phase)
+    for nbytes in sorted({send.nbytes for send, _ in pairs}, reverse=True):
+        size = f"{nbytes >> 10} KiB" if nbytes >= 1 << 10 else f"{nbytes} B"
+        axes.plot([], [], color="0.3", lw=width(nbytes), label=f"{size} ({nbytes / full:.3g} of vector)")
     axes.set_xlim(-0.02 * right, 1.02 * right)
     axes.set_ylim(max(ranks) + 0.5, min(ranks) - 0.5)
     axes.set_yticks(ranks, [f"rank {rank}" for rank in ranks])

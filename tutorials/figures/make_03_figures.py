@@ -1,0 +1,96 @@
+"""Regenerate every figure of tutorials/03_collectives.md (run it with plain python: it launches mpiexec).
+
+    python tutorials/figures/make_03_figures.py [--quick] [--out DIR] [--only spacetime|bench] [--keep]
+
+spacetime: `mpiexec -n 4 python -m collectives.figures OUT` traces every algorithm at p = 4 (arrow width
+    proportional to the message's bytes) and the ring on the wall clock (span and start skew, cold and
+    warm, p = 4 and p = 2, to 03_spacetime_wall.json); then `mpiexec -n 6` draws Rabenseifner's fold-in
+    at p = 6. --quick: no p = 6 run.
+bench: `mpiexec -n P python -m collectives.bench --json OUT/03_bench_pP.json` for P = 2 and 4, then
+    03_bench_pP.png: each algorithm's time divided by MPI_Allreduce's at the same size (1.0 marked),
+    size on a log axis. --quick: the bench's --quick sizes. --keep: redraw from the JSON already in OUT
+    without running the bench (the full run wants an idle machine: minutes, and 4 ranks on 2 cores).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+RANKS = (2, 4)                                     # the bench's process counts
+
+
+def mpiexec(n, *args):
+    """Run `mpiexec -n n python *args` from the repository root; stop on failure."""
+    command = [os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", str(n), sys.executable, *args]
+    print("$", " ".join(command[1:]), flush=True)
+    subprocess.run(command, cwd=ROOT, env=ENV, check=True, timeout=1800)
+
+
+def spacetime(out, quick):
+    mpiexec(4, "-m", "collectives.figures", str(out))          # diagrams at p = 4 and the wall clock
+    if not quick:
+        mpiexec(6, "-m", "collectives.figures", str(out))      # Rabenseifner's fold-in at p = 6
+    wall = json.loads((out / "03_spacetime_wall.json").read_text())
+    cold = wall["first_call_no_barrier"]
+    print(f"ring 1 MiB p = 4 wall clock: cold span {cold['span_us']:.0f} us, start skew {cold['start_skew_us']:.0f} us")
+    for key in ("warm_after_barrier", "p2_warm_after_barrier"):
+        print(f"  {key}: spans {[round(r['span_us']) for r in wall[key]]} us, "
+              f"skews {[round(r['start_skew_us']) for r in wall[key]]} us")
+    print(f"  untraced median: p = 4 {wall['untraced_median_us']:.0f} us, p = 2 {wall['p2_untraced_median_us']:.0f} us")
+
+
+def plot_ratios(records, path):
+    """Time relative to MPI_Allreduce against message size, one line per algorithm."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    p = records[0]["p"]
+    figure, axes = plt.subplots(figsize=(7, 4.2))
+    for name in dict.fromkeys(r["algorithm"] for r in records if r["algorithm"] != "mpi"):
+        mine = sorted((r for r in records if r["algorithm"] == name), key=lambda r: r["bytes"])
+        axes.plot([r["bytes"] for r in mine], [r["ratio"] for r in mine], "o-", label=name)
+    axes.axhline(1.0, color="black", lw=1.2, ls="--", label="MPI_Allreduce (= 1)")
+    axes.set_xscale("log", base=2)
+    sizes = sorted({r["bytes"] for r in records})
+    axes.set_xticks(sizes, [f"{s >> 20} MiB" if s >= 1 << 20 else f"{s >> 10} KiB" for s in sizes])
+    axes.set_ylim(bottom=0)
+    axes.set_xlabel("message size (float32 vector)")
+    axes.set_ylabel("time / MPI_Allreduce time")
+    axes.set_title(f"allreduce time relative to MPI's, p = {p} (below 1: faster than MPI)")
+    axes.legend(fontsize=8, frameon=False)
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=80)
+    plt.close(figure)
+
+
+def bench(out, quick, keep):
+    for p in RANKS:
+        data = out / f"03_bench_p{p}.json"
+        if not keep:
+            mpiexec(p, "-m", "collectives.bench", "--json", str(data), *(["--quick"] if quick else []))
+        plot_ratios(json.loads(data.read_text()), out / f"03_bench_p{p}.png")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="cheap settings for CI")
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parent))
+    parser.add_argument("--only", choices=["spacetime", "bench"], default=None)
+    parser.add_argument("--keep", action="store_true", help="bench: redraw from the JSON in OUT, no rerun")
+    args = parser.parse_args(argv)
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    if args.only in (None, "spacetime"):
+        spacetime(out, args.quick)
+    if args.only in (None, "bench"):
+        bench(out, args.quick, args.keep)
+
+
+if __name__ == "__main__":
+    main()
