@@ -23,7 +23,9 @@ def test_make_03_figures_quick_writes_every_figure_and_its_json(tmp_path):
     for row in [wall["first_call_no_barrier"], *wall["warm_after_barrier"], *wall["p2_warm_after_barrier"]]:
         assert 0 <= row["start_skew_us"] <= row["span_us"], row
     for p in (2, 4):
-        records = json.loads((tmp_path / f"03_bench_p{p}.json").read_text())
+        runs = json.loads((tmp_path / f"03_bench_p{p}.json").read_text())
+        assert len(runs) == 1                               # --quick: one launch
+        records = runs[0]
         assert {r["p"] for r in records} == {p}
         for nbytes in {r["bytes"] for r in records}:       # every size has MPI's row, the ratios' base
             assert {r["algorithm"] for r in records if r["bytes"] == nbytes} >= {"mpi", "ring", "rabenseifner"}

@@ -6,10 +6,11 @@ spacetime: `mpiexec -n 4 python -m collectives.figures OUT` traces every algorit
     proportional to the message's bytes) and the ring on the wall clock (span and start skew, cold and
     warm, p = 4 and p = 2, to 03_spacetime_wall.json); then `mpiexec -n 6` draws Rabenseifner's fold-in
     at p = 6. --quick: no p = 6 run.
-bench: `mpiexec -n P python -m collectives.bench --json OUT/03_bench_pP.json` for P = 2 and 4, then
+bench: `mpiexec -n P python -m collectives.bench --json ...` for P = 2 and 4 (runs kept in OUT/03_bench_pP.json), then
     03_bench_pP.png: each algorithm's time divided by MPI_Allreduce's at the same size (1.0 marked),
-    size on a log axis. --quick: the bench's --quick sizes. --keep: redraw from the JSON already in OUT
-    without running the bench (the full run wants an idle machine: minutes, and 4 ranks on 2 cores).
+    size on a log axis: the median of --repeats launches (default 3), shaded from min to max. --quick: the
+    bench's --quick sizes, one launch. --keep: redraw from the JSON already in OUT without running the
+    bench (the full run wants an idle machine: minutes, and 4 ranks on 2 cores).
 """
 import argparse
 import json
@@ -43,17 +44,24 @@ def spacetime(out, quick):
     print(f"  untraced median: p = 4 {wall['untraced_median_us']:.0f} us, p = 2 {wall['p2_untraced_median_us']:.0f} us")
 
 
-def plot_ratios(records, path):
-    """Time relative to MPI_Allreduce against message size, one line per algorithm."""
+def plot_ratios(runs, path):
+    """Time relative to MPI_Allreduce against message size, one line per algorithm: the median over the
+    runs (each its own launch), shaded from the smallest to the largest run."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
 
+    records = [r for run in runs for r in run]
     p = records[0]["p"]
     figure, axes = plt.subplots(figsize=(7, 4.2))
     for name in dict.fromkeys(r["algorithm"] for r in records if r["algorithm"] != "mpi"):
-        mine = sorted((r for r in records if r["algorithm"] == name), key=lambda r: r["bytes"])
-        axes.plot([r["bytes"] for r in mine], [r["ratio"] for r in mine], "o-", label=name)
+        sizes = sorted({r["bytes"] for r in records if r["algorithm"] == name})
+        ratios = [[r["ratio"] for r in records if r["algorithm"] == name and r["bytes"] == s] for s in sizes]
+        line, = axes.plot(sizes, [np.median(v) for v in ratios], "o-", label=name)
+        if len(runs) > 1:
+            axes.fill_between(sizes, [min(v) for v in ratios], [max(v) for v in ratios], color=line.get_color(),
+                              alpha=0.15, lw=0)
     axes.axhline(1.0, color="black", lw=1.2, ls="--", label="MPI_Allreduce (= 1)")
     axes.set_xscale("log", base=2)
     sizes = sorted({r["bytes"] for r in records})
@@ -61,7 +69,9 @@ def plot_ratios(records, path):
     axes.set_ylim(bottom=0)
     axes.set_xlabel("message size (float32 vector)")
     axes.set_ylabel("time / MPI_Allreduce time")
-    axes.set_title(f"allreduce time relative to MPI's, p = {p} (below 1: faster than MPI)")
+    spread = f"median of {len(runs)} runs, shaded min-max" if len(runs) > 1 else "one run"
+    axes.set_title(f"allreduce time relative to MPI's, p = {p}\n({spread}; below 1: faster than MPI)",
+                   fontsize=10)
     axes.legend(fontsize=8, frameon=False)
     axes.grid(alpha=0.3)
     figure.tight_layout()
@@ -69,12 +79,22 @@ def plot_ratios(records, path):
     plt.close(figure)
 
 
-def bench(out, quick, keep):
+def bench(out, quick, keep, repeats):
+    """03_bench_pP.json: a list of runs, each the bench's own JSON (one record per size and algorithm)."""
     for p in RANKS:
         data = out / f"03_bench_p{p}.json"
         if not keep:
-            mpiexec(p, "-m", "collectives.bench", "--json", str(data), *(["--quick"] if quick else []))
-        plot_ratios(json.loads(data.read_text()), out / f"03_bench_p{p}.png")
+            runs = []
+            for _ in range(repeats):                       # separate launches: the noise between runs shows
+                part = out / f"03_bench_p{p}.run.json"
+                mpiexec(p, "-m", "collectives.bench", "--json", str(part), *(["--quick"] if quick else []))
+                runs.append(json.loads(part.read_text()))
+                part.unlink()
+            data.write_text(json.dumps(runs, indent=1))
+        runs = json.loads(data.read_text())
+        if runs and isinstance(runs[0], dict):             # one run as the bench wrote it
+            runs = [runs]
+        plot_ratios(runs, out / f"03_bench_p{p}.png")
 
 
 def main(argv=None):
@@ -83,13 +103,16 @@ def main(argv=None):
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent))
     parser.add_argument("--only", choices=["spacetime", "bench"], default=None)
     parser.add_argument("--keep", action="store_true", help="bench: redraw from the JSON in OUT, no rerun")
+    parser.add_argument("--repeats", type=int, default=None, help="bench launches per p (default 3; --quick 1)")
     args = parser.parse_args(argv)
+    if args.repeats is not None and args.repeats < 1:
+        parser.error(f"--repeats {args.repeats}: need at least one bench launch")
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     if args.only in (None, "spacetime"):
         spacetime(out, args.quick)
     if args.only in (None, "bench"):
-        bench(out, args.quick, args.keep)
+        bench(out, args.quick, args.keep, args.repeats or (1 if args.quick else 3))
 
 
 if __name__ == "__main__":
