@@ -20,8 +20,15 @@ the columns makes each of the three products ONE large GEMM (the batch is the lo
 of N small ones; the price is a transposing copy of the (small) output and output gradient.
 The big scratch arrays come from ``workspace`` (reused, not re-allocated every call).
 
+Blocks of images (``image_blocks``, below the two copies): when a whole batch's columns would
+outgrow the caches (tens of MB), the same three products run on a few images at a time, so that
+each block's columns are still in cache when its GEMM reads them; the backward pass rebuilds each
+block's columns instead of keeping the batch's, and sums the blocks' weight gradients. A batch
+whose columns fit in BLOCK_BYTES is one block: the algorithm above, unchanged.
+
 Multiplications: N * F * C*kh*kw * Ho*Wo (as direct). Extra memory: the column buffer,
-N * C*kh*kw * Ho*Wo elements (kh*kw times the input for stride 1). Supports every case.
+N * C*kh*kw * Ho*Wo elements (kh*kw times the input for stride 1), or one block's of it.
+Supports every case.
 """
 from minidl.backend import get_array_module
 from minidl.conv import output_size, workspace
@@ -83,49 +90,127 @@ def _input_gradient_as_convolution(weight_shape, stride, padding):
     return stride == 1 and kh == kw and padding <= kh - 1 and f <= c
 
 
-def forward(x, weight, stride, padding):
+# ---- blocks of images: the same products, a few images at a time --------------------------------
+BLOCK_BYTES = 8 << 20
+
+
+def image_blocks(x_shape, weight_shape, stride, padding, itemsize):
+    """[(start, stop)]: the batch cut into blocks whose columns take at most about BLOCK_BYTES.
+
+    Why: a whole batch's columns can be far larger than the processor's caches (75 MB for 32
+    images of 64 channels at 32x32, 3x3), and then im2col writes them to memory and the GEMM
+    reads them back from it: the layer runs at memory speed (``python -m minidl.bench`` shows
+    its stages). A block's columns (about 8 MB: 3 such images) stay in cache between the copy
+    and the product. The batch stays ONE block, and the layer the textbook algorithm above bit
+    for bit, whenever all its columns fit (every layer of LeNet-5 and the small CNN does).
+    """
+    n, c, h, w = x_shape
+    f, _, kh, kw = weight_shape
+    per_image = c * kh * kw * output_size(h, kh, stride, padding) * output_size(w, kw, stride, padding) * itemsize
+    images = max(1, BLOCK_BYTES // max(per_image, 1))
+    return [(start, min(start + images, n)) for start in range(0, n, images)] or [(0, 0)]
+
+
+def _columns(x, kh, kw, stride, padding, out_h, out_w):
+    """Zero-pad x (N, C, H, W) and copy out its columns: (C*kh*kw, N*Ho*Wo), the stored order."""
     xp = get_array_module(x)
     n, c, h, w = x.shape
-    f, _, kh, kw = weight.shape
-    out_h, out_w = output_size(h, kh, stride, padding), output_size(w, kw, stride, padding)
     x_pad = x
     if padding:
         x_pad = workspace(xp, (n, c, h + 2 * padding, w + 2 * padding), x.dtype, zero=True)
         x_pad[:, :, padding:padding + h, padding:padding + w] = x
     cols = im2col(x_pad, kh, kw, stride, out_h, out_w).transpose(1, 2, 3, 0, 4, 5)   # back to the stored order
-    cols = cols.reshape(c * kh * kw, n * out_h * out_w)                                # a view, no copy
+    return cols.reshape(c * kh * kw, n * out_h * out_w), x_pad.shape                  # a view, no copy
+
+
+def _forward_block(x, weight, stride, padding, out):
+    """out (N, F, Ho, Wo) <- the convolution of x; returns the columns it used and the padded shape."""
+    xp = get_array_module(x)
+    n = x.shape[0]
+    f, c, kh, kw = weight.shape
+    out_h, out_w = out.shape[2:]
+    cols, padded_shape = _columns(x, kh, kw, stride, padding, out_h, out_w)
     out_2d = xp.matmul(weight.reshape(f, c * kh * kw), cols,          # (F, CKK) @ (CKK, N HoWo)
-                       out=workspace(xp, (f, n * out_h * out_w), xp.result_type(weight, x)))
-    out = xp.ascontiguousarray(out_2d.reshape(f, n, out_h, out_w).transpose(1, 0, 2, 3))
-    cache = {"cols": cols, "weight": weight, "padded_shape": x_pad.shape, "x_shape": x.shape,
-             "stride": stride, "padding": padding}
+                       out=workspace(xp, (f, n * out_h * out_w), out.dtype))
+    out[...] = out_2d.reshape(f, n, out_h, out_w).transpose(1, 0, 2, 3)
+    return cols, padded_shape
+
+
+def forward(x, weight, stride, padding):
+    xp = get_array_module(x)
+    n, c, h, w = x.shape
+    f, _, kh, kw = weight.shape
+    out_h, out_w = output_size(h, kh, stride, padding), output_size(w, kw, stride, padding)
+    out = xp.empty((n, f, out_h, out_w), dtype=xp.result_type(weight, x))
+    blocks = image_blocks(x.shape, weight.shape, stride, padding, x.dtype.itemsize)
+    cache = {"weight": weight, "x_shape": x.shape, "stride": stride, "padding": padding, "blocks": blocks}
+    if len(blocks) == 1:                       # one block: keep the columns for the weight gradient
+        cache["cols"], cache["padded_shape"] = _forward_block(x, weight, stride, padding, out)
+    else:                                      # several: keep x and rebuild each block's columns in backward
+        for start, stop in blocks:
+            _forward_block(x[start:stop], weight, stride, padding, out[start:stop])
+        cache["x"] = x
     return out, cache
+
+
+def _gradient_2d(grad_out):
+    """grad_out (N, F, Ho, Wo) as the (F, N*Ho*Wo) matrix the products need (a transposing copy)."""
+    xp = get_array_module(grad_out)
+    n, f, out_h, out_w = grad_out.shape
+    grad_2d = workspace(xp, (f, n, out_h, out_w), grad_out.dtype)
+    grad_2d[...] = grad_out.transpose(1, 0, 2, 3)
+    return grad_2d.reshape(f, n * out_h * out_w)
+
+
+def _weight_gradient_block(cols, grad_2d, weight_shape):
+    # (CKK, N HoWo) @ (N HoWo, F), then the small (CKK, F) result transposed: the same product as
+    # grad_2d @ cols.T, but in the order OpenBLAS runs 20-40% faster for these skinny shapes
+    # (cols is read along its rows; python -m minidl.bench breakdown shows the GEMM's rate)
+    return get_array_module(cols).matmul(cols, grad_2d.T).T.reshape(weight_shape)
+
+
+def _input_gradient_block(grad_2d, weight, padded_shape, stride, padding, x_shape):
+    """grad_x of one block by GEMM + col2im: (CKK, F) @ (F, N HoWo), then the columns added back."""
+    xp = get_array_module(grad_2d)
+    f, c, kh, kw = weight.shape
+    n = padded_shape[0]
+    out_h, out_w = output_size(x_shape[2], kh, stride, padding), output_size(x_shape[3], kw, stride, padding)
+    grad_cols = xp.matmul(weight.reshape(f, c * kh * kw).T, grad_2d,
+                          out=workspace(xp, (c * kh * kw, n * out_h * out_w), xp.result_type(weight, grad_2d)))
+    grad_cols = grad_cols.reshape(c, kh, kw, n, out_h, out_w).transpose(3, 0, 1, 2, 4, 5)
+    grad_x_pad = col2im(grad_cols, padded_shape, stride)
+    h, w = x_shape[2:]
+    return grad_x_pad[:, :, padding:padding + h, padding:padding + w]
 
 
 def backward(grad_out, cache, need_x=True, need_weight=True):
     xp = get_array_module(grad_out)
-    cols, weight = cache["cols"], cache["weight"]
-    n, f, out_h, out_w = grad_out.shape
-    _, c, kh, kw = weight.shape
-    grad_2d = workspace(xp, (f, n, out_h, out_w), grad_out.dtype)
-    grad_2d[...] = grad_out.transpose(1, 0, 2, 3)
-    grad_2d = grad_2d.reshape(f, n * out_h * out_w)
+    weight, stride, padding, blocks = cache["weight"], cache["stride"], cache["padding"], cache["blocks"]
+    f, c, kh, kw = weight.shape
+    out_h, out_w = grad_out.shape[2:]
+    as_convolution = _input_gradient_as_convolution(weight.shape, stride, padding)
     grad_weight = grad_x = None
-    if need_weight:
-        # (CKK, N HoWo) @ (N HoWo, F), then the small (CKK, F) result transposed: the same product as
-        # grad_2d @ cols.T, but in the order OpenBLAS runs 20-40% faster for these skinny shapes
-        # (cols is read along its rows; python -m minidl.bench breakdown shows the GEMM's rate)
-        grad_weight = xp.matmul(cols, grad_2d.T).T.reshape(weight.shape)
-    if need_x and _input_gradient_as_convolution(weight.shape, cache["stride"], cache["padding"]):
+    if len(blocks) == 1:
+        grad_2d = _gradient_2d(grad_out)
+        if need_weight:
+            grad_weight = _weight_gradient_block(cache["cols"], grad_2d, weight.shape)
+        if need_x and not as_convolution:
+            grad_x = _input_gradient_block(grad_2d, weight, cache["padded_shape"], stride, padding, cache["x_shape"])
+    else:
+        x = cache["x"]
+        if need_x and not as_convolution:
+            grad_x = xp.empty(cache["x_shape"], dtype=xp.result_type(weight, grad_out))
+        for start, stop in blocks:             # each block's columns rebuilt while they are in cache
+            grad_2d = _gradient_2d(grad_out[start:stop])
+            if need_weight:
+                cols, _ = _columns(x[start:stop], kh, kw, stride, padding, out_h, out_w)
+                block = _weight_gradient_block(cols, grad_2d, weight.shape)
+                grad_weight = block.copy() if grad_weight is None else grad_weight + block
+            if need_x and not as_convolution:
+                padded = (stop - start, c) + tuple(s + 2 * padding for s in x.shape[2:])
+                grad_x[start:stop] = _input_gradient_block(grad_2d, weight, padded, stride, padding, x.shape)
+    if need_x and as_convolution:
         # flipped[c, f, i, j] = weight[f, c, kh-1-i, kw-1-j]: a "full" convolution of grad_out
         flipped = xp.ascontiguousarray(weight[:, :, ::-1, ::-1].transpose(1, 0, 2, 3))
-        grad_x, _ = forward(grad_out, flipped, 1, kh - 1 - cache["padding"])
-    elif need_x:
-        grad_cols = xp.matmul(weight.reshape(f, c * kh * kw).T, grad_2d,    # (CKK, F) @ (F, N HoWo)
-                              out=workspace(xp, (c * kh * kw, n * out_h * out_w), xp.result_type(weight, grad_out)))
-        grad_cols = grad_cols.reshape(c, kh, kw, n, out_h, out_w).transpose(3, 0, 1, 2, 4, 5)
-        grad_x_pad = col2im(grad_cols, cache["padded_shape"], cache["stride"])
-        padding = cache["padding"]
-        h, w = cache["x_shape"][2:]
-        grad_x = grad_x_pad[:, :, padding:padding + h, padding:padding + w]
+        grad_x, _ = forward(grad_out, flipped, 1, kh - 1 - padding)
     return grad_x, grad_weight
