@@ -230,43 +230,71 @@ BREAKDOWN_LAYERS = ("conv2d large fwd+bwd", "lenet conv1 fwd+bwd", "lenet conv2 
 
 
 def conv_stages(shape, rng, xp):
-    """[(pass, stage, fn, flops)]: the im2col layer's steps (minidl.conv.im2col) with its own building blocks.
+    """[(pass, stage, fn, flops, scale)]: the im2col layer's steps (minidl.conv.im2col) with its own building blocks.
 
     Each stage is one of the calls the layer makes, on arrays of the layer's shapes, so the stages
     add up to about the layer's time (not exactly: caches are warmer when a stage runs alone).
+    Where the layer cuts its batch into blocks of images (``im2col.image_blocks``), a per-block
+    stage runs on one block and counts ``scale`` = N / images per block times; the layer then also
+    rebuilds each block's columns for the weight gradient ("im2col copy (rebuilt)").
     """
     from minidl.conv import im2col as kernel
     n, c, f, side, k, stride, padding = shape
-    x = xp.asarray(rng.standard_normal((n, c, side, side)), dtype=xp.float32)
+    blocks = kernel.image_blocks((n, c, side, side), (f, c, k, k), stride, padding, 4)
+    nb = blocks[0][1] - blocks[0][0]
+    scale = n / nb
+    x = xp.asarray(rng.standard_normal((nb, c, side, side)), dtype=xp.float32)
     weight = xp.asarray(rng.standard_normal((f, c, k, k)), dtype=xp.float32)
     out_side = (side + 2 * padding - k) // stride + 1
-    grad = xp.asarray(rng.standard_normal((n, f, out_side, out_side)), dtype=xp.float32)
-    stages = _conv_forward_stages("forward", x, weight, stride, padding, xp)
+    grad = xp.asarray(rng.standard_normal((nb, f, out_side, out_side)), dtype=xp.float32)
+    stages = _conv_forward_stages("forward", x, weight, stride, padding, xp, scale)
     out = xp.zeros((n, f, out_side, out_side), dtype=xp.float32)
     bias = xp.zeros((1, f, 1, 1), dtype=xp.float32)
-    stages.append(("forward", "bias add", lambda: xp.add(out, bias, out=out), None))
+    whole_grad = xp.asarray(rng.standard_normal((n, f, out_side, out_side)), dtype=xp.float32)
+    stages.append(("forward", "bias add", lambda: xp.add(out, bias, out=out), None, 1))
     # weight gradient: the output gradient transposed to (F, N HoWo), then one GEMM with the columns
     cols = _columns(x, k, stride, padding, out_side, xp)
-    grad_2d = xp.empty((f, n * out_side * out_side), dtype=xp.float32)
-    grad_nchw = grad.transpose(1, 0, 2, 3).reshape(f, n, out_side, out_side)
+    if len(blocks) > 1:
+        x_pad = xp.zeros((nb, c, side + 2 * padding, side + 2 * padding), dtype=x.dtype)
+        stages.append(("weight gradient", "im2col copy (rebuilt)",
+                       lambda: kernel.im2col(x_pad, k, k, stride, out_side, out_side), None, scale))
+    grad_2d = xp.empty((f, nb * out_side * out_side), dtype=xp.float32)
+    grad_nchw = grad.transpose(1, 0, 2, 3).reshape(f, nb, out_side, out_side)
     stages.append(("weight gradient", "grad transpose",
-                   lambda: grad_2d.reshape(f, n, out_side, out_side).__setitem__(Ellipsis, grad_nchw), None))
-    stages.append(("weight gradient", "GEMM", lambda: xp.matmul(cols, grad_2d.T), 2 * f * cols.size))
-    stages.append(("weight gradient", "bias sum", lambda: grad.sum(axis=(0, 2, 3)), None))
+                   lambda: grad_2d.reshape(f, nb, out_side, out_side).__setitem__(Ellipsis, grad_nchw), None, scale))
+    stages.append(("weight gradient", "GEMM", lambda: xp.matmul(cols, grad_2d.T), 2 * f * cols.size, scale))
+    stages.append(("weight gradient", "bias sum", lambda: whole_grad.sum(axis=(0, 2, 3)), None, 1))
     # input gradient: a "full" convolution of grad (stride 1, F <= C), or GEMM + col2im
     if kernel._input_gradient_as_convolution(weight.shape, stride, padding):
         flipped = xp.ascontiguousarray(weight[:, :, ::-1, ::-1].transpose(1, 0, 2, 3))
         stages.append(("input gradient", "flip weight",
-                       lambda: xp.ascontiguousarray(weight[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)), None))
-        stages += _conv_forward_stages("input gradient", grad, flipped, 1, k - 1 - padding, xp)
+                       lambda: xp.ascontiguousarray(weight[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)), None, 1))
+        stages += _conv_forward_stages("input gradient", grad, flipped, 1, k - 1 - padding, xp, scale)
+    elif stride == 1:             # GEMM + col2im on rows as wide as the padded input (im2col._col2im_wide)
+        width = side + 2 * padding
+        weight_t = weight.reshape(f, -1).T
+        grad_wide = xp.zeros((f, nb * out_side * width), dtype=xp.float32)
+        grad_cols = xp.empty((c * k * k, nb * out_side * width), dtype=xp.float32)
+        stages.append(("input gradient", "GEMM", lambda: xp.matmul(weight_t, grad_wide, out=grad_cols),
+                       2 * f * c * k * k * nb * out_side * out_side, scale))    # the useful flops only
+        wide = grad_cols.reshape(c, k, k, nb, out_side * width)
+        planes = xp.zeros((c, nb, width * width), dtype=xp.float32)
+        run = (out_side - 1) * width + out_side
+
+        def col2im_wide():
+            planes[...] = 0
+            for i in range(k):
+                for j in range(k):
+                    planes[:, :, i * width + j:i * width + j + run] += wide[:, i, j, :, :run]
+        stages.append(("input gradient", "col2im", col2im_wide, None, scale))
     else:
         weight_t = weight.reshape(f, -1).T
-        grad_cols = xp.empty((c * k * k, n * out_side * out_side), dtype=xp.float32)
+        grad_cols = xp.empty((c * k * k, nb * out_side * out_side), dtype=xp.float32)
         stages.append(("input gradient", "GEMM", lambda: xp.matmul(weight_t, grad_2d, out=grad_cols),
-                       2 * f * grad_cols.size))
-        cols_view = grad_cols.reshape(c, k, k, n, out_side, out_side).transpose(3, 0, 1, 2, 4, 5)
-        padded = (n, c, side + 2 * padding, side + 2 * padding)
-        stages.append(("input gradient", "col2im", lambda: kernel.col2im(cols_view, padded, stride), None))
+                       2 * f * grad_cols.size, scale))
+        cols_view = grad_cols.reshape(c, k, k, nb, out_side, out_side).transpose(3, 0, 1, 2, 4, 5)
+        padded = (nb, c, side + 2 * padding, side + 2 * padding)
+        stages.append(("input gradient", "col2im", lambda: kernel.col2im(cols_view, padded, stride), None, scale))
     return stages
 
 
@@ -279,7 +307,7 @@ def _columns(x, k, stride, padding, out_side, xp):
     return xp.ascontiguousarray(cols).reshape(c * k * k, n * out_side * out_side)
 
 
-def _conv_forward_stages(label, x, weight, stride, padding, xp):
+def _conv_forward_stages(label, x, weight, stride, padding, xp, scale=1):
     from minidl.conv import im2col as kernel
     n, c, side = x.shape[0], x.shape[1], x.shape[2]
     f, k = weight.shape[0], weight.shape[2]
@@ -288,14 +316,15 @@ def _conv_forward_stages(label, x, weight, stride, padding, xp):
     stages = []
     if padding:
         inner = (slice(None), slice(None), slice(padding, padding + side), slice(padding, padding + side))
-        stages.append((label, "zero-pad copy", lambda: x_pad.__setitem__(inner, x), None))
-    stages.append((label, "im2col copy", lambda: kernel.im2col(x_pad, k, k, stride, out_side, out_side), None))
+        stages.append((label, "zero-pad copy", lambda: x_pad.__setitem__(inner, x), None, scale))
+    stages.append((label, "im2col copy", lambda: kernel.im2col(x_pad, k, k, stride, out_side, out_side), None, scale))
     cols = _columns(x, k, stride, padding, out_side, xp)
     weight_2d = weight.reshape(f, -1)
     out_2d = xp.empty((f, cols.shape[1]), dtype=x.dtype)
-    stages.append((label, "GEMM", lambda: xp.matmul(weight_2d, cols, out=out_2d), 2 * f * cols.size))
+    stages.append((label, "GEMM", lambda: xp.matmul(weight_2d, cols, out=out_2d), 2 * f * cols.size, scale))
     stages.append((label, "output transpose",
-                   lambda: xp.ascontiguousarray(out_2d.reshape(f, n, out_side, out_side).transpose(1, 0, 2, 3)), None))
+                   lambda: xp.ascontiguousarray(out_2d.reshape(f, n, out_side, out_side).transpose(1, 0, 2, 3)), None,
+                   scale))
     return stages
 
 
@@ -305,8 +334,8 @@ def pool_stages(shape, rng, xp):
     x = xp.asarray(rng.standard_normal((n, c, side, side)), dtype=xp.float32)
     out, cache = pool.max_pool_forward(x, k, k, 0)
     grad = xp.ones_like(out)
-    return [("forward", "max over windows", lambda: pool.max_pool_forward(x, k, k, 0), None),
-            ("input gradient", "route to the maxima", lambda: pool.max_pool_backward(grad, cache), None)]
+    return [("forward", "max over windows", lambda: pool.max_pool_forward(x, k, k, 0), None, 1),
+            ("input gradient", "route to the maxima", lambda: pool.max_pool_backward(grad, cache), None, 1)]
 
 
 def linear_stages(shape, rng, xp):
@@ -316,10 +345,10 @@ def linear_stages(shape, rng, xp):
     grad = xp.asarray(rng.standard_normal((n, o)), dtype=xp.float32)
     bias = xp.zeros(o, dtype=xp.float32)
     flops, out = 2 * n * i * o, x @ weight
-    return [("forward", "GEMM", lambda: x @ weight, flops), ("forward", "bias add", lambda: out + bias, None),
-            ("weight gradient", "GEMM", lambda: x.T @ grad, flops),
-            ("weight gradient", "bias sum", lambda: grad.sum(axis=0), None),
-            ("input gradient", "GEMM", lambda: grad @ weight.T, flops)]
+    return [("forward", "GEMM", lambda: x @ weight, flops, 1), ("forward", "bias add", lambda: out + bias, None, 1),
+            ("weight gradient", "GEMM", lambda: x.T @ grad, flops, 1),
+            ("weight gradient", "bias sum", lambda: grad.sum(axis=0), None, 1),
+            ("input gradient", "GEMM", lambda: grad @ weight.T, flops, 1)]
 
 
 def breakdown(quick, repeats, clock, gemm):
@@ -331,11 +360,11 @@ def breakdown(quick, repeats, clock, gemm):
         if case["case"] not in BREAKDOWN_LAYERS:
             continue
         stages = {"conv": conv_stages, "pool": pool_stages, "linear": linear_stages}[case["kind"]](case["shape"], rng, xp)
-        for pass_, stage, fn, flops in stages:
-            ms = best_ms(fn, repeats, clock=clock)
+        for pass_, stage, fn, flops, scale in stages:
+            ms = best_ms(fn, repeats, clock=clock) * scale
             row = {"layer": case["case"].replace(" fwd+bwd", ""), "pass": pass_, "stage": stage, "ms": round(ms, 4)}
             if flops:
-                row["gflops"] = round(flops / ms / 1e6, 1)
+                row["gflops"] = round(flops * scale / ms / 1e6, 1)
                 row["gemm_fraction"] = round(row["gflops"] / gemm, 3)
             rows.append(row)
     return rows

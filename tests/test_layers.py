@@ -51,7 +51,7 @@ def naive_max_pool_grad(x, grad_out, k, stride, padding):
     return grad[:, :, padding:padding + h, padding:padding + w]
 
 
-# im2col's backward takes col2im (task 1.4) for strides above 1 or more output than input channels
+# im2col's backward takes col2im (task 1.4) for strides above 1
 @pytest.mark.parametrize("algorithm", ["direct", pytest.param("im2col", marks=pytest.mark.task("1.4"))])
 @given(setting=strategies.conv_settings(), seed=strategies.seeds)
 def test_conv2d_equals_the_naive_loop_and_its_gradients_match_finite_differences(backend_name, algorithm, setting, seed):
@@ -138,24 +138,29 @@ def test_conv_errors_name_shapes_and_limits():
         nn.Linear(4, 3, rng=np.random.default_rng(0))(Tensor(np.zeros((2, 5))))
 
 
-@pytest.mark.parametrize("in_channels, out_channels, kernel, padding", [
+@pytest.mark.parametrize("in_channels, out_channels, kernel, stride, padding", [
     # F <= C, stride 1: grad_x by a convolution with the flipped kernel (im2col again, no col2im)
-    pytest.param(4, 2, 3, 1, marks=pytest.mark.task("1.3")),
+    pytest.param(4, 2, 3, 1, 1, marks=pytest.mark.task("1.3")),
     # padding = k - 1: the "full" convolution needs no extra padding
-    pytest.param(4, 4, 3, 2, marks=pytest.mark.task("1.3")),
-    # F > C: grad_x by GEMM + col2im
-    pytest.param(2, 5, 3, 1, marks=pytest.mark.task("1.4")),
+    pytest.param(4, 4, 3, 1, 2, marks=pytest.mark.task("1.3")),
+    # F > C, stride 1: grad_x by GEMM + the wide-row col2im (_col2im_wide, contiguous runs)
+    pytest.param(2, 5, 3, 1, 1, marks=pytest.mark.task("1.3")),
+    pytest.param(1, 3, 5, 1, 0, marks=pytest.mark.task("1.3")),
+    # stride 2: grad_x by GEMM + col2im
+    pytest.param(2, 5, 3, 2, 1, marks=pytest.mark.task("1.4")),
+    pytest.param(4, 2, 2, 2, 0, marks=pytest.mark.task("1.4")),
     # even kernel
-    pytest.param(3, 3, 2, 0, marks=pytest.mark.task("1.3")),
+    pytest.param(3, 3, 2, 1, 0, marks=pytest.mark.task("1.3")),
 ])
-def test_both_input_gradient_paths_of_im2col_equal_the_direct_kernel(in_channels, out_channels, kernel, padding):
+def test_every_input_gradient_path_of_im2col_equals_the_direct_kernel(in_channels, out_channels, kernel, stride,
+                                                                        padding):
     from minidl.conv import direct, im2col
     rng = np.random.default_rng(7)
     x = rng.standard_normal((2, in_channels, 6, 5))
     weight = rng.standard_normal((out_channels, in_channels, kernel, kernel))
-    out, cache = im2col.forward(x, weight, 1, padding)
+    out, cache = im2col.forward(x, weight, stride, padding)
     grad_out = rng.standard_normal(out.shape)
-    expected_out, expected_cache = direct.forward(x, weight, 1, padding)
+    expected_out, expected_cache = direct.forward(x, weight, stride, padding)
     np.testing.assert_allclose(out, expected_out, rtol=1e-12, atol=1e-12)
     for got, want in zip(im2col.backward(grad_out, cache), direct.backward(grad_out, expected_cache)):
         np.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-11)

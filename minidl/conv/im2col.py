@@ -169,18 +169,50 @@ def _weight_gradient_block(cols, grad_2d, weight_shape):
     return get_array_module(cols).matmul(cols, grad_2d.T).T.reshape(weight_shape)
 
 
-def _input_gradient_block(grad_2d, weight, padded_shape, stride, padding, x_shape):
+def _input_gradient_block(grad_out, grad_2d, weight, padded_shape, stride, padding, x_shape):
     """grad_x of one block by GEMM + col2im: (CKK, F) @ (F, N HoWo), then the columns added back."""
     xp = get_array_module(grad_2d)
     f, c, kh, kw = weight.shape
-    n = padded_shape[0]
-    out_h, out_w = output_size(x_shape[2], kh, stride, padding), output_size(x_shape[3], kw, stride, padding)
+    n, out_h, out_w = grad_out.shape[0], grad_out.shape[2], grad_out.shape[3]
+    h, w = x_shape[2:]
+    if stride == 1:
+        grad_x_pad = _col2im_wide(grad_out, weight, padded_shape)
+        return grad_x_pad[:, :, padding:padding + h, padding:padding + w].transpose(1, 0, 2, 3)
     grad_cols = xp.matmul(weight.reshape(f, c * kh * kw).T, grad_2d,
                           out=workspace(xp, (c * kh * kw, n * out_h * out_w), xp.result_type(weight, grad_2d)))
     grad_cols = grad_cols.reshape(c, kh, kw, n, out_h, out_w).transpose(3, 0, 1, 2, 4, 5)
     grad_x_pad = col2im(grad_cols, padded_shape, stride)
-    h, w = x_shape[2:]
     return grad_x_pad[:, :, padding:padding + h, padding:padding + w]
+
+
+def _col2im_wide(grad_out, weight, padded_shape):
+    """GEMM + col2im for stride 1, with every output row as wide as a padded input row (Wp, not Wo).
+
+    The fast path beside ``col2im`` (same sums, same order, same bits). col2im adds each kernel
+    offset's columns back with a strided ``+=`` whose inner runs are only Wo long (10 pixels for
+    LeNet's second layer), so numpy spends its time starting short loops. For stride 1, give each
+    output row Wp - Wo extra columns with zero gradient: then the window of offset (i, j) is the
+    padded image, flattened, shifted by i*Wp + j, and its ``+=`` is one long contiguous run per
+    (channel, image); the extra columns' gradients are exact zeros and change nothing they touch.
+    Returns grad_x_pad as (C, N, Hp, Wp) (channels first, the order of the columns).
+    """
+    xp = get_array_module(grad_out)
+    f, c, kh, kw = weight.shape
+    n, _, out_h, out_w = grad_out.shape
+    height, width = padded_shape[2:]
+    grad_wide = workspace(xp, (f, n, out_h, width), grad_out.dtype, zero=True)     # (F, N, Ho, Wp)
+    grad_wide[..., :out_w] = grad_out.transpose(1, 0, 2, 3)
+    grad_cols = xp.matmul(weight.reshape(f, c * kh * kw).T, grad_wide.reshape(f, n * out_h * width),
+                          out=workspace(xp, (c * kh * kw, n * out_h * width), xp.result_type(weight, grad_out)))
+    grad_cols = grad_cols.reshape(c, kh, kw, n, out_h * width)                   # (C, kh, kw, N, Ho Wp)
+    grad_x_pad = workspace(xp, (c, n, height, width), grad_cols.dtype, zero=True)
+    planes = grad_x_pad.reshape(c, n, height * width)
+    run = (out_h - 1) * width + out_w            # up to the last real column: ends inside the plane
+    for i in range(kh):
+        for j in range(kw):
+            shift = i * width + j
+            planes[:, :, shift:shift + run] += grad_cols[:, i, j, :, :run]
+    return grad_x_pad
 
 
 def backward(grad_out, cache, need_x=True, need_weight=True):
@@ -195,7 +227,8 @@ def backward(grad_out, cache, need_x=True, need_weight=True):
         if need_weight:
             grad_weight = _weight_gradient_block(cache["cols"], grad_2d, weight.shape)
         if need_x and not as_convolution:
-            grad_x = _input_gradient_block(grad_2d, weight, cache["padded_shape"], stride, padding, cache["x_shape"])
+            grad_x = _input_gradient_block(grad_out, grad_2d, weight, cache["padded_shape"], stride, padding,
+                                           cache["x_shape"])
     else:
         x = cache["x"]
         if need_x and not as_convolution:
@@ -208,7 +241,8 @@ def backward(grad_out, cache, need_x=True, need_weight=True):
                 grad_weight = block.copy() if grad_weight is None else grad_weight + block
             if need_x and not as_convolution:
                 padded = (stop - start, c) + tuple(s + 2 * padding for s in x.shape[2:])
-                grad_x[start:stop] = _input_gradient_block(grad_2d, weight, padded, stride, padding, x.shape)
+                grad_x[start:stop] = _input_gradient_block(grad_out[start:stop], grad_2d, weight, padded, stride,
+                                                            padding, x.shape)
     if need_x and as_convolution:
         # flipped[c, f, i, j] = weight[f, c, kh-1-i, kw-1-j]: a "full" convolution of grad_out
         flipped = xp.ascontiguousarray(weight[:, :, ::-1, ::-1].transpose(1, 0, 2, 3))
