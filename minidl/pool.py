@@ -60,11 +60,19 @@ def max_pool_backward(grad_out, cache):
     out_h, out_w = out.shape[2:]
     grad_x_pad = xp.zeros(x_pad.shape, dtype=grad_out.dtype)
     taken = xp.zeros(out.shape, dtype=bool)          # outputs whose maximum was already routed
+    hit = xp.empty(out.shape, dtype=bool)
     for i in range(k):
         for j in range(k):
-            hit = (_window(x_pad, i, j, stride, out_h, out_w) == out) & ~taken
-            _window(grad_x_pad, i, j, stride, out_h, out_w)[...] += grad_out * hit
-            taken |= hit
+            xp.equal(_window(x_pad, i, j, stride, out_h, out_w), out, out=hit)
+            xp.greater(hit, taken, out=hit)          # hit and not taken: the first maximum only
+            window = _window(grad_x_pad, i, j, stride, out_h, out_w)
+            if stride >= k:                          # windows do not overlap: each pixel is written once
+                xp.multiply(grad_out, hit, out=window)
+            else:
+                window += grad_out * hit
+            xp.logical_or(taken, hit, out=taken)
+    if stride >= k:
+        grad_x_pad += 0                              # as 0 + grad * hit would be: -0.0 becomes +0.0
     h, w = cache["x_shape"][2:]
     return grad_x_pad[:, :, padding:padding + h, padding:padding + w]
 
