@@ -14,8 +14,10 @@
    buffers, and with cost.predict(...) at the fitted alpha, beta, gamma.
 
 4. the refined model (cost.predict_refined), its rates measured at each size n (per-byte rates
-   change as n leaves the cache): a pairwise Sendrecv of n bytes (r <-> r xor 1, every rank at
-   once) for beta_x, np.add and np.copyto on n-byte vectors (every rank at once) for gamma_m and
+   change as the footprint leaves the cache), each micro-benchmark cycling through three n-byte
+   vectors (an allreduce's sendbuf, recvbuf and scratch): a pairwise Sendrecv of n bytes
+   (r <-> r xor 1, every rank at once) for beta_x, a one-way Send (r even -> r + 1, every pair at
+   once) for beta_1, np.add and np.copyto on n-byte vectors (every rank at once) for gamma_m and
    copy, share = max(1, p / cores); none of these is an allreduce;
 5. the issue-15 targets, a column per row with "met" or "NO": auto <= 1.5x MPI at every size;
    ring and Rabenseifner <= 1.0x MPI from 1 MiB; refined model / measured within 25% for every
@@ -109,31 +111,65 @@ def fit_gamma(comm, min_seconds, nbytes=4 << 20):
     return min(timed(comm, lambda: np.add(into, incoming, out=into), min_seconds) for _ in range(3)) / nbytes
 
 
+FOOTPRINT = 3       # an allreduce of n bytes touches sendbuf, recvbuf and a scratch vector: 3 n bytes
+
+
 def fit_memory(comm, min_seconds, nbytes):
     """(gamma_m, copy): seconds per byte of np.add(a, b, out=a) and np.copyto(a, b) on
-    n-byte float32 vectors, all ranks at once."""
-    into = np.ones(max(nbytes // 4, 1), dtype=np.float32)
-    incoming = np.ones_like(into)
-    add = min(timed(comm, lambda: np.add(into, incoming, out=into), min_seconds) for _ in range(3))
-    copy = min(timed(comm, lambda: np.copyto(into, incoming), min_seconds) for _ in range(3))
-    return add / nbytes, copy / nbytes
+    n-byte float32 vectors, all ranks at once, cycling through FOOTPRINT vectors."""
+    vectors = [np.zeros(max(nbytes // 4, 1), dtype=np.float32) for _ in range(FOOTPRINT)]
+    turn = [0]
+
+    def next_pair():
+        k = turn[0] = (turn[0] + 1) % FOOTPRINT
+        return vectors[k], vectors[(k + 1) % FOOTPRINT]
+
+    def add():
+        into, incoming = next_pair()
+        np.add(into, incoming, out=into)
+
+    def copy():
+        into, source = next_pair()
+        np.copyto(into, source)
+    add_seconds = min(timed(comm, add, min_seconds) for _ in range(3))
+    copy_seconds = min(timed(comm, copy, min_seconds) for _ in range(3))
+    return add_seconds / nbytes, copy_seconds / nbytes
 
 
 def fit_rates(comm, min_seconds, nbytes, alpha):
     """cost.Rates for vectors of `nbytes` bytes, from micro-benchmarks at that size (none an
-    allreduce): per-byte rates depend on whether n bytes fit in cache, so each size gets its own.
+    allreduce), each cycling through FOOTPRINT vectors of n bytes as the allreduce does: per-byte
+    rates depend on whether the footprint fits in cache, so each size gets its own.
     beta_x: a pairwise Sendrecv of n bytes (r <-> r xor 1), every rank at once, over n;
-    gamma_m, copy: np.add / np.copyto on n-byte float32 vectors, every rank at once, over n."""
+    beta_1: a one-way Send of n bytes (r even -> r + 1), every pair at once, over n;
+    gamma_m, copy: np.add / np.copyto on n-byte float32 vectors, every rank at once."""
     rank, size = comm.Get_rank(), comm.Get_size()
     partner = rank ^ 1
-    out, into = np.ones(nbytes, dtype=np.uint8), np.empty(nbytes, dtype=np.uint8)
+    vectors = [np.ones(nbytes, dtype=np.uint8) for _ in range(FOOTPRINT)]
+    turn = [0]
+
+    def next_pair():
+        k = turn[0] = (turn[0] + 1) % FOOTPRINT
+        return vectors[k], vectors[(k + 1) % FOOTPRINT]
 
     def exchange():
+        out, into = next_pair()
         if partner < size:
             comm.Sendrecv(out, partner, 3, into, partner, 3)
-    beta_x = (min(timed(comm, exchange, min_seconds) for _ in range(3)) / nbytes) if size > 1 else 0.0
+
+    def one_way():
+        out, into = next_pair()
+        if partner < size:
+            if rank % 2 == 0:
+                comm.Send(out, partner, 4)
+            else:
+                comm.Recv(into, partner, 4)
+    beta_x = beta_1 = 0.0
+    if size > 1:
+        beta_x = min(timed(comm, exchange, min_seconds) for _ in range(3)) / nbytes
+        beta_1 = min(timed(comm, one_way, min_seconds) for _ in range(3)) / nbytes
     gamma_m, copy = fit_memory(comm, min_seconds, nbytes)
-    return cost.Rates(alpha, beta_x, gamma_m, copy, max(1.0, size / cores()))
+    return cost.Rates(alpha, beta_x, gamma_m, copy, max(1.0, size / cores()), beta_1)
 
 
 def cores():
@@ -227,7 +263,8 @@ def main(argv=None):
 
         rates = fit_rates(comm, min_time, count * 4, alpha)
         if rank == 0:
-            print(f"# {human(count * 4)}: exchange beta_x = {rates.beta_x * 1e9:.4f} ns/B, add gamma_m = "
+            print(f"# {human(count * 4)}: exchange beta_x = {rates.beta_x * 1e9:.4f} ns/B, one-way beta_1 = "
+                  f"{rates.beta_1 * 1e9:.4f} ns/B, add gamma_m = "
                   f"{rates.gamma_m * 1e9:.4f} ns/B, copy = {rates.copy * 1e9:.4f} ns/B", flush=True)
         calls = {"mpi": lambda: comm.Allreduce(sendbuf, recvbuf, op=MPI.SUM)}
         for name in names:
@@ -256,7 +293,8 @@ def main(argv=None):
                       "model_seconds": model, "model": model_name,
                       "alpha": alpha, "beta": beta, "gamma": gamma,
                       "refined_seconds": refined, "refined_ratio": refined_ratio,
-                      "rates": {"alpha": alpha, "beta_x": rates.beta_x, "gamma_m": rates.gamma_m,
+                      "rates": {"alpha": alpha, "beta_x": rates.beta_x, "beta_1": rates.beta_1,
+                                "gamma_m": rates.gamma_m,
                                 "copy": rates.copy, "share": rates.share},
                       "target": goal, "met": met}
             records.append(record)

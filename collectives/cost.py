@@ -21,18 +21,28 @@ memory; when all ranks do this at once they share the memory bus, and with more 
 cores they share the cores too. The ping-pong (one pair busy) and one in-cache np.add miss
 all of that, which is why the plain model is ~4x optimistic at 64 MiB. `predict_refined`
 keeps the same critical-path counts but takes its rates from micro-benchmarks that run the
-way the allreduce runs, every rank at once (collectives.bench measures them; none of them is
-an allreduce):
+way the allreduce runs, every rank at once, on the allreduce's footprint (collectives.bench
+measures them; none of them is an allreduce):
 
     alpha     ping-pong latency, times `share` = max(1, p / cores): a rank waits for its
               partner to be scheduled
-    beta_x    seconds per byte of a pairwise Sendrecv exchange of n bytes (r <-> r xor 1), all ranks at once
+    beta_x    seconds per byte sent in a pairwise Sendrecv exchange of n bytes (r <-> r xor 1,
+              every pair at once): the step of butterfly, ring and Rabenseifner, where each rank
+              sends and receives at the same time
+    beta_1    seconds per byte of a one-way Send of n bytes (even rank -> odd rank, every pair
+              at once): the step of the naive root and the binomial tree, and of the fold-in
+              and fold-out, where a message's receiver sends nothing back meanwhile
     gamma_m   seconds per byte of np.add(a, b, out=a) on n-byte vectors, all ranks at once
     copy      seconds per byte of np.copyto on n-byte vectors, all ranks at once: the
               extra whole-vector copies the code makes (sendbuf -> recvbuf on entry; the
               butterfly's result back out of its scratch vector), `extra_copies`
 
-    t = share alpha steps + beta_x sent + gamma_m reduced + copy n extra_copies
+    t = share alpha steps + beta_x exchanged + beta_1 one_way + gamma_m reduced + copy n extra_copies
+
+Footprint: an allreduce of n bytes works on three n-byte vectors (sendbuf, recvbuf and the
+scratch vector it receives into), so each micro-benchmark cycles through three n-byte vectors:
+at 1 MiB that is 3 MiB, more than a core's L2 cache, as in the allreduce; timed on one vector
+they ran from cache and the model came out 1.5-2x optimistic there.
 
 `per_rank(algorithm, p, n, itemsize, rank)` gives what one rank does, exactly, counting the
 uneven blocks (block_counts: n elements in `parts` blocks, the first n % parts one longer):
@@ -145,6 +155,20 @@ def predict(algorithm, p, nbytes, alpha, beta, gamma=0.0):
     return alpha * steps + beta * sent + gamma * reduced
 
 
+def traffic(algorithm, p, nbytes):
+    """(alpha steps, bytes exchanged, bytes sent one way, bytes reduced) on the critical path.
+
+    The same totals as critical_path, with the bytes split by how they move: in an exchange step
+    (butterfly, ring, Rabenseifner) every rank sends and receives at once; in a one-way step (the
+    naive root, the binomial tree, the fold-in and fold-out) the receiver sends nothing meanwhile.
+    """
+    steps, sent, reduced = critical_path(algorithm, p, nbytes)
+    if algorithm in ("naive", "tree"):
+        return steps, 0.0, sent, reduced
+    folded = 2.0 * nbytes if algorithm in ("butterfly", "rabenseifner") and largest_power_of_two(p) != p else 0.0
+    return steps, sent - folded, folded, reduced
+
+
 @dataclass(frozen=True)
 class Rates:
     """The refined model's rates (see the header), all seconds or seconds per byte."""
@@ -153,6 +177,7 @@ class Rates:
     gamma_m: float
     copy: float
     share: float = 1.0
+    beta_1: float = None          # one-way sends; None: as an exchange (beta_x)
 
 
 def extra_copies(algorithm, in_place=False):
@@ -167,9 +192,10 @@ def predict_refined(algorithm, p, nbytes, rates, in_place=False):
     """Predicted seconds with the memory-traffic terms (see the header)."""
     if p == 1 or nbytes == 0:
         return 0.0
-    steps, sent, reduced = critical_path(algorithm, p, nbytes)
-    return (rates.share * rates.alpha * steps + rates.beta_x * sent + rates.gamma_m * reduced
-            + rates.copy * nbytes * extra_copies(algorithm, in_place))
+    steps, exchanged, one_way, reduced = traffic(algorithm, p, nbytes)
+    beta_1 = rates.beta_x if rates.beta_1 is None else rates.beta_1
+    return (rates.share * rates.alpha * steps + rates.beta_x * exchanged + beta_1 * one_way
+            + rates.gamma_m * reduced + rates.copy * nbytes * extra_copies(algorithm, in_place))
 
 
 def table(p, nbytes, alpha, beta, gamma=0.0):
