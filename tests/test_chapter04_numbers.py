@@ -1,6 +1,7 @@
-"""Chapter 4 quotes the numbers that tutorials/figures/make_04_figures.py wrote, and no others.
+"""Chapter 4 quotes the numbers that tutorials/figures/make_04_figures.py and make_04_overlap.py
+wrote, and no others.
 
-The generated tables (04_table.md, 04_differences.md) must appear in the chapter verbatim. Each
+The generated tables (04_table.md, 04_differences.md, 04_overlap.md) must appear in the chapter verbatim. Each
 number quoted in the prose is formatted here from the JSON the script wrote, with the rounding the
 prose uses, and must appear in the chapter (whitespace-insensitive): the tolerance is half a unit
 of the last printed digit (0.05 percentage points for "98.1%", one image for image counts; byte
@@ -10,6 +11,10 @@ so these fail only when the chapter or the script changes without the other.
 import json
 import statistics
 from pathlib import Path
+
+from collectives.cost import predict
+from collectives.nonblocking import overlap_prediction
+from tests.test_downpour import mpiexec
 
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES = ROOT / "tutorials" / "figures"
@@ -115,3 +120,82 @@ def test_sections_3_to_6_and_e4_5_quote_the_comparison():
     assert excluding == [("2", "model_averaging"), ("4", "ensemble")], excluding
     assert sum(row["interval"] > 0 for by in differences.values() for row in by.values()) == 12
     assert all(differences["1"][name]["paired"] == [0.0] * 5 for name in ("model_averaging", "gossip_sgd", "ensemble"))
+
+
+def test_section_7_and_e4_6_quote_the_overlap_run():
+    """04_overlap.md verbatim, and each number the prose and E4.6 quote, formatted from 04_overlap.json
+    with the digits printed (ms to two decimals, us to the unit, the E4.6 inputs as printed)."""
+    result = json.loads((FIGURES / "04_overlap.json").read_text())
+    text = chapter()
+    assert " ".join((FIGURES / "04_overlap.md").read_text().split()) in text, "04_overlap.md is stale in chapter 4"
+    steps = {(m["p"], model): m["steps"][model] for m in result["measured"] for model in ("cnn", "mlp")}
+
+    def median_ms(p, model, kind):
+        return statistics.median(steps[p, model][kind]) * 1e3
+    alpha, beta, gamma = result["alpha_beta_gamma"]
+    profiles = result["profiles"]
+    gains = {(p, model): overlap_prediction(p, profiles[model]["bucket_bytes"], profiles[model]["backward_after"],
+                                            profiles[model]["forward_backward"], alpha, beta, gamma)
+             for p in (2, 4) for model in ("cnn", "mlp")}
+    gain_us = {key: (without - with_) * 1e6 for key, (without, with_) in gains.items()}
+    cnn, mlp = profiles["cnn"], profiles["mlp"]
+    butterfly = [predict("butterfly", p, sum(cnn["bucket_bytes"]), alpha, beta, gamma) * 1e6 for p in (2, 4)]
+    expected = [
+        f"{len(steps[2, 'cnn']['without'])} repeats alternating without and with",
+        f"median {median_ms(2, 'cnn', 'with'):.2f} ms against {median_ms(2, 'cnn', 'without'):.2f} ms",
+        f"at p = 4, {median_ms(4, 'cnn', 'with'):.2f} against {median_ms(4, 'cnn', 'without'):.2f} ms",
+        f"{median_ms(2, 'mlp', 'with'):.2f} against {median_ms(2, 'mlp', 'without'):.2f} ms",
+        f"predicts a gain of {gain_us[2, 'cnn']:.0f} to {gain_us[4, 'cnn']:.0f} us on the CNN's "
+        f"{cnn['forward_backward'] * 1e3:.1f} ms of computation "
+        f"({gain_us[2, 'cnn'] / cnn['forward_backward'] / 1e4:.1f} to {gain_us[4, 'cnn'] / cnn['forward_backward'] / 1e4:.1f}%)",
+        f"its butterfly takes {butterfly[0]:.0f} us (p = 2) or {butterfly[1]:.0f} us (p = 4)",
+        f"predicts {gain_us[2, 'mlp']:.0f} to {gain_us[4, 'mlp']:.0f} us "
+        f"({gain_us[2, 'mlp'] / mlp['forward_backward'] / 1e4:.0f} to {gain_us[4, 'mlp'] / mlp['forward_backward'] / 1e4:.0f}% "
+        f"of its {mlp['forward_backward'] * 1e3:.2f} ms)",
+        f"the median step grows by {median_ms(4, 'cnn', 'with') - median_ms(4, 'cnn', 'without'):.1f} ms (CNN) and "
+        f"{median_ms(4, 'mlp', 'with') - median_ms(4, 'mlp', 'without'):.1f} ms (MLP)",
+        f"alpha = {alpha * 1e6:.2f} us, beta = {beta * 1e9:.3f} ns/B, gamma = {gamma * 1e9:.3f} ns/B, and the butterfly",
+        f"hold {cnn['bucket_bytes'][0]}, {cnn['bucket_bytes'][1]} and {cnn['bucket_bytes'][2]} bytes and are ready "
+        f"{cnn['backward_after'][0] * 1e6:.0f}, {cnn['backward_after'][1] * 1e6:.0f} and "
+        f"{cnn['backward_after'][2] * 1e6:.1f} us before the end of its {cnn['forward_backward'] * 1e3:.2f} ms",
+        f"hold {mlp['bucket_bytes'][0]} and {mlp['bucket_bytes'][1]} bytes, ready {mlp['backward_after'][0] * 1e6:.1f} "
+        f"and {mlp['backward_after'][1] * 1e6:.1f} us before the end of {mlp['forward_backward'] * 1e3:.3f} ms",
+        f"the model's gain is {gain_us[2, 'cnn']:.0f} to {gain_us[4, 'cnn']:.0f} us on the CNN's "
+        f"{cnn['forward_backward'] * 1e3:.1f} ms",
+    ]
+    missing = [phrase for phrase in expected if phrase not in text]
+    assert not missing, f"chapter 4 does not quote these as generated: {missing}"
+    # "no row is faster with --buckets" (medians), and the whole CNN sum is hidden in the model
+    assert all(median_ms(p, model, "with") >= median_ms(p, model, "without") for p in (2, 4) for model in ("cnn", "mlp"))
+    assert all(abs(gain_us[p, "cnn"] - b) < 0.5 for p, b in zip((2, 4), butterfly))
+
+
+def test_the_summary_quotes_the_sections_above():
+    result = json.loads((FIGURES / "04_compare.json").read_text())
+    four, differences = result["summary"]["4"], result["differences"]["4"]
+    runs = json.loads((FIGURES / "04_noniid.json").read_text())
+
+    def mean_sd(label):
+        values = [history[-1]["test_accuracy"] for history in runs[label].values()]
+        return f"{percent(statistics.mean(values))} ± {statistics.stdev(values) * 100:.1f}"
+    iid = [percent(statistics.mean(h[-1]["test_accuracy"] for h in runs[f"shards, H = {h}"].values()))
+           for h in ("1", "8", "end")]
+    summary = chapter()[chapter().index("## Summary"):chapter().index("## Exercises")]
+    expected = [f"H = 1, 8 and end give {iid[0]}, {iid[1]} and {iid[2]}",
+                f"one-shot averaging falls to {mean_sd('sorted, H = end')}",
+                f"recovers {mean_sd('sorted, H = 8')} with 8 times fewer bytes",
+                f"ahead at p = 4 ({differences['ensemble']['mean'] * 100:+.2f} ± {differences['ensemble']['interval'] * 100:.2f}%)",
+                f"allreduce SGD sends {four['allreduce_sgd']['bytes_per_rank'] / 1000:,.0f} kB per rank, model averaging "
+                f"(every 8) {four['model_averaging']['bytes_per_rank'] / 1000:,.0f} kB"]
+    missing = [phrase for phrase in expected if phrase not in summary]
+    assert not missing, f"chapter 4's summary does not quote these as generated: {missing}"
+    assert four["ensemble"]["examples"] == 4 * four["allreduce_sgd"]["examples"]        # "four times the examples"
+
+
+def test_make_04_overlap_quick_runs(tmp_path):
+    """The overlap script's quick mode (one short repeat on 2 ranks), so that it does not rot."""
+    done = mpiexec(2, "tutorials/figures/make_04_overlap.py", "--quick", "--out", str(tmp_path / "out"), timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "out" / "04_overlap.json").read_text())
+    assert [m["p"] for m in result["measured"]] == [2] and result["alpha_beta_gamma"][0] > 0
+    assert set(result["profiles"]) == {"cnn", "mlp"} and (tmp_path / "out" / "04_overlap.md").stat().st_size > 0

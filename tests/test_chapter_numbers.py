@@ -5,7 +5,8 @@ chapter includes); each sentence of chapter 2 that quotes a measured number is m
 pattern and compared with that JSON within a stated tolerance (TOLERANCE: the prose rounds to two
 or three significant figures). Chapter 1 has no figure and its blocks print their own numbers;
 its one measured sentence (serial SGD from a shell: seconds and accuracy) is checked against
-tutorials/figures/01_serial.json from make_01_figures.py.
+tutorials/figures/01_serial.json from make_01_figures.py. Chapter 2's float32 errors are checked
+against 02_precision.json (make_02_figures.py --only precision).
 Also: ``cost.work_depth`` against hand-computed values.
 """
 import json
@@ -94,6 +95,26 @@ def test_chapter_two_quotes_the_numbers_its_script_wrote():
         assert f"`auto` is not the fastest on {case}" in prose, f"chapter 2 does not say where auto loses: {case}"
 
 
+def test_chapter_two_quotes_the_float32_errors_its_script_measured():
+    """Section 4's precision sentences against 02_precision.json (make_02_figures.py --only precision),
+    to the two significant figures printed."""
+    measured = json.loads((ROOT / "tutorials" / "figures" / "02_precision.json").read_text())
+    worst, ratio = measured["worst"], measured["largest_ratio_to_im2col"]
+    prose = " ".join(CHAPTER.read_text().split())
+
+    def e(value):                                  # 1.7e-6, as the chapter prints it
+        return f"{value:.1e}".replace("e-0", "e-")
+    quoted = [f"on {measured['random_shapes']} random shapes",
+              f"worst float32 errors are {e(worst['im2col']['error'])} for im2col, {e(worst['fft']['error'])} for FFT "
+              f"and {e(worst['winograd']['error'])} for Winograd (on the 64-channel layer's `{worst['winograd']['array']}`)",
+              f"Winograd's error is at most {ratio['winograd']:.1f} times im2col's and FFT's at most {ratio['fft']:.1f} times"]
+    missing = [q for q in quoted if q not in prose]
+    assert not missing, f"chapter 2 does not quote 02_precision.json: {missing}"
+    assert worst["winograd"]["shape"][0][1] == 64                        # "the 64-channel layer"
+    assert max(w["error"] for w in worst.values()) == worst["im2col"]["error"]   # "neither exceeds im2col's"
+    assert max(w["error"] for w in worst.values()) < 5e-6                        # "the tests allow 5e-6"
+
+
 def test_chapter_one_quotes_the_serial_run_its_script_measured():
     measured = json.loads((ROOT / "tutorials" / "figures" / "01_serial.json").read_text())
     prose = " ".join(CHAPTER_1.read_text().split())
@@ -123,5 +144,8 @@ def test_make_02_figures_quick_runs(tmp_path):
     numbers = json.loads((tmp_path / "02_numbers.json").read_text())
     assert isinstance(numbers["layers_gpu_measured"], bool)
     assert set(numbers["winograd_speedup"]) >= {"large"} and numbers["winograd_multiply_ratio"] > 1
+    precision = json.loads((tmp_path / "02_precision.json").read_text())
+    assert set(precision["worst"]) == {"im2col", "fft", "winograd"}
+    assert all(0 < row["error"] < 5e-6 for row in precision["worst"].values())      # float32 rounding, not 0
     rows = json.loads((tmp_path / "02_workdepth.json").read_text())
     assert {row["algorithm"] for row in rows} == {"direct", "im2col", "fft", "winograd", "GEMM"}

@@ -11,7 +11,7 @@ def test_make_05_figures_quick_writes_every_part_and_the_figures(tmp_path):
     done = mpiexec(4, SCRIPT, "--quick", "--out", str(tmp_path), timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "05_measurements.json").read_text())
-    assert set(results) == {"downpour", "warmstart", "ssp", "hogwild", "meta"}
+    assert set(results) == {"downpour", "warmstart", "nfetch", "ssp", "hogwild", "meta"}
     assert set(results["downpour"]) == {"adagrad", "sgd", "one replica"}
     for row in results["ssp"].values():                   # the bound, from the servers' logs
         assert row["s"] is None or max(row["clock_staleness"]) <= row["s"], row
@@ -44,10 +44,24 @@ def test_chapter_5_quotes_the_numbers_its_script_wrote():
         quoted.append(f"| {name} | {pct(row['first_epoch_accuracy'])} | {pct(row['final_accuracy'])} | "
                       f"{sec(row['seconds'])} |")
     for key, name in (("none", "no straggler"), ("straggler", "straggler")):
-        for s in ("0", "inf") if key == "none" else ("0", "2", "8", "inf"):
+        for s in ("0", "2", "8", "inf"):
             row = m["ssp"][f"{key} s={s}"]
             quoted.append(f"| {name}, s = {s} | {row['max_clock_staleness']} | {sec(row['wait_fast_workers'])} | "
                           f"{sec(row['seconds'], spread=False)} |")
+    nfetch = m["nfetch"]
+    for n in ("1", "4", "16"):
+        row = nfetch[n]
+        assert row["pushes"] == row["fetches"] == [row["pushes"][0]] * 5, row       # "the same on every seed"
+        quoted.append(f"| n = {n} | {row['pushes'][0]} | {sec(row['staleness'])} | {pct(row['accuracy'])} |")
+    quoted += [f"{nfetch['1']['pushes'][0]}, {nfetch['4']['pushes'][0]} and {nfetch['16']['pushes'][0]} pushes",
+               "it stays near 2 (" + ", ".join(f"{nfetch[n]['staleness']['mean']:.2f}" for n in ("1", "4", "16")),
+               f"fell from {100 * nfetch['1']['accuracy']['mean']:.1f}% to {100 * nfetch['4']['accuracy']['mean']:.1f}% "
+               f"and {100 * nfetch['16']['accuracy']['mean']:.1f}%"]
+    assert all(nfetch[a]["accuracy"]["min"] > nfetch[b]["accuracy"]["max"] for a, b in (("1", "4"), ("4", "16")))  # apart
+    assert all(abs(nfetch[n]["staleness"]["mean"] - 2) < 0.5 for n in nfetch)                        # "near 2"
+    assert [nfetch[n]["pushes"][0] for n in ("1", "4", "16")] == [135, 36, 9]                          # 45 steps each
+    for s in ("2", "8"):                                  # "reached even without a straggler"
+        assert m["ssp"][f"none s={s}"]["max_clock_staleness"] == int(s)
     quoted += [f"and {m['ssp']['straggler s=inf']['max_clock_staleness']} without a bound",
                f"with no bound was {m['ssp']['none s=inf']['max_clock_staleness']} in these runs",
                f"({pct(m['ssp']['straggler s=0']['accuracy'], spread=False)} both times)"]

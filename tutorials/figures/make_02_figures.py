@@ -20,6 +20,10 @@
 6. plots: the two figures and 02_gemm.md, from the JSON of parts 1-3 (no timing).
 7. summary: the numbers the chapter's prose quotes, each computed from the JSON above
    -> 02_numbers.json (tests/test_chapter_numbers.py checks the prose against it).
+8. precision: the worst float32 error of im2col, FFT and Winograd against a float64 ``direct``
+   (max |error| / max |reference|, over the output and both gradients) on 300 random shapes and
+   two wide layers (no timing: the same numbers on every run of the same NumPy)
+   -> 02_precision.json.
 
 Timing: float32, one thread, this process's CPU time (``--clock cpu``: the other jobs on a shared
 machine do not count), minimum of --repeats runs. --quick shrinks every case and writes to
@@ -41,9 +45,9 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_TH
 import numpy as np  # noqa: E402
 
 from minidl import conv  # noqa: E402
-from minidl.conv import cost  # noqa: E402
+from minidl.conv import cost, direct  # noqa: E402
 
-PARTS = ("conv", "layers", "main", "memory", "plots", "workdepth", "summary")
+PARTS = ("conv", "layers", "main", "memory", "plots", "workdepth", "summary", "precision")
 MEMORY_SHAPE = ((32, 64, 32, 32), (64, 64, 3, 3), 1, 1)     # the chapter's "big" layer (section 3)
 COLOURS = {"direct": "tab:red", "fft": "tab:green", "winograd": "tab:purple", "PyTorch": "tab:orange",
            "im2col": "tab:blue"}
@@ -180,6 +184,56 @@ def memory(out, quick):
     print("\n".join(lines))
 
 
+# ---- precision: float32 against a float64 direct ------------------------------------------------
+PRECISION_WIDE = (((4, 64, 32, 32), (64, 64, 3, 3), 1, 1), ((2, 16, 64, 64), (16, 16, 11, 11), 1, 5))
+
+
+def precision(out, quick):
+    """Worst max|float32 algorithm - float64 direct| / max|direct| per algorithm and array."""
+    rng = np.random.default_rng(0)
+    shapes = []
+    for _ in range(20 if quick else 300):             # up to 16 channels, kernels up to the image size
+        k, stride, padding = int(rng.integers(1, 8)), int(rng.integers(1, 4)), int(rng.integers(0, 3))
+        side = int(rng.integers(max(1, k - 2 * padding), 17))
+        shapes.append(((int(rng.integers(1, 4)), int(rng.integers(1, 17)), side, side),
+                       (int(rng.integers(1, 17)), None, k, k), stride, padding))
+    shapes = [(x, (w[0], x[1], w[2], w[3]), s, p) for x, w, s, p in shapes]
+    if not quick:
+        shapes += list(PRECISION_WIDE)
+    worst = {name: {"error": 0.0, "array": None, "shape": None} for name in ("im2col", "fft", "winograd")}
+    against_im2col = {"fft": 0.0, "winograd": 0.0}   # the largest error / im2col's, same shape and array
+    zero = 0                                          # arrays exactly 0 (no window meets the image): no ratio
+    for x_shape, w_shape, stride, padding in shapes:
+        x = rng.standard_normal(x_shape).astype(np.float32)
+        weight = rng.standard_normal(w_shape).astype(np.float32)
+        o = conv.output_size(x_shape[2], w_shape[2], stride, padding)
+        grad_out = rng.standard_normal((x_shape[0], w_shape[0], o, o)).astype(np.float32)
+        exact, cache = direct.forward(x.astype(np.float64), weight.astype(np.float64), stride, padding)
+        exact = (exact,) + direct.backward(grad_out.astype(np.float64), cache, need_x=True, need_weight=True)
+        errors = {}
+        for name in worst:
+            try:
+                kernel = conv.get(name, x_shape, w_shape, stride, padding)
+            except ValueError:                        # Winograd: 3x3, stride 1 only
+                continue
+            result, cache = kernel.forward(x, weight, stride, padding)
+            results = (result,) + tuple(kernel.backward(grad_out, cache, need_x=True, need_weight=True))
+            for array, actual, wanted in zip(("out", "grad_x", "grad_weight"), results, exact):
+                if not np.any(wanted):
+                    zero += name == "im2col"
+                    continue
+                errors[name, array] = error = float(np.abs(actual - wanted).max() / np.abs(wanted).max())
+                if error > worst[name]["error"]:
+                    worst[name] = {"error": error, "array": array, "shape": [x_shape, w_shape, stride, padding]}
+        for (name, array), error in errors.items():
+            if name in against_im2col and errors[("im2col", array)] > 0:
+                against_im2col[name] = max(against_im2col[name], error / errors[("im2col", array)])
+    result = {"shapes": len(shapes), "random_shapes": len(shapes) - (0 if quick else len(PRECISION_WIDE)),
+              "worst": worst, "largest_ratio_to_im2col": against_im2col, "zero_arrays_skipped": zero}
+    (out / "02_precision.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))
+
+
 # ---- work and depth beside the measured times ---------------------------------------------------
 def workdepth(out):
     conv_rows, _ = load(out, "conv")
@@ -277,6 +331,8 @@ def main(argv=None):
         workdepth(out)
     if "summary" in parts:
         numbers(out)
+    if "precision" in parts:
+        precision(out, args.quick)
     return 0
 
 

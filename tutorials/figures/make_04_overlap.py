@@ -179,6 +179,7 @@ def main(argv=None):
                  + ", ".join(f"{model} {profiles[model]['forward_backward'] * 1e3:.2f} ms" for model in MODELS) + ".\n")
     print(f"alpha = {fit[0] * 1e6:.2f} us, beta = {fit[1] * 1e9:.4f} ns/B, gamma = {fit[2] * 1e9:.4f} ns/B")
     print(text)
+    out.mkdir(parents=True, exist_ok=True)
     (out / "04_overlap.md").write_text(text)
     (out / "04_overlap.json").write_text(json.dumps({"megabytes": MEGABYTES, "batch": BATCH, "measured": measured,
                                                      "profiles": profiles, "alpha_beta_gamma": fit}, indent=1))

@@ -12,6 +12,8 @@ warmstart  Downpour + Adagrad with and without --warm-start-steps 20, 10 epochs,
 ssp        SSP with s = 0, 2, 8, inf, 3 epochs, 3 seeds, without and with a straggler (worker rank
            3 sleeps 20 ms before each step): the clock staleness of every update, and each
            worker's seconds spent waiting inside its step (push + fetch, less the gradient) -> 05_staleness.png
+nfetch     Downpour + Adagrad with n_fetch = n_push = 1, 4, 16, 3 epochs, 5 seeds: pushes and fetches
+           (server 0's log), the mean staleness of the applied pushes, the final test accuracy
 hogwild    Hogwild on 1, 2 and 4 processes (the first p ranks), sparse and CNN, 5 seeds: updates
            (examples) per second in all and per process, the seconds to a target (loss gap 1e-3, test
            accuracy 90%)                                                         -> 05_hogwild.png
@@ -35,7 +37,7 @@ from mpi4py import MPI
 from algorithms import downpour_sgd, hogwild, objective, serial_sgd, ssp_sgd
 
 comm = MPI.COMM_WORLD
-PARTS = ("downpour", "warmstart", "ssp", "hogwild")
+PARTS = ("downpour", "warmstart", "nfetch", "ssp", "hogwild")
 LR = 0.05
 TARGET_ACCURACY, TARGET_GAP = 0.90, 1e-3
 STRAGGLER_DELAY = 0.02
@@ -93,6 +95,26 @@ def warmstart(data, seeds, epochs, steps=20):
         result[str(k)] = {"first_epoch_accuracy": spread([h[0]["test_accuracy"] for h in histories]),
                           "final_accuracy": spread([h[-1]["test_accuracy"] for h in histories]),
                           "seconds": spread([h[-1]["seconds"] for h in histories])}
+    return result
+
+
+def nfetch(data, seeds, epochs, periods):
+    """Downpour (Adagrad) with n_fetch = n_push = n: messages against staleness and accuracy."""
+    result = {}
+    for n in periods:
+        runs = []
+        for seed in seeds:
+            report = {}
+            _, history = downpour_sgd.train(comm, epochs=epochs, lr=LR, seed=seed, n_fetch=n, n_push=n, quiet=True,
+                                            data=data, report=report)
+            log = report["logs"][0]
+            pushes = [event[1] for event in log if event[0] == "push"]
+            runs.append({"pushes": len(pushes), "fetches": sum(1 for event in log if event[0] == "fetch"),
+                         "staleness": float(np.mean([update.staleness for update in pushes])),
+                         "accuracy": history[-1]["test_accuracy"]})
+        result[str(n)] = {"n": n, "epochs": epochs, "pushes": [r["pushes"] for r in runs],
+                          "fetches": [r["fetches"] for r in runs], "staleness": spread([r["staleness"] for r in runs]),
+                          "accuracy": spread([r["accuracy"] for r in runs])}
     return result
 
 
@@ -208,6 +230,14 @@ def table(results):
                   "| --warm-start-steps | accuracy after epoch 1 | final accuracy | seconds |", "| --- | --- | --- | --- |"]
         for k, r in results["warmstart"].items():
             lines.append(f"| {k} | {fmt(r['first_epoch_accuracy'])} | {fmt(r['final_accuracy'])} | {fmt(r['seconds'], 2)} |")
+        lines.append("")
+    if "nfetch" in results:
+        lines += ["## n_fetch = n_push = n (Downpour + Adagrad, 1 server + 3 workers)", "",
+                  "| n | pushes per seed | fetches per seed | mean staleness (versions) | final test accuracy |",
+                  "| --- | --- | --- | --- | --- |"]
+        for k, r in results["nfetch"].items():
+            lines.append(f"| {k} | {', '.join(map(str, r['pushes']))} | {', '.join(map(str, r['fetches']))} | "
+                         f"{fmt(r['staleness'], 2)} | {fmt(r['accuracy'])} |")
         lines.append("")
     if "ssp" in results:
         lines += [f"## SSP, without and with a straggler (rank 3 sleeps {STRAGGLER_DELAY} s per step)", "",
@@ -328,6 +358,8 @@ def main(argv=None):
             results[part] = downpour(data, seeds[part], epochs)
         elif part == "warmstart":
             results[part] = warmstart(data, seeds[part], epochs, steps=2 if args.quick else 20)
+        elif part == "nfetch":
+            results[part] = nfetch(data, seeds[part], 1 if args.quick else 3, (1, 4) if args.quick else (1, 4, 16))
         elif part == "ssp":
             results[part] = ssp(data, seeds[part], 1 if args.quick else 3, (0, None) if args.quick else (0, 2, 8, None))
         else:
@@ -336,6 +368,7 @@ def main(argv=None):
         if comm.rank == 0:
             print(f"{part}: {time.perf_counter() - started:.1f} s", flush=True)
     if comm.rank == 0:
+        os.makedirs(out, exist_ok=True)
         path = os.path.join(out, "05_measurements.json")
         saved = {}
         if args.only and os.path.exists(path):

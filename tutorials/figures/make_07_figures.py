@@ -2,11 +2,12 @@
 
     python tutorials/figures/make_07_figures.py                 # everything, 3 seeds, into tutorials/figures/
     python tutorials/figures/make_07_figures.py --quick         # 1 seed, few epochs, into a temporary folder
+    python tutorials/figures/make_07_figures.py --quick --out DIR
     python tutorials/figures/make_07_figures.py --part straggler
 
 1. compare: Sandblaster L-BFGS (-n 4: coordinator, 1 shard, 2 workers), Downpour SGD (-n 4: 1 server,
    3 workers, server SGD) and serial L-BFGS (minidl.optim.LBFGS, in process) on the default
-   least-squares problem (512 x 32, float64): loss gap to the optimum against wall time and
+   least-squares problem (512 x 32, float64) of seeds 0, 1, 2 (the seed draws the problem too): loss gap to the optimum against wall time and
    against bytes sent -> 07_compare.png, 07_compare.json. Sandblaster's bytes are its own
    count (algorithms.sandblaster_lbfgs logs them per epoch); Downpour's are 2 n 8 bytes per
    applied update (one push and one fetch of the n = 32 parameters; small headers left out).
@@ -104,43 +105,53 @@ def compare(out, quick):
     sys.path.insert(0, str(ROOT))
     from algorithms.sandblaster_lbfgs import default_problem
     epochs = 2 if quick else 4
-    serial, optimum = serial_lbfgs(0, epochs, max_iter=5)
-    sandblaster = job("sandblaster", 4, out / "07_job.json", convex=True, epochs=epochs, max_iter=5)["history"]
-    for record in sandblaster:                    # the coordinator's full-batch loss (a sum of portions')
-        record["loss"] = record["train_loss"]
-    downpour = job("downpour", 4, out / "07_job.json", epochs=3 if quick else 20, lr=0.05,
-                   server_optimizer="sgd")["history"]
-    n = default_problem(0).d
-    total = 0
-    for record in downpour:                       # one push and one fetch of n float64 values per update
-        total += record["updates"] * 2 * n * 8
-        record["bytes"] = total
-    runs = {"serial L-BFGS (1 rank)": serial, "Sandblaster L-BFGS (-n 4)": sandblaster,
-            "Downpour SGD (-n 4, sgd)": downpour}
-    for history in runs.values():
-        for record in history:
-            record["gap"] = record["loss"] - optimum
-    (out / "07_compare.json").write_text(json.dumps({"optimum_loss": optimum, "runs": runs}, indent=1))
+    seeds = [0] if quick else [0, 1, 2]             # the seed draws the problem and the run's own randomness
+    labels = ("serial L-BFGS (1 rank)", "Sandblaster L-BFGS (-n 4)", "Downpour SGD (-n 4, sgd)")
+    runs, optima = {label: {} for label in labels}, {}
+    for seed in seeds:
+        serial, optimum = serial_lbfgs(seed, epochs, max_iter=5)
+        sandblaster = job("sandblaster", 4, out / "07_job.json", convex=True, seed=seed, epochs=epochs,
+                          max_iter=5)["history"]
+        for record in sandblaster:                # the coordinator's full-batch loss (a sum of portions')
+            record["loss"] = record["train_loss"]
+        downpour = job("downpour", 4, out / "07_job.json", seed=seed, epochs=3 if quick else 20, lr=0.05,
+                       server_optimizer="sgd")["history"]
+        n = default_problem(seed).d
+        total = 0
+        for record in downpour:                   # one push and one fetch of n float64 values per update
+            total += record["updates"] * 2 * n * 8
+            record["bytes"] = total
+        for label, history in zip(labels, (serial, sandblaster, downpour)):
+            for record in history:
+                record["gap"] = record["loss"] - optimum
+            runs[label][str(seed)] = history
+        optima[str(seed)] = optimum
+    (out / "07_compare.json").write_text(json.dumps({"seeds": seeds, "optimum_loss": optima, "runs": runs}, indent=1))
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     figure, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for (label, history), color in zip(runs.items(), ("C0", "C1", "C2")):
-        gaps = [max(record["gap"], 1e-16) for record in history]
-        axes[0].semilogy([record["seconds"] for record in history], gaps, "o-", color=color, label=label)
-        if label != "serial L-BFGS (1 rank)":      # no bytes: nothing to plot on a log axis
-            axes[1].loglog([record["bytes"] for record in history], gaps, "o-", color=color, label=label)
+    for (label, by_seed), color in zip(runs.items(), ("C0", "C1", "C2")):
+        for i, history in enumerate(by_seed.values()):
+            gaps = [max(record["gap"], 1e-16) for record in history]
+            name = label if i == 0 else None
+            axes[0].semilogy([record["seconds"] for record in history], gaps, "o-", color=color, label=name,
+                             markersize=3, alpha=0.7)
+            if label != labels[0]:                # no bytes: nothing to plot on a log axis
+                axes[1].loglog([record["bytes"] for record in history], gaps, "o-", color=color, label=name,
+                               markersize=3, alpha=0.7)
     axes[0].set_xlabel("wall time (s, 2 shared cores)")
     axes[1].set_xlabel("bytes sent, all ranks")
     for axis in axes:
         axis.set_ylabel("loss - optimal loss")
         axis.legend(fontsize=8)
-    figure.suptitle("least squares 512 x 32: loss gap at each epoch's end")
+    figure.suptitle(f"least squares 512 x 32: loss gap at each epoch's end, one line per seed ({len(seeds)} seeds)")
     figure.tight_layout()
     figure.savefig(out / "07_compare.png", dpi=110)
-    for label, history in runs.items():
-        print(f"{label}: final gap {history[-1]['gap']:.3g} after {history[-1]['seconds']:.2f} s, "
-              f"{history[-1]['bytes']} bytes")
+    for label, by_seed in runs.items():
+        for seed, history in by_seed.items():
+            print(f"{label}, seed {seed}: final gap {history[-1]['gap']:.3g} after {history[-1]['seconds']:.2f} s, "
+                  f"{history[-1]['bytes']} bytes")
 
 
 def straggler(out, quick):
@@ -221,12 +232,14 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="1 seed, few epochs, into a temporary folder")
     parser.add_argument("--part", choices=["compare", "straggler", "easgd", "hierarchy"], default=None)
     parser.add_argument("--job", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=None, help="output folder (default: beside this script; --quick: a "
+                        "temporary folder); with --job, the job's JSON file")
     parser.add_argument("--kwargs", default="{}", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.job:
         return run_job(args.job, args.out, json.loads(args.kwargs))
-    out = Path(tempfile.mkdtemp()) if args.quick else HERE
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp()) if args.quick else HERE
+    out.mkdir(parents=True, exist_ok=True)
     parts = {"compare": compare, "straggler": straggler, "easgd": easgd_comparison, "hierarchy": hierarchy}
     for name, part in parts.items():
         if args.part in (None, name):

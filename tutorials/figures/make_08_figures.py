@@ -3,6 +3,7 @@
     python tutorials/figures/make_08_figures.py
     python tutorials/figures/make_08_figures.py --part pays  # only part 2 (or --part training)
     python tutorials/figures/make_08_figures.py --quick      # 1 seed, 2 epochs, 2 sizes, into a temporary folder
+    python tutorials/figures/make_08_figures.py --quick --out DIR
 
 1. Every compressor on the digits CNN at p = 4 (algorithms.compressed_sgd, 20 epochs, 3 seeds, plain
    SGD at lr 0.2), top-k and 1-bit with and without error feedback, error feedback under the
@@ -219,14 +220,19 @@ def main():
     parser.add_argument("--measure", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--sizes", default="1024,16384,262144,1048576")
     parser.add_argument("--part", default="all", choices=["all", "training", "pays"])
+    parser.add_argument("--out", default=None, help="output folder (default: beside this script; --quick: a "
+                        "temporary folder)")
     args = parser.parse_args()
     sizes = [int(size) for size in args.sizes.split(",")]
     if args.measure:
         measure(sizes, args.measure)
         return
+    global OUT
+    if args.out:
+        OUT = Path(args.out)
+        OUT.mkdir(parents=True, exist_ok=True)
     if args.quick:
-        global OUT
-        OUT = Path(tempfile.mkdtemp(prefix="make_08_quick_"))
+        OUT = OUT if args.out else Path(tempfile.mkdtemp(prefix="make_08_quick_"))
         print(f"--quick: outputs in {OUT}")
         training(seeds=[0], epochs=2, labels=QUICK)
         pays(ranks=[2], sizes=[1024, 65536])
