@@ -21,9 +21,9 @@
    copy, share = max(1, p / cores); none of these is an allreduce;
 5. the issue-15 targets, a column per row with "met" or "NO": auto <= 1.5x MPI at every size;
    ring and Rabenseifner <= 1.0x MPI from 1 MiB; refined model / measured within 25% for every
-   algorithm from 1 MiB. And auto's crossover: the smallest size from which Rabenseifner is as
-   fast as the butterfly at every larger size measured; --write-thresholds stores it for this
-   p in collectives/thresholds.json, which collectives.auto reads.
+   algorithm from 1 MiB. And auto's table: at each size, the point-to-point algorithm measured
+   fastest; --write-selection stores it for this p in collectives/selection.json, which
+   collectives.auto reads (so auto's row is only as good as the last such run on this machine).
 
 A time is the slowest rank's mean over a batch of calls between barriers (batches of >= 0.02 s),
 and the best of seven batches, taken in turn with the other algorithms so that noise from
@@ -194,26 +194,35 @@ def target(name, nbytes, ratio, refined_ratio):
     return ",".join(text for text, _ in checks), all(ok for _, ok in checks)
 
 
-def crossover(records):
-    """Smallest measured size from which Rabenseifner <= butterfly at every larger size, or None."""
-    seconds = {(r["algorithm"], r["bytes"]): r["seconds"] for r in records}
-    sizes = sorted({b for a, b in seconds if a == "butterfly" and ("rabenseifner", b) in seconds})
-    found = None
-    for nbytes in reversed(sizes):
-        if seconds[("rabenseifner", nbytes)] <= seconds[("butterfly", nbytes)]:
-            found = nbytes
-        else:
-            break
-    return found
+def selection(records):
+    """[[from_bytes, algorithm], ...]: at each measured size the fastest point-to-point algorithm
+    (auto and MPI's own left out), runs of the same choice merged. [] if nothing was measured."""
+    fastest = {}
+    for record in records:
+        name = record["algorithm"]
+        if name in ("mpi", "auto"):
+            continue
+        best = fastest.get(record["bytes"])
+        if best is None or record["seconds"] < best[1]:
+            fastest[record["bytes"]] = (name, record["seconds"])
+    rows = []
+    for nbytes in sorted(fastest):
+        if not rows or rows[-1][1] != fastest[nbytes][0]:
+            rows.append([nbytes, fastest[nbytes][0]])
+    return rows
 
 
-def write_threshold(p, nbytes, path=auto.THRESHOLDS_FILE):
-    """Store auto's threshold for p in the JSON file auto reads (other p's entries kept)."""
-    table = {str(k): v for k, v in sorted(auto.load_thresholds(path).items())}
-    table[str(p)] = int(nbytes)
+def write_selection(p, rows, path=auto.SELECTION_FILE):
+    """Store auto's table for p in the JSON file auto reads (other p's entries kept)."""
+    table = {str(k): [list(row) for row in v] for k, v in auto.load_selection(path).items()}
+    table[str(p)] = rows
     with open(path, "w") as file:
-        json.dump(dict(sorted(table.items(), key=lambda item: int(item[0]))), file, indent=1)
+        json.dump(dict(sorted(table.items(), key=lambda item: int(item[0]))), file)
         file.write("\n")
+
+
+def describe(rows):
+    return ", ".join(f"{name} from {human(nbytes)}" for nbytes, name in rows)
 
 
 def main(argv=None):
@@ -225,9 +234,9 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=7, help="batches per measurement (best kept)")
     parser.add_argument("--json", help="write one JSON object per measurement to this file")
     parser.add_argument("--plot", help="write a PNG of time against size")
-    parser.add_argument("--write-thresholds", action="store_true",
-                        help="store the measured butterfly/Rabenseifner crossover for this p in "
-                             "collectives/thresholds.json (needs both algorithms measured)")
+    parser.add_argument("--write-selection", action="store_true",
+                        help="store, for this p, the algorithm measured fastest at each size in "
+                             "collectives/selection.json, which collectives.auto reads")
     args = parser.parse_args(argv)
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -280,7 +289,7 @@ def main(argv=None):
             if name == "mpi":
                 model_name = "lower bound"
             elif name == "auto":
-                model_name = auto.choose(count * 4, size).__name__.split(".")[-1]
+                model_name = auto.choose_name(count * 4, size)
             else:
                 model_name = name
             model = cost.predict(model_name, size, count * 4, alpha, beta, gamma)
@@ -306,17 +315,17 @@ def main(argv=None):
                       f"{'-' if refined is None else f'{refined_ratio:.2f}':>8}  {goal:<18} "
                       f"{'-' if met is None else 'met' if met else 'NO'}", flush=True)
 
-    found = crossover(records)
-    if rank == 0 and found is not None:
-        print(f"# auto crossover at p = {size}: Rabenseifner from {human(found)} on "
-              f"(auto uses {human(auto.threshold(size))}"
-              f"{'' if size in auto.THRESHOLDS else ', the default'})")
-    if rank == 0 and args.write_thresholds:
-        if found is None:
-            print("# --write-thresholds: no crossover (measure butterfly and rabenseifner at several sizes)")
+    measured = selection(records)
+    if rank == 0 and measured:
+        print(f"# fastest measured at p = {size}: {describe(measured)}")
+        print(f"# auto uses at p = {size}: {describe(auto.table(size))}"
+              f"{'' if size in auto.SELECTION else ' (the textbook default: no entry in selection.json)'}")
+    if rank == 0 and args.write_selection:
+        if not measured:
+            print("# --write-selection: nothing measured")
         else:
-            write_threshold(size, found)
-            print(f"# wrote {human(found)} for p = {size} to {auto.THRESHOLDS_FILE}")
+            write_selection(size, measured)
+            print(f"# wrote p = {size} to {auto.SELECTION_FILE} (auto reads it at its next import)")
     if rank == 0:
         rows = [r for r in records if r["met"] is not None]
         print(f"# targets met: {sum(r['met'] for r in rows)} of {len(rows)} rows")

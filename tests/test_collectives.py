@@ -462,16 +462,39 @@ def test_trace_prints_as_text_and_draws_a_spacetime_png(tmp_path_factory):
     parallel_assert(bool(ok), "trace text or picture wrong")
 
 
+PHASE_OF = {"naive": "gather", "tree": "reduce", "butterfly": "exchange", "ring": "reduce-scatter",
+            "rabenseifner": "reduce-scatter"}
+
+
 @pytest.mark.parallel(nprocs=[2, 4])
-def test_auto_uses_the_butterfly_below_the_measured_threshold_and_rabenseifner_above():
+def test_auto_runs_the_algorithm_its_table_names_at_every_size_boundary():
+    """At each boundary of auto's table for this p (selection.json, or the textbook default), the
+    vector just below runs the previous row's algorithm and the one at the boundary the row's own,
+    as the traced phases show (ring and Rabenseifner share phase names: their message counts differ)."""
     comm = MPI.COMM_WORLD
     traced = trace.TracedComm(comm)
-    threshold = collectives.auto.threshold(comm.size)     # per p, from thresholds.json or the default
-    for nbytes, phase in ((threshold - 8, "exchange"), (threshold, "reduce-scatter")):
+    rows = collectives.auto.table(comm.size)
+    cases = [(rows[0][0] + 8, rows[0][1])] + [(start, name) for start, name in rows[1:]]
+    cases += [(start - 8, before) for (start, name), (_, before) in zip(rows[1:], rows) if start >= 16]
+    for nbytes, name in cases:
         traced.reset()
-        collectives.allreduce(traced, np.ones(nbytes // 8), algorithm="auto", check=False)
+        collectives.allreduce(traced, np.ones(max(nbytes // 8, 1)), algorithm="auto", check=False)
         phases = {m.phase for m in traced.messages}
-        parallel_assert(phase in phases, f"auto at {nbytes} bytes used {phases}")
+        expected = cost.per_rank(name, comm.size, max(nbytes // 8, 1), 8, comm.rank).messages
+        mine = trace.counts(traced.messages, comm.rank)[0]
+        parallel_assert(PHASE_OF[name] in phases and mine == expected,
+                        f"auto at {nbytes} bytes: phases {phases}, {mine} messages; table says {name}")
+
+
+def test_auto_reads_its_table_and_falls_back_to_the_textbook_rule(tmp_path):
+    auto = collectives.auto
+    path = tmp_path / "selection.json"
+    path.write_text('{"2": [[0, "tree"], [65536, "ring"]], "3": [[0, "nope"]], "x": [[0, "ring"]]}')
+    table = auto.load_selection(path)
+    assert table == {2: ((0, "tree"), (65536, "ring"))}          # unknown algorithm, bad p: left out
+    assert auto.load_selection(tmp_path / "missing.json") == {}
+    assert auto.choose_name(1024) == "butterfly" and auto.choose_name(auto.THRESHOLD_BYTES) == "rabenseifner"
+    assert auto.choose_name(auto.THRESHOLD_BYTES - 1) == "butterfly"
 
 
 # ---------------------------------------------------------------------------------------------
