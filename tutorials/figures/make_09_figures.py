@@ -1,21 +1,26 @@
-"""Regenerate chapter 9's figures and tables (about 25 minutes on 2 shared cores; --quick: about one):
+"""Regenerate chapter 9's figures and tables (about 30 minutes on 2 shared cores; --quick: about one):
 
-    python tutorials/figures/make_09_figures.py [--quick]
+    python tutorials/figures/make_09_figures.py [--quick] [--only PART] [--seeds 16-47] [--keep]
 
 1. Accuracy against the global batch, 1x .. 16x a base batch of 16 at the same number of epochs,
    with the base lr as it is and with linear scaling + gradual warm-up (Goyal et al.), 3 seeds
-   -> 09_batch.json, 09_batch.png, rows of 09_table.md.
+   -> 09_batch.json, 09_batch.png, 09_table_batch.md.
 2. Decaying the lr against increasing the batch (Smith et al.): the same milestones, 3 seeds,
-   test accuracy per epoch and per step -> 09_schedule.json, 09_schedule.png, rows of 09_table.md.
-3. PBT (and evolution without weight inheritance) against random search with the same budget in
-   examples on the digits CNN (`mpiexec -n 4 python -m algorithms.pbt`, defaults, --search
-   pbt|random|evolution, seeds 0-15; a seed gives every method the same initial draws, so the
+   test accuracy per epoch and per step -> 09_schedule.json, 09_schedule.png, 09_table_schedule.md.
+3. search_long, search_short: the exploration. PBT (and evolution without weight inheritance)
+   against random search with the same budget in examples on the digits CNN (`mpiexec -n 4
+   python -m algorithms.pbt --search pbt|random|evolution`) for seeds 0-15, at 12 rounds of 40 x 32
+   examples per member (the defaults until the protocol below) and at a quarter of that, 6 rounds
+   of 20 x 32 (the defaults since). A seed gives every method the same initial draws, so the
    comparison is paired: per seed, a method minus random search, and an exact sign-flip test of
-   the mean difference) -> 09_search.json, 09_lineage.png (seed 0's PBT lineage),
-   09_table_search.md.
-4. The same with a quarter of the examples (--rounds 6 --ready 20), a setting chosen before it was
-   measured (a bad draw has less time to catch up; the accuracy is not saturated)
-   -> 09_search_short.json, 09_table_search_short.md.
+   the mean difference -> 09_search_long.json, 09_lineage.png (seed 0's PBT lineage, long budget),
+   09_table_search_long.md; 09_search_short.json, 09_table_search_short.md.
+4. confirm, confirm_long: the confirmation under the chapter's protocol (section 3), written down
+   before these runs: the defaults (6 x 20 x 32), fresh seeds 16-47, one primary test (PBT minus
+   random search in test accuracy, sign-flip p < 0.05 with a positive mean); confirm_long repeats
+   the long budget on the same seeds (reported, deciding nothing) -> 09_confirm.json,
+   09_table_confirm.md; 09_confirm_long.json, 09_table_confirm_long.md.
+Every search run passes its budget flags explicitly, so a JSON does not depend on pbt's defaults.
 Runs 1 and 2 are serial (one process trains the global batch; chapter 4 shows that p ranks at
 batch b are serial SGD at p b up to rounding). --quick shrinks every part and writes to /tmp.
 """
@@ -40,7 +45,17 @@ from algorithms import allreduce_sgd, run  # noqa: E402
 
 BASE_BATCH, BASE_LR, MOMENTUM = 16, 0.02, 0.9
 METHODS = ("pbt", "random", "evolution")
-KEEP = False                                                  # --keep: reuse runs already in 09_search*.json
+LONG, SHORT = ["--rounds", "12", "--ready", "40", "--ready-batch", "32"], ["--rounds", "6", "--ready", "20",
+                                                                           "--ready-batch", "32"]
+QUICK = ["--rounds", "2", "--ready", "5", "--ready-batch", "32"]
+SEARCHES = {                        # part: (flags on top of pbt's other defaults, seeds, quick seeds)
+    "search_long": (LONG, range(0, 16), (0, 1)),
+    "search_short": (SHORT, range(0, 16), (0, 1)),
+    "confirm": (SHORT, range(16, 48), (2, 3)),
+    "confirm_long": (LONG, range(16, 48), (2, 3)),
+}
+KEEP = False                                                  # --keep: reuse runs already in the JSON
+SEEDS = None                                                  # --seeds: instead of a part's own seeds
 
 
 def serial(seed, epochs, **schedule):
@@ -134,17 +149,18 @@ def decay_or_grow(out, quick):
     return [f"| schedule ({epochs} epochs) | test accuracy | optimizer steps |", "| --- | --- | --- |"] + rows
 
 
-def search(out, quick, name="search", extra=(), quick_extra=("--rounds", "3", "--ready", "10")):
-    """PBT and random search, the same seeds, ``extra`` flags on top of the defaults -> 09_<name>.json."""
-    seeds = (0, 1) if quick else tuple(range(16))
-    extra = list(quick_extra if quick else extra)
+def search(out, quick, name):
+    """The three searches for SEARCHES[name]'s seeds and flags -> 09_<name>.json; the table's rows."""
+    extra, seeds, quick_seeds = SEARCHES[name]
+    seeds = tuple(SEEDS or (quick_seeds if quick else seeds))
+    extra = QUICK if quick else extra
     kept = out / f"09_{name}.json"
     results = json.loads(kept.read_text()) if KEEP and kept.exists() else {}
     for method in METHODS:
         for seed in seeds:
             if f"{method}|{seed}" in results:                 # --keep: a run is the same bits again
                 continue
-            scratch = Path("/tmp")                        # per-run files; 09_search.json collects them
+            scratch = Path("/tmp")                        # per-run files; 09_<name>.json collects them
             log, lineage = scratch / f"09_{name}_{method}_{seed}.jsonl", scratch / f"09_{name}_{method}_{seed}_lin.json"
             command = [MPIEXEC, "-n", "4", sys.executable, "-m", "algorithms.pbt", "--search", method,
                        "--seed", str(seed), "--quiet", "--log", str(log), "--lineage", str(lineage), *extra]
@@ -154,20 +170,37 @@ def search(out, quick, name="search", extra=(), quick_extra=("--rounds", "3", "-
             results[f"{method}|{seed}"] = {"final": records[-1], "rounds": records[:-1],
                                            "lineage": json.loads(lineage.read_text())}
     (out / f"09_{name}.json").write_text(json.dumps(results))
-    if name == "search":
+    if name == "search_long":
         plot_lineage(results[f"pbt|{seeds[0]}"]["lineage"], out / "09_lineage.png")
     return search_table(results, seeds)
 
 
-def search_short(out, quick):
-    """The same comparison with a quarter of the examples (6 rounds of 20 x 32 per member), chosen
-    before measuring: a bad draw has less time to catch up, and the accuracy is not saturated."""
-    return search(out, quick, "search_short", ["--rounds", "6", "--ready", "20"], ["--rounds", "2", "--ready", "5"])
-
-
 def sign_flip_p(differences):
     """Two-sided p of the paired differences' mean under the null "no difference": the share of the
-    2^n sign flips whose |mean| is at least the observed one (exact; n is small)."""
+    2^n sign flips whose |sum| is at least the observed one (exact). The flips of the first half
+    and of the second half are enumerated apart (2^(n/2) sums each) and the pairs whose total
+    reaches the threshold are counted by binary search in the sorted second half, so 32 seeds
+    take 2 x 65,536 sums, not 4 x 10^9."""
+    import numpy
+
+    def sums(values):                                   # every signed sum of ``values``
+        total = numpy.zeros(1)
+        for value in values:
+            total = numpy.concatenate([total + value, total - value])
+        return total
+
+    n, observed = len(differences), abs(sum(differences))
+    threshold = observed - 1e-12                        # rounding: the observed flip itself counts
+    if threshold <= 0:
+        return 1.0
+    first, second = sums(differences[:n // 2]), numpy.sort(sums(differences[n // 2:]))
+    high = len(second) - numpy.searchsorted(second, threshold - first, side="left")   # total >= threshold
+    low = numpy.searchsorted(second, -threshold - first, side="right")               # total <= -threshold
+    return int((high + low).sum()) / 2 ** n
+
+
+def sign_flip_p_by_enumeration(differences):
+    """The same p by visiting all 2^n flips one by one (the oracle for small n)."""
     n, observed = len(differences), abs(sum(differences))
     extreme = sum(1 for signs in range(2 ** n)
                   if abs(sum(d if signs >> i & 1 else -d for i, d in enumerate(differences))) >= observed - 1e-12)
@@ -181,6 +214,14 @@ def p_value(p):
 def chosen_held_out_loss(result):
     """The held-out loss of the member chosen at the last ranking (the best finite score)."""
     return -max(entry["score"] for entry in result["lineage"]["members"][-1] if math.isfinite(entry["score"]))
+
+
+def seed_text(seeds):
+    """'16-47' for a run of consecutive seeds, else '0, 3, 5'."""
+    seeds = list(seeds)
+    if len(seeds) > 2 and seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"{seeds[0]}-{seeds[-1]}"
+    return ", ".join(map(str, seeds))
 
 
 def search_table(results, seeds):
@@ -220,7 +261,7 @@ def search_table(results, seeds):
     lineage = results[f"pbt|{seeds[0]}"]["lineage"]
     budget = lineage.get("ready_batch", 0) * lineage["ready"] * lineage["rounds"]
     return [f"| search ({lineage['population']} members x {budget} examples) | test accuracy of the chosen member "
-            f"(seeds {', '.join(map(str, seeds))}) | test loss | held-out loss (what ranks the members) | "
+            f"(seeds {seed_text(seeds)}) | test loss | held-out loss (what ranks the members) | "
             "held-out accuracy, mean of all members | examples read, all members | wall time |",
             "| --- | --- | --- | --- | --- | --- | --- |"] + rows
 
@@ -251,30 +292,43 @@ def plot_lineage(lineage, path):
     figure.savefig(path, dpi=110)
 
 
+def seed_list(text):
+    """'16-47' or '16,17,20' -> a tuple of seeds."""
+    seeds = []
+    for piece in text.split(","):
+        low, _, high = piece.partition("-")
+        seeds.extend(range(int(low), int(high or low) + 1))
+    return tuple(seeds)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny settings, output under /tmp")
     parser.add_argument("--keep", action="store_true",
-                        help="search parts: reuse the runs already in 09_search*.json (same seed, same bits)")
-    parser.add_argument("--only", choices=["batch", "schedule", "search", "search_short", "lineage", "search-table"],
+                        help="search parts: reuse the runs already in 09_<part>.json (same seed, same bits)")
+    parser.add_argument("--seeds", type=seed_list, default=None,
+                        help="search parts: these seeds ('16-47' or '0,3,5') instead of the part's own "
+                             "(0-15 for search_long and search_short, 16-47 for confirm and confirm_long)")
+    parser.add_argument("--only", choices=["batch", "schedule", *SEARCHES, "lineage", "search-table"],
                         default=None,
-                        help="one part; lineage, search-table: redraw 09_lineage.png and 09_table_search.md "
-                             "from 09_search.json")
+                        help="one part; lineage, search-table: redraw 09_lineage.png and the search tables "
+                             "from the JSON, without training")
     args = parser.parse_args()
-    global KEEP
-    KEEP = args.keep
+    global KEEP, SEEDS
+    KEEP, SEEDS = args.keep, args.seeds
     out = Path("/tmp/make_09_quick") if args.quick else HERE
     out.mkdir(exist_ok=True)
-    if args.only in ("lineage", "search-table"):        # redrawn from 09_search.json, no training
-        results = json.loads((out / "09_search.json").read_text())
+    if args.only in ("lineage", "search-table"):        # redrawn from the JSON, no training
+        results = json.loads((out / "09_search_long.json").read_text())
         plot_lineage(results["pbt|0"]["lineage"], out / "09_lineage.png")
-        for name in ("search", "search_short"):
+        for name in SEARCHES:
             if (out / f"09_{name}.json").exists():
                 results = json.loads((out / f"09_{name}.json").read_text())
                 seeds = sorted({int(key.split("|")[1]) for key in results})
                 (out / f"09_table_{name}.md").write_text("\n".join(search_table(results, seeds)) + "\n")
         return
-    parts = {"batch": batch_sweep, "schedule": decay_or_grow, "search": search, "search_short": search_short}
+    parts = {"batch": batch_sweep, "schedule": decay_or_grow,
+             **{name: (lambda out, quick, name=name: search(out, quick, name)) for name in SEARCHES}}
     for name, part in parts.items():
         if args.only in (None, name):
             table = part(out, args.quick)
