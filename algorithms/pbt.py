@@ -1,7 +1,7 @@
 """Population-based training: members train side by side; the worst copy the best and explore.
 
-    mpiexec -n 4 python -m algorithms.pbt [--population 4] [--ready 40] [--ready-batch 32]
-        [--rounds 12] [--fraction 0.25] [--search pbt|random|evolution] [--lineage lineage.json]
+    mpiexec -n 4 python -m algorithms.pbt [--population 4] [--ready 20] [--ready-batch 32]
+        [--rounds 6] [--fraction 0.25] [--search pbt|random|evolution] [--lineage lineage.json]
 
 Paper: Jaderberg et al. 2017, "Population Based Training of Neural Networks", section 3 (the
 ready / exploit / explore steps; "truncation selection" and "perturb" are its section 4.1
@@ -37,18 +37,19 @@ logged per round and written as JSON with --lineage; tutorials/figures/make_09_f
 
 Cost per round, beyond training: one allgather of p scores, and per loser R messages of 2 n
 floats (n = 6090 for the CNN: 49 KB each). The rounds are not an epoch loop: members read the
-same examples per round (the budget: --rounds x B each, 12 x 1280 for the defaults), but a member
+same examples per round (the budget: --rounds x B each, 6 x 640 for the defaults), but a member
 with a bigger batch takes fewer steps; each member reads an endless stream of its own shuffled
 epochs (``Stream``), so a round need not end at an epoch's end.
 
 Restrictions: 2 <= M <= p with M dividing p; 0 < fraction <= 0.5; no --save / --resume.
 The result is the best member at the last ranking; its test accuracy is in the last record.
 
-Default run (4 members of one rank, 12 rounds of 40 x 32 examples each, digits CNN): about 10 s
-on 2 shared cores. Against random search with the same draws and examples, 16 paired seeds
-(tutorials/figures/make_09_figures.py, parts 3 and 4): at the defaults the chosen member's test
-accuracy is +0.6 +- 1.3 points (inside the noise, p = 0.062; test loss p = 0.038); with a quarter
-of the examples (--rounds 6 --ready 20) +1.1 +- 1.9 points (p = 0.011; test loss p < 0.001).
+Default run (4 members of one rank, 6 rounds of 20 x 32 examples each, digits CNN): under a second
+on 2 cores. The defaults were the long budget, 12 rounds of 40 x 32, until chapter 9's protocol made
+the short one (where Jaderberg et al.'s argument puts PBT's gain) the setting to confirm on fresh
+seeds. Exploration against random search with the same draws and examples, 16 paired seeds
+(tutorials/figures/make_09_figures.py): at 12 x 40 the chosen member's test accuracy is +0.6 +- 1.3
+points (inside the noise, p = 0.062); at 6 x 20 +1.1 +- 1.9 points (p = 0.011).
 --search evolution: +0.3 and +0.1 points, inside the noise (p = 0.688, 1.000).
 The tables: tutorials/09_large_batch_and_search.md, section 3.
 """
@@ -205,7 +206,7 @@ def check(size, population, ready, rounds, fraction, search, validation, ready_b
         raise SettingError(f"--search must be one of {', '.join(SEARCHES)}, got {search!r}")
 
 
-def train(comm=None, population=None, ready=40, rounds=12, fraction=0.25, search="pbt", lineage=None,
+def train(comm=None, population=None, ready=20, rounds=6, fraction=0.25, search="pbt", lineage=None,
           validation=0.2, ready_batch=32, **settings):
     """Population-based training (or random search) on ``comm``; returns (the best member's flat
     parameters as NumPy, the per-round history) on every rank. ``settings`` are ``run.Settings``;
@@ -255,7 +256,6 @@ def train(comm=None, population=None, ready=40, rounds=12, fraction=0.25, search
     initial = flat_state(objective, optimizer)  # every member's start: --search evolution restarts from it
 
     for round_ in range(rounds):
-        # train: --ready steps of synchronous SGD with this member's hyperparameters
         # train: synchronous SGD with this member's hyperparameters until it has read this round's
         # budget of examples (a bigger batch takes fewer steps; the last step may be smaller)
         optimizer.lr, optimizer.momentum = float(hyper[member, 0]), float(hyper[member, 1])
@@ -312,11 +312,11 @@ def train(comm=None, population=None, ready=40, rounds=12, fraction=0.25, search
 def main(argv=None):
     parser = cli.parser(__doc__.splitlines()[0], epochs=None, lr=None, batch_size=None, momentum=None)
     parser.add_argument("--population", type=int, default=None, help="members (default: one per rank)")
-    parser.add_argument("--ready", type=int, default=40,
+    parser.add_argument("--ready", type=int, default=20,
                         help="a round (between rankings) is the examples of this many steps at --ready-batch")
     parser.add_argument("--ready-batch", type=int, default=32,
                         help="batch per rank that defines a round's examples (members' own batches vary)")
-    parser.add_argument("--rounds", type=int, default=12,
+    parser.add_argument("--rounds", type=int, default=6,
                         help="rankings; the budget is rounds x ready x ready-batch examples per member rank")
     parser.add_argument("--fraction", type=float, default=0.25, help="bottom and top fraction of truncation selection")
     parser.add_argument("--search", default="pbt", choices=SEARCHES,
