@@ -1,4 +1,4 @@
-"""Regenerate chapter 9's figures and tables (about 30 minutes on 2 shared cores; --quick: about one):
+"""Regenerate chapter 9's figures and tables (about 11 minutes on 2 cores; --quick: under one):
 
     python tutorials/figures/make_09_figures.py [--quick] [--only PART] [--seeds 16-47] [--keep]
 
@@ -20,6 +20,8 @@
    random search in test accuracy, sign-flip p < 0.05 with a positive mean); confirm_long repeats
    the long budget on the same seeds (reported, deciding nothing) -> 09_confirm.json,
    09_table_confirm.md; 09_confirm_long.json, 09_table_confirm_long.md.
+   power: why 32 seeds: the sign-flip test's power at 16 and 32 pairs if the differences were
+   normal with search_short's mean / sd (2,000 simulated experiments each) -> 09_power.json, 09_table_power.md.
 Every search run passes its budget flags explicitly, so a JSON does not depend on pbt's defaults.
 Runs 1 and 2 are serial (one process trains the global batch; chapter 4 shows that p ranks at
 batch b are serial SGD at p b up to rounding). --quick shrinks every part and writes to /tmp.
@@ -292,6 +294,27 @@ def plot_lineage(lineage, path):
     figure.savefig(path, dpi=110)
 
 
+def power(out, quick, experiments=2000, pairs=(16, 32)):
+    """The chance that the protocol's test (sign-flip p < 0.05, positive mean) finds an effect of
+    search_short's size (its PBT - random test-accuracy differences' mean / sd) with n pairs, the
+    differences drawn normal: ``experiments`` simulated experiments per n, Generator(0)."""
+    import numpy
+    results = json.loads((HERE / "09_search_short.json").read_text())
+    seeds = sorted({int(key.split("|")[1]) for key in results})
+    differences = [results[f"pbt|{s}"]["final"]["test_accuracy"] - results[f"random|{s}"]["final"]["test_accuracy"]
+                   for s in seeds]
+    effect = statistics.mean(differences) / statistics.stdev(differences)
+    rng, experiments = numpy.random.default_rng(0), 100 if quick else experiments
+    found = {}
+    for n in pairs:
+        draws = rng.normal(effect, 1.0, size=(experiments, n))
+        found[n] = sum(sign_flip_p(list(row)) < 0.05 and row.mean() > 0 for row in draws) / experiments
+    (out / "09_power.json").write_text(json.dumps({"effect": effect, "experiments": experiments,
+                                                   "power": {str(n): value for n, value in found.items()}}))
+    return [f"| pairs | power at mean / sd {effect:.2f} ({experiments} experiments) |", "| --- | --- |"] + [
+        f"| {n} | {value * 100:.0f}% |" for n, value in found.items()]
+
+
 def seed_list(text):
     """'16-47' or '16,17,20' -> a tuple of seeds."""
     seeds = []
@@ -309,7 +332,7 @@ def main():
     parser.add_argument("--seeds", type=seed_list, default=None,
                         help="search parts: these seeds ('16-47' or '0,3,5') instead of the part's own "
                              "(0-15 for search_long and search_short, 16-47 for confirm and confirm_long)")
-    parser.add_argument("--only", choices=["batch", "schedule", *SEARCHES, "lineage", "search-table"],
+    parser.add_argument("--only", choices=["batch", "schedule", *SEARCHES, "power", "lineage", "search-table"],
                         default=None,
                         help="one part; lineage, search-table: redraw 09_lineage.png and the search tables "
                              "from the JSON, without training")
@@ -328,7 +351,8 @@ def main():
                 (out / f"09_table_{name}.md").write_text("\n".join(search_table(results, seeds)) + "\n")
         return
     parts = {"batch": batch_sweep, "schedule": decay_or_grow,
-             **{name: (lambda out, quick, name=name: search(out, quick, name)) for name in SEARCHES}}
+             **{name: (lambda out, quick, name=name: search(out, quick, name)) for name in SEARCHES},
+             "power": power}
     for name, part in parts.items():
         if args.only in (None, name):
             table = part(out, args.quick)
