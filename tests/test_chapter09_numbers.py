@@ -1,0 +1,184 @@
+"""Chapter 9, section 3: the search tables, the protocol and its verdict are what the JSON says.
+
+tutorials/figures/make_09_figures.py writes one JSON per comparison (09_search_long, 09_search_short:
+the exploration on seeds 0-15; 09_confirm, 09_confirm_long: the protocol's runs on seeds 16-47) and
+a table from each. Checked here:
+- each table is what ``search_table`` makes of its JSON, and the chapter holds it verbatim;
+- the confirmation tested what the protocol names: pbt's defaults (read from its own parser), the
+  seeds 16-47 and no seed the exploration had used;
+- the verdict ("met" only if the mean difference in test accuracy is positive and the sign-flip
+  p < 0.05) and every number quoted about it in the chapter, the module header and the answers
+  are recomputed from the JSON with the rounding the prose uses;
+- ``sign_flip_p`` (two halves, binary search) counts the same flips as visiting all 2^n of them;
+- the quick mode of the search part runs.
+Rerunning the script changes no accuracy (same seed, same bits), so these fail only when the text,
+the defaults or the script change without the others.
+"""
+import importlib.util
+import inspect
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from algorithms import pbt
+from algorithms.objective import load_data
+
+ROOT = Path(__file__).resolve().parent.parent
+FIGURES = ROOT / "tutorials" / "figures"
+SCRIPT = FIGURES / "make_09_figures.py"
+
+
+def script():
+    spec = importlib.util.spec_from_file_location("make_09_figures", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def flat(path):
+    return " ".join(Path(path).read_text().split())
+
+
+def results(name):
+    return json.loads((FIGURES / f"09_{name}.json").read_text())
+
+
+def seeds_of(found):
+    return sorted({int(key.split("|")[1]) for key in found})
+
+
+def paired(found, method="pbt", key="test_accuracy"):
+    """Per seed, ``method`` minus random search."""
+    return [found[f"{method}|{seed}"]["final"][key] - found[f"random|{seed}"]["final"][key] for seed in seeds_of(found)]
+
+
+def test_the_search_tables_are_what_the_script_makes_of_the_json_and_the_chapter_quotes_them():
+    make = script()
+    chapter = flat(ROOT / "tutorials" / "09_large_batch_and_search.md")
+    for name in make.SEARCHES:
+        found = results(name)
+        table = "\n".join(make.search_table(found, seeds_of(found))) + "\n"
+        assert table == (FIGURES / f"09_table_{name}.md").read_text(), f"09_table_{name}.md is not its JSON's table"
+        assert " ".join(table.split()) in chapter, f"chapter 9's copy of 09_table_{name}.md is stale"
+
+
+def test_the_confirmation_ran_pbts_defaults_on_fresh_seeds_16_to_47(monkeypatch):
+    make = script()
+    given_flags = {}
+    monkeypatch.setattr(pbt.cli, "run_main", lambda train, args, **flags: given_flags.update(flags))
+    pbt.main([])                                                  # the parser's defaults, nothing trained
+    explored = set(seeds_of(results("search_long"))) | set(seeds_of(results("search_short")))
+    for name, budget in [("confirm", "defaults"), ("confirm_long", "long")]:
+        found = results(name)
+        assert seeds_of(found) == list(range(16, 48)) == list(make.SEARCHES[name][1])
+        assert not explored & set(seeds_of(found)), "a confirming seed was used in the exploration"
+        assert {key.split("|")[0] for key in found} == set(make.METHODS)
+        for run in found.values():
+            lineage = run["lineage"]
+            setting = {flag: lineage[flag] for flag in ("rounds", "ready", "ready_batch", "fraction")}
+            if budget == "defaults":
+                assert setting == {flag: given_flags[flag] for flag in setting}, (setting, given_flags)
+                assert lineage["population"] == 4 and given_flags["population"] is None    # one per rank, -n 4
+            else:
+                assert setting == {"rounds": 12, "ready": 40, "ready_batch": 32, "fraction": 0.25}
+    # train()'s own defaults are the parser's, so pbt.train(comm) runs the confirmed setting too
+    for flag in ("rounds", "ready", "ready_batch", "fraction"):
+        assert inspect.signature(pbt.train).parameters[flag].default == given_flags[flag], flag
+
+
+def summary(differences, make, scale=100, digits=1):
+    mean, sd = statistics.mean(differences), statistics.stdev(differences)
+    p = make.sign_flip_p(differences)
+    return f"{mean * scale:+.{digits}f} +- {sd * scale:.{digits}f}", p, mean
+
+
+def test_the_verdict_and_every_number_quoted_about_it_follow_from_the_json():
+    make = script()
+    chapter = flat(ROOT / "tutorials" / "09_large_batch_and_search.md")
+    header = flat(ROOT / "algorithms" / "pbt.py")
+    answers = flat(ROOT / "tutorials" / "assignments" / "answers.md")
+    confirm, long = results("confirm"), results("confirm_long")
+    accuracy, p, mean = summary(paired(confirm), make)
+    met = mean > 0 and p < 0.05
+    differences = paired(confirm)
+    wins, ties = sum(d > 0 for d in differences), sum(d == 0 for d in differences)
+    worse = len(differences) - wins - ties
+    loss, loss_p, _ = summary(paired(confirm, key="test_loss"), make, scale=1, digits=3)
+    evolution, evolution_p, _ = summary(paired(confirm, "evolution"), make)
+    expected = [
+        f"**Verdict: {'met' if met else 'not met'}.**",
+        f"At the defaults PBT {'beats' if met else 'does not beat'} random search of the same budget beyond the noise",
+        f"better in {wins} of the {len(differences)} seeds (tied in {ties}, worse in {worse})",
+        f"({accuracy} points) and the sign-flip p is {p:.3f}",
+        f"the test loss says the same ({loss}, p = {loss_p:.3f})",
+        f"Evolution is inside the noise again ({evolution} points, p = {evolution_p:.3f})",
+        f"{'met' if met else 'not met'}, {accuracy} points, sign-flip p = {p:.3f}",              # the summary
+    ]
+    test_rows = len(load_data("digits", 0, None).y_test)
+    images = {seed: round(d * test_rows) for seed, d in zip(seeds_of(confirm), differences)}
+    ahead = sorted(images, key=lambda seed: -images[seed])[:3]
+    behind = sorted((seed for seed in images if images[seed] <= -10), key=lambda seed: seed)
+    expected.append(f"PBT is ahead by {', '.join(str(images[s]) for s in ahead[:2])} and {images[ahead[2]]} of the "
+                    f"{test_rows} test images at seeds {', '.join(map(str, ahead[:2]))} and {ahead[2]}, and behind by "
+                    f"{' and '.join(str(-images[s]) for s in behind)} at seeds {' and '.join(map(str, behind))}")
+    for text in expected:
+        assert text in chapter, f"chapter 9 should say: {text}"
+    decision = "inside the noise, so PBT is not shown to beat random search at the defaults" if not met else \
+        "so PBT beats random search at the defaults"
+    assert f"{accuracy} points, sign-flip p = {p:.3f}, {decision}" in header
+    assert f"at the defaults, p = {p:.3f}" in answers
+    # the long budget on the same seeds, reported beside it
+    long_accuracy, long_p, _ = summary(paired(long), make)
+    long_differences = paired(long)
+    long_wins, long_ties = sum(d > 0 for d in long_differences), sum(d == 0 for d in long_differences)
+    quoted = (f"{long_accuracy} points (better in {long_wins} of {len(long_differences)} seeds, tied in {long_ties}, "
+              f"worse in {len(long_differences) - long_wins - long_ties}; sign-flip p {make.p_value(long_p)})")
+    assert quoted in chapter, quoted
+    assert f"At 12 x 40 on the same seeds (reported, deciding nothing): {long_accuracy} points, p {make.p_value(long_p)}" \
+        in header
+    # the exploration's numbers in the module header
+    for name, budget in [("search_long", "12 x 40"), ("search_short", "6 x 20")]:
+        text, explored_p, _ = summary(paired(results(name)), make)
+        assert f"{text}" in header and f"{budget} (p = {explored_p:.3f})" in header, name
+    # the protocol's power figures
+    power = json.loads((FIGURES / "09_power.json").read_text())
+    assert (f"(mean / sd {power['effect']:.2f}), the test below would find it with 16 pairs only "
+            f"{power['power']['16'] * 100:.0f}% of the time, with 32 pairs {power['power']['32'] * 100:.0f}%") in chapter
+    # and the population of the default run, in the header
+    pbt_runs = [run["final"]["test_accuracy"] for key, run in confirm.items() if key.startswith("pbt|")]
+    assert f"{statistics.mean(pbt_runs) * 100:.1f} +- {statistics.stdev(pbt_runs) * 100:.1f}% over seeds 16-47" in header
+
+
+@settings(max_examples=60)
+@given(st.lists(st.one_of(st.integers(-40, 40).map(lambda k: k / 359),
+                          st.floats(-3, 3, allow_nan=False, allow_subnormal=False)), min_size=1, max_size=11))
+def test_sign_flip_p_by_halves_counts_the_same_flips_as_visiting_all_of_them(differences):
+    make = script()
+    assert make.sign_flip_p(differences) == make.sign_flip_p_by_enumeration(differences)
+
+
+def test_sign_flip_p_is_exact_at_32_pairs():
+    make = script()
+    assert make.sign_flip_p([0.01] * 32) == 2 / 2 ** 32                 # all plus or all minus
+    assert make.sign_flip_p([0.0] * 32) == 1.0
+    # 17 ones and 15 minus ones: a flip pattern with k minus signs sums to 32 - 2k, so |sum| >= 2 for
+    # every k but 16: p = 1 - C(32, 16) / 2^32
+    assert make.sign_flip_p([1.0] * 17 + [-1.0] * 15) == 1 - math.comb(32, 16) / 2 ** 32
+
+
+@pytest.mark.timeout(120)
+def test_the_quick_mode_of_a_search_part_runs():
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MPLBACKEND="Agg")
+    done = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--only", "confirm", "--seeds", "7"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=110)
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(Path("/tmp/make_09_quick/09_confirm.json").read_text())
+    assert sorted(found) == ["evolution|7", "pbt|7", "random|7"]
+    assert all(run["lineage"]["rounds"] == 2 and math.isfinite(run["final"]["test_loss"]) for run in found.values())
