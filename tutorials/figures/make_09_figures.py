@@ -227,9 +227,9 @@ def seed_text(seeds):
 
 
 def search_table(results, seeds):
-    """Rows of 09_table_search.md from 09_search.json's results: per method the chosen member's test
-    accuracy and loss (mean +- sd over seeds, and each seed), the examples every member read and
-    the wall time; then the paired differences PBT - random search."""
+    """Rows of a search table (09_table_<part>.md) from its JSON (09_<part>.json): per method the
+    chosen member's test accuracy and loss (mean +- sd over seeds, and each seed), the examples
+    every member read and the wall time; then the paired differences, each method - random search."""
     rows, finals = [], {}
     methods = [method for method in METHODS if f"{method}|{seeds[0]}" in results]
     for method in methods:
