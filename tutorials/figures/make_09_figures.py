@@ -20,6 +20,8 @@
    random search in test accuracy, sign-flip p < 0.05 with a positive mean); confirm_long repeats
    the long budget on the same seeds (reported, deciding nothing) -> 09_confirm.json,
    09_table_confirm.md; 09_confirm_long.json, 09_table_confirm_long.md.
+   reconfirm: the second protocol: the long budget (the defaults again), fresh seeds 48-79, the
+   same primary test with p < 0.025 -> 09_reconfirm.json, 09_table_reconfirm.md.
    power: why 32 seeds: the sign-flip test's power at 16 and 32 pairs if the differences were
    normal with search_short's mean / sd (2,000 simulated experiments each) -> 09_power.json, 09_table_power.md.
 Every search run passes its budget flags explicitly, so a JSON does not depend on pbt's defaults.
@@ -55,6 +57,7 @@ SEARCHES = {                        # part: (flags on top of pbt's other default
     "search_short": (SHORT, range(0, 16), (0, 1)),
     "confirm": (SHORT, range(16, 48), (2, 3)),
     "confirm_long": (LONG, range(16, 48), (2, 3)),
+    "reconfirm": (LONG, range(48, 80), (4, 5)),
 }
 KEEP = False                                                  # --keep: reuse runs already in the JSON
 SEEDS = None                                                  # --seeds: instead of a part's own seeds
