@@ -91,7 +91,7 @@ def _input_gradient_as_convolution(weight_shape, stride, padding):
 
 
 # ---- blocks of images: the same products, a few images at a time --------------------------------
-BLOCK_BYTES = 8 << 20
+BLOCK_BYTES = 6 << 20
 
 
 def image_blocks(x_shape, weight_shape, stride, padding, itemsize):
@@ -215,6 +215,42 @@ def _col2im_wide(grad_out, weight, padded_shape):
     return grad_x_pad
 
 
+def _gradients_from_output_columns(grad_out, x, weight, padding, blocks, need_weight):
+    """(grad_x, grad_weight) for stride 1 in blocks, both from each block's output-gradient columns.
+
+    grad_x is the "full" convolution of grad_out with the flipped kernel (see
+    _input_gradient_as_convolution), whose columns are gcols[(f, i', j'), (n, h, w)] =
+    grad_pad[n, f, h + i', w + j'], grad_pad being grad_out padded by k - 1 - padding. The weight
+    gradient needs the same numbers (substitute h = ho + i - padding in its definition):
+
+        grad_weight[f, c, i, j] = sum_{n, h, w} x[n, c, h, w] grad_pad[n, f, h + k-1-i, w + k-1-j]
+                                = (gcols @ x_2d.T)[(f, k-1-i, k-1-j), c]      x_2d: x as (C, N*H*W)
+
+    so each block needs one im2col (of its output gradient) for both products, not a second one
+    that rebuilds x's columns. The blocks' weight gradients are summed in block order.
+    """
+    xp = get_array_module(grad_out)
+    f, c, kh, kw = weight.shape
+    n, _, h, w = x.shape
+    dtype = xp.result_type(weight, grad_out)
+    flipped = xp.ascontiguousarray(weight[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)).reshape(c, f * kh * kw)
+    grad_x = xp.empty(x.shape, dtype=dtype)
+    grad_flipped = xp.zeros((f * kh * kw, c), dtype=dtype) if need_weight else None
+    for start, stop in blocks:
+        images = stop - start
+        gcols, _ = _columns(grad_out[start:stop], kh, kw, 1, kh - 1 - padding, h, w)     # (F kh kw, nb H W)
+        grad_2d = xp.matmul(flipped, gcols, out=workspace(xp, (c, images * h * w), dtype))   # (C, nb H W)
+        grad_x[start:stop] = grad_2d.reshape(c, images, h, w).transpose(1, 0, 2, 3)
+        if need_weight:
+            x_2d = workspace(xp, (c, images, h, w), x.dtype)
+            x_2d[...] = x[start:stop].transpose(1, 0, 2, 3)
+            grad_flipped += xp.matmul(gcols, x_2d.reshape(c, images * h * w).T)             # (F kh kw, C)
+    grad_weight = None
+    if need_weight:
+        grad_weight = xp.ascontiguousarray(grad_flipped.reshape(f, kh, kw, c)[:, ::-1, ::-1].transpose(0, 3, 1, 2))
+    return grad_x, grad_weight
+
+
 def backward(grad_out, cache, need_x=True, need_weight=True):
     xp = get_array_module(grad_out)
     weight, stride, padding, blocks = cache["weight"], cache["stride"], cache["padding"], cache["blocks"]
@@ -229,6 +265,8 @@ def backward(grad_out, cache, need_x=True, need_weight=True):
         if need_x and not as_convolution:
             grad_x = _input_gradient_block(grad_out, grad_2d, weight, cache["padded_shape"], stride, padding,
                                            cache["x_shape"])
+    elif need_x and as_convolution:            # one im2col per block serves both gradients
+        return _gradients_from_output_columns(grad_out, cache["x"], weight, padding, blocks, need_weight)
     else:
         x = cache["x"]
         if need_x and not as_convolution:
