@@ -121,6 +121,26 @@ def test_a_tensor_used_twice_gets_both_gradients():
     assert x.grad == 8.0
 
 
+def test_a_leaf_gradient_never_shares_memory_with_an_array_someone_else_holds():
+    """A leaf takes a backward's fresh array as its .grad without copying it only when nobody else
+    holds that array: the gradient the caller passed in, a view, a second leaf's gradient are copied."""
+    x = Tensor(np.zeros(4), requires_grad=True)
+    given = np.arange(4.0)
+    (x + 0.0).backward(given)                          # add's backward hands back ``given`` itself
+    given[...] = -1.0
+    np.testing.assert_array_equal(x.grad, [0.0, 1.0, 2.0, 3.0])
+    a, b = Tensor(np.ones(3), requires_grad=True), Tensor(np.ones(3), requires_grad=True)
+    (a + b).sum().backward()                           # both leaves get the same array
+    a.grad[...] = 5.0
+    np.testing.assert_array_equal(b.grad, [1.0, 1.0, 1.0])
+    w = Tensor(np.ones((2, 3)), requires_grad=True)
+    F.reshape(w, (6,)).sum().backward()                # a view of sum's read-only broadcast gradient
+    w.grad[...] = 3.0                                  # a writable copy of its own (a view would refuse)
+    assert w.grad.shape == (2, 3)
+    (x * 2.0).sum().backward()                         # a fresh array, accumulated into the existing grad
+    np.testing.assert_array_equal(x.grad, [2.0, 3.0, 4.0, 5.0])
+
+
 def test_no_grad_records_no_graph():
     x = Tensor(np.ones(3), requires_grad=True)
     with no_grad():
