@@ -69,25 +69,29 @@ def test_the_search_tables_are_what_the_script_makes_of_the_json_and_the_chapter
         assert " ".join(table.split()) in chapter, f"chapter 9's copy of 09_table_{name}.md is stale"
 
 
-def test_the_confirmation_ran_pbts_defaults_on_fresh_seeds_16_to_47(monkeypatch):
+def test_each_confirmation_ran_its_protocols_setting_on_seeds_no_earlier_run_had_used(monkeypatch):
+    """The first protocol ran 6 x 20 (then the defaults) on 16-47, with 12 x 40 beside it; the second
+    runs pbt's defaults now (read from its own parser and train()) on 48-79."""
     make = script()
     given_flags = {}
     monkeypatch.setattr(pbt.cli, "run_main", lambda train, args, **flags: given_flags.update(flags))
     pbt.main([])                                                  # the parser's defaults, nothing trained
-    explored = set(seeds_of(results("search_long"))) | set(seeds_of(results("search_short")))
-    for name, budget in [("confirm", "defaults"), ("confirm_long", "long")]:
+    used = set(seeds_of(results("search_long"))) | set(seeds_of(results("search_short")))
+    short = {"rounds": 6, "ready": 20, "ready_batch": 32, "fraction": 0.25}
+    long = {"rounds": 12, "ready": 40, "ready_batch": 32, "fraction": 0.25}
+    for name, seeds, setting_wanted in [("confirm", range(16, 48), short), ("confirm_long", range(16, 48), long),
+                                        ("reconfirm", range(48, 80), {flag: given_flags[flag] for flag in long})]:
         found = results(name)
-        assert seeds_of(found) == list(range(16, 48)) == list(make.SEARCHES[name][1])
-        assert not explored & set(seeds_of(found)), "a confirming seed was used in the exploration"
+        assert seeds_of(found) == list(seeds) == list(make.SEARCHES[name][1])
+        if name != "confirm_long":               # it shares the first confirmation's seeds by design
+            assert not used & set(seeds_of(found)), f"{name}: a confirming seed was used before"
+            used |= set(seeds_of(found))
         assert {key.split("|")[0] for key in found} == set(make.METHODS)
         for run in found.values():
             lineage = run["lineage"]
-            setting = {flag: lineage[flag] for flag in ("rounds", "ready", "ready_batch", "fraction")}
-            if budget == "defaults":
-                assert setting == {flag: given_flags[flag] for flag in setting}, (setting, given_flags)
-                assert lineage["population"] == 4 and given_flags["population"] is None    # one per rank, -n 4
-            else:
-                assert setting == {"rounds": 12, "ready": 40, "ready_batch": 32, "fraction": 0.25}
+            assert {flag: lineage[flag] for flag in setting_wanted} == setting_wanted, name
+            assert lineage["population"] == 4
+    assert given_flags["population"] is None and {flag: given_flags[flag] for flag in long} == long
     # train()'s own defaults are the parser's, so pbt.train(comm) runs the confirmed setting too
     for flag in ("rounds", "ready", "ready_batch", "fraction"):
         assert inspect.signature(pbt.train).parameters[flag].default == given_flags[flag], flag
@@ -114,7 +118,8 @@ def test_the_verdict_and_every_number_quoted_about_it_follow_from_the_json():
     evolution, evolution_p, _ = summary(paired(confirm, "evolution"), make)
     expected = [
         f"**Verdict: {'met' if met else 'not met'}.**",
-        f"At the defaults PBT {'beats' if met else 'does not beat'} random search of the same budget beyond the noise",
+        f"At the first protocol's setting (then the defaults, 6 rounds of 20 x 32) PBT "
+        f"{'beats' if met else 'does not beat'} random search of the same budget beyond the noise",
         f"better in {wins} of the {len(differences)} seeds (tied in {ties}, worse in {worse})",
         f"({accuracy} points) and the sign-flip p is {p:.3f}",
         f"the test loss says the same ({loss}, p = {loss_p:.3f})",
@@ -130,10 +135,10 @@ def test_the_verdict_and_every_number_quoted_about_it_follow_from_the_json():
                     f"{' and '.join(str(-images[s]) for s in behind)} at seeds {' and '.join(map(str, behind))}")
     for text in expected:
         assert text in chapter, f"chapter 9 should say: {text}"
-    decision = "inside the noise, so PBT is not shown to beat random search at the defaults" if not met else \
-        "so PBT beats random search at the defaults"
+    decision = "inside the noise, so PBT is not shown to beat random search at 6 x 20" if not met else \
+        "so PBT beats random search at 6 x 20"
     assert f"{accuracy} points, sign-flip p = {p:.3f}, {decision}" in header
-    assert f"at the defaults, p = {p:.3f}" in answers
+    assert f"did not separate PBT from random search, p = {p:.3f}" in answers
     # the long budget on the same seeds, reported beside it
     long_accuracy, long_p, _ = summary(paired(long), make)
     long_differences = paired(long)
@@ -151,9 +156,42 @@ def test_the_verdict_and_every_number_quoted_about_it_follow_from_the_json():
     power = json.loads((FIGURES / "09_power.json").read_text())
     assert (f"(mean / sd {power['effect']:.2f}), the test below would find it with 16 pairs only "
             f"{power['power']['16'] * 100:.0f}% of the time, with 32 pairs {power['power']['32'] * 100:.0f}%") in chapter
-    # and the population of the default run, in the header
-    pbt_runs = [run["final"]["test_accuracy"] for key, run in confirm.items() if key.startswith("pbt|")]
-    assert f"{statistics.mean(pbt_runs) * 100:.1f} +- {statistics.stdev(pbt_runs) * 100:.1f}% over seeds 16-47" in header
+
+
+def test_the_second_protocols_verdict_and_its_numbers_follow_from_the_json():
+    """Seeds 48-79 at the defaults: met only if the mean difference in test accuracy is positive and
+    the sign-flip p < 0.025; the chapter, the summary, the module header and the answers quote it."""
+    make = script()
+    chapter = flat(ROOT / "tutorials" / "09_large_batch_and_search.md")
+    header = flat(ROOT / "algorithms" / "pbt.py")
+    answers = flat(ROOT / "tutorials" / "assignments" / "answers.md")
+    found = results("reconfirm")
+    differences = paired(found)
+    accuracy, p, mean = summary(differences, make)
+    met = mean > 0 and p < 0.025
+    wins, ties = sum(d > 0 for d in differences), sum(d == 0 for d in differences)
+    loss, loss_p, _ = summary(paired(found, key="test_loss"), make, scale=1, digits=3)
+    loss_wins = sum(d < 0 for d in paired(found, key="test_loss"))
+    evolution, evolution_p, _ = summary(paired(found, "evolution"), make)
+    evolution_differences = paired(found, "evolution")
+    pbt_runs = [found[f"pbt|{seed}"]["final"]["test_accuracy"] for seed in seeds_of(found)]
+    random_runs = [found[f"random|{seed}"]["final"]["test_accuracy"] for seed in seeds_of(found)]
+    means = (f"{statistics.mean(pbt_runs) * 100:.1f} +- {statistics.stdev(pbt_runs) * 100:.1f}% against "
+             f"{statistics.mean(random_runs) * 100:.1f} +- {statistics.stdev(random_runs) * 100:.1f}%")
+    for text in [f"**Verdict of the second protocol: {'met' if met else 'not met'}.**",
+                 f"ahead by {accuracy} points of test accuracy, better in {wins} of the {len(differences)} seeds "
+                 f"(tied in {ties}, worse in {len(differences) - wins - ties}), sign-flip p = {p:.3f}",
+                 f"the test loss agrees ({loss}, better in {loss_wins} seeds, p {make.p_value(loss_p)})",
+                 f"({means})",
+                 f"Evolution is also ahead here ({evolution} points, better in "
+                 f"{sum(d > 0 for d in evolution_differences)}, tied in {sum(d == 0 for d in evolution_differences)}, "
+                 f"p = {evolution_p:.3f})",
+                 f"{'met' if met else 'not met'}, {accuracy} points, p = {p:.3f}"]:        # the summary
+        assert text in chapter, f"chapter 9 should say: {text}"
+    assert f"{accuracy} points, sign-flip p = {p:.3f}, {'met' if met else 'not met'}" in header
+    assert f"(chosen member {means})" in header
+    assert f"+0.4 +- 0.7 points, p = {evolution_p:.3f}, deciding nothing" in header and evolution.startswith("+0.4 +- 0.7")
+    assert f"did: {accuracy} points, p = {p:.3f}" in answers
 
 
 @settings(max_examples=60)
