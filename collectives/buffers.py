@@ -68,9 +68,8 @@ def scratch(like, n=None):
     one buffer per key is enough. CuPy vectors get a fresh allocation (CuPy's pool caches).
     """
     n = len(like) if n is None else n
-    xp = array_module(like)
-    if xp is not np:
-        return xp.empty(n, dtype=like.dtype)
+    if type(like) is not np.ndarray:
+        return array_module(like).empty(n, dtype=like.dtype)
     key = (n, like.dtype)
     buffer = _SCRATCH.get(key)
     if buffer is None:
@@ -99,7 +98,8 @@ def fast_arguments(sendbuf, recvbuf, op):
         return True
     return (type(sendbuf) is np.ndarray and sendbuf.ndim == 1 and sendbuf.flags.c_contiguous
             and sendbuf.dtype == recvbuf.dtype and sendbuf.size == recvbuf.size
-            and not np.may_share_memory(sendbuf, recvbuf))
+            # two arrays that each own their memory cannot overlap; views get the bounds check
+            and ((sendbuf.base is None and recvbuf.base is None) or not np.may_share_memory(sendbuf, recvbuf)))
 
 
 def cuda_aware_mpi():
@@ -218,9 +218,12 @@ def run_allreduce(heart, comm, sendbuf, recvbuf, op="sum", check=True, name="all
         in_place = allreduce_arguments(comm, name, sendbuf, recvbuf, op, check)
     if not in_place:
         recvbuf[...] = sendbuf
-    data = to_mpi(recvbuf)
-    if comm.Get_size() > 1 and data.size > 0:
+    data = recvbuf if type(recvbuf) is np.ndarray else to_mpi(recvbuf)
+    size = comm.Get_size()
+    if size > 1 and data.size > 0:
         heart(comm, data, base_op(op))
-    finish(data, op, comm.Get_size())
-    from_mpi(data, recvbuf)
+    if op == "mean":
+        finish(data, op, size)
+    if data is not recvbuf:
+        from_mpi(data, recvbuf)
     return recvbuf
