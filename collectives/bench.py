@@ -17,7 +17,7 @@
    change as the footprint leaves the cache), each micro-benchmark cycling through three n-byte
    vectors (an allreduce's sendbuf, recvbuf and scratch): a pairwise Sendrecv of n bytes
    (r <-> r xor 1, every rank at once) for beta_x, a one-way Send (r even -> r + 1, every pair at
-   once) for beta_1, np.add and np.copyto on n-byte vectors (every rank at once) for gamma_m and
+   once) for beta_1 and from rank 0 to rank 1 alone for beta_solo, np.add and np.copyto on n-byte vectors (every rank at once) for gamma_m and
    copy, share = max(1, p / cores); none of these is an allreduce;
 5. the issue-15 targets, a column per row with "met" or "NO": auto <= 1.5x MPI at every size;
    ring and Rabenseifner <= 1.0x MPI from 1 MiB; refined model / measured within 25% for every
@@ -114,7 +114,7 @@ def fit_gamma(comm, min_seconds, nbytes=4 << 20):
 FOOTPRINT = 3       # an allreduce of n bytes touches sendbuf, recvbuf and a scratch vector: 3 n bytes
 
 
-def fit_memory(comm, min_seconds, nbytes):
+def fit_memory(comm, min_seconds, nbytes, rounds=3):
     """(gamma_m, copy): seconds per byte of np.add(a, b, out=a) and np.copyto(a, b) on
     n-byte float32 vectors, all ranks at once, cycling through FOOTPRINT vectors."""
     vectors = [np.zeros(max(nbytes // 4, 1), dtype=np.float32) for _ in range(FOOTPRINT)]
@@ -131,12 +131,12 @@ def fit_memory(comm, min_seconds, nbytes):
     def copy():
         into, source = next_pair()
         np.copyto(into, source)
-    add_seconds = min(timed(comm, add, min_seconds) for _ in range(3))
-    copy_seconds = min(timed(comm, copy, min_seconds) for _ in range(3))
+    add_seconds = min(timed(comm, add, min_seconds) for _ in range(rounds))
+    copy_seconds = min(timed(comm, copy, min_seconds) for _ in range(rounds))
     return add_seconds / nbytes, copy_seconds / nbytes
 
 
-def fit_rates(comm, min_seconds, nbytes, alpha):
+def fit_rates(comm, min_seconds, nbytes, alpha, rounds=3):
     """cost.Rates for vectors of `nbytes` bytes, from micro-benchmarks at that size (none an
     allreduce), each cycling through FOOTPRINT vectors of n bytes as the allreduce does: per-byte
     rates depend on whether the footprint fits in cache, so each size gets its own.
@@ -164,12 +164,20 @@ def fit_rates(comm, min_seconds, nbytes, alpha):
                 comm.Send(out, partner, 4)
             else:
                 comm.Recv(into, partner, 4)
-    beta_x = beta_1 = 0.0
+
+    def solo():
+        out, into = next_pair()
+        if rank == 0:
+            comm.Send(out, 1, 5)
+        elif rank == 1:
+            comm.Recv(into, 0, 5)
+    beta_x = beta_1 = beta_solo = 0.0
     if size > 1:
-        beta_x = min(timed(comm, exchange, min_seconds) for _ in range(3)) / nbytes
-        beta_1 = min(timed(comm, one_way, min_seconds) for _ in range(3)) / nbytes
-    gamma_m, copy = fit_memory(comm, min_seconds, nbytes)
-    return cost.Rates(alpha, beta_x, gamma_m, copy, max(1.0, size / cores()), beta_1)
+        beta_x = min(timed(comm, exchange, min_seconds) for _ in range(rounds)) / nbytes
+        beta_1 = min(timed(comm, one_way, min_seconds) for _ in range(rounds)) / nbytes
+        beta_solo = min(timed(comm, solo, min_seconds) for _ in range(rounds)) / nbytes
+    gamma_m, copy = fit_memory(comm, min_seconds, nbytes, rounds)
+    return cost.Rates(alpha, beta_x, gamma_m, copy, max(1.0, size / cores()), beta_1, beta_solo)
 
 
 def cores():
@@ -270,10 +278,10 @@ def main(argv=None):
         recvbuf = np.empty_like(sendbuf)
         expected = np.float32(size * (size + 1) / 2)
 
-        rates = fit_rates(comm, min_time, count * 4, alpha)
+        rates = fit_rates(comm, min_time, count * 4, alpha, rounds)     # best of as many batches as below
         if rank == 0:
             print(f"# {human(count * 4)}: exchange beta_x = {rates.beta_x * 1e9:.4f} ns/B, one-way beta_1 = "
-                  f"{rates.beta_1 * 1e9:.4f} ns/B, add gamma_m = "
+                  f"{rates.beta_1 * 1e9:.4f} ns/B, alone beta_solo = {rates.beta_solo * 1e9:.4f} ns/B, add gamma_m = "
                   f"{rates.gamma_m * 1e9:.4f} ns/B, copy = {rates.copy * 1e9:.4f} ns/B", flush=True)
         calls = {"mpi": lambda: comm.Allreduce(sendbuf, recvbuf, op=MPI.SUM)}
         for name in names:
@@ -303,6 +311,7 @@ def main(argv=None):
                       "alpha": alpha, "beta": beta, "gamma": gamma,
                       "refined_seconds": refined, "refined_ratio": refined_ratio,
                       "rates": {"alpha": alpha, "beta_x": rates.beta_x, "beta_1": rates.beta_1,
+                                "beta_solo": rates.beta_solo,
                                 "gamma_m": rates.gamma_m,
                                 "copy": rates.copy, "share": rates.share},
                       "target": goal, "met": met}

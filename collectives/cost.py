@@ -30,14 +30,17 @@ measures them; none of them is an allreduce):
               every pair at once): the step of butterfly, ring and Rabenseifner, where each rank
               sends and receives at the same time
     beta_1    seconds per byte of a one-way Send of n bytes (even rank -> odd rank, every pair
-              at once): the step of the naive root and the binomial tree, and of the fold-in
-              and fold-out, where a message's receiver sends nothing back meanwhile
+              at once): a step of the binomial tree, or a fold-in, where a message's receiver
+              sends nothing back meanwhile and several pairs move data at once
+    beta_solo the same with one pair alone (rank 0 -> rank 1, the others waiting in MPI, as in
+              an allreduce): every message to or from the naive root, the tree's top level
     gamma_m   seconds per byte of np.add(a, b, out=a) on n-byte vectors, all ranks at once
     copy      seconds per byte of np.copyto on n-byte vectors, all ranks at once: the
               extra whole-vector copies the code makes (sendbuf -> recvbuf on entry; the
               butterfly's result back out of its scratch vector), `extra_copies`
 
-    t = share alpha steps + beta_x exchanged + beta_1 one_way + gamma_m reduced + copy n extra_copies
+    t = share alpha steps + beta_x exchanged + beta_1 busy + beta_solo solo + gamma_m reduced
+        + copy n extra_copies
 
 Footprint: an allreduce of n bytes works on three n-byte vectors (sendbuf, recvbuf and the
 scratch vector it receives into), so each micro-benchmark cycles through three n-byte vectors:
@@ -156,17 +159,36 @@ def predict(algorithm, p, nbytes, alpha, beta, gamma=0.0):
 
 
 def traffic(algorithm, p, nbytes):
-    """(alpha steps, bytes exchanged, bytes sent one way, bytes reduced) on the critical path.
+    """(alpha steps, bytes exchanged, one-way bytes with several pairs busy, one-way bytes with one
+    pair busy, bytes reduced) on the critical path.
 
     The same totals as critical_path, with the bytes split by how they move: in an exchange step
-    (butterfly, ring, Rabenseifner) every rank sends and receives at once; in a one-way step (the
-    naive root, the binomial tree, the fold-in and fold-out) the receiver sends nothing meanwhile.
+    (butterfly, ring, Rabenseifner) every rank sends and receives at once; in a one-way step the
+    receiver sends nothing meanwhile, and either several pairs move data at once (the first level
+    of a binomial tree on 4 ranks: 1 -> 0 and 3 -> 2) or one pair alone (every message to or from
+    the naive root, the tree's top level, a fold-in of one pair).
     """
     steps, sent, reduced = critical_path(algorithm, p, nbytes)
-    if algorithm in ("naive", "tree"):
-        return steps, 0.0, sent, reduced
-    folded = 2.0 * nbytes if algorithm in ("butterfly", "rabenseifner") and largest_power_of_two(p) != p else 0.0
-    return steps, sent - folded, folded, reduced
+    n = float(nbytes)
+    if p == 1 or nbytes == 0:
+        return steps, 0.0, 0.0, 0.0, reduced
+    if algorithm == "naive":
+        return steps, 0.0, 0.0, sent, reduced
+    if algorithm == "tree":
+        busy = solo = 0.0
+        distance = 1
+        while distance < p:                       # one level of the reduce, and one of the broadcast
+            pairs = len(range(distance, p, 2 * distance))
+            if pairs > 1:
+                busy += 2 * n
+            else:
+                solo += 2 * n
+            distance *= 2
+        return steps, 0.0, busy, solo, reduced
+    rem = p - largest_power_of_two(p)
+    folded = 2 * n if algorithm in ("butterfly", "rabenseifner") and rem else 0.0
+    busy, solo = (folded, 0.0) if rem > 1 else (0.0, folded)
+    return steps, sent - folded, busy, solo, reduced
 
 
 @dataclass(frozen=True)
@@ -177,7 +199,8 @@ class Rates:
     gamma_m: float
     copy: float
     share: float = 1.0
-    beta_1: float = None          # one-way sends; None: as an exchange (beta_x)
+    beta_1: float = None          # one-way sends, every pair at once; None: as an exchange (beta_x)
+    beta_solo: float = None       # one-way sends, one pair alone; None: as beta_1
 
 
 def extra_copies(algorithm, in_place=False):
@@ -192,9 +215,10 @@ def predict_refined(algorithm, p, nbytes, rates, in_place=False):
     """Predicted seconds with the memory-traffic terms (see the header)."""
     if p == 1 or nbytes == 0:
         return 0.0
-    steps, exchanged, one_way, reduced = traffic(algorithm, p, nbytes)
+    steps, exchanged, busy, solo, reduced = traffic(algorithm, p, nbytes)
     beta_1 = rates.beta_x if rates.beta_1 is None else rates.beta_1
-    return (rates.share * rates.alpha * steps + rates.beta_x * exchanged + beta_1 * one_way
+    beta_solo = beta_1 if rates.beta_solo is None else rates.beta_solo
+    return (rates.share * rates.alpha * steps + rates.beta_x * exchanged + beta_1 * busy + beta_solo * solo
             + rates.gamma_m * reduced + rates.copy * nbytes * extra_copies(algorithm, in_place))
 
 
