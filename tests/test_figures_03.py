@@ -56,45 +56,97 @@ def test_chapter_3_quotes_the_wall_clock_numbers_its_script_wrote():
     assert not missing, missing
 
 
-def excerpt_rows(text):
-    """(p, bytes, algorithm, x MPI, model/meas) for every row of section 5's bench excerpt."""
-    import re
-    block = text[text.index("p = 2  # ping-pong fit"):]
-    rows, p = [], None
-    for line in block[:block.index("```")].splitlines():
-        header = re.match(r"p = (\d+)", line)
-        if header:
-            p = int(header.group(1))
-        row = re.match(r"\s+(\d+) (KiB|MiB) (\S+)\s+[\d.]+\s+([\d.]+)\s+[\d.]+\s+([\d.]+)$", line)
-        if row:
-            size = int(row.group(1)) << (10 if row.group(2) == "KiB" else 20)
-            rows.append((p, size, row.group(3), float(row.group(4)), float(row.group(5))))
-    return rows
+def script():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("make_03_figures", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def test_chapter_3_sentences_about_the_bench_excerpt_agree_with_its_rows():
-    """The ranges the prose and the summary give are the min and max of the excerpt printed on the
-    same page (two decimals, as printed); the excerpt itself is bench output pasted by hand."""
+def first_launches():
+    """{p: the first launch's records} from figures/03_bench_pP.json (what the excerpt is made of)."""
+    found = {}
+    for p in (2, 4):
+        runs = json.loads((ROOT / "tutorials" / "figures" / f"03_bench_p{p}.json").read_text())
+        found[p] = runs[0] if isinstance(runs[0], list) else runs
+    return found
+
+
+def test_the_excerpt_is_the_scripts_and_the_chapter_prints_it_verbatim():
+    make = script()
+    runs = {p: [records] for p, records in first_launches().items()}
+    text = make.excerpt(runs)
+    assert text == (ROOT / "tutorials" / "figures" / "03_bench_excerpt.txt").read_text()
+    assert "```text\n" + text + "```" in (ROOT / "tutorials" / "03_collectives.md").read_text()
+
+
+def test_chapter_3_sentences_about_the_bench_agree_with_its_json():
+    """The ranges in section 5's bullets and the summary are the min and max of the launches they
+    name (two decimals, as printed); 'this launch' and the excerpt are the first of the three."""
     text = " ".join((ROOT / "tutorials" / "03_collectives.md").read_text().split())
-    rows = excerpt_rows((ROOT / "tutorials" / "03_collectives.md").read_text())
-    assert len(rows) == 64                                   # 2 p x 8 sizes x 4 rows
-
-    def span(selected, column):
-        values = [row[column] for row in selected]
-        return f"{min(values):.2f}-{max(values):.2f}"
-    ours = [row for row in rows if row[2] != "mpi"]
-    mpi = [row for row in rows if row[2] == "mpi"]
+    first = first_launches()
+    every = {p: json.loads((ROOT / "tutorials" / "figures" / f"03_bench_p{p}.json").read_text()) for p in (2, 4)}
     mib = 1 << 20
-    large = [row for row in ours if row[1] >= mib and row[2] in ("ring", "rabenseifner")]
-    quoted = [f"ring and Rabenseifner run at {span(large, 3)}x MPI_Allreduce's time",
-              f"clearly slower ({span([row for row in large if row[1] == 64 * mib], 3)}x",
-              f"At 1 MiB it predicts {span([r for r in ours if r[1] == mib], 4)} of the measured time of our "
-              f"algorithms ({span([r for r in mpi if r[1] == mib], 4)} of MPI's)",
-              f"From 4 MiB up it predicts only {span([r for r in ours if r[1] >= 4 * mib], 4)} of ours "
-              f"({span([r for r in mpi if r[1] >= 4 * mib], 4)} of MPI's)",
-              f"predicts {span(rows, 4)} of the times measured in section 5's excerpt"]
+
+    def span(values):
+        return f"{min(values):.2f}-{max(values):.2f}"
+
+    def rows(records, algorithms=None, low=0, high=1 << 40):
+        return [r for r in records if (algorithms is None or r["algorithm"] in algorithms) and low <= r["bytes"] <= high]
+    large = {p: [r["ratio"] for r in rows(first[p], ("ring", "rabenseifner"), mib)] for p in (2, 4)}
+    middle = [r["ratio"] for run in every[4] for r in rows(run, ("ring", "rabenseifner"), mib, 4 * mib)]
+    auto = {(p, n): [r["ratio"] for run in every[p] for r in rows(run, ("auto",), n, n)]
+            for p in (2, 4) for n in (4096, 16384, 65536)}
+    ours = {p: rows(first[p], ("ring", "rabenseifner", "auto")) for p in (2, 4)}
+
+    def plain(p, low, high):
+        return [r["model_seconds"] / r["seconds"] for r in ours[p] if low <= r["bytes"] <= high]
+    refined = {p: [r["refined_ratio"] for r in first[p] if r["bytes"] >= mib and r["refined_ratio"] is not None]
+               for p in (2, 4)}
+    refined_all = [r["refined_ratio"] for run in every[4] for r in run
+                   if r["bytes"] >= mib and r["refined_ratio"] is not None]
+    excerpt = [r for p in (2, 4) for r in rows(first[p], ("mpi", "ring", "rabenseifner", "auto"))]
+    quoted = [f"ring and Rabenseifner run at {span(large[2])}x MPI_Allreduce's time at p = 2 and {span(large[4])}x at p = 4",
+              f"At p = 4 from 1 to 4 MiB they are {round(min(middle) * 100) - 100}-{round(max(middle) * 100) - 100}% slower",
+              f"at p = 2 it is {span(auto[2, 4096])}x MPI at 4 KiB over the three launches",
+              f"{span(auto[2, 16384])}x at 16 KiB (the binomial tree",
+              f"and {span(auto[2, 65536])}x at 64 KiB",
+              f"At p = 4 it is {min(auto[4, 4096] + auto[4, 16384]):.2f}-{max(auto[4, 4096] + auto[4, 16384]):.2f}x at 4 and 16 KiB",
+              f"predicts {min(plain(2, mib, mib)):.2f} of the measured time of our algorithms at 1 MiB on p = 2 and "
+              f"{min(plain(4, mib, mib)):.2f} on p = 4",
+              f"only {span(plain(2, 4 * mib, 64 * mib))} (p = 2) and {span(plain(4, 4 * mib, 64 * mib))} (p = 4) from 4 MiB up",
+              f"From 1 MiB up it predicts {span(refined[2])} of every algorithm's time at p = 2 and {span(refined[4])} at "
+              f"p = 4 in this launch ({span(refined_all)} over the three)",
+              f"predicts {span([r['model_seconds'] / r['seconds'] for r in excerpt])} of the times measured in section 5's excerpt",
+              f"it predicts {span(refined[2])} of every algorithm's time at p = 2, and {span(refined[4])} at p = 4"]
+    assert max(len(set(round(v, 2) for v in plain(p, mib, mib))) for p in (2, 4)) == 1   # 'predicts 0.64' is one number
+    sixteen = {name: [r["seconds"] * 1e6 for run in every[2] for r in rows(run, (name,), 16384, 16384)]
+               for name in ("tree", "butterfly")}
+    assert max(sixteen["tree"]) < min(sixteen["butterfly"])                            # 'in all three launches'
+    quoted.append(f"(the binomial tree, {sixteen['tree'][0]:.1f} us against the butterfly's "
+                  f"{sixteen['butterfly'][0]:.1f} us in the first launch, the butterfly slower in all three")
+    mpi_4k = [r["seconds"] for r in rows(first[2], ("mpi",), 4096, 4096)][0]
+    quoted.append(f"at 4 KiB on p = 2 ({mpi_4k * 1e6:.1f} us)")
     missing = [sentence for sentence in quoted if sentence not in text]
     assert not missing, missing
+
+
+def test_chapter_3_quotes_mpichs_forced_algorithms_at_p4():
+    """The p = 4 comparisons in section 5 against figures/03_mpich_p4_*.json (mpich_choice)."""
+    text = " ".join((ROOT / "tutorials" / "03_collectives.md").read_text().split())
+    figures = ROOT / "tutorials" / "figures"
+    large = {run["setting"]: run for run in json.loads((figures / "03_mpich_p4_1M.json").read_text())}
+    assert (f"MPICH's default took {large['default (auto)']['mpi_seconds'] * 1e3:.2f} ms and its reduce_scatter_allgather, "
+            f"Rabenseifner's algorithm in C, {large['reduce_scatter_allgather']['mpi_seconds'] * 1e3:.2f} ms, against "
+            f"{large['reduce_scatter_allgather']['rabenseifner_seconds'] * 1e3:.2f} ms for ours in the same launch") in text
+    forced, ours = [], []
+    for size in ("4K", "16K"):
+        for run in json.loads((figures / f"03_mpich_p4_{size}.json").read_text()):
+            if run["setting"] in ("recursive_doubling", "reduce_scatter_allgather", "ring", "tree"):
+                forced.append(run["mpi_seconds"] * 1e6)
+                ours.append(run["auto_seconds"] * 1e6)
+    assert f"ran the same schedules in {min(forced):.0f}-{max(forced):.0f} us where ours took {min(ours):.0f}-{max(ours):.0f} us" in text
 
 
 def test_chapter_3_quotes_the_mpich_measurement_its_script_wrote():

@@ -62,3 +62,12 @@ def test_section_5_quotes_the_replica_runs():
     assert min(two["seconds"]) > max(one["seconds"])                             # k = 2 slower on every seed
     assert min(three["seconds"]) <= max(two["seconds"])                          # k = 3 vs 2: ranges overlap
     assert f"{389 * 32 * 4} bytes for a batch of 32 and {two['replica_bytes_per_step'][0]} on average" in text
+
+
+def test_section_4_predicts_with_chapter_3s_fit():
+    """The alpha-beta table uses chapter 3's ping-pong fit (its first p = 2 bench launch), and says which."""
+    runs = json.loads((FIGURES / "03_bench_p2.json").read_text())
+    first = runs[0][0] if isinstance(runs[0], list) else runs[0]
+    alpha, beta = json.loads((FIGURES / "06_measurements.json").read_text())["alpha_beta"]
+    assert (alpha, beta) == (first["alpha"], first["beta"])
+    assert f"(alpha = {alpha * 1e6:.2f} us, beta = {beta * 1e9:.4f} ns per byte" in chapter()

@@ -1,16 +1,27 @@
 """Regenerate every figure of tutorials/03_collectives.md (run it with plain python: it launches mpiexec).
 
-    python tutorials/figures/make_03_figures.py [--quick] [--out DIR] [--only spacetime|bench] [--keep]
+    python tutorials/figures/make_03_figures.py [--quick] [--out DIR] [--only spacetime|select|bench] [--keep]
 
 spacetime: `mpiexec -n 4 python -m collectives.figures OUT` traces every algorithm at p = 4 (arrow width
     proportional to the message's bytes) and the ring on the wall clock (span and start skew, cold and
     warm, p = 4 and p = 2, to 03_spacetime_wall.json); then `mpiexec -n 6` draws Rabenseifner's fold-in
     at p = 6. --quick: no p = 6 run.
+select: collectives/selection.json, auto's table, from --repeats launches of the whole bench per P = 2
+    and 4: at each size the point-to-point algorithm with the smallest median time over the launches.
+    One launch is not enough, and neither is a bench of fewer algorithms: where an algorithm's time
+    depends on where its buffers landed in memory (the butterfly at 16 KiB on p = 2 ran 10-11 us in
+    launches of the five algorithms alone and 17-21 us in launches of the whole bench), the table must
+    come from runs like the ones it is judged by. Run it before bench, whose auto rows use the table.
+    --quick writes nothing to collectives/ (it only checks that the selection can be computed).
 bench: `mpiexec -n P python -m collectives.bench --json ...` for P = 2 and 4 (runs kept in OUT/03_bench_pP.json), then
     03_bench_pP.png: each algorithm's time divided by MPI_Allreduce's at the same size (1.0 marked),
     size on a log axis: the median of --repeats launches (default 3), shaded from min to max. --quick: the
     bench's --quick sizes, one launch. --keep: redraw from the JSON already in OUT without running the
     bench (the full run wants an idle machine: minutes, and 4 ranks on 2 cores).
+    03_bench_excerpt.txt: the rows of MPI, the ring, Rabenseifner and auto from each p's first launch,
+    in the bench's own columns (measured, x MPI, the alpha-beta model and the refined one, each beside
+    its ratio to the measurement, the issue-15 target and whether it is met); chapter 3 prints it
+    verbatim (tests/test_figures_03.py checks).
 """
 import argparse
 import json
@@ -79,6 +90,64 @@ def plot_ratios(runs, path):
     plt.close(figure)
 
 
+EXCERPT_ALGORITHMS = ("mpi", "ring", "rabenseifner", "auto")
+
+
+def human(nbytes):
+    return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
+
+
+def excerpt(runs_by_p):
+    """The text of 03_bench_excerpt.txt: each p's first launch, a few algorithms, the bench's columns."""
+    lines = []
+    for p, runs in runs_by_p.items():
+        records = runs[0]
+        first = records[0]
+        lines.append(f"p = {p}  # ping-pong fit: alpha = {first['alpha'] * 1e6:.2f} us, beta = {first['beta'] * 1e9:.4f} "
+                     f"ns/B; gamma = {first['gamma'] * 1e9:.4f} ns/B")
+        lines.append(f"{'bytes':>9} {'algorithm':<18} {'measured us':>11} {'x MPI':>6} {'model us':>9} {'model/meas':>10} "
+                     f"{'refined us':>10} {'ref/meas':>8}  {'target':<17} met")
+        for record in records:
+            if record["algorithm"] not in EXCERPT_ALGORITHMS:
+                continue
+            name = record["algorithm"] if record["algorithm"] != "auto" else f"auto({record['model']})"
+            refined = record["refined_seconds"]
+            refined_text = "-" if refined is None else f"{refined * 1e6:.1f}"
+            refined_ratio = "-" if refined is None else f"{record['refined_ratio']:.2f}"
+            met = "-" if record["met"] is None else ("met" if record["met"] else "NO")
+            lines.append(f"{human(record['bytes']):>9} {name:<18} {record['seconds'] * 1e6:11.1f} {record['ratio']:6.2f} "
+                         f"{record['model_seconds'] * 1e6:9.1f} {record['model_seconds'] / record['seconds']:10.2f} "
+                         f"{refined_text:>10} {refined_ratio:>8}  {record['target']:<17} {met}")
+    return "\n".join(lines) + "\n"
+
+
+def select(out, quick, repeats):
+    """Median over launches, per p and size, of each point-to-point algorithm; the fastest -> selection.json."""
+    import statistics
+    sys.path.insert(0, str(ROOT))
+    from collectives import auto
+    from collectives.bench import describe, write_selection
+    for p in RANKS:
+        runs = []
+        for _ in range(repeats):
+            part = out / f"03_select_p{p}.run.json"
+            mpiexec(p, "-m", "collectives.bench", "--json", str(part), *(["--quick"] if quick else []))
+            runs.append(json.loads(part.read_text()))
+            part.unlink()
+        sizes = sorted({r["bytes"] for run in runs for r in run})
+        rows = []
+        for nbytes in sizes:
+            medians = {name: statistics.median(r["seconds"] for run in runs for r in run
+                                               if r["algorithm"] == name and r["bytes"] == nbytes)
+                       for name in auto.HEARTS}
+            fastest = min(medians, key=medians.get)
+            if not rows or rows[-1][1] != fastest:
+                rows.append([nbytes, fastest])
+        print(f"p = {p}, median of {repeats} launches: {describe(rows)}", flush=True)
+        if not quick:
+            write_selection(p, rows)
+
+
 def bench(out, quick, keep, repeats):
     """03_bench_pP.json: a list of runs, each the bench's own JSON (one record per size and algorithm)."""
     for p in RANKS:
@@ -95,13 +164,18 @@ def bench(out, quick, keep, repeats):
         if runs and isinstance(runs[0], dict):             # one run as the bench wrote it
             runs = [runs]
         plot_ratios(runs, out / f"03_bench_p{p}.png")
+    runs_by_p = {}
+    for p in RANKS:
+        runs = json.loads((out / f"03_bench_p{p}.json").read_text())
+        runs_by_p[p] = [runs] if runs and isinstance(runs[0], dict) else runs
+    (out / "03_bench_excerpt.txt").write_text(excerpt(runs_by_p))
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="cheap settings for CI")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent))
-    parser.add_argument("--only", choices=["spacetime", "bench"], default=None)
+    parser.add_argument("--only", choices=["spacetime", "select", "bench"], default=None)
     parser.add_argument("--keep", action="store_true", help="bench: redraw from the JSON in OUT, no rerun")
     parser.add_argument("--repeats", type=int, default=None, help="bench launches per p (default 3; --quick 1)")
     args = parser.parse_args(argv)
@@ -111,6 +185,8 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     if args.only in (None, "spacetime"):
         spacetime(out, args.quick)
+    if args.only in (None, "select") and not args.keep:
+        select(out, args.quick, args.repeats or (1 if args.quick else 3))
     if args.only in (None, "bench"):
         bench(out, args.quick, args.keep, args.repeats or (1 if args.quick else 3))
 

@@ -8,6 +8,8 @@
 06_memory.png          activation memory per stage, GPipe against 1F1B (tracemalloc peaks)
 06_measurements.json   every number of the chapter; 06_table.md the tables as markdown
 06_replicas.json       section 5 (``--part replicas`` measures only this)
+``--part predicted``   only the alpha-beta table of section 4, from chapter 3's fit (03_bench_p2.json),
+                       into the 06_measurements.json and 06_table.md already there (no timing)
 
 Downpour with model-parallel replicas (section 5, ``measure_replicas``): one server and one replica
 of k = 1 .. P-1 ranks (a communicator of k + 1 ranks), the default CNN and Adagrad, 3 seeds: the
@@ -41,7 +43,19 @@ from minidl.tensor import result
 comm = MPI.COMM_WORLD
 P = comm.size
 FORWARD_SECONDS, BACKWARD_SECONDS = 0.010, 0.020
-ALPHA, BETA = 1.63e-6, 0.0574e-9       # this machine's ping-pong fit, tutorials/03_collectives.md
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def chapter3_fit(path=os.path.join(HERE, "03_bench_p2.json")):
+    """(alpha, beta): chapter 3's ping-pong fit on this machine (p = 2, the first bench launch that
+    make_03_figures.py kept), so that both chapters use one measurement."""
+    with open(path) as handle:
+        runs = json.load(handle)
+    first = runs[0][0] if isinstance(runs[0], list) else runs[0]
+    return first["alpha"], first["beta"]
+
+
+ALPHA, BETA = chapter3_fit()
 
 
 class Work(Module):
@@ -292,11 +306,19 @@ def table(results):
     for rows, record in results["bytes"].items():
         lines.append(f"| {rows} | {record['data']['bytes']} | {record['pipeline']['bytes']} | "
                      f"{record['model (output)']['bytes']} | {record['model (input)']['bytes']} |")
-    lines += ["", "| P | batch | data (ring) us | model (output) us | pipeline us |", "| --- | --- | --- | --- | --- |"]
-    for key, value in results["predicted"].items():
+    lines += [""] + predicted_table(results["predicted"])
+    return "\n".join(lines) + "\n"
+
+
+PREDICTED_HEADER = "| P | batch | data (ring) us | model (output) us | pipeline us |"
+
+
+def predicted_table(predicted):
+    lines = [PREDICTED_HEADER, "| --- | --- | --- | --- | --- |"]
+    for key, value in predicted.items():
         lines.append(f"| {key.split(',')[0]} | {key.split(',')[1]} | {value['data'] * 1e6:.1f} | "
                      f"{value['model (output)'] * 1e6:.1f} | {value['pipeline'] * 1e6:.1f} |")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def replicas_table(replicas):
@@ -314,10 +336,28 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer points, one repeat, no figures")
     parser.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
-    parser.add_argument("--part", choices=["replicas"], default=None,
-                        help="only section 5's Downpour replicas (06_replicas.json)")
+    parser.add_argument("--part", choices=["replicas", "predicted"], default=None,
+                        help="only section 5's Downpour replicas (06_replicas.json), or only the predicted "
+                             "seconds from chapter 3's alpha and beta (no timing)")
     args = parser.parse_args(argv)
     prefix = "06_quick_" if args.quick else "06_"
+    if args.part == "predicted":
+        if comm.rank == 0:
+            path = os.path.join(args.out, prefix + "measurements.json")
+            with open(path) as handle:
+                results = json.load(handle)
+            results["predicted"] = {f"{p},{rows}": predicted_seconds(p, rows) for p in (4, 16, 64) for rows in (32, 256)}
+            results["alpha_beta"] = [ALPHA, BETA]
+            with open(path, "w") as handle:
+                json.dump(results, handle, indent=1, default=str)
+            path = os.path.join(args.out, prefix + "table.md")
+            with open(path) as handle:                   # the measured tables stay as they were
+                kept = handle.read().split(PREDICTED_HEADER)[0]
+            with open(path, "w") as handle:
+                handle.write(kept + "\n".join(predicted_table(results["predicted"])) + "\n")
+            print(f"alpha = {ALPHA * 1e6:.2f} us, beta = {BETA * 1e9:.4f} ns/B (chapter 3's fit)")
+            print("\n".join(predicted_table(results["predicted"])))
+        return
     replicas = measure_replicas([1, 2] if args.quick else list(range(1, P)), [0] if args.quick else [0, 1, 2],
                                 1 if args.quick else 5)
     if comm.rank == 0:
@@ -336,6 +376,7 @@ def main(argv=None):
     results["load_average"] = os.getloadavg()          # other jobs on the cores lengthen every hand-over
     results["bytes"] = measured_bytes
     results["predicted"] = {f"{p},{rows}": predicted_seconds(p, rows) for p in (4, 16, 64) for rows in (32, 256)}
+    results["alpha_beta"] = [ALPHA, BETA]
     for rows, record in measured_bytes.items():
         for name in ("pipeline", "model (output)", "model (input)"):
             assert record[name]["bytes"] == record[name]["formula"], (rows, name, record[name])
