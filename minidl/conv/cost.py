@@ -37,11 +37,15 @@ def direct(x_shape, weight_shape, stride, padding):
     return {"multiplies": products, "multiplies_fwd_bwd": 3 * products, "extra_elements": padded}
 
 
-def im2col(x_shape, weight_shape, stride, padding):
+def im2col(x_shape, weight_shape, stride, padding, itemsize=4):
+    """The column matrix of the whole batch, or, where the kernel cuts the batch into blocks of
+    images (``im2col.image_blocks``, for ``itemsize``-byte numbers), of one block."""
+    from minidl.conv.im2col import image_blocks
     n, c, f, kh, kw, out_h, out_w = _shape(x_shape, weight_shape, stride, padding)
     products = n * f * c * kh * kw * out_h * out_w
+    start, stop = image_blocks(x_shape, weight_shape, stride, padding, itemsize)[0]
     return {"multiplies": products, "multiplies_fwd_bwd": 3 * products,
-            "extra_elements": n * c * kh * kw * out_h * out_w}
+            "extra_elements": (stop - start) * c * kh * kw * out_h * out_w}
 
 
 def winograd(x_shape, weight_shape, stride, padding):
