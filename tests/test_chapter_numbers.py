@@ -6,7 +6,8 @@ pattern and compared with that JSON within a stated tolerance (TOLERANCE: the pr
 or three significant figures). Chapter 1 has no figure and its blocks print their own numbers;
 its one measured sentence (serial SGD from a shell: seconds and accuracy) is checked against
 tutorials/figures/01_serial.json from make_01_figures.py. Chapter 2's float32 errors are checked
-against 02_precision.json (make_02_figures.py --only precision).
+against 02_precision.json (make_02_figures.py --only precision), its GEMM shares against the main
+suite's breakdown (02_main.json).
 Also: ``cost.work_depth`` against hand-computed values.
 """
 import json
@@ -60,6 +61,9 @@ def _claims(numbers):
     """(pattern with one number group per value, the values from the JSON) for every quoted number."""
     w = numbers["winograd_speedup"]
     fft = numbers["fft_speedup"]
+    channels = [value for case, value in w.items() if case.startswith("channels")]
+    narrow = [w[f"channels {c}"] for c in (8, 16, 32)]
+    peak = numbers["memory_fwd_bwd_peak_mib"]
     return [
         (r"GEMMs of the 64-channel layer run at ([\d.]+)-([\d.]+) GFLOP/s", numbers["conv_large_gemm_gflops"]),
         (r"whole layer's ([\d.]+) GFLOP/s", [numbers["conv_large_layer_gflops"]]),
@@ -75,6 +79,15 @@ def _claims(numbers):
         (r"im2col convolution takes ([\d.]+)-([\d.]+)x", numbers["layers_torch_ratio_conv"]),
         (r"peaks at ([\d.]+) MiB for im2col and ([\d.]+) MiB for Winograd",
          [numbers["memory_fwd_bwd_peak_mib"]["im2col"], numbers["memory_fwd_bwd_peak_mib"]["winograd"]]),
+        (r"im2col needs ([\d.]+) times less memory than Winograd", [peak["winograd"] / peak["im2col"]]),
+        (r"layer: (\d+) MiB against (\d+) MiB\)", [peak["im2col"], peak["winograd"]]),
+        (r"counts one block's columns, ([\d.]+) MiB", [numbers["memory_cost_mib"]["im2col"]]),
+        (r"its total \(([\d.]+) MiB\)", [numbers["memory_cost_mib"]["winograd"]]),
+        (r"and ([\d.]+)-([\d.]+)x at 8, 16 and 32 channels", [min(narrow), max(narrow)]),
+        (r"slower at every channel count in section 5's table \(([\d.]+)-([\d.]+)x", [min(channels), max(channels)]),
+        (r"128 channels, where im2col is ([\d.]+)x faster than Winograd", [1 / w["channels 128"]]),
+        (r"from ([\d.]+)x \(LeNet's first layer, where PyTorch is slower\) to ([\d.]+)x", numbers["torch_ratio_all"]),
+        (r"im2col takes ([\d.]+)-([\d.]+)x PyTorch's time on the CPU", numbers["torch_ratio_all"]),
     ]
 
 
@@ -93,6 +106,25 @@ def test_chapter_two_quotes_the_numbers_its_script_wrote():
     # auto's disagreements with the measured fastest are named in the text
     for case in numbers["auto_disagrees"]:
         assert f"`auto` is not the fastest on {case}" in prose, f"chapter 2 does not say where auto loses: {case}"
+
+
+def test_chapter_two_quotes_the_gemm_breakdown_of_the_main_suite():
+    """Section 5's GEMM paragraph and the summary against 02_main.json (the main suite's breakdown):
+    the 64-channel layer's GEMMs as a fraction of the square-GEMM rate and of the layer's time."""
+    summary = json.loads((ROOT / "tutorials" / "figures" / "02_main.json").read_text())[-1]
+    gemms = [s for s in summary["stages"] if s["layer"] == "conv2d large" and s["stage"] == "GEMM"]
+    layer = next(item for item in summary["layers"] if item["layer"] == "conv2d large fwd+bwd")
+    fractions = [min(s["gemm_fraction"] for s in gemms), max(s["gemm_fraction"] for s in gemms)]
+    share = 100 * layer["gemm_ms"] / layer["measured_ms"]
+    prose = " ".join(CHAPTER.read_text().split())
+    for pattern, values in [(r"GFLOP/s, ([\d.]+)-([\d.]+) of the square-matrix rate", fractions),
+                            (r"its GEMMs run at ([\d.]+)-([\d.]+) of NumPy's square-matrix rate", fractions),
+                            (r"Together they take (\d+)% of the layer's time", [share]),
+                            (r"square-matrix rate and take (\d+)% of the layer's time", [share])]:
+        found = re.search(pattern, prose)
+        assert found, f"chapter 2 no longer says /{pattern}/"
+        quoted = [float(group) for group in found.groups()]
+        assert all(_near(q, v) for q, v in zip(quoted, values)), f"/{pattern}/ says {quoted}, 02_main.json {values}"
 
 
 def test_chapter_two_quotes_the_float32_errors_its_script_measured():

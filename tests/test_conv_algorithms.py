@@ -8,11 +8,14 @@ batch sizes, channels, image sizes, kernels, paddings and the strides the algori
 Tolerances, as max|algorithm - reference| <= tol * max|reference| per array:
 - float64: 1e-11. Every algorithm is exact in exact arithmetic (FFT and Winograd are identities,
   not approximations), so only rounding is left: measured <= ~2e-15 on these shapes.
-- float32 (against the float64 ``direct``): 5e-6, about 40 float32 epsilons. Measured on 300
-  random shapes (up to 16 channels, kernels up to the image size) and on (4, 64, 32, 32) 3x3 and
-  (2, 16, 64, 64) 11x11: worst im2col 6.7e-7, fft 6.4e-7, winograd 6.8e-7 (grad_weight). In this
-  norm F(2x2, 3x3) loses at most ~2x im2col's accuracy and the FFT (pocketFFT, log-depth sums) none;
-  the bound leaves ~7x headroom for other BLAS/FFT libraries and sums up to a few thousand terms.
+- float32 (against the float64 ``direct``): 5e-6, about 40 float32 epsilons. The same norm is
+  measured by ``tutorials/figures/make_02_figures.py --only precision`` on 300 random shapes and
+  two wide layers (64 channels 3x3, 16 channels 11x11) and written to
+  tutorials/figures/02_precision.json (chapter 2, section 4, quotes it), with the largest ratio,
+  shape by shape, of Winograd's and FFT's errors to im2col's. There the worst case of all three is
+  im2col's, about a third of the bound, which leaves headroom for other BLAS/FFT libraries and sums
+  up to a few thousand terms; tests/test_chapter_numbers.py checks that every worst case in that
+  file stays below the bound.
 """
 import numpy as np
 import pytest
