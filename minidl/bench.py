@@ -235,8 +235,9 @@ def conv_stages(shape, rng, xp):
     Each stage is one of the calls the layer makes, on arrays of the layer's shapes, so the stages
     add up to about the layer's time (not exactly: caches are warmer when a stage runs alone).
     Where the layer cuts its batch into blocks of images (``im2col.image_blocks``), a per-block
-    stage runs on one block and counts ``scale`` = N / images per block times; the layer then also
-    rebuilds each block's columns for the weight gradient ("im2col copy (rebuilt)").
+    stage runs on one block and counts ``scale`` = N / images per block times; for stride 1 the
+    output gradient's columns serve both gradients (a transposing copy of x instead of its
+    columns), otherwise the layer rebuilds each block's columns ("im2col copy (rebuilt)").
     """
     from minidl.conv import im2col as kernel
     n, c, f, side, k, stride, padding = shape
@@ -252,6 +253,23 @@ def conv_stages(shape, rng, xp):
     bias = xp.zeros((1, f, 1, 1), dtype=xp.float32)
     whole_grad = xp.asarray(rng.standard_normal((n, f, out_side, out_side)), dtype=xp.float32)
     stages.append(("forward", "bias add", lambda: xp.add(out, bias, out=out), None, 1))
+    fused = len(blocks) > 1 and kernel._input_gradient_as_convolution(weight.shape, stride, padding)
+    if fused:
+        # blocks, stride 1: the output gradient's columns (built for grad_x below) serve the weight
+        # gradient too (im2col._gradients_from_output_columns): x's block transposed to (C, nb H W)
+        # and one GEMM (F kh kw, nb H W) @ (nb H W, C)
+        gcols = _columns(grad, k, 1, k - 1 - padding, side, xp)
+        x_2d = xp.empty((c, nb, side, side), dtype=xp.float32)
+        x_cnhw = x.transpose(1, 0, 2, 3)
+        stages.append(("weight gradient", "x transpose", lambda: x_2d.__setitem__(Ellipsis, x_cnhw), None, scale))
+        stages.append(("weight gradient", "GEMM", lambda: xp.matmul(gcols, x_2d.reshape(c, -1).T),
+                       2 * c * gcols.size, scale))
+        stages.append(("weight gradient", "bias sum", lambda: whole_grad.sum(axis=(0, 2, 3)), None, 1))
+        flipped = xp.ascontiguousarray(weight[:, :, ::-1, ::-1].transpose(1, 0, 2, 3))
+        stages.append(("input gradient", "flip weight",
+                       lambda: xp.ascontiguousarray(weight[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)), None, 1))
+        stages += _conv_forward_stages("input gradient", grad, flipped, 1, k - 1 - padding, xp, scale)
+        return stages
     # weight gradient: the output gradient transposed to (F, N HoWo), then one GEMM with the columns
     cols = _columns(x, k, stride, padding, out_side, xp)
     if len(blocks) > 1:
