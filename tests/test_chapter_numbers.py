@@ -127,6 +127,25 @@ def test_chapter_two_quotes_the_gemm_breakdown_of_the_main_suite():
         assert all(_near(q, v) for q, v in zip(quoted, values)), f"/{pattern}/ says {quoted}, 02_main.json {values}"
 
 
+def test_chapter_two_quotes_the_main_suites_target_rows():
+    """Section 5's targets bullet against 02_main.json's rows (ratios to two decimals, as the bench
+    prints them to three), and PyTorch's time for the 64-channel layer across the three suites."""
+    rows = {row["case"]: row for row in json.loads((ROOT / "tutorials" / "figures" / "02_main.json").read_text())[:-1]}
+    layer, auto = rows["conv2d large fwd+bwd"], rows["conv2d large fwd+bwd (auto)"]
+    lenet, mlp = rows["lenet5 train step"], rows["mlp 784-256-256-10 train step"]
+    met = [row["met"] for row in rows.values() if row.get("met") is not None]
+    prose = " ".join(CHAPTER.read_text().split())
+    quoted = f"In this run the layer takes {layer['ratio']:.2f}x PyTorch's time at {layer['gemm_fraction']:.2f} of the " \
+             f"GEMM rate, `auto` (im2col here) {auto['ratio']:.2f}x, the LeNet-5 step {lenet['ratio']:.2f}x and the MLP " \
+             f"step {mlp['ratio']:.2f}x: {'none is met' if not any(met) else 'some are met'}"
+    assert quoted in prose, quoted
+    torch = [layer["torch_ms"]]
+    for name, case in (("02_conv.json", "large"), ("02_layers.json", "conv 64->64 32x32")):
+        found = json.loads((ROOT / "tutorials" / "figures" / name).read_text())
+        torch += [row["torch_ms"] for row in found if row.get("case") == case and row.get("torch_ms")]
+    assert f"({min(torch):.1f}-{max(torch):.1f} ms for this layer in the three suites' runs" in prose
+
+
 def test_chapter_two_quotes_the_float32_errors_its_script_measured():
     """Section 4's precision sentences against 02_precision.json (make_02_figures.py --only precision),
     to the two significant figures printed."""
