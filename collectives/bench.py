@@ -114,15 +114,22 @@ def fit_gamma(comm, min_seconds, nbytes=4 << 20):
 FOOTPRINT = 3       # an allreduce of n bytes touches sendbuf, recvbuf and a scratch vector: 3 n bytes
 
 
-def fit_memory(comm, min_seconds, nbytes, rounds=3):
-    """(gamma_m, copy): seconds per byte of np.add(a, b, out=a) and np.copyto(a, b) on
-    n-byte float32 vectors, all ranks at once, cycling through FOOTPRINT vectors."""
-    vectors = [np.zeros(max(nbytes // 4, 1), dtype=np.float32) for _ in range(FOOTPRINT)]
+def rotating_pairs(nbytes, dtype):
+    """A function that hands out (this, next) pairs of FOOTPRINT n-byte vectors in turn, so that a
+    micro-benchmark touches the allreduce's footprint rather than one vector that stays in cache."""
+    vectors = [np.zeros(max(nbytes // np.dtype(dtype).itemsize, 1), dtype=dtype) for _ in range(FOOTPRINT)]
     turn = [0]
 
     def next_pair():
         k = turn[0] = (turn[0] + 1) % FOOTPRINT
         return vectors[k], vectors[(k + 1) % FOOTPRINT]
+    return next_pair
+
+
+def fit_memory(comm, min_seconds, nbytes, rounds=3):
+    """(gamma_m, copy): seconds per byte of np.add(a, b, out=a) and np.copyto(a, b) on
+    n-byte float32 vectors, all ranks at once, cycling through FOOTPRINT vectors."""
+    next_pair = rotating_pairs(nbytes, np.float32)
 
     def add():
         into, incoming = next_pair()
@@ -145,12 +152,7 @@ def fit_rates(comm, min_seconds, nbytes, alpha, rounds=3):
     gamma_m, copy: np.add / np.copyto on n-byte float32 vectors, every rank at once."""
     rank, size = comm.Get_rank(), comm.Get_size()
     partner = rank ^ 1
-    vectors = [np.ones(nbytes, dtype=np.uint8) for _ in range(FOOTPRINT)]
-    turn = [0]
-
-    def next_pair():
-        k = turn[0] = (turn[0] + 1) % FOOTPRINT
-        return vectors[k], vectors[(k + 1) % FOOTPRINT]
+    next_pair = rotating_pairs(nbytes, np.uint8)
 
     def exchange():
         out, into = next_pair()
