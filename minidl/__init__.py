@@ -8,5 +8,7 @@ from minidl.flat import FlatParameters, flatten
 from minidl.gradcheck import gradcheck
 from minidl.tensor import Parameter, Tensor, no_grad
 
+backend.keep_freed_memory()
+
 __all__ = ["Tensor", "Parameter", "no_grad", "gradcheck", "FlatParameters", "flatten",
            "backend", "functional", "models", "nn", "optim", "get_backend", "set_backend"]

@@ -189,7 +189,7 @@ def minidl_step(case, rng):
     labels = xp.asarray(rng.integers(0, 10, batch))
 
     def step():
-        optimizer.zero_grad()
+        optimizer.zero_grad(set_to_none=True)                  # as the PyTorch step below
         F.softmax_cross_entropy(model(x), labels).backward()
         optimizer.step()
     return step

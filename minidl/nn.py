@@ -69,9 +69,9 @@ class Module:
     def eval(self):
         return self.train(False)
 
-    def zero_grad(self):
+    def zero_grad(self, set_to_none=False):
         for parameter in self.parameters():
-            parameter.zero_grad()
+            parameter.zero_grad(set_to_none)
 
     def num_parameters(self):
         return sum(parameter.size for parameter in self.parameters())

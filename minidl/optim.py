@@ -28,9 +28,11 @@ class Optimizer:
         self.state = [{} for _ in self.params]
         self.steps = 0
 
-    def zero_grad(self):
+    def zero_grad(self, set_to_none=False):
+        """Zero every parameter's gradient (``Tensor.zero_grad``); with ``set_to_none`` drop them, so
+        the next ``backward()`` makes them afresh (``step()`` still needs one for every parameter)."""
         for param in self.params:
-            param.zero_grad()
+            param.zero_grad(set_to_none)
 
     def _grads(self):
         for index, param in enumerate(self.params):

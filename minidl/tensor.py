@@ -16,7 +16,7 @@ The operators (``+``, ``*``, ``@``, ``.sum()``, ...) below are those same functi
     [[2.0, 4.0, 6.0], [8.0, 10.0, 12.0]]
 
 Gradients accumulate: a leaf's ``grad`` is *added to* (in place) by every ``backward()``, until
-``zero_grad()``. In-place accumulation matters here: a model's ``grad`` arrays can be views into
+``zero_grad()`` (which zeroes it, or with ``set_to_none=True`` drops it). In-place accumulation matters here: a model's ``grad`` arrays can be views into
 one flat gradient vector (``minidl.flat``), and an in-place add keeps them views.
 """
 import contextlib
@@ -88,8 +88,16 @@ class Tensor:
         """A Tensor sharing this data, cut off from the graph."""
         return Tensor(self.data)
 
-    def zero_grad(self):
-        if self.grad is not None:
+    def zero_grad(self, set_to_none=False):
+        """Zero ``grad`` in place, or with ``set_to_none`` forget it: the next ``backward()`` then
+        makes the gradient array afresh instead of adding into zeros (one pass over it fewer, as
+        PyTorch's ``zero_grad(set_to_none=True)``). A gradient that is a view into a flat vector
+        (``minidl.flat``) is always zeroed in place, so the flat vector stays its storage."""
+        if self.grad is None:
+            return
+        if set_to_none and getattr(self.grad, "base", None) is None:
+            self.grad = None
+        else:
             self.grad[...] = 0          # in place: grad may be a view into a flat vector
 
     # ---- operators: each one is a function of minidl.functional, where its backward pass is ----
@@ -227,6 +235,7 @@ class Tensor:
                     grads[id(parent)] = grads[id(parent)] + parent_grad
                 else:
                     grads[id(parent)] = parent_grad
+            parent_grad = None      # the loop's last gradient must not keep a reference: _owned counts them
 
 
 def _owned(array, dtype):

@@ -2,6 +2,7 @@
 import os
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -139,6 +140,52 @@ def test_a_leaf_gradient_never_shares_memory_with_an_array_someone_else_holds():
     assert w.grad.shape == (2, 3)
     (x * 2.0).sum().backward()                         # a fresh array, accumulated into the existing grad
     np.testing.assert_array_equal(x.grad, [2.0, 3.0, 4.0, 5.0])
+
+
+def test_a_leaf_adopts_the_gradient_its_last_user_made():
+    """The gradient that an operation's backward makes for its LAST operand (a Linear's weight in
+    x @ w) becomes the leaf's .grad as it is: no copy. The backward loop must not keep a reference
+    to it (it once did, in its loop variable, and every weight gradient was copied)."""
+    x = Tensor(np.ones((4, 3)), requires_grad=True)
+    w = Tensor(np.ones((3, 2)), requires_grad=True)
+    out = F.matmul(x, w)
+    made = []                   # weak references: a strong one would itself force a copy
+    backward = out._backward
+
+    def watched(grad):
+        grads = backward(grad)
+        made.extend(weakref.ref(g) for g in grads)
+        return grads
+    out._backward = watched
+    out.backward(np.ones((4, 2)))
+    assert w.grad is made[1]() and x.grad is made[0]()
+    np.testing.assert_array_equal(w.grad, np.full((3, 2), 4.0))
+
+
+def test_zero_grad_set_to_none_drops_owned_gradients_and_zeroes_flat_views():
+    from minidl import FlatParameters, models, optim
+    rng = np.random.default_rng(0)
+    data = Tensor(rng.standard_normal((5, 4)))
+    runs = []
+    for set_to_none in (False, True):
+        model = models.mlp(np.random.default_rng(1), in_features=4, hidden=(3,))
+        optimizer = optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            optimizer.zero_grad(set_to_none=set_to_none)
+            if set_to_none:
+                assert all(p.grad is None for p in model.parameters()) or optimizer.steps == 0
+            F.softmax_cross_entropy(model(data), np.array([0, 1, 2, 0, 1])).backward()
+            optimizer.step()
+        runs.append([p.data.copy() for p in model.parameters()])
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)                   # the same bits either way
+    model = models.mlp(np.random.default_rng(1), in_features=4, hidden=(3,))
+    flat = FlatParameters(model.parameters())
+    flat.grad[...] = 1.0
+    model.zero_grad(set_to_none=True)
+    assert all(p.grad is not None for p in model.parameters())    # still views of flat.grad ...
+    assert not flat.grad.any()                                      # ... zeroed in place
+    assert flat.in_sync()
 
 
 def test_no_grad_records_no_graph():

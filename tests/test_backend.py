@@ -62,3 +62,40 @@ def test_tensor_takes_its_arrays_from_the_active_backend_not_from_numpy(monkeypa
         assert type(t.data) is StandInArray, f"Tensor({data!r}).data is a {type(t.data).__name__}"
     already = np.ones(2, dtype=np.float64).view(StandInArray)
     assert Tensor(already).data is already                          # the backend's own array: no copy
+
+
+_FAULTS = """
+import resource, sys
+if sys.argv[1] == "minidl":
+    import minidl  # noqa: F401  (its import sets malloc's thresholds)
+import numpy
+
+def step():                      # a training step's pattern: 8 arrays of 3 MiB made and freed
+    arrays = [numpy.ones(3 << 18, dtype=numpy.float32) for _ in range(8)]
+    del arrays
+
+for _ in range(5):
+    step()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(20):
+    step()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def test_importing_minidl_keeps_freed_arrays_memory_so_steps_do_not_page_fault():
+    """backend.keep_freed_memory: with glibc's default thresholds every such step returns its 24 MiB
+    to the kernel and page-faults it back (6144 faults a step); after ``import minidl`` it reuses it."""
+    import platform
+    import subprocess
+    import sys
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        pytest.skip("keep_freed_memory sets glibc's malloc; this C library is not glibc")
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("MALLOC_")}
+    faults = {}
+    for first in ("minidl", "numpy"):
+        out = subprocess.run([sys.executable, "-c", _FAULTS, first], capture_output=True, text=True, env=env,
+                             check=True, timeout=60)
+        faults[first] = int(out.stdout)
+    assert faults["numpy"] > 20 * 1000, faults             # glibc's default: the pages come back every step
+    assert faults["minidl"] < 20 * 50, faults              # kept: a few stray faults at most
