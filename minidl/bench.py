@@ -16,7 +16,11 @@ it leaves out the time other jobs held the core (cache and memory-bandwidth cont
 with more threads, and on the GPU, it is wall time. minidl and PyTorch each run in their own
 process (``--worker``), started with the same thread count in OMP_NUM_THREADS,
 OPENBLAS_NUM_THREADS and MKL_NUM_THREADS (and ``torch.set_num_threads``), so neither library's
-thread pool or allocator disturbs the other. PyTorch is only a yardstick: it is imported here
+thread pool or allocator disturbs the other. Both workers import minidl (this module is part of
+it), so both run with the malloc thresholds ``minidl.backend.keep_freed_memory`` sets at import:
+the allocator is the same on both sides (with glibc's defaults PyTorch's 64-channel layer page-faults
+and takes 42-46 ms instead of 39 on the machine of chapter 2). The training steps zero gradients
+with ``set_to_none=True`` on both sides. PyTorch is only a yardstick: it is imported here
 and nowhere else in minidl, and the PyTorch columns are empty when it is not installed.
 
 ``gflops`` counts the direct method's 2 * N * F * C * kh * kw * Ho * Wo floating-point operations
