@@ -94,20 +94,21 @@ def keep_freed_memory():
     ReLU, their gradients: MBs each) every step. By default glibc maps an array above a threshold
     with mmap and unmaps it when it is freed, and gives the top of its heap back to the kernel when
     more than twice that threshold lies free there. So every step touches fresh pages, and each
-    4 KiB page costs a page fault (the kernel zeroes it): about 1.4 ms of a 8 ms LeNet-5 step at
-    batch 64 on one core, 1500 faults a step (``python -m minidl.bench`` shows the step). glibc
+    4 KiB page costs a page fault (the kernel zeroes it): a LeNet-5 step at batch 64 on one core
+    faulted about 1200 times and took 7.9 ms instead of 6.6 (chapter 2, ``figures/02_allocator.md``). glibc
     raises the threshold by itself after it frees a large mapped block, so a process that once ran
     a bigger layer is fast and one that did not is slow. Fixing both thresholds (arrays up to 32 MiB
     come from the heap, up to 64 MiB of free heap is kept) makes every process the fast one; what
     is kept is reused by the next step, so the peak memory does not grow.
 
     Called once when minidl is imported. Leaves malloc alone where the user set glibc's own
-    variables (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, MALLOC_TOP_PAD_) or where the C
-    library is not glibc. Returns True if it changed the settings.
+    variables (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, MALLOC_TOP_PAD_) or
+    MINIDL_KEEP_FREED_MEMORY=0, or where the C library is not glibc. Returns True if it changed
+    the settings. (``tutorials/figures/make_02_figures.py --only allocator`` measures both ways.)
     """
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
-    if any(name in os.environ for name in _MALLOC_VARIABLES):
+    if os.environ.get("MINIDL_KEEP_FREED_MEMORY", "1") == "0" or any(name in os.environ for name in _MALLOC_VARIABLES):
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt

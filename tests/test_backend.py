@@ -91,11 +91,14 @@ def test_importing_minidl_keeps_freed_arrays_memory_so_steps_do_not_page_fault()
     import sys
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         pytest.skip("keep_freed_memory sets glibc's malloc; this C library is not glibc")
-    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("MALLOC_")}
+    env = {k: v for k, v in __import__("os").environ.items()
+           if not k.startswith("MALLOC_") and k != "MINIDL_KEEP_FREED_MEMORY"}
     faults = {}
-    for first in ("minidl", "numpy"):
-        out = subprocess.run([sys.executable, "-c", _FAULTS, first], capture_output=True, text=True, env=env,
-                             check=True, timeout=60)
-        faults[first] = int(out.stdout)
+    for label, first, extra in [("numpy", "numpy", {}), ("minidl", "minidl", {}),
+                                ("minidl, opted out", "minidl", {"MINIDL_KEEP_FREED_MEMORY": "0"})]:
+        out = subprocess.run([sys.executable, "-c", _FAULTS, first], capture_output=True, text=True,
+                             env=dict(env, **extra), check=True, timeout=60)
+        faults[label] = int(out.stdout)
     assert faults["numpy"] > 20 * 1000, faults             # glibc's default: the pages come back every step
     assert faults["minidl"] < 20 * 50, faults              # kept: a few stray faults at most
+    assert faults["minidl, opted out"] > 20 * 1000, faults     # MINIDL_KEEP_FREED_MEMORY=0: glibc's defaults

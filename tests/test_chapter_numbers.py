@@ -100,7 +100,7 @@ def test_chapter_two_quotes_the_numbers_its_script_wrote():
         quoted = [float(group) for group in found.groups()]
         assert all(_near(q, v) for q, v in zip(quoted, values)), f"/{pattern}/ says {quoted}, 02_numbers.json {values}"
     # the tables the chapter includes are the generated ones, verbatim
-    for name in ("02_workdepth.md", "02_gemm.md", "02_memory.md", "02_conv.txt", "02_layers.txt"):
+    for name in ("02_workdepth.md", "02_gemm.md", "02_memory.md", "02_conv.txt", "02_layers.txt", "02_allocator.md"):
         table = (ROOT / "tutorials" / "figures" / name).read_text().strip()
         assert " ".join(table.split()) in prose, f"chapter 2's copy of {name} is stale"
     # auto's disagreements with the measured fastest are named in the text
@@ -144,6 +144,24 @@ def test_chapter_two_quotes_the_main_suites_target_rows():
         found = json.loads((ROOT / "tutorials" / "figures" / name).read_text())
         torch += [row["torch_ms"] for row in found if row.get("case") == case and row.get("torch_ms")]
     assert f"({min(torch):.1f}-{max(torch):.1f} ms for this layer in the three suites' runs" in prose
+
+
+def test_chapter_two_quotes_the_allocator_table():
+    """Section 5's allocator sentences against 02_allocator.json (make_02_figures.py --only allocator)."""
+    rows = {(row["case"], row["library"]): row for row in
+            json.loads((ROOT / "tutorials" / "figures" / "02_allocator.json").read_text())}
+    lenet, conv = rows[("lenet5 train step", "minidl")], rows[("conv2d large fwd+bwd", "torch")]
+    ours = rows[("conv2d large fwd+bwd", "minidl")]
+    default, kept = "glibc defaults", "minidl's thresholds"
+    prose = " ".join(CHAPTER.read_text().split())
+    quoted = [f"LeNet-5 step page-faults {lenet[default]['faults_per_step']:.0f} times a step and takes "
+              f"{lenet[default]['ms']:.3g} ms ({lenet[kept]['ms']:.3g} ms with minidl's thresholds)",
+              f"PyTorch's 64-channel layer {conv[default]['faults_per_step']:.0f} times, {conv[default]['ms']:.3g} ms "
+              f"against {conv[kept]['ms']:.3g} ms"]
+    missing = [q for q in quoted if q not in prose]
+    assert not missing, f"chapter 2 does not quote 02_allocator.json: {missing}"
+    assert ours[default]["faults_per_step"] < 50 and ours[kept]["faults_per_step"] < 50   # "does not fault either way"
+    assert lenet[kept]["ms"] < lenet[default]["ms"] and conv[kept]["ms"] < conv[default]["ms"]
 
 
 def test_chapter_two_quotes_the_float32_errors_its_script_measured():
@@ -190,7 +208,7 @@ def test_make_02_figures_quick_runs(tmp_path):
                     "--no-torch", "--repeats", "1", "--out", str(tmp_path)], check=True, env=env, cwd=ROOT,
                    capture_output=True, timeout=300)
     for name in ("02_conv.json", "02_layers.json", "02_main.json", "02_conv.png", "02_layers.png", "02_gemm.md",
-                 "02_memory.md", "02_workdepth.md"):
+                 "02_memory.md", "02_workdepth.md", "02_allocator.md"):
         assert (tmp_path / name).stat().st_size > 0, name
     numbers = json.loads((tmp_path / "02_numbers.json").read_text())
     assert isinstance(numbers["layers_gpu_measured"], bool)

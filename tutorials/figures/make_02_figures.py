@@ -24,6 +24,10 @@
    (max |error| / max |reference|, over the output and both gradients) on 300 random shapes and
    two wide layers (no timing: the same numbers on every run of the same NumPy)
    -> 02_precision.json.
+9. allocator: the LeNet-5 and MLP training steps and the 64-channel layer, minidl and PyTorch, each
+   case in a fresh process, with glibc malloc's default thresholds (MINIDL_KEEP_FREED_MEMORY=0) and
+   with the ones minidl sets at import (``minidl.backend.keep_freed_memory``): time and minor page
+   faults per step -> 02_allocator.json, 02_allocator.md.
 
 Timing: float32, one thread, this process's CPU time (``--clock cpu``: the other jobs on a shared
 machine do not count), minimum of --repeats runs. --quick shrinks every case and writes to
@@ -47,7 +51,7 @@ import numpy as np  # noqa: E402
 from minidl import conv  # noqa: E402
 from minidl.conv import cost, direct  # noqa: E402
 
-PARTS = ("conv", "layers", "main", "memory", "plots", "workdepth", "summary", "precision")
+PARTS = ("conv", "layers", "main", "memory", "plots", "workdepth", "summary", "precision", "allocator")
 MEMORY_SHAPE = ((32, 64, 32, 32), (64, 64, 3, 3), 1, 1)     # the chapter's "big" layer (section 3)
 COLOURS = {"direct": "tab:red", "fft": "tab:green", "winograd": "tab:purple", "PyTorch": "tab:orange",
            "im2col": "tab:blue"}
@@ -184,6 +188,61 @@ def memory(out, quick):
     print("\n".join(lines))
 
 
+# ---- allocator: glibc's default malloc thresholds against minidl's ------------------------------
+ALLOCATOR_CASES = ("lenet5 train step", "mlp 784-256-256-10 train step", "conv2d large fwd+bwd")
+SETTINGS = {"glibc defaults": {"MINIDL_KEEP_FREED_MEMORY": "0"}, "minidl's thresholds": {}}
+
+
+def allocator_worker(library, case_name, quick, repeats):
+    """In this (fresh) process: one case's best step time (CPU clock) and minor page faults per step."""
+    import resource
+
+    from minidl import bench                           # importing minidl sets malloc's thresholds, unless told not to
+    case = next(c for c in bench.main_cases(quick) if c["case"] == case_name)
+    if library == "minidl":
+        step = bench.minidl_step(case, np.random.default_rng(0))
+    else:
+        import torch
+        torch.set_num_threads(1)
+        step = bench.torch_step(case, torch)
+    ms = bench.best_ms(step, repeats, clock="cpu")
+    steps = 5 if quick else 20
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(steps):
+        step()
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / steps
+    print(json.dumps({"ms": ms, "faults_per_step": faults}))
+
+
+def allocator(out, quick, repeats, no_torch):
+    """Each (library, case, setting) in its own process, so no earlier case has moved glibc's
+    dynamic threshold (it rises after a large block is freed: a long run ends up fast either way)."""
+    import importlib.util
+    libraries = ["minidl"] + ([] if no_torch or importlib.util.find_spec("torch") is None else ["torch"])
+    rows = []
+    for case in ALLOCATOR_CASES:
+        for library in libraries:
+            row = {"case": case, "library": library}
+            for setting, extra in SETTINGS.items():
+                env = {k: v for k, v in ENV.items() if not k.startswith("MALLOC_") and k != "MINIDL_KEEP_FREED_MEMORY"}
+                command = [sys.executable, str(Path(__file__).resolve()), "--allocator-worker", library, case,
+                           "--repeats", str(repeats)] + (["--quick"] if quick else [])
+                done = subprocess.run(command, env=dict(env, **extra), cwd=ROOT, capture_output=True, text=True)
+                if done.returncode != 0:
+                    raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
+                row[setting] = json.loads(done.stdout.strip().splitlines()[-1])
+            rows.append(row)
+    (out / "02_allocator.json").write_text(json.dumps(rows, indent=1))
+    lines = ["| case | library | ms, glibc defaults | ms, minidl's thresholds | page faults a step, glibc defaults "
+             "| page faults a step, minidl's thresholds |", "|---|---|---|---|---|---|"]
+    for row in rows:
+        a, b = row["glibc defaults"], row["minidl's thresholds"]
+        lines.append(f"| {row['case']} | {'PyTorch' if row['library'] == 'torch' else 'minidl'} | {a['ms']:.3g} | "
+                     f"{b['ms']:.3g} | {a['faults_per_step']:.0f} | {b['faults_per_step']:.0f} |")
+    (out / "02_allocator.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 # ---- precision: float32 against a float64 direct ------------------------------------------------
 PRECISION_WIDE = (((4, 64, 32, 32), (64, 64, 3, 3), 1, 1), ((2, 16, 64, 64), (16, 16, 11, 11), 1, 5))
 
@@ -312,10 +371,14 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per case (default 7; --quick 2)")
     parser.add_argument("--no-torch", action="store_true", help="leave PyTorch out (its columns stay empty)")
     parser.add_argument("--no-plots", action="store_true", help="skip the figures")
+    parser.add_argument("--allocator-worker", nargs=2, metavar=("LIBRARY", "CASE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    repeats = args.repeats or (2 if args.quick else 7)
+    if args.allocator_worker:
+        allocator_worker(*args.allocator_worker, args.quick, repeats)
+        return 0
     out = Path(args.out or ("/tmp/minidl_02_quick" if args.quick else HERE))
     out.mkdir(parents=True, exist_ok=True)
-    repeats = args.repeats or (2 if args.quick else 7)
     parts = args.only or PARTS
     for suite in ("conv", "layers", "main"):
         if suite in parts:
@@ -333,6 +396,8 @@ def main(argv=None):
         numbers(out)
     if "precision" in parts:
         precision(out, args.quick)
+    if "allocator" in parts:
+        allocator(out, args.quick, repeats, args.no_torch)
     return 0
 
 
