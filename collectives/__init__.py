@@ -9,6 +9,7 @@ its header and its heart in one function (`<name>_allreduce_in_place`):
     ring.py          reduce-scatter ring + allgather ring         (+ public reduce_scatter, allgather)
     rabenseifner.py  recursive halving + recursive doubling       (large vectors)
     auto.py          butterfly below a measured size, Rabenseifner from it (any p)
+    persistent.py    allreduce_init: arguments checked once, start() per call (MPI 4.0's persistent collectives)
 
 and around them:
 
@@ -38,7 +39,7 @@ ALGORITHMS = ("naive", "tree", "butterfly", "ring", "rabenseifner", "auto")
 # public name -> the module that defines it
 _EXPORTS = {"broadcast": "tree", "reduce": "tree", "reduce_scatter": "ring", "allgather": "ring",
             "MismatchError": "check", "TracedComm": "trace", "CountingComm": "trace",
-            "block_counts": "buffers"}
+            "block_counts": "buffers", "allreduce_init": "persistent"}
 
 
 @functools.cache                           # each name is looked up once

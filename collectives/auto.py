@@ -82,14 +82,16 @@ def choose(nbytes, p=None):
             "rabenseifner": rabenseifner}[choose_name(nbytes, p)]
 
 
+_CHOSEN = {}           # (p, nbytes) -> the heart choose_name picks: a small allreduce is mostly Python
+
+
 def auto_allreduce_in_place(comm, data, op):
     """The heart: pick by the vector's size in bytes and by p (see the header), run that heart."""
-    rows = SELECTION.get(comm.Get_size(), DEFAULT)
-    name = rows[0][1]
-    for start, algorithm in rows:              # choose_name, inlined: a small allreduce is mostly Python
-        if data.nbytes >= start:
-            name = algorithm
-    HEARTS[name](comm, data, op)
+    key = (comm.Get_size(), data.nbytes)
+    heart = _CHOSEN.get(key)
+    if heart is None:
+        heart = _CHOSEN[key] = HEARTS[choose_name(data.nbytes, key[0])]
+    heart(comm, data, op)
 
 
 def allreduce(comm, sendbuf, recvbuf=None, op="sum", check=True):

@@ -3,6 +3,7 @@
     OMP_NUM_THREADS=1 mpiexec -n 4 python -m collectives.bench [--json out.json] [--plot out.png]
     mpiexec -n 2 python -m collectives.bench --quick             # a few seconds, for a smoke test
     mpiexec -n 4 python -m collectives.bench --sizes 4K,1M,64M --algorithms ring,auto
+    mpiexec -n 4 python -m collectives.bench --sizes 4K,16K,64K --persistent   # + allreduce_init rows
 
 1. alpha and beta from a ping-pong between ranks 0 and 1 (half the round trip, 8 B .. 64 MiB),
    fitted as t = alpha + beta m by least squares on relative error, so the small messages fix
@@ -24,6 +25,9 @@
    algorithm from 1 MiB. And auto's table: at each size, the point-to-point algorithm measured
    fastest; --write-selection stores it for this p in collectives/selection.json, which
    collectives.auto reads (so auto's row is only as good as the last such run on this machine).
+6. with --persistent, two more rows: MPI's persistent Allreduce_init (Start + Wait per call, "mpi_init")
+   and collectives.persistent's auto (allreduce_init once, start() per call, "auto_init"), whose
+   ratio and <= 1.5x target are against mpi_init: both sides check their arguments once.
 
 A time is the slowest rank's mean over a batch of calls between barriers (batches of >= 0.02 s),
 and the best of seven batches, taken in turn with the other algorithms so that noise from
@@ -44,7 +48,7 @@ import time              # noqa: E402
 import numpy as np       # noqa: E402
 from mpi4py import MPI   # noqa: E402
 
-from . import auto, butterfly, cost, naive, rabenseifner, ring, tree   # noqa: E402
+from . import auto, butterfly, cost, naive, persistent, rabenseifner, ring, tree   # noqa: E402
 
 ALGORITHMS = {"naive": naive.allreduce, "tree": tree.allreduce, "butterfly": butterfly.allreduce,
               "ring": ring.allreduce, "rabenseifner": rabenseifner.allreduce, "auto": auto.allreduce}
@@ -193,7 +197,7 @@ def cores():
 def target(name, nbytes, ratio, refined_ratio):
     """(text, met) for the issue-15 targets on this row: met is True, False or None (no target)."""
     checks = []
-    if name == "auto":
+    if name in ("auto", "auto_init"):               # auto_init: against MPI's persistent Allreduce_init
         checks.append(("<=1.5x", ratio <= 1.5))
     if name in ("ring", "rabenseifner") and nbytes >= 1 << 20:
         checks.append(("<=1.0x", ratio <= 1.0))
@@ -210,7 +214,7 @@ def selection(records):
     fastest = {}
     for record in records:
         name = record["algorithm"]
-        if name in ("mpi", "auto"):
+        if name in ("mpi", "auto", "mpi_init", "auto_init"):
             continue
         best = fastest.get(record["bytes"])
         if best is None or record["seconds"] < best[1]:
@@ -244,6 +248,9 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=7, help="batches per measurement (best kept)")
     parser.add_argument("--json", help="write one JSON object per measurement to this file")
     parser.add_argument("--plot", help="write a PNG of time against size")
+    parser.add_argument("--persistent", action="store_true",
+                        help="also time collectives.persistent's auto (allreduce_init once, start() per call, "
+                             "row auto_init) against MPI's persistent Allreduce_init (row mpi_init)")
     parser.add_argument("--write-selection", action="store_true",
                         help="store, for this p, the algorithm measured fastest at each size in "
                              "collectives/selection.json, which collectives.auto reads")
@@ -288,6 +295,11 @@ def main(argv=None):
         calls = {"mpi": lambda: comm.Allreduce(sendbuf, recvbuf, op=MPI.SUM)}
         for name in names:
             calls[name] = (lambda f: lambda: f(comm, sendbuf, recvbuf, op="sum", check=False))(ALGORITHMS[name])
+        requests = []
+        if args.persistent:                        # both sides' arguments bound once (MPI 4.0 persistent collectives)
+            requests.append(comm.Allreduce_init(sendbuf, recvbuf, op=MPI.SUM))
+            calls["mpi_init"] = lambda: requests[0].Start() or requests[0].Wait()
+            calls["auto_init"] = persistent.allreduce_init(comm, sendbuf, recvbuf, check=False).start
         best = {}
         for _ in range(rounds):                    # interleaved, best batch kept
             for name, call in calls.items():
@@ -295,10 +307,12 @@ def main(argv=None):
                 best[name] = min(best.get(name, np.inf), seconds)
                 if not np.all(recvbuf == expected):
                     raise SystemExit(f"rank {rank}: {name} gave a wrong sum at {nbytes} bytes")
+        for request in requests:
+            request.Free()
         for name in calls:
-            if name == "mpi":
+            if name in ("mpi", "mpi_init"):
                 model_name = "lower bound"
-            elif name == "auto":
+            elif name in ("auto", "auto_init"):
                 model_name = auto.choose_name(count * 4, size)
             else:
                 model_name = name
@@ -306,9 +320,10 @@ def main(argv=None):
             refined = (cost.predict_refined(model_name, size, count * 4, rates)
                        if model_name != "lower bound" else None)     # MPI's own: no refined model
             refined_ratio = None if refined is None else refined / best[name]
-            goal, met = target(name, count * 4, best[name] / best["mpi"], refined_ratio)
+            reference = best["mpi_init" if name == "auto_init" else "mpi"]    # persistent against persistent
+            goal, met = target(name, count * 4, best[name] / reference, refined_ratio)
             record = {"algorithm": name, "p": size, "bytes": count * 4, "seconds": best[name],
-                      "mpi_seconds": best["mpi"], "ratio": best[name] / best["mpi"],
+                      "mpi_seconds": reference, "ratio": best[name] / reference,
                       "model_seconds": model, "model": model_name,
                       "alpha": alpha, "beta": beta, "gamma": gamma,
                       "refined_seconds": refined, "refined_ratio": refined_ratio,
@@ -319,7 +334,7 @@ def main(argv=None):
                       "target": goal, "met": met}
             records.append(record)
             if rank == 0:
-                label = name if name != "auto" else f"auto({model_name})"
+                label = f"{name}({model_name})" if name in ("auto", "auto_init") else name
                 print(f"{human(count * 4):>9} {label:<18} {best[name] * 1e6:12.1f} {record['ratio']:7.2f} "
                       f"{model * 1e6:10.1f} {model / best[name]:10.2f} "
                       f"{'-' if refined is None else f'{refined * 1e6:.1f}':>10} "

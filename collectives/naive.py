@@ -29,8 +29,8 @@ root posts every receive and every send in a fixed order that each other rank fo
 import numpy as np
 from mpi4py import MPI
 
-from .buffers import run_allreduce
-from .ops import array_module, combine
+from .buffers import run_allreduce, scratch
+from .ops import combine
 from .tags import GATHER, SEND_BACK
 
 ROOT = 0
@@ -41,7 +41,7 @@ def naive_allreduce_in_place(comm, data, op):
     rank, size = comm.Get_rank(), comm.Get_size()
     # BEGIN SOLUTION
     if rank == ROOT:
-        incoming = array_module(data).empty_like(data)
+        incoming = scratch(data)                # a cached receive buffer
         # gather and reduce: the root's link carries (p - 1) vectors in
         for source in range(size):
             if source != ROOT:
