@@ -95,7 +95,9 @@ def test_chapter_3_sentences_about_the_bench_agree_with_its_json():
     def rows(records, algorithms=None, low=0, high=1 << 40):
         return [r for r in records if (algorithms is None or r["algorithm"] in algorithms) and low <= r["bytes"] <= high]
     large = {p: [r["ratio"] for r in rows(first[p], ("ring", "rabenseifner"), mib)] for p in (2, 4)}
-    middle = [r["ratio"] for run in every[4] for r in rows(run, ("ring", "rabenseifner"), mib, 4 * mib)]
+    middle = [r["ratio"] for run in every[4] for r in rows(run, ("ring", "rabenseifner"), mib, mib)]
+    four = {name: [r["ratio"] for run in every[4] for r in rows(run, (name,), 4 * mib, 4 * mib)]
+            for name in ("ring", "rabenseifner")}
     auto = {(p, n): [r["ratio"] for run in every[p] for r in rows(run, ("auto",), n, n)]
             for p in (2, 4) for n in (4096, 16384, 65536)}
     ours = {p: rows(first[p], ("ring", "rabenseifner", "auto")) for p in (2, 4)}
@@ -108,24 +110,28 @@ def test_chapter_3_sentences_about_the_bench_agree_with_its_json():
                    if r["bytes"] >= mib and r["refined_ratio"] is not None]
     excerpt = [r for p in (2, 4) for r in rows(first[p], ("mpi", "ring", "rabenseifner", "auto"))]
     quoted = [f"ring and Rabenseifner run at {span(large[2])}x MPI_Allreduce's time at p = 2 and {span(large[4])}x at p = 4",
-              f"At p = 4 from 1 to 4 MiB they are {round(min(middle) * 100) - 100}-{round(max(middle) * 100) - 100}% slower",
+              f"At p = 4 they are {round(min(middle) * 100) - 100}-{round(max(middle) * 100) - 100}% slower than MPI at "
+              f"1 MiB in every launch, and at 4 MiB the ring {span(four['ring'])}x and Rabenseifner "
+              f"{span(four['rabenseifner'])}x",
               f"at p = 2 it is {span(auto[2, 4096])}x MPI at 4 KiB over the three launches",
-              f"{span(auto[2, 16384])}x at 16 KiB (the binomial tree",
+              f"{span(auto[2, 16384])}x at 16 KiB (the naive root",
               f"and {span(auto[2, 65536])}x at 64 KiB",
               f"At p = 4 it is {min(auto[4, 4096] + auto[4, 16384]):.2f}-{max(auto[4, 4096] + auto[4, 16384]):.2f}x at 4 and 16 KiB",
-              f"predicts {min(plain(2, mib, mib)):.2f} of the measured time of our algorithms at 1 MiB on p = 2 and "
-              f"{min(plain(4, mib, mib)):.2f} on p = 4",
-              f"only {span(plain(2, 4 * mib, 64 * mib))} (p = 2) and {span(plain(4, 4 * mib, 64 * mib))} (p = 4) from 4 MiB up",
+              f"predicts {span(plain(2, mib, mib))} of the measured time of our algorithms at 1 MiB on p = 2 and "
+              f"{span(plain(4, mib, mib))} on p = 4",
+              f"and {span(plain(2, 4 * mib, 64 * mib))} (p = 2) and {span(plain(4, 4 * mib, 64 * mib))} (p = 4) from 4 MiB up",
               f"From 1 MiB up it predicts {span(refined[2])} of every algorithm's time at p = 2 and {span(refined[4])} at "
               f"p = 4 in this launch ({span(refined_all)} over the three)",
               f"predicts {span([r['model_seconds'] / r['seconds'] for r in excerpt])} of the times measured in section 5's excerpt",
               f"it predicts {span(refined[2])} of every algorithm's time at p = 2, and {span(refined[4])} at p = 4"]
-    assert max(len(set(round(v, 2) for v in plain(p, mib, mib))) for p in (2, 4)) == 1   # 'predicts 0.64' is one number
+    assert min(middle) > 1                                                             # 'slower ... in every launch'
     sixteen = {name: [r["seconds"] * 1e6 for run in every[2] for r in rows(run, (name,), 16384, 16384)]
-               for name in ("tree", "butterfly")}
-    assert max(sixteen["tree"]) < min(sixteen["butterfly"])                            # 'in all three launches'
-    quoted.append(f"(the binomial tree, {sixteen['tree'][0]:.1f} us against the butterfly's "
-                  f"{sixteen['butterfly'][0]:.1f} us in the first launch, the butterfly slower in all three")
+               for name in ("naive", "tree", "butterfly")}
+    assert {r["model"] for run in every[2] for r in rows(run, ("auto",), 16384, 16384)} == {"naive"}
+    assert max(min(sixteen["naive"]), min(sixteen["tree"])) <= min(max(sixteen["naive"]), max(sixteen["tree"]))  # 'within the noise'
+    assert max(sixteen["naive"] + sixteen["tree"]) < min(sixteen["butterfly"])        # 'in all three launches'
+    quoted.append(f"{sixteen['naive'][0]:.1f} and {sixteen['tree'][0]:.1f} us in the first launch, against the butterfly's "
+                  f"{sixteen['butterfly'][0]:.1f} us, the butterfly slower in all three")
     mpi_4k = [r["seconds"] for r in rows(first[2], ("mpi",), 4096, 4096)][0]
     quoted.append(f"at 4 KiB on p = 2 ({mpi_4k * 1e6:.1f} us)")
     missing = [sentence for sentence in quoted if sentence not in text]
