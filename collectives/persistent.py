@@ -1,7 +1,7 @@
 """Persistent allreduce: the arguments checked once, the same call started again and again.
 
-MPI 4.0 (section 6.13, "persistent collective operations") gives a repeated collective its own
-calls: MPI_Allreduce_init binds the buffers, the count, the datatype and the op once and returns a
+MPI 4.0's persistent collective operations give a repeated collective its own calls:
+MPI_Allreduce_init binds the buffers, the count, the datatype and the op once and returns a
 persistent request; every repetition is then MPI_Start + MPI_Wait, with nothing to look up again.
 A data-parallel training loop is that pattern: the same flat gradient, into the same buffer, summed
 every step (PyTorch DDP's buckets are bound once in the same way). Here:

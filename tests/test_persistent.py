@@ -93,7 +93,11 @@ def test_bench_persistent_rows_compare_auto_init_with_mpis_allreduce_init(tmp_pa
     path = comm.bcast(str(path) if path else None)
     records = bench.main(["--quick", "--sizes", "4K", "--algorithms", "auto", "--persistent", "--json", path])
     rows = {record["algorithm"]: record for record in records}
-    parallel_assert(set(rows) == {"mpi", "auto", "mpi_init", "auto_init"}, f"rows {sorted(rows)}")
-    parallel_assert(rows["auto_init"]["mpi_seconds"] == rows["mpi_init"]["seconds"]
+    # mpi_init needs an MPI with persistent collectives (MPI 4.0: MPICH 4, Open MPI 5); without them
+    # auto_init is compared with the plain Allreduce
+    reference = rows.get("mpi_init", rows["mpi"])
+    parallel_assert({"mpi", "auto", "auto_init"} <= set(rows) <= {"mpi", "auto", "mpi_init", "auto_init"},
+                    f"rows {sorted(rows)}")
+    parallel_assert(rows["auto_init"]["mpi_seconds"] == reference["seconds"]
                     and rows["auto"]["mpi_seconds"] == rows["mpi"]["seconds"], "each auto row against its own MPI")
     parallel_assert(rows["auto_init"]["target"] == "<=1.5x", "auto_init has the auto target")
