@@ -11,6 +11,12 @@ SCRIPT = ROOT / "tutorials" / "figures" / "make_03_figures.py"
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
 
 
+
+def assert_quoted(quoted, text):
+    """Every sentence in ``quoted`` (built from the JSON) appears in the chapter's text, verbatim."""
+    missing = [sentence for sentence in quoted if sentence not in text]
+    assert not missing, missing
+
 def test_make_03_figures_quick_writes_every_figure_and_its_json(tmp_path):
     done = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--out", str(tmp_path)], cwd=ROOT, env=ENV,
                           capture_output=True, text=True, timeout=240)
@@ -52,8 +58,7 @@ def test_chapter_3_quotes_the_wall_clock_numbers_its_script_wrote():
               f"{spread(wall['p2_warm_after_barrier'], 'start_skew_us')} apart",
               f"({ms(wall['p2_untraced_median_us'])} ms untraced)",
               f"it spanned {ms(cold['span_us'])} ms, {ms(cold['start_skew_us'])} ms of it start skew"]
-    missing = [sentence for sentence in quoted if sentence not in text]
-    assert not missing, missing
+    assert_quoted(quoted, text)
 
 
 def script():
@@ -134,8 +139,7 @@ def test_chapter_3_sentences_about_the_bench_agree_with_its_json():
                   f"{sixteen['butterfly'][0]:.1f} us, the butterfly slower in all three")
     mpi_4k = [r["seconds"] for r in rows(first[2], ("mpi",), 4096, 4096)][0]
     quoted.append(f"at 4 KiB on p = 2 ({mpi_4k * 1e6:.1f} us)")
-    missing = [sentence for sentence in quoted if sentence not in text]
-    assert not missing, missing
+    assert_quoted(quoted, text)
 
 
 def test_chapter_3_quotes_mpichs_forced_algorithms_at_p4():
@@ -179,7 +183,6 @@ def test_chapter_3_quotes_the_mpich_measurement_its_script_wrote():
               f"same 32 MiB ({ms(reduction)} ms)",
               f"Together {ms(temporary + reduction)} ms",
               f"of the {ms(rsag['mpi_seconds'] - rsag['ring_seconds'])} ms between MPICH's reduce_scatter_allgather"]
-    missing = [sentence for sentence in quoted if sentence not in text]
-    assert not missing, missing
+    assert_quoted(quoted, text)
     assert all(run["mpi_seconds"] > run["ring_seconds"] for run in runs.values())   # "every one ... slower"
     assert 0.6 < (temporary + reduction) / (rsag["mpi_seconds"] - rsag["ring_seconds"]) < 0.72   # "two thirds"
