@@ -11,11 +11,11 @@ SCRIPT = ROOT / "tutorials" / "figures" / "make_03_figures.py"
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
 
 
-
 def assert_quoted(quoted, text):
     """Every sentence in ``quoted`` (built from the JSON) appears in the chapter's text, verbatim."""
     missing = [sentence for sentence in quoted if sentence not in text]
     assert not missing, missing
+
 
 def test_make_03_figures_quick_writes_every_figure_and_its_json(tmp_path):
     done = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--out", str(tmp_path)], cwd=ROOT, env=ENV,
