@@ -18,8 +18,10 @@
    change as the footprint leaves the cache), each micro-benchmark cycling through three n-byte
    vectors (an allreduce's sendbuf, recvbuf and scratch): a pairwise Sendrecv of n bytes
    (r <-> r xor 1, every rank at once) for beta_x, a one-way Send (r even -> r + 1, every pair at
-   once) for beta_1 and from rank 0 to rank 1 alone for beta_solo, np.add and np.copyto on n-byte vectors (every rank at once) for gamma_m and
-   copy, share = max(1, p / cores); none of these is an allreduce;
+   once) for beta_1 and from rank 0 to rank 1 alone for beta_solo, a ring shift of n/p-byte
+   blocks (r -> r + 1, every rank at once) for beta_ring, np.add and np.copyto on n-byte vectors
+   (every rank at once) for gamma_m and copy, share = max(1, p / cores); none of these is an
+   allreduce;
 5. the issue-15 targets, a column per row with "met" or "NO": auto <= 1.5x MPI at every size;
    ring and Rabenseifner <= 1.0x MPI from 1 MiB; refined model / measured within 25% for every
    algorithm from 1 MiB. And auto's table: at each size, the point-to-point algorithm measured
@@ -153,6 +155,8 @@ def fit_rates(comm, min_seconds, nbytes, alpha, rounds=3):
     rates depend on whether the footprint fits in cache, so each size gets its own.
     beta_x: a pairwise Sendrecv of n bytes (r <-> r xor 1), every rank at once, over n;
     beta_1: a one-way Send of n bytes (r even -> r + 1), every pair at once, over n;
+    beta_ring: a ring shift of n/p-byte blocks (send to r + 1, receive from r - 1), every rank at
+    once, over the block's bytes: the ring's step;
     gamma_m, copy: np.add / np.copyto on n-byte float32 vectors, every rank at once."""
     rank, size = comm.Get_rank(), comm.Get_size()
     partner = rank ^ 1
@@ -171,19 +175,30 @@ def fit_rates(comm, min_seconds, nbytes, alpha, rounds=3):
             else:
                 comm.Recv(into, partner, 4)
 
+    block = max(nbytes // size, 1)
+    shifts = [0]
+
+    def ring_shift():                    # block k of the vectors at the k-th call: the whole footprint
+        out, into = next_pair()
+        start = block * (shifts[0] % size)
+        shifts[0] += 1
+        comm.Sendrecv(out[start:start + block], (rank + 1) % size, 6,
+                      into[start:start + block], (rank - 1) % size, 6)
+
     def solo():
         out, into = next_pair()
         if rank == 0:
             comm.Send(out, 1, 5)
         elif rank == 1:
             comm.Recv(into, 0, 5)
-    beta_x = beta_1 = beta_solo = 0.0
+    beta_x = beta_1 = beta_solo = beta_ring = 0.0
     if size > 1:
+        beta_ring = min(timed(comm, ring_shift, min_seconds) for _ in range(rounds)) / block
         beta_x = min(timed(comm, exchange, min_seconds) for _ in range(rounds)) / nbytes
         beta_1 = min(timed(comm, one_way, min_seconds) for _ in range(rounds)) / nbytes
         beta_solo = min(timed(comm, solo, min_seconds) for _ in range(rounds)) / nbytes
     gamma_m, copy = fit_memory(comm, min_seconds, nbytes, rounds)
-    return cost.Rates(alpha, beta_x, gamma_m, copy, max(1.0, size / cores()), beta_1, beta_solo)
+    return cost.Rates(alpha, beta_x, gamma_m, copy, max(1.0, size / cores()), beta_1, beta_solo, beta_ring)
 
 
 def cores():
@@ -290,7 +305,8 @@ def main(argv=None):
         rates = fit_rates(comm, min_time, count * 4, alpha, rounds)     # best of as many batches as below
         if rank == 0:
             print(f"# {human(count * 4)}: exchange beta_x = {rates.beta_x * 1e9:.4f} ns/B, one-way beta_1 = "
-                  f"{rates.beta_1 * 1e9:.4f} ns/B, alone beta_solo = {rates.beta_solo * 1e9:.4f} ns/B, add gamma_m = "
+                  f"{rates.beta_1 * 1e9:.4f} ns/B, alone beta_solo = {rates.beta_solo * 1e9:.4f} ns/B, ring shift "
+                  f"beta_ring = {rates.beta_ring * 1e9:.4f} ns/B, add gamma_m = "
                   f"{rates.gamma_m * 1e9:.4f} ns/B, copy = {rates.copy * 1e9:.4f} ns/B", flush=True)
         calls = {"mpi": lambda: comm.Allreduce(sendbuf, recvbuf, op=MPI.SUM)}
         for name in names:
@@ -331,7 +347,7 @@ def main(argv=None):
                       "alpha": alpha, "beta": beta, "gamma": gamma,
                       "refined_seconds": refined, "refined_ratio": refined_ratio,
                       "rates": {"alpha": alpha, "beta_x": rates.beta_x, "beta_1": rates.beta_1,
-                                "beta_solo": rates.beta_solo,
+                                "beta_solo": rates.beta_solo, "beta_ring": rates.beta_ring,
                                 "gamma_m": rates.gamma_m,
                                 "copy": rates.copy, "share": rates.share},
                       "target": goal, "met": met}

@@ -4,7 +4,8 @@
       1. look at this rank's own arguments          (1-D, contiguous, a supported dtype, same dtype
                                                      and length, recvbuf writable)
       2. agree with the other ranks (check=True)    (collectives.check: one small message per step)
-      3. copy sendbuf into recvbuf                  (unless sendbuf is MPI.IN_PLACE or recvbuf itself)
+      3. copy sendbuf into recvbuf                  (unless sendbuf is MPI.IN_PLACE or recvbuf itself,
+                                                     or the heart reads sendbuf itself: see below)
       4. stage a CuPy buffer to host memory         (unless MPI is CUDA-aware)
       5. run the algorithm in place on one vector   (the module's heart, e.g. ring.ring_allreduce_in_place)
       6. finish the op (mean: divide by p) and copy a staged buffer back to the device
@@ -26,6 +27,12 @@ only the plain case (two 1-D, contiguous, non-overlapping numpy arrays of one su
 and length, recvbuf writable; the dtype's verdict cached) and fall back to the full check
 (with its error messages) for anything else. And the hearts take their receive buffers from
 `scratch(n, dtype)`, one cached vector per (n, dtype) instead of a fresh allocation each call.
+
+No copy-in. Ring and Rabenseifner read each element of the input once, in their first steps,
+and write every element of the result, so an out-of-place call hands them sendbuf as `source`
+and skips step 3's copy (run_allreduce's reads_source): `combine(into, incoming, op, source)`
+reads its left operand from sendbuf, with the same operand order and so the same bits. MPICH's
+Allreduce copies sendbuf into recvbuf first, a whole pass over memory that this saves.
 
 CuPy. A CuPy array is given to MPI only after the device is synchronised (the kernels that
 wrote it have finished). If MPI is not CUDA-aware (the default assumption: set
@@ -205,10 +212,13 @@ def allreduce_arguments(comm, name, sendbuf, recvbuf, op, check, root=0):
     return in_place
 
 
-def run_allreduce(heart, comm, sendbuf, recvbuf, op="sum", check=True, name="allreduce"):
+def run_allreduce(heart, comm, sendbuf, recvbuf, op="sum", check=True, name="allreduce",
+                  reads_source=False):
     """Steps 1-6 around `heart(comm, data, base_op)`; returns recvbuf.
 
-    recvbuf=None allocates the result (sendbuf must then be an array).
+    recvbuf=None allocates the result (sendbuf must then be an array). reads_source: the heart
+    also takes `source=sendbuf` and reads the input there, so step 3's copy is left out for two
+    numpy buffers (ring and Rabenseifner: see the header).
     """
     if recvbuf is None and hasattr(sendbuf, "dtype"):
         recvbuf = array_module(sendbuf).empty_like(sendbuf)
@@ -216,12 +226,20 @@ def run_allreduce(heart, comm, sendbuf, recvbuf, op="sum", check=True, name="all
         in_place = sendbuf is MPI.IN_PLACE or sendbuf is recvbuf
     else:
         in_place = allreduce_arguments(comm, name, sendbuf, recvbuf, op, check)
-    if not in_place:
-        recvbuf[...] = sendbuf
-    data = recvbuf if type(recvbuf) is np.ndarray else to_mpi(recvbuf)
     size = comm.Get_size()
+    source = None
+    if not in_place:
+        if reads_source and size > 1 and type(sendbuf) is np.ndarray and type(recvbuf) is np.ndarray:
+            source = sendbuf
+        else:
+            recvbuf[...] = sendbuf
+    data = recvbuf if type(recvbuf) is np.ndarray else to_mpi(recvbuf)
     if size > 1 and data.size > 0:
-        heart(comm, data, "sum" if op == "mean" else op)      # base_op(op), inlined: op was checked above
+        base = "sum" if op == "mean" else op                  # base_op(op), inlined: op was checked above
+        if source is None:
+            heart(comm, data, base)
+        else:
+            heart(comm, data, base, source=source)
     if op == "mean":
         finish(data, op, size)
     if data is not recvbuf:

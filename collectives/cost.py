@@ -34,13 +34,17 @@ measures them; none of them is an allreduce):
               sends nothing back meanwhile and several pairs move data at once
     beta_solo the same with one pair alone (rank 0 -> rank 1, the others waiting in MPI, as in
               an allreduce): every message to or from the naive root, the tree's top level
+    beta_ring seconds per byte of a ring shift of n/p-byte blocks (send to r + 1, receive from
+              r - 1, every rank at once): the ring's step. Unlike a pairwise exchange, each rank
+              waits on two others, so with more ranks than cores it waits longer
     gamma_m   seconds per byte of np.add(a, b, out=a) on n-byte vectors, all ranks at once
     copy      seconds per byte of np.copyto on n-byte vectors, all ranks at once: the
-              extra whole-vector copies the code makes (sendbuf -> recvbuf on entry; the
-              butterfly's result back out of its scratch vector), `extra_copies`
+              extra whole-vector copies the code makes (sendbuf -> recvbuf on entry, except in
+              ring and Rabenseifner, which read sendbuf itself; the butterfly's result back out
+              of its scratch vector), `extra_copies`
 
     t = share alpha steps + beta_x exchanged + beta_1 busy + beta_solo solo + gamma_m reduced
-        + copy n extra_copies
+        + copy n extra_copies                           (the ring: beta_ring for beta_x)
 
 Footprint: an allreduce of n bytes works on three n-byte vectors (sendbuf, recvbuf and the
 scratch vector it receives into), so each micro-benchmark cycles through three n-byte vectors:
@@ -201,11 +205,13 @@ class Rates:
     share: float = 1.0
     beta_1: float = None          # one-way sends, every pair at once; None: as an exchange (beta_x)
     beta_solo: float = None       # one-way sends, one pair alone; None: as beta_1
+    beta_ring: float = None       # the ring's shift of blocks; None: as an exchange (beta_x)
 
 
-def extra_copies(algorithm, in_place=False):
+def extra_copies(algorithm, in_place=False, p=2):
     """Whole-vector copies outside the messages and reductions, on the critical path."""
-    copies = 0 if in_place else 1              # run_allreduce: recvbuf[...] = sendbuf
+    reads_sendbuf = algorithm == "ring" or (algorithm == "rabenseifner" and p == largest_power_of_two(p))
+    copies = 0 if in_place or reads_sendbuf else 1    # run_allreduce: recvbuf[...] = sendbuf
     if algorithm == "butterfly":
         copies += 1                            # some rank's result ends in the scratch vector
     return copies
@@ -218,8 +224,9 @@ def predict_refined(algorithm, p, nbytes, rates, in_place=False):
     steps, exchanged, busy, solo, reduced = traffic(algorithm, p, nbytes)
     beta_1 = rates.beta_x if rates.beta_1 is None else rates.beta_1
     beta_solo = beta_1 if rates.beta_solo is None else rates.beta_solo
-    return (rates.share * rates.alpha * steps + rates.beta_x * exchanged + beta_1 * busy + beta_solo * solo
-            + rates.gamma_m * reduced + rates.copy * nbytes * extra_copies(algorithm, in_place))
+    beta_x = rates.beta_ring if algorithm == "ring" and rates.beta_ring is not None else rates.beta_x
+    return (rates.share * rates.alpha * steps + beta_x * exchanged + beta_1 * busy + beta_solo * solo
+            + rates.gamma_m * reduced + rates.copy * nbytes * extra_copies(algorithm, in_place, p))
 
 
 def table(p, nbytes, alpha, beta, gamma=0.0):

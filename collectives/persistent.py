@@ -14,7 +14,8 @@ every step (PyTorch DDP's buckets are bound once in the same way). Here:
 ``allreduce_init`` does what every public allreduce does first (``buffers.py``, steps 1-2: this
 rank's arguments, then with check=True the agreement across ranks) and picks the heart once (for
 "auto", the algorithm its table names for this vector's size and p). ``start()`` then runs only
-steps 3-6: the copy of sendbuf into recvbuf, the heart, the op's finish and the CuPy staging.
+steps 3-6: the copy of sendbuf into recvbuf (none for ring and Rabenseifner, which read sendbuf),
+the heart, the op's finish and the CuPy staging.
 Like MPI, it trusts the buffers to stay what they were at init: the same arrays, neither resized nor
 made read-only (both are held here, so they are not freed). ``start()`` is blocking: it returns
 when the allreduce is complete, so it is MPI_Start and MPI_Wait in one.
@@ -30,7 +31,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import algorithm_module
-from .auto import HEARTS, choose_name
+from .auto import HEARTS, READS_SOURCE, choose_name
 from .buffers import allreduce_arguments, from_mpi, to_mpi
 from .ops import array_module, finish
 
@@ -50,14 +51,19 @@ class PersistentAllreduce:
         self.algorithm = choose_name(recvbuf.nbytes, self.size) if algorithm == "auto" else algorithm
         self.heart = HEARTS[self.algorithm] if self.size > 1 and recvbuf.size > 0 else None
         self.host = type(recvbuf) is np.ndarray      # numpy: MPI reads recvbuf itself, no staging
+        # ring and Rabenseifner read an out-of-place input in sendbuf itself (buffers.py: no copy-in)
+        self.source = (sendbuf if not self.in_place and self.heart in READS_SOURCE
+                       and self.host and type(sendbuf) is np.ndarray else None)
 
     def start(self):
         """Run the bound allreduce once (steps 3-6 of buffers.py); returns recvbuf."""
         recvbuf = self.recvbuf
-        if not self.in_place:
+        if not self.in_place and self.source is None:
             recvbuf[...] = self.sendbuf
         data = recvbuf if self.host else to_mpi(recvbuf)
-        if self.heart is not None:
+        if self.source is not None:
+            self.heart(self.comm, data, self.base, source=self.source)
+        elif self.heart is not None:
             self.heart(self.comm, data, self.base)
         if self.mean:                                # divide the sum by p
             finish(data, self.op, self.size)

@@ -42,16 +42,29 @@ from .ops import combine
 from .tags import ALLGATHER, REDUCE_SCATTER
 
 
-def rabenseifner_allreduce_in_place(comm, data, op):
-    """The heart: fold in, recursive halving, recursive doubling, fold out. `data` in place."""
+def rabenseifner_allreduce_in_place(comm, data, op, source=None):
+    """The heart: fold in, recursive halving, recursive doubling, fold out. `data` in place.
+
+    source: this rank's input, if it is not already in `data` (an out-of-place allreduce; None:
+    in place). The first halving round reads it, `mine(...)` (it sends one half and adds into the
+    other), and the rounds after it and the allgather write every block of `data`, so nothing is
+    copied in first. With a fold-in (p not a power of two) the input is copied into `data` first.
+    """
     size = comm.Get_size()
     pof2 = largest_power_of_two(size)
     rem = size - pof2
     counts = block_counts(len(data), pof2)       # the survivors' pof2 blocks
     offsets = block_offsets(counts) + [len(data)]
+    if source is None or rem:
+        if source is not None:
+            data[...] = source
+        source = data
 
     def span(first, last):                       # blocks first..last-1 as one slice of data
         return data[offsets[first]:offsets[last]]
+
+    def mine(first, last):                       # the same blocks of my values: my input, then data
+        return source[offsets[first]:offsets[last]]
 
     # BEGIN SOLUTION
     # fold-in: p - pof2 ranks hand their vectors to a partner and sit out
@@ -70,11 +83,12 @@ def rabenseifner_allreduce_in_place(comm, data, op):
                 (keep_lo, keep_hi), (give_lo, give_hi) = (lo, mid), (mid, hi)
             kept = span(keep_lo, keep_hi)
             arrived = incoming[:len(kept)]
-            comm.Sendrecv(span(give_lo, give_hi), partner, REDUCE_SCATTER,
+            comm.Sendrecv(mine(give_lo, give_hi), partner, REDUCE_SCATTER,
                           arrived, partner, REDUCE_SCATTER)
-            combine(kept, arrived, op)
+            combine(kept, arrived, op, mine(keep_lo, keep_hi))     # kept <- mine (op) arrived
             lo, hi = keep_lo, keep_hi
             distance //= 2
+            source = data                        # from now on my values are the partial sums in data
         # allgather by recursive doubling: the partner's window is the twin of mine
         distance = 1
         while distance < pof2:
@@ -97,7 +111,7 @@ def allreduce(comm, sendbuf, recvbuf=None, op="sum", check=True):
     check=False skips the agreement across ranks (collectives.check) and trusts the caller.
     """
     return run_allreduce(rabenseifner_allreduce_in_place, comm, sendbuf, recvbuf, op, check,
-                         "rabenseifner allreduce")
+                         "rabenseifner allreduce", reads_source=True)
 
 
 if __name__ == "__main__":

@@ -47,25 +47,36 @@ from .tags import ALLGATHER, REDUCE_SCATTER
 
 # ---- the heart: the ring's two loops ----------------------------------------------------------
 
-def ring_reduce_scatter_in_place(comm, data, op):
-    """p - 1 steps; afterwards block `rank` of `data` holds the reduction over all ranks."""
+def ring_reduce_scatter_in_place(comm, data, op, source=None):
+    """p - 1 steps; afterwards block `rank` of `data` holds the reduction over all ranks.
+
+    source: this rank's input, when it is not in `data` (an out-of-place allreduce; None: in
+    place). `mine(i)` is block i of the input, `block(i)` block i of `data`: every block of the
+    input is read once, at the step that sends it or adds into it, so nothing needs copying
+    into `data` first. Blocks this loop does not write are left as they were.
+    """
     rank, size = comm.Get_rank(), comm.Get_size()
     counts = block_counts(len(data), size)
     offsets = block_offsets(counts)
+    source = data if source is None else source
 
     def block(i):
         return data[offsets[i]:offsets[i] + counts[i]]
+
+    def mine(i):                                 # in place: the same as block(i) until it is written
+        return source[offsets[i]:offsets[i] + counts[i]]
 
     # BEGIN SOLUTION
     right, left = (rank + 1) % size, (rank - 1) % size
     incoming = scratch(data, max(counts))    # a cached receive buffer
     # reduce-scatter: each step passes one partial block right and adds my values into the one from the left
     for step in range(size - 1):
-        send_block = (rank - step - 1) % size     # my partial sum of it, received last step
+        send_block = (rank - step - 1) % size     # my partial sum of it, received last step (step 0: my own)
         recv_block = (rank - step - 2) % size     # left neighbour's partial sum of this one
         arrived = incoming[:counts[recv_block]]
-        comm.Sendrecv(block(send_block), right, REDUCE_SCATTER, arrived, left, REDUCE_SCATTER)
-        combine(block(recv_block), arrived, op)
+        comm.Sendrecv(mine(send_block) if step == 0 else block(send_block), right, REDUCE_SCATTER,
+                      arrived, left, REDUCE_SCATTER)
+        combine(block(recv_block), arrived, op, mine(recv_block))    # block <- mine (op) arrived
     # END SOLUTION
 
 
@@ -88,9 +99,14 @@ def ring_allgather_in_place(comm, data):
     # END SOLUTION
 
 
-def ring_allreduce_in_place(comm, data, op):
-    """Ring allreduce of `data` in place: reduce-scatter, then allgather."""
-    ring_reduce_scatter_in_place(comm, data, op)
+def ring_allreduce_in_place(comm, data, op, source=None):
+    """Ring allreduce of `data` in place: reduce-scatter, then allgather.
+
+    source: this rank's input, if it is not already in `data`: the reduce-scatter reads it
+    there and writes every block but one, and the allgather writes that one, so `data` needs
+    no copy of it first (MPI's Allreduce makes that copy: a whole pass over memory).
+    """
+    ring_reduce_scatter_in_place(comm, data, op, source)
     ring_allgather_in_place(comm, data)
 
 # ---- end of the heart -------------------------------------------------------------------------
@@ -102,7 +118,8 @@ def allreduce(comm, sendbuf, recvbuf=None, op="sum", check=True):
     sendbuf may be MPI.IN_PLACE (or recvbuf itself); op is "sum", "max", "min" or "mean";
     check=False skips the agreement across ranks (collectives.check) and trusts the caller.
     """
-    return run_allreduce(ring_allreduce_in_place, comm, sendbuf, recvbuf, op, check, "ring allreduce")
+    return run_allreduce(ring_allreduce_in_place, comm, sendbuf, recvbuf, op, check, "ring allreduce",
+                         reads_source=True)
 
 
 def reduce_scatter(comm, sendbuf, recvbuf=None, op="sum", check=True):
