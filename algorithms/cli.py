@@ -190,10 +190,25 @@ def run_main(train, args, **algorithm_kwargs):
     except Exception as error:                           # noqa: BLE001 - the contract's backstop
         if getattr(error, "every_rank", False):
             fail(str(error))
-        where = _origin(error)
-        sys.stderr.write(f"error: {error} ({type(error).__name__} on rank {comm.Get_rank()}{where})\n")
-        sys.stderr.flush()
-        comm.Abort(2)
+        abort_job(comm, f"{error} ({type(error).__name__} on rank {comm.Get_rank()}{_origin(error)})")
+
+
+ABORT_GRACE_S = 1.0
+
+
+def abort_job(comm, message):
+    """Print ``error: message`` on this rank, then abort the whole job with status 2.
+
+    The line is flushed, then the rank waits ``ABORT_GRACE_S`` before ``Abort``: the launcher
+    forwards a rank's stderr from a pipe, and an abort that kills the job at once can kill the
+    forwarding before it has read the line (seen under MPICH's hydra on a loaded machine: exit
+    status 2 and an empty stderr). The other ranks are blocked waiting for this one meanwhile.
+    """
+    import time
+    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.flush()
+    time.sleep(ABORT_GRACE_S)
+    comm.Abort(2)
 
 
 def _origin(error):

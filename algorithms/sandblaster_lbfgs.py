@@ -74,7 +74,6 @@ make_07_figures.py --part compare; chapter 7 has the comparison with Downpour an
 """
 import collections
 import math
-import sys
 import time
 
 import numpy
@@ -563,9 +562,7 @@ def abort_on_error(comm, role, function, *args):
     except Exception as error:                   # noqa: BLE001 - the other roles wait for this rank
         if comm.Get_size() == 1:
             raise
-        sys.stderr.write(f"error: {error} ({type(error).__name__} in the {role} on rank {comm.Get_rank()})\n")
-        sys.stderr.flush()
-        comm.Abort(2)
+        cli.abort_job(comm, f"{error} ({type(error).__name__} in the {role} on rank {comm.Get_rank()})")
 
 
 def train(comm=None, servers=1, portions=32, backup_threshold=None, push_every=4, history=10, max_iter=10,
