@@ -137,6 +137,29 @@ def matmul(a, b):
     return result(xp.matmul(a.data, b.data), (a, b), backward, "matmul")
 
 
+def linear(x, weight, bias=None):
+    """x @ weight + bias for x (N, in), weight (in, out), bias (out,): one graph node, not two.
+
+    The same numbers as ``matmul(x, weight) + bias`` (the bias is added into the fresh product,
+    and the backward is matmul's, plus grad summed over the batch for the bias), without the
+    add's node: its output array and its backward call cost more than the addition itself for a
+    small layer (python -m minidl.bench, "mlp ... train step").
+    """
+    product = matmul(x, weight)
+    if bias is None:
+        return product
+    bias = as_tensor(bias)
+    if bias.shape != (weight.shape[-1],) or bias.dtype != product.dtype:
+        return product + bias                  # a broadcast or a type promotion: the plain add
+    product.data += bias.data                  # the product is fresh: nothing else holds it
+    matmul_backward = product._backward        # None when neither x nor weight needs a gradient
+
+    def backward(grad):
+        grad_x, grad_weight = matmul_backward(grad) if matmul_backward is not None else (None, None)
+        return grad_x, grad_weight, unbroadcast(grad, bias.shape) if bias.requires_grad else None
+    return result(product.data, (x, weight, bias), backward, "linear")
+
+
 def _normalise_axes(axis, ndim):
     if axis is None:
         return tuple(range(ndim))

@@ -182,8 +182,7 @@ class Linear(Module):
         if x.ndim != 2 or x.shape[1] != self.in_features:
             raise ValueError(f"Linear({self.in_features}, {self.out_features}): input shape {x.shape} "
                              f"is not (batch, {self.in_features})")
-        out = F.matmul(x, self.weight)          # (N, in) @ (in, out) -> (N, out)
-        return out + self.bias if self.bias is not None else out
+        return F.linear(x, self.weight, self.bias)          # (N, in) @ (in, out) + (out,)
 
     def extra_repr(self):
         return f"{self.in_features}, {self.out_features}"

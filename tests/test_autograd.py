@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from minidl import Tensor, functional as F, gradcheck, no_grad
+from minidl import Tensor, backend, functional as F, gradcheck, no_grad
 from tests import strategies
 
 
@@ -45,6 +45,39 @@ def test_unary_ops_match_finite_differences(backend_name, shape, seed, op):
 def test_matmul_matches_finite_differences(backend_name, n, k, m, batch, seed):
     rng = np.random.default_rng(seed)
     assert gradcheck(F.matmul, [tensor(rng, batch + (n, k)), tensor(rng, (k, m))])
+
+
+@pytest.mark.task("1.1")
+@given(n=strategies.small_dims, k=strategies.small_dims, m=strategies.small_dims,
+       batch=st.sampled_from([(), (2,)]), seed=strategies.seeds,
+       needs=st.sampled_from([(True, True, True), (False, True, True), (False, False, True), (True, False, False)]))
+@settings(deadline=None)
+def test_linear_is_matmul_plus_bias_bit_for_bit(backend_name, n, k, m, batch, seed, needs):
+    # F.linear is one node instead of matmul's and add's: the same value and the same gradients,
+    # bit for bit, whichever of x, weight and bias need one (a frozen weight, a frozen layer's bias)
+    rng = np.random.default_rng(seed)
+    arrays = [rng.standard_normal(batch + (n, k)), rng.standard_normal((k, m)), rng.standard_normal(m)]
+    grad = rng.standard_normal(batch + (n, m))
+    results = []
+    for op in (lambda x, w, b: F.linear(x, w, b), lambda x, w, b: F.matmul(x, w) + b):
+        leaves = [Tensor(a.copy(), requires_grad=need) for a, need in zip(arrays, needs)]
+        out = op(*leaves)
+        out.backward(grad)
+        results.append([backend.to_numpy(a) if a is not None else None for a in [out.data] + [leaf.grad for leaf in leaves]])
+    for ours, plain in zip(*results):
+        assert (ours is None) == (plain is None)
+        if ours is not None:
+            assert ours.dtype == plain.dtype and np.array_equal(ours.view(np.uint64), plain.view(np.uint64))
+    assert gradcheck(lambda x, w, b: F.linear(x, w, b), [tensor(rng, batch + (n, k)), tensor(rng, (k, m)),
+                                                         tensor(rng, (m,))])
+
+
+def test_linear_records_no_graph_under_no_grad_and_refuses_a_bias_of_the_wrong_shape():
+    x, w, b = (Tensor(np.ones(shape), requires_grad=True) for shape in ((2, 3), (3, 4), (4,)))
+    with no_grad():
+        assert not F.linear(x, w, b).requires_grad
+    with pytest.raises(ValueError, match="do not broadcast"):
+        F.linear(x, w, Tensor(np.ones(3)))
 
 
 @given(shape=strategies.shapes(1, 3), seed=strategies.seeds, keepdims=st.booleans(), data=st.data())
