@@ -85,26 +85,16 @@ def choose(nbytes, p=None):
 _CHOSEN = {}           # (p, nbytes) -> the heart choose_name picks: a small allreduce is mostly Python
 
 
-READS_SOURCE = (ring.ring_allreduce_in_place, rabenseifner.rabenseifner_allreduce_in_place)  # no copy-in
-
-
 def auto_allreduce_in_place(comm, data, op, source=None):
     """The heart: pick by the vector's size in bytes and by p (see the header), run that heart.
 
-    source: the input, when it is not in `data` yet; handed on to a heart that reads it there
-    (READS_SOURCE), copied into `data` for the others.
+    source: the input, when it is not in `data` yet; handed on (every heart reads it there).
     """
     key = (comm.Get_size(), data.nbytes)
     heart = _CHOSEN.get(key)
     if heart is None:
         heart = _CHOSEN[key] = HEARTS[choose_name(data.nbytes, key[0])]
-    if source is None:
-        heart(comm, data, op)
-    elif heart in READS_SOURCE:
-        heart(comm, data, op, source=source)
-    else:
-        data[...] = source
-        heart(comm, data, op)
+    heart(comm, data, op, source)
 
 
 def allreduce(comm, sendbuf, recvbuf=None, op="sum", check=True):

@@ -28,11 +28,13 @@ and length, recvbuf writable; the dtype's verdict cached) and fall back to the f
 (with its error messages) for anything else. And the hearts take their receive buffers from
 `scratch(n, dtype)`, one cached vector per (n, dtype) instead of a fresh allocation each call.
 
-No copy-in. Ring and Rabenseifner read each element of the input once, in their first steps,
-and write every element of the result, so an out-of-place call hands them sendbuf as `source`
-and skips step 3's copy (run_allreduce's reads_source): `combine(into, incoming, op, source)`
-reads its left operand from sendbuf, with the same operand order and so the same bits. MPICH's
-Allreduce copies sendbuf into recvbuf first, a whole pass over memory that this saves.
+No copy-in. Every allreduce heart reads its input in its first steps and writes every element
+of the result, so an out-of-place call hands it sendbuf as `source` and skips step 3's copy
+(run_allreduce's reads_source): the first sends go out from sendbuf, and the first reduction,
+`combine(into, incoming, op, source)`, reads its left operand there, with the same operand
+order and so the same bits. (Rabenseifner and the butterfly still copy first when p is not a
+power of two: their fold-in reads `data`.) MPICH's Allreduce copies sendbuf into recvbuf
+first, a whole pass over memory that this saves.
 
 CuPy. A CuPy array is given to MPI only after the device is synchronised (the kernels that
 wrote it have finished). If MPI is not CUDA-aware (the default assumption: set

@@ -38,24 +38,36 @@ from .ops import combine
 from .tags import EXCHANGE
 
 
-def butterfly_allreduce_in_place(comm, data, op):
-    """The heart: fold in, lg pof2 exchange rounds, fold out. `data` in place."""
+def butterfly_allreduce_in_place(comm, data, op, source=None):
+    """The heart: fold in, lg pof2 exchange rounds, fold out. `data` in place.
+
+    source: this rank's input, when it is not in `data` yet (None: in place). For p a power of
+    two the first round sends it from where it is and writes its reduction into `data`; with a
+    fold-in (p not a power of two) it is copied into `data` first, as the fold-in reads `data`.
+    """
     size = comm.Get_size()
     pof2 = largest_power_of_two(size)
+    if source is not None and size != pof2:
+        data[...] = source
+        source = None
     # BEGIN SOLUTION
     # fold-in: p - pof2 ranks hand their vectors to a partner and sit out
     newrank = fold_in(comm, data, op)            # None: this rank sits out until fold_out
     if newrank is not None:
         # recursive doubling: lg pof2 rounds, distance 1, 2, 4, ...
-        mine, theirs = data, scratch(data)    # a cached receive buffer
+        mine, theirs = (data if source is None else source), scratch(data)   # theirs: a cached receive buffer
         distance = 1
         while distance < pof2:
             partner = world_rank(newrank ^ distance, size - pof2)
             comm.Sendrecv(mine, partner, EXCHANGE, theirs, partner, EXCHANGE)
             # the same call on both partners: lower <- f(lower rank's vector, higher rank's)
             lower, higher = (theirs, mine) if newrank & distance else (mine, theirs)
-            combine(lower, higher, op)
-            mine, theirs = lower, higher
+            if mine is source:                   # round 1, out of place: the result into data
+                combine(data, higher, op, lower)
+                mine = data
+            else:
+                combine(lower, higher, op)
+                mine, theirs = lower, higher
             distance *= 2
         if mine is not data:                     # the result sits in the scratch vector
             data[...] = mine
@@ -71,7 +83,7 @@ def allreduce(comm, sendbuf, recvbuf=None, op="sum", check=True):
     check=False skips the agreement across ranks (collectives.check) and trusts the caller.
     """
     return run_allreduce(butterfly_allreduce_in_place, comm, sendbuf, recvbuf, op, check,
-                         "butterfly allreduce")
+                         "butterfly allreduce", reads_source=True)
 
 
 if __name__ == "__main__":

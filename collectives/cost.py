@@ -39,9 +39,9 @@ measures them; none of them is an allreduce):
               waits on two others, so with more ranks than cores it waits longer
     gamma_m   seconds per byte of np.add(a, b, out=a) on n-byte vectors, all ranks at once
     copy      seconds per byte of np.copyto on n-byte vectors, all ranks at once: the
-              extra whole-vector copies the code makes (sendbuf -> recvbuf on entry, except in
-              ring and Rabenseifner, which read sendbuf itself; the butterfly's result back out
-              of its scratch vector), `extra_copies`
+              extra whole-vector copies the code makes (sendbuf -> recvbuf on entry only where
+              a fold-in reads recvbuf first: Rabenseifner and the butterfly, p not a power of two;
+              the butterfly's result back out of its scratch vector), `extra_copies`
 
     t = share alpha steps + beta_x exchanged + beta_1 busy + beta_solo solo + gamma_m reduced
         + copy n extra_copies                           (the ring: beta_ring for beta_x)
@@ -210,7 +210,7 @@ class Rates:
 
 def extra_copies(algorithm, in_place=False, p=2):
     """Whole-vector copies outside the messages and reductions, on the critical path."""
-    reads_sendbuf = algorithm == "ring" or (algorithm == "rabenseifner" and p == largest_power_of_two(p))
+    reads_sendbuf = algorithm not in ("rabenseifner", "butterfly") or p == largest_power_of_two(p)
     copies = 0 if in_place or reads_sendbuf else 1    # run_allreduce: recvbuf[...] = sendbuf
     if algorithm == "butterfly":
         copies += 1                            # some rank's result ends in the scratch vector

@@ -36,24 +36,31 @@ from .tags import GATHER, SEND_BACK
 ROOT = 0
 
 
-def naive_allreduce_in_place(comm, data, op):
-    """The heart: gather to the root, reduce there, send the result back. `data` in place."""
+def naive_allreduce_in_place(comm, data, op, source=None):
+    """The heart: gather to the root, reduce there, send the result back. `data` in place.
+
+    source: this rank's input, when it is not in `data` yet (an out-of-place allreduce; None: in
+    place). It is read where it is, never written: the first reduction reads it, and so does the
+    send to the root, so `data` needs no copy of it first.
+    """
     rank, size = comm.Get_rank(), comm.Get_size()
+    mine = data if source is None else source  # my input, until the first reduction writes `data`
     # BEGIN SOLUTION
     if rank == ROOT:
         incoming = scratch(data)                # a cached receive buffer
         # gather and reduce: the root's link carries (p - 1) vectors in
-        for source in range(size):
-            if source != ROOT:
-                comm.Recv(incoming, source=source, tag=GATHER)
-                combine(data, incoming, op)
+        for sender in range(size):
+            if sender != ROOT:
+                comm.Recv(incoming, source=sender, tag=GATHER)
+                combine(data, incoming, op, mine)   # data <- mine (op) incoming
+                mine = data
         # send back: and (p - 1) vectors out
         for dest in range(size):
             if dest != ROOT:
                 comm.Send(data, dest=dest, tag=SEND_BACK)
     else:
         # every other rank: its vector to the root, the result back
-        comm.Send(data, dest=ROOT, tag=GATHER)
+        comm.Send(mine, dest=ROOT, tag=GATHER)
         comm.Recv(data, source=ROOT, tag=SEND_BACK)
     # END SOLUTION
 
@@ -64,7 +71,8 @@ def allreduce(comm, sendbuf, recvbuf=None, op="sum", check=True):
     sendbuf may be MPI.IN_PLACE (or recvbuf itself); op is "sum", "max", "min" or "mean";
     check=False skips the agreement across ranks (collectives.check) and trusts the caller.
     """
-    return run_allreduce(naive_allreduce_in_place, comm, sendbuf, recvbuf, op, check, "naive allreduce")
+    return run_allreduce(naive_allreduce_in_place, comm, sendbuf, recvbuf, op, check, "naive allreduce",
+                         reads_source=True)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ every step (PyTorch DDP's buckets are bound once in the same way). Here:
 ``allreduce_init`` does what every public allreduce does first (``buffers.py``, steps 1-2: this
 rank's arguments, then with check=True the agreement across ranks) and picks the heart once (for
 "auto", the algorithm its table names for this vector's size and p). ``start()`` then runs only
-steps 3-6: the copy of sendbuf into recvbuf (none for ring and Rabenseifner, which read sendbuf),
+steps 3-6: the copy of sendbuf into recvbuf (none for numpy buffers: the hearts read sendbuf),
 the heart, the op's finish and the CuPy staging.
 Like MPI, it trusts the buffers to stay what they were at init: the same arrays, neither resized nor
 made read-only (both are held here, so they are not freed). ``start()`` is blocking: it returns
@@ -31,7 +31,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import algorithm_module
-from .auto import HEARTS, READS_SOURCE, choose_name
+from .auto import HEARTS, choose_name
 from .buffers import allreduce_arguments, from_mpi, to_mpi
 from .ops import array_module, finish
 
@@ -51,8 +51,8 @@ class PersistentAllreduce:
         self.algorithm = choose_name(recvbuf.nbytes, self.size) if algorithm == "auto" else algorithm
         self.heart = HEARTS[self.algorithm] if self.size > 1 and recvbuf.size > 0 else None
         self.host = type(recvbuf) is np.ndarray      # numpy: MPI reads recvbuf itself, no staging
-        # ring and Rabenseifner read an out-of-place input in sendbuf itself (buffers.py: no copy-in)
-        self.source = (sendbuf if not self.in_place and self.heart in READS_SOURCE
+        # every heart reads an out-of-place input in sendbuf itself (buffers.py: no copy-in)
+        self.source = (sendbuf if not self.in_place and self.heart is not None
                        and self.host and type(sendbuf) is np.ndarray else None)
 
     def start(self):

@@ -36,9 +36,15 @@ from .ops import array_module, base_op, combine, finish
 from .tags import BROADCAST, REDUCE
 
 
-def tree_reduce_in_place(comm, data, op, root=0):
-    """Binomial-tree reduce of `data` to `root`; on other ranks `data` ends as a partial result."""
+def tree_reduce_in_place(comm, data, op, root=0, source=None):
+    """Binomial-tree reduce of `data` to `root`; on other ranks `data` ends as a partial result.
+
+    source: this rank's input, when it is not in `data` yet (None: in place). It is read where it
+    is, never written: my subtree's partial result is `source` until the first reduction writes
+    it into `data` (a leaf sends `source` itself, and its `data` is left as it was).
+    """
     rank, size = comm.Get_rank(), comm.Get_size()
+    partial = data if source is None else source   # my subtree's result so far
     # BEGIN SOLUTION
     relative = (rank - root) % size               # the tree is drawn with the root as relative 0
     incoming = scratch(data)                      # a cached receive buffer
@@ -46,13 +52,14 @@ def tree_reduce_in_place(comm, data, op, root=0):
     while mask < size:
         if relative & mask:
             # my subtree is complete: hand it to my parent and stop
-            comm.Send(data, dest=(relative - mask + root) % size, tag=REDUCE)
+            comm.Send(partial, dest=(relative - mask + root) % size, tag=REDUCE)
             break
         # otherwise reduce my child's subtree into mine, if that child exists
         child = relative + mask
         if child < size:
             comm.Recv(incoming, source=(child + root) % size, tag=REDUCE)
-            combine(data, incoming, op)
+            combine(data, incoming, op, partial)  # data <- partial (op) incoming
+            partial = data
         mask *= 2
     # END SOLUTION
 
@@ -78,9 +85,10 @@ def tree_broadcast_in_place(comm, data, root=0):
     # END SOLUTION
 
 
-def tree_allreduce_in_place(comm, data, op):
-    """The heart: reduce to rank 0, then broadcast from rank 0."""
-    tree_reduce_in_place(comm, data, op, root=0)
+def tree_allreduce_in_place(comm, data, op, source=None):
+    """The heart: reduce to rank 0, then broadcast from rank 0 (source: see tree_reduce_in_place;
+    the broadcast writes every rank's `data`, so rank 0 ends with its reduction in `data`)."""
+    tree_reduce_in_place(comm, data, op, root=0, source=source)
     tree_broadcast_in_place(comm, data, root=0)
 
 
@@ -90,7 +98,8 @@ def allreduce(comm, sendbuf, recvbuf=None, op="sum", check=True):
     sendbuf may be MPI.IN_PLACE (or recvbuf itself); op is "sum", "max", "min" or "mean";
     check=False skips the agreement across ranks (collectives.check) and trusts the caller.
     """
-    return run_allreduce(tree_allreduce_in_place, comm, sendbuf, recvbuf, op, check, "tree allreduce")
+    return run_allreduce(tree_allreduce_in_place, comm, sendbuf, recvbuf, op, check, "tree allreduce",
+                         reads_source=True)
 
 
 def reduce(comm, sendbuf, recvbuf=None, op="sum", root=0, check=True):
