@@ -212,8 +212,9 @@ def extra_copies(algorithm, in_place=False, p=2):
     """Whole-vector copies outside the messages and reductions, on the critical path."""
     reads_sendbuf = algorithm not in ("rabenseifner", "butterfly") or p == largest_power_of_two(p)
     copies = 0 if in_place or reads_sendbuf else 1    # run_allreduce: recvbuf[...] = sendbuf
-    if algorithm == "butterfly":
-        copies += 1                            # some rank's result ends in the scratch vector
+    if algorithm == "butterfly" and (in_place or copies or p > 2):
+        copies += 1                            # some rank's result ends in the scratch vector (out of
+                                               # place at p = 2, the one round writes into recvbuf)
     return copies
 
 

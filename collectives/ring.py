@@ -37,6 +37,7 @@ receives at once, so the ring of waits cannot lock whatever MPI's eager/rendezvo
 Building blocks, public and tested on their own: `reduce_scatter(comm, sendbuf, recvbuf, op)`
 (rank r gets block r of the reduced vector) and `allgather(comm, sendbuf, recvbuf)`.
 """
+import numpy as np
 from mpi4py import MPI
 
 from .buffers import (scratch, block_counts, block_offsets, copy_into, from_mpi, run_allreduce, to_mpi,
@@ -134,9 +135,13 @@ def reduce_scatter(comm, sendbuf, recvbuf=None, op="sum", check=True):
         recvbuf = array_module(sendbuf).empty(counts[rank], dtype=sendbuf.dtype)
     validate(comm, "reduce_scatter", [(sendbuf, "sendbuf", None, False),
                                       (recvbuf, "recvbuf", counts[rank], True)], op, check)
-    data = to_mpi(sendbuf.copy())
-    if size > 1 and data.size > 0:
-        ring_reduce_scatter_in_place(comm, data, base_op(op))
+    if size > 1 and sendbuf.size > 0 and type(sendbuf) is np.ndarray:
+        data = np.empty_like(sendbuf)          # the loop reads sendbuf itself: no copy of it first
+        ring_reduce_scatter_in_place(comm, data, base_op(op), source=sendbuf)
+    else:
+        data = to_mpi(sendbuf.copy())
+        if size > 1 and data.size > 0:
+            ring_reduce_scatter_in_place(comm, data, base_op(op))
     start = block_offsets(counts)[rank]
     mine = data[start:start + counts[rank]]
     finish(mine, op, size)

@@ -272,10 +272,12 @@ def test_out_of_place_reads_sendbuf_and_gives_the_in_place_bytes(algorithm, leng
 def test_out_of_place_hearts_make_no_copy_in_the_model_unless_a_fold_in_reads_recvbuf():
     """cost.extra_copies follows the code: no copy-in where the heart reads sendbuf (all of them,
     except Rabenseifner and the butterfly with a fold-in), none in place; the butterfly's result
-    may end in its scratch vector, one copy more."""
+    may end in its scratch vector, one copy more (not out of place at p = 2: its one round writes
+    the result into recvbuf)."""
     assert [cost.extra_copies(name, in_place=False, p=4) for name in TRACED] == [0, 0, 1, 0, 0]
     assert [cost.extra_copies(name, in_place=False, p=6) for name in TRACED] == [0, 0, 2, 0, 1]
     assert [cost.extra_copies(name, in_place=True, p=4) for name in TRACED] == [0, 0, 1, 0, 0]
+    assert [cost.extra_copies("butterfly", in_place, p=2) for in_place in (False, True)] == [0, 1]
 
 
 @pytest.mark.parallel(nprocs=[1])
