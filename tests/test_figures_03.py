@@ -6,15 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.quoting import assert_quoted
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tutorials" / "figures" / "make_03_figures.py"
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-
-
-def assert_quoted(quoted, text):
-    """Every sentence in ``quoted`` (built from the JSON) appears in the chapter's text, verbatim."""
-    missing = [sentence for sentence in quoted if sentence not in text]
-    assert not missing, missing
 
 
 def test_make_03_figures_quick_writes_every_figure_and_its_json(tmp_path):

@@ -8,6 +8,8 @@ are checked on the measured values themselves.
 import json
 from pathlib import Path
 
+from tests.quoting import assert_quoted
+
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ROOT / "tutorials" / "figures"
 
@@ -41,8 +43,7 @@ def test_sections_2_and_4_quote_the_measurements():
               f"over the last five",
               f"n = {n} float32 parameters) on 4 ranks",
               f"below a batch of about {2 * (P - 1) * n * 4 // ((P - 1) * (128 + 64 + 10 + 128 + 64) * 4)} here"]
-    missing = [q for q in quoted if q not in chapter()]
-    assert not missing, f"chapter 6 does not quote these as generated: {missing}"
+    assert_quoted(quoted, chapter(), "chapter 6")
 
 
 def test_section_5_quotes_the_replica_runs():

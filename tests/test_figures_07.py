@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.quoting import assert_quoted
+
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ROOT / "tutorials" / "figures"
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MPLBACKEND="Agg")
@@ -68,8 +70,7 @@ def test_section_2_quotes_the_straggler_runs():
               f"kept the straggler to {min(slow)} to {max(slow)} of the "
               f"{sum(runs['no straggler, push every 4'][0]['computed'].values())} portions",
               f"({min(mild[0]):.1f} to {max(mild[0]):.1f} ms without backups, {min(mild[1]):.1f} to {max(mild[1]):.1f} with)"]
-    missing = [q for q in quoted if q not in chapter()]
-    assert not missing, f"chapter 7 does not quote these as generated: {missing}"
+    assert_quoted(quoted, chapter(), "chapter 7")
 
 
 def test_sections_3_and_5_claims_hold_on_the_runs():
@@ -112,5 +113,4 @@ def test_section_4_quotes_the_comparison():
               f"at {span([h[-1]['gap'] for h in downpour.values()], e)}"]
     assert len({h[-1]["bytes"] for h in downpour.values()}) == 1
     assert min(h[-1]["gap"] for h in downpour.values()) > 1e9 * max(h[-1]["gap"] for h in sandblaster.values())
-    missing = [q for q in quoted if q not in chapter()]
-    assert not missing, f"chapter 7 does not quote these as generated: {missing}"
+    assert_quoted(quoted, chapter(), "chapter 7")

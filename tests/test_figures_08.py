@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.quoting import assert_quoted
+
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ROOT / "tutorials" / "figures"
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MPLBACKEND="Agg")
@@ -86,8 +88,7 @@ def test_sections_2_4_and_the_summary_quote_the_training_runs():
         f"accuracy is the same on every seed ({ci('MLP b=8, factors (auto)')}",
         f"without residuals it loses {min(lost):.0f} to {max(lost):.0f} points per seed",
     ]
-    missing = [q for q in quoted if q not in chapter()]
-    assert not missing, f"chapter 8 does not quote these as generated: {missing}"
+    assert_quoted(quoted, chapter(), "chapter 8")
     # words: qsgd and TernGrad within 0.5 points of the uncompressed mean; factors give the same accuracy
     for label in ("qsgd 8 bits", "qsgd 2 bits", "terngrad"):
         assert abs(statistics.mean(final(label)) - statistics.mean(final(none))) <= 0.005, label
@@ -110,8 +111,7 @@ def test_section_5_quotes_the_timings():
               f"about {round(biggest['compress_seconds']['qsgd'] / biggest['n'] * 1e9, -1):.0f} ns per entry in NumPy",
               f"misses the dense ring by up to {max(ratios):.0f}x at p = 2",
               f"(beta ~ {two['beta'] * 1e9:.1f} to {four['beta'] * 1e9:.1f} ns/B)"]
-    missing = [q for q in quoted if q not in chapter()]
-    assert not missing, f"chapter 8 does not quote these as generated: {missing}"
+    assert_quoted(quoted, chapter(), "chapter 8")
     # "does not pay, except at p = 4 for small vectors": the dense ring is fastest wherever it is not small p = 4
     for p, r in ((p, r) for p, res in result.items() for r in res["records"]):
         best = min(r["measured"], key=r["measured"].get)
