@@ -18,10 +18,12 @@
    change as the footprint leaves the cache), each micro-benchmark cycling through three n-byte
    vectors (an allreduce's sendbuf, recvbuf and scratch): a pairwise Sendrecv of n bytes
    (r <-> r xor 1, every rank at once) for beta_x, a one-way Send (r even -> r + 1, every pair at
-   once) for beta_1 and from rank 0 to rank 1 alone for beta_solo, a ring shift of n/p-byte
-   blocks (r -> r + 1, every rank at once) for beta_ring, np.add and np.copyto on n-byte vectors
-   (every rank at once) for gamma_m and copy, share = max(1, p / cores); none of these is an
-   allreduce;
+   once) for beta_1 and from rank 0 to rank 1 alone for beta_solo, every other rank sending to
+   rank 0 (received in rank order) for beta_gather and rank 0 sending to each in turn for
+   beta_scatter (the naive root's two phases), a ring shift of n/p-byte blocks (r -> r + 1,
+   every rank at once) for beta_ring, np.add in place, np.add into a third vector and np.copyto
+   on n-byte vectors (every rank at once) for gamma_m, gamma_3 and copy, and
+   share = max(1, p / cores); none of these is an allreduce;
 5. the issue-15 targets, a column per row with "met" or "NO": auto <= 1.5x MPI at every size;
    ring and Rabenseifner <= 1.0x MPI from 1 MiB; refined model / measured within 25% for every
    algorithm from 1 MiB. And auto's table: at each size, the point-to-point algorithm measured
@@ -133,20 +135,27 @@ def rotating_pairs(nbytes, dtype):
 
 
 def fit_memory(comm, min_seconds, nbytes, rounds=3):
-    """(gamma_m, copy): seconds per byte of np.add(a, b, out=a) and np.copyto(a, b) on
-    n-byte float32 vectors, all ranks at once, cycling through FOOTPRINT vectors."""
+    """(gamma_m, gamma_3, copy): seconds per byte of np.add(a, b, out=a), np.add(a, b, out=c)
+    and np.copyto(a, b) on n-byte float32 vectors, all ranks at once, cycling through FOOTPRINT
+    vectors (the out-of-place add uses all three at every call, each in every role in turn)."""
     next_pair = rotating_pairs(nbytes, np.float32)
 
     def add():
         into, incoming = next_pair()
         np.add(into, incoming, out=into)
 
+    def add3():
+        first, second = next_pair()
+        into = next_pair()[1]                  # the third vector: (k, k + 1) then (k + 1, k + 2)
+        np.add(first, second, out=into)
+
     def copy():
         into, source = next_pair()
         np.copyto(into, source)
     add_seconds = min(timed(comm, add, min_seconds) for _ in range(rounds))
+    add3_seconds = min(timed(comm, add3, min_seconds) for _ in range(rounds))
     copy_seconds = min(timed(comm, copy, min_seconds) for _ in range(rounds))
-    return add_seconds / nbytes, copy_seconds / nbytes
+    return add_seconds / nbytes, add3_seconds / nbytes, copy_seconds / nbytes
 
 
 def fit_rates(comm, min_seconds, nbytes, alpha, rounds=3):
@@ -157,7 +166,8 @@ def fit_rates(comm, min_seconds, nbytes, alpha, rounds=3):
     beta_1: a one-way Send of n bytes (r even -> r + 1), every pair at once, over n;
     beta_ring: a ring shift of n/p-byte blocks (send to r + 1, receive from r - 1), every rank at
     once, over the block's bytes: the ring's step;
-    gamma_m, copy: np.add / np.copyto on n-byte float32 vectors, every rank at once."""
+    gamma_m, gamma_3, copy: np.add in place / into a third vector and np.copyto on n-byte float32
+    vectors, every rank at once."""
     rank, size = comm.Get_rank(), comm.Get_size()
     partner = rank ^ 1
     next_pair = rotating_pairs(nbytes, np.uint8)
@@ -191,14 +201,32 @@ def fit_rates(comm, min_seconds, nbytes, alpha, rounds=3):
             comm.Send(out, 1, 5)
         elif rank == 1:
             comm.Recv(into, 0, 5)
-    beta_x = beta_1 = beta_solo = beta_ring = 0.0
+    def gather():                         # every other rank -> rank 0, received in rank order
+        out, into = next_pair()
+        if rank == 0:
+            for sender in range(1, size):
+                comm.Recv(into, sender, 7)
+        else:
+            comm.Send(out, 0, 7)
+
+    def scatter():                        # rank 0 -> every other rank, in turn
+        out, into = next_pair()
+        if rank == 0:
+            for dest in range(1, size):
+                comm.Send(out, dest, 8)
+        else:
+            comm.Recv(into, 0, 8)
+    beta_x = beta_1 = beta_solo = beta_ring = beta_gather = beta_scatter = 0.0
     if size > 1:
         beta_ring = min(timed(comm, ring_shift, min_seconds) for _ in range(rounds)) / block
         beta_x = min(timed(comm, exchange, min_seconds) for _ in range(rounds)) / nbytes
         beta_1 = min(timed(comm, one_way, min_seconds) for _ in range(rounds)) / nbytes
         beta_solo = min(timed(comm, solo, min_seconds) for _ in range(rounds)) / nbytes
-    gamma_m, copy = fit_memory(comm, min_seconds, nbytes, rounds)
-    return cost.Rates(alpha, beta_x, gamma_m, copy, max(1.0, size / cores()), beta_1, beta_solo, beta_ring)
+        beta_gather = min(timed(comm, gather, min_seconds) for _ in range(rounds)) / ((size - 1) * nbytes)
+        beta_scatter = min(timed(comm, scatter, min_seconds) for _ in range(rounds)) / ((size - 1) * nbytes)
+    gamma_m, gamma_3, copy = fit_memory(comm, min_seconds, nbytes, rounds)
+    return cost.Rates(alpha, beta_x, gamma_m, copy, max(1.0, size / cores()), beta_1, beta_solo, beta_ring,
+                      gamma_3, beta_gather, beta_scatter)
 
 
 def cores():
@@ -290,7 +318,7 @@ def main(argv=None):
         for nbytes, seconds in points:
             print(f"#   ping-pong {human(nbytes):>9}: {seconds * 1e6:10.2f} us  "
                   f"(fit {(alpha + beta * nbytes) * 1e6:10.2f} us)")
-        print(f"# refined model: rates per size from exchange/add/copy micro-benchmarks at that size, "
+        print(f"# refined model: rates per size from exchange/add/add3/copy micro-benchmarks at that size, "
               f"every rank at once; share = max(1, p / {cores()} cores) = {max(1.0, size / cores()):g}")
         print(f"{'bytes':>9} {'algorithm':<18} {'measured us':>12} {'x MPI':>7} {'model us':>10} {'model/meas':>10}"
               f" {'refined us':>10} {'ref/meas':>8}  {'target':<18} met")
@@ -305,9 +333,12 @@ def main(argv=None):
         rates = fit_rates(comm, min_time, count * 4, alpha, rounds)     # best of as many batches as below
         if rank == 0:
             print(f"# {human(count * 4)}: exchange beta_x = {rates.beta_x * 1e9:.4f} ns/B, one-way beta_1 = "
-                  f"{rates.beta_1 * 1e9:.4f} ns/B, alone beta_solo = {rates.beta_solo * 1e9:.4f} ns/B, ring shift "
+                  f"{rates.beta_1 * 1e9:.4f} ns/B, alone beta_solo = {rates.beta_solo * 1e9:.4f} ns/B, gather "
+                  f"beta_gather = {rates.beta_gather * 1e9:.4f} ns/B, send-back beta_scatter = "
+                  f"{rates.beta_scatter * 1e9:.4f} ns/B, ring shift "
                   f"beta_ring = {rates.beta_ring * 1e9:.4f} ns/B, add gamma_m = "
-                  f"{rates.gamma_m * 1e9:.4f} ns/B, copy = {rates.copy * 1e9:.4f} ns/B", flush=True)
+                  f"{rates.gamma_m * 1e9:.4f} ns/B, add into a third gamma_3 = "
+                  f"{rates.gamma_3 * 1e9:.4f} ns/B, copy = {rates.copy * 1e9:.4f} ns/B", flush=True)
         calls = {"mpi": lambda: comm.Allreduce(sendbuf, recvbuf, op=MPI.SUM)}
         for name in names:
             calls[name] = (lambda f: lambda: f(comm, sendbuf, recvbuf, op="sum", check=False))(ALGORITHMS[name])
@@ -348,7 +379,8 @@ def main(argv=None):
                       "refined_seconds": refined, "refined_ratio": refined_ratio,
                       "rates": {"alpha": alpha, "beta_x": rates.beta_x, "beta_1": rates.beta_1,
                                 "beta_solo": rates.beta_solo, "beta_ring": rates.beta_ring,
-                                "gamma_m": rates.gamma_m,
+                                "beta_gather": rates.beta_gather, "beta_scatter": rates.beta_scatter,
+                                "gamma_m": rates.gamma_m, "gamma_3": rates.gamma_3,
                                 "copy": rates.copy, "share": rates.share},
                       "target": goal, "met": met}
             records.append(record)

@@ -33,18 +33,30 @@ measures them; none of them is an allreduce):
               at once): a step of the binomial tree, or a fold-in, where a message's receiver
               sends nothing back meanwhile and several pairs move data at once
     beta_solo the same with one pair alone (rank 0 -> rank 1, the others waiting in MPI, as in
-              an allreduce): every message to or from the naive root, the tree's top level
+              an allreduce): the tree's top level, a fold-in of one pair
+    beta_gather seconds per byte arriving at rank 0 when every other rank sends it n bytes at
+              once and it receives them in rank order: the naive root's gather. Per message it
+              is cheaper than beta_solo at 1 MiB (the senders' halves overlap) and about the same
+              from 4 MiB (the root copies each message in turn)
+    beta_scatter the same for rank 0 sending n bytes to every other rank in turn: the naive
+              root's send-back (cheaper per message than beta_solo: the receivers copy at once)
     beta_ring seconds per byte of a ring shift of n/p-byte blocks (send to r + 1, receive from
               r - 1, every rank at once): the ring's step. Unlike a pairwise exchange, each rank
               waits on two others, so with more ranks than cores it waits longer
     gamma_m   seconds per byte of np.add(a, b, out=a) on n-byte vectors, all ranks at once
+    gamma_3   the same for np.add(a, b, out=c), three distinct vectors: out of place, a heart's
+              reduction that reads this rank's input from sendbuf writes it into recvbuf
+              (`reduced_from_source`), and a written line that was not read first is fetched
+              all the same, so it moves more memory than the in-place add
     copy      seconds per byte of np.copyto on n-byte vectors, all ranks at once: the
               extra whole-vector copies the code makes (sendbuf -> recvbuf on entry only where
               a fold-in reads recvbuf first: Rabenseifner and the butterfly, p not a power of two;
               the butterfly's result back out of its scratch vector), `extra_copies`
 
-    t = share alpha steps + beta_x exchanged + beta_1 busy + beta_solo solo + gamma_m reduced
-        + copy n extra_copies                           (the ring: beta_ring for beta_x)
+    t = share alpha steps + beta_x exchanged + beta_1 busy + beta_solo solo
+        + gamma_m (reduced - from_source) + gamma_3 from_source + copy n extra_copies
+            (the ring: beta_ring for beta_x; the naive root: beta_gather and beta_scatter,
+             (p - 1) n bytes each, for beta_solo)
 
 Footprint: an allreduce of n bytes works on three n-byte vectors (sendbuf, recvbuf and the
 scratch vector it receives into), so each micro-benchmark cycles through three n-byte vectors:
@@ -206,6 +218,9 @@ class Rates:
     beta_1: float = None          # one-way sends, every pair at once; None: as an exchange (beta_x)
     beta_solo: float = None       # one-way sends, one pair alone; None: as beta_1
     beta_ring: float = None       # the ring's shift of blocks; None: as an exchange (beta_x)
+    gamma_3: float = None         # np.add(a, b, out=c); None: as the in-place add (gamma_m)
+    beta_gather: float = None     # the naive root's gather; None: as one pair alone (beta_solo)
+    beta_scatter: float = None    # the naive root's send-back; None: as one pair alone (beta_solo)
 
 
 def extra_copies(algorithm, in_place=False, p=2):
@@ -218,6 +233,23 @@ def extra_copies(algorithm, in_place=False, p=2):
     return copies
 
 
+def reduced_from_source(algorithm, p, nbytes, in_place=False):
+    """Bytes of the critical path's reduction that read this rank's input from sendbuf and write
+    the result into recvbuf (out of place; 0 in place): every heart's first reduction reads
+    `source`, and the ring's every reduction does (block i of data <- block i of source (op) the
+    arrived block). Where a fold-in copies sendbuf into recvbuf first, none does."""
+    if in_place or p == 1 or nbytes == 0:
+        return 0.0
+    n = float(nbytes)
+    if algorithm in ("naive", "tree"):
+        return n                                  # the root's first reduction
+    if algorithm == "ring":
+        return critical_path(algorithm, p, nbytes)[2]
+    if p != largest_power_of_two(p):
+        return 0.0                                # butterfly, Rabenseifner: copied in for the fold-in
+    return n if algorithm == "butterfly" else n / 2   # the first exchange round / halving round
+
+
 def predict_refined(algorithm, p, nbytes, rates, in_place=False):
     """Predicted seconds with the memory-traffic terms (see the header)."""
     if p == 1 or nbytes == 0:
@@ -226,8 +258,16 @@ def predict_refined(algorithm, p, nbytes, rates, in_place=False):
     beta_1 = rates.beta_x if rates.beta_1 is None else rates.beta_1
     beta_solo = beta_1 if rates.beta_solo is None else rates.beta_solo
     beta_x = rates.beta_ring if algorithm == "ring" and rates.beta_ring is not None else rates.beta_x
-    return (rates.share * rates.alpha * steps + beta_x * exchanged + beta_1 * busy + beta_solo * solo
-            + rates.gamma_m * reduced + rates.copy * nbytes * extra_copies(algorithm, in_place, p))
+    solo_seconds = beta_solo * solo
+    if algorithm == "naive":                  # solo: (p - 1) n bytes in to the root, then as many out
+        gather = beta_solo if rates.beta_gather is None else rates.beta_gather
+        scatter = beta_solo if rates.beta_scatter is None else rates.beta_scatter
+        solo_seconds = gather * solo / 2 + scatter * solo / 2
+    gamma_3 = rates.gamma_m if rates.gamma_3 is None else rates.gamma_3
+    from_source = reduced_from_source(algorithm, p, nbytes, in_place)
+    return (rates.share * rates.alpha * steps + beta_x * exchanged + beta_1 * busy + solo_seconds
+            + rates.gamma_m * (reduced - from_source) + gamma_3 * from_source
+            + rates.copy * nbytes * extra_copies(algorithm, in_place, p))
 
 
 def table(p, nbytes, alpha, beta, gamma=0.0):

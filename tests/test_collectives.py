@@ -280,6 +280,37 @@ def test_out_of_place_hearts_make_no_copy_in_the_model_unless_a_fold_in_reads_re
     assert [cost.extra_copies("butterfly", in_place, p=2) for in_place in (False, True)] == [0, 1]
 
 
+def test_out_of_place_reductions_that_read_sendbuf_follow_the_code():
+    """cost.reduced_from_source: the bytes of the critical path's reduction that read sendbuf and
+    write recvbuf (a 3-operand add, gamma_3). From the hearts: the naive and tree root's first
+    reduction (n), the butterfly's first round (n) and Rabenseifner's first halving (n / 2) for p a
+    power of two, every one of the ring's (p - 1) / p n; none in place or after a fold-in's copy."""
+    n = 1 << 20
+    for p, expected in ((2, [n, n, n, n / 2, n / 2]), (4, [n, n, n, 3 * n / 4, n / 2]),
+                        (6, [n, n, 0, 5 * n / 6, 0])):
+        assert [cost.reduced_from_source(name, p, n) for name in TRACED] == expected, p
+        assert [cost.reduced_from_source(name, p, n, in_place=True) for name in TRACED] == [0] * 5
+
+
+def test_refined_model_adds_gamma_3_and_times_the_naive_root_by_gather_and_send_back():
+    """predict_refined by hand at p = 4, n = 1000 bytes with round rates: the butterfly is
+    lg p (alpha share + n beta_x) + n gamma_3 + n gamma_m + n copy (its result ends in the scratch
+    vector on some rank); the naive root is 2 (p - 1) share alpha + (p - 1) n (beta_gather +
+    beta_scatter) + n gamma_3 + (p - 2) n gamma_m. Without gamma_3 and the gather rates the
+    model falls back to gamma_m and beta_solo."""
+    rates = cost.Rates(alpha=1.0, beta_x=10.0, gamma_m=100.0, copy=1000.0, share=2.0, beta_1=20.0,
+                       beta_solo=30.0, beta_ring=40.0, gamma_3=300.0, beta_gather=50.0, beta_scatter=60.0)
+    n = 1000
+    assert cost.predict_refined("butterfly", 4, n, rates) == pytest.approx(
+        2 * (2 * 1.0 + n * 10.0) + n * 300.0 + n * 100.0 + n * 1000.0)
+    assert cost.predict_refined("naive", 4, n, rates) == pytest.approx(
+        6 * 2 * 1.0 + 3 * n * (50.0 + 60.0) + n * 300.0 + 2 * n * 100.0)
+    assert cost.predict_refined("naive", 4, n, rates, in_place=True) == pytest.approx(
+        6 * 2 * 1.0 + 3 * n * (50.0 + 60.0) + 3 * n * 100.0)
+    plain = cost.Rates(alpha=1.0, beta_x=10.0, gamma_m=100.0, copy=1000.0, share=2.0, beta_1=20.0, beta_solo=30.0)
+    assert cost.predict_refined("naive", 4, n, plain) == pytest.approx(6 * 2 * 1.0 + 6 * n * 30.0 + 3 * n * 100.0)
+
+
 @pytest.mark.parallel(nprocs=[1])
 @settings(max_examples=3)
 @given(length=st.integers(1, MAX_LENGTH), dtype=strategies.float_dtypes, op=strategies.reduction_ops,
