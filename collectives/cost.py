@@ -35,19 +35,21 @@ measures them; none of them is an allreduce):
     beta_solo the same with one pair alone (rank 0 -> rank 1, the others waiting in MPI, as in
               an allreduce): the tree's top level, a fold-in of one pair
     beta_gather seconds per byte arriving at rank 0 when every other rank sends it n bytes at
-              once and it receives them in rank order: the naive root's gather. Per message it
-              is cheaper than beta_solo at 1 MiB (the senders' halves overlap) and about the same
-              from 4 MiB (the root copies each message in turn)
+              once and it receives them in rank order: the naive root's gather. Measured at
+              p = 4 on 2 cores, per message it was below beta_solo at 1 MiB and about equal
+              from 4 MiB, so p - 1 solo messages overestimate the gather
     beta_scatter the same for rank 0 sending n bytes to every other rank in turn: the naive
-              root's send-back (cheaper per message than beta_solo: the receivers copy at once)
+              root's send-back (measured at p = 4: about half of beta_solo per message from
+              1 to 4 MiB, as if the receivers' copies ran at once)
     beta_ring seconds per byte of a ring shift of n/p-byte blocks (send to r + 1, receive from
               r - 1, every rank at once): the ring's step. Unlike a pairwise exchange, each rank
               waits on two others, so with more ranks than cores it waits longer
     gamma_m   seconds per byte of np.add(a, b, out=a) on n-byte vectors, all ranks at once
     gamma_3   the same for np.add(a, b, out=c), three distinct vectors: out of place, a heart's
               reduction that reads this rank's input from sendbuf writes it into recvbuf
-              (`reduced_from_source`), and a written line that was not read first is fetched
-              all the same, so it moves more memory than the in-place add
+              (`reduced_from_source`), and numpy's add into a third vector measured 1.6-2.1x
+              the in-place one per byte at every size from 16 KiB to 64 MiB (p = 2), in cache
+              or not
     copy      seconds per byte of np.copyto on n-byte vectors, all ranks at once: the
               extra whole-vector copies the code makes (sendbuf -> recvbuf on entry only where
               a fold-in reads recvbuf first: Rabenseifner and the butterfly, p not a power of two;
@@ -61,7 +63,9 @@ measures them; none of them is an allreduce):
 Footprint: an allreduce of n bytes works on three n-byte vectors (sendbuf, recvbuf and the
 scratch vector it receives into), so each micro-benchmark cycles through three n-byte vectors:
 at 1 MiB that is 3 MiB, more than a core's L2 cache, as in the allreduce; timed on one vector
-they ran from cache and the model came out 1.5-2x optimistic there.
+they ran from cache and the model came out 1.5-2x optimistic there. Cycling, they miss the cache
+more often than the allreduce, which reuses its buffers call after call: at 1 MiB (p = 2) the
+model is now up to 1.35x pessimistic (chapter 3, section 5); from 4 MiB up neither fits.
 
 `per_rank(algorithm, p, n, itemsize, rank)` gives what one rank does, exactly, counting the
 uneven blocks (block_counts: n elements in `parts` blocks, the first n % parts one longer):
