@@ -201,21 +201,24 @@ def fit_rates(comm, min_seconds, nbytes, alpha, rounds=3):
             comm.Send(out, 1, 5)
         elif rank == 1:
             comm.Recv(into, 0, 5)
-    def gather():                         # every other rank -> rank 0, received in rank order
-        out, into = next_pair()
-        if rank == 0:
-            for sender in range(1, size):
-                comm.Recv(into, sender, 7)
-        else:
-            comm.Send(out, 0, 7)
 
-    def scatter():                        # rank 0 -> every other rank, in turn
-        out, into = next_pair()
-        if rank == 0:
-            for dest in range(1, size):
-                comm.Send(out, dest, 8)
-        else:
-            comm.Recv(into, 0, 8)
+    def root_phase(to_root, tag):
+        """The naive root's gather (every other rank -> rank 0, received in rank order) or its
+        send-back (rank 0 -> every other rank, in turn)."""
+        def phase():
+            out, into = next_pair()
+            if rank == 0:
+                for other in range(1, size):
+                    if to_root:
+                        comm.Recv(into, other, tag)
+                    else:
+                        comm.Send(out, other, tag)
+            elif to_root:
+                comm.Send(out, 0, tag)
+            else:
+                comm.Recv(into, 0, tag)
+        return phase
+    gather, scatter = root_phase(True, 7), root_phase(False, 8)
     beta_x = beta_1 = beta_solo = beta_ring = beta_gather = beta_scatter = 0.0
     if size > 1:
         beta_ring = min(timed(comm, ring_shift, min_seconds) for _ in range(rounds)) / block
