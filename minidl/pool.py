@@ -7,6 +7,13 @@ Max pooling takes ``maximum`` over k*k strided slices of the input (no reshape-a
 index arrays); its backward sends each output gradient to the *first* window position (in
 row-major offset order) that holds the maximum, so ties are not counted twice. Max pooling pads
 with -inf, average pooling with zeros (the zeros count in the mean).
+
+Windows that do not overlap (stride >= k, LeNet's 2 x 2 pools): the forward copies the k*k
+strided slices once into one contiguous array ``windows`` (k*k, N, C, Ho, Wo) and keeps it for
+the backward, which then compares contiguous arrays instead of strided slices (each strided pass
+costs 5-10x a contiguous one; ``python -m minidl.bench`` times the step). Same numbers, same
+first-maximum rule; the price is one copy of the covered input. Overlapping windows (stride < k)
+would copy the input k*k / stride^2 times, so they compare the strided slices directly.
 """
 from minidl.backend import get_array_module
 
@@ -40,30 +47,46 @@ def _window(x_pad, i, j, stride, out_h, out_w):
     return x_pad[:, :, i:i + stride * (out_h - 1) + 1:stride, j:j + stride * (out_w - 1) + 1:stride]
 
 
+def _offset(cache, i, j):
+    """x_pad[n, c, ho*stride + i, wo*stride + j] for every output (n, c, ho, wo): the contiguous
+    copy in ``windows`` where the forward made one, else the strided slice of x_pad."""
+    if cache["windows"] is not None:
+        return cache["windows"][i * cache["kernel_size"] + j]
+    out_h, out_w = cache["out_shape"][2:]
+    return _window(cache["x_pad"], i, j, cache["stride"], out_h, out_w)
+
+
 def max_pool_forward(x, kernel_size, stride, padding):
     xp = get_array_module(x)
     out_h, out_w = _check(x.shape, kernel_size, stride, padding, "max_pool2d")
     x_pad = _pad(x, padding, -xp.inf)
-    out = _window(x_pad, 0, 0, stride, out_h, out_w).copy()
+    cache = {"x_pad": x_pad, "windows": None, "out_shape": x.shape[:2] + (out_h, out_w), "x_shape": x.shape,
+             "kernel_size": kernel_size, "stride": stride, "padding": padding}
+    if stride >= kernel_size:                        # no overlap: one contiguous copy of the k*k slices
+        cache["windows"] = xp.empty((kernel_size * kernel_size,) + cache["out_shape"], dtype=x.dtype)
+        for i in range(kernel_size):
+            for j in range(kernel_size):
+                cache["windows"][i * kernel_size + j] = _window(x_pad, i, j, stride, out_h, out_w)
+        cache["x_pad"] = None                        # the backward reads the copy only
+    out = _offset(cache, 0, 0).copy()
     for i in range(kernel_size):
         for j in range(kernel_size):
-            xp.maximum(out, _window(x_pad, i, j, stride, out_h, out_w), out=out)
-    cache = {"x_pad": x_pad, "out": out, "x_shape": x.shape, "kernel_size": kernel_size,
-             "stride": stride, "padding": padding}
+            if i or j:
+                xp.maximum(out, _offset(cache, i, j), out=out)
+    cache["out"], cache["padded_shape"] = out, x_pad.shape
     return out, cache
 
 
 def max_pool_backward(grad_out, cache):
     xp = get_array_module(grad_out)
-    x_pad, out, k, stride, padding = (cache["x_pad"], cache["out"], cache["kernel_size"],
-                                      cache["stride"], cache["padding"])
+    out, k, stride, padding = cache["out"], cache["kernel_size"], cache["stride"], cache["padding"]
     out_h, out_w = out.shape[2:]
-    grad_x_pad = xp.zeros(x_pad.shape, dtype=grad_out.dtype)
+    grad_x_pad = xp.zeros(cache["padded_shape"], dtype=grad_out.dtype)
     taken = xp.zeros(out.shape, dtype=bool)          # outputs whose maximum was already routed
     hit = xp.empty(out.shape, dtype=bool)
     for i in range(k):
         for j in range(k):
-            xp.equal(_window(x_pad, i, j, stride, out_h, out_w), out, out=hit)
+            xp.equal(_offset(cache, i, j), out, out=hit)
             xp.greater(hit, taken, out=hit)          # hit and not taken: the first maximum only
             window = _window(grad_x_pad, i, j, stride, out_h, out_w)
             if stride >= k:                          # windows do not overlap: each pixel is written once

@@ -84,6 +84,25 @@ def test_max_and_avg_pool_equal_naive_loops(backend_name, setting, seed, data):
     assert gradcheck(lambda t: F.avg_pool2d(t, k, stride, padding), [x])
 
 
+@given(setting=strategies.conv_settings(max_channels=2), seed=strategies.seeds, data=st.data())
+def test_max_pool_with_many_ties_routes_each_gradient_to_the_first_maximum_bit_for_bit(backend_name, setting, seed,
+                                                                                   data):
+    # after a ReLU most windows hold several equal values (zeros); small integers make ties common
+    # for every stride, so both the copied-windows path (stride >= k) and the strided one are hit
+    n, c, _, h, w, _, stride, _ = setting
+    k = data.draw(st.integers(1, min(h, w, 3)))
+    padding = data.draw(st.integers(0, k // 2))
+    rng = np.random.default_rng(seed)
+    x = Tensor(np.maximum(rng.integers(-1, 3, (n, c, h, w)), 0).astype(np.float32), requires_grad=True)
+    out = F.max_pool2d(x, k, stride, padding)
+    np.testing.assert_array_equal(out.numpy(), naive_pool(x.numpy(), k, stride, padding, np.max))
+    grad_out = rng.integers(-4, 5, out.shape).astype(np.float32)    # integers: overlapping windows' sums are exact
+    grad_out.reshape(-1)[::3] = -0.0                 # a negative zero must arrive as the naive loop's +0.0
+    out.backward(backend.asarray(grad_out))
+    expected = naive_max_pool_grad(x.numpy(), grad_out, k, stride, padding).astype(np.float32)
+    assert backend.to_numpy(x.grad).tobytes() == np.ascontiguousarray(expected).tobytes()
+
+
 def test_max_pool_sends_a_tied_maximum_to_one_position_only():
     x = Tensor(np.ones((1, 1, 2, 2)), requires_grad=True)
     F.max_pool2d(x, 2).sum().backward()
