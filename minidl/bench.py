@@ -292,23 +292,23 @@ def conv_stages(shape, rng, xp):
         stages.append(("input gradient", "flip weight",
                        lambda: xp.ascontiguousarray(weight[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)), None, 1))
         stages += _conv_forward_stages("input gradient", grad, flipped, 1, k - 1 - padding, xp, scale)
-    elif stride == 1:             # GEMM + col2im on rows as wide as the padded input (im2col._col2im_wide)
+    elif stride == 1:             # GEMM + col2im on whole padded planes (im2col._col2im_planes)
         width = side + 2 * padding
-        weight_t = weight.reshape(f, -1).T
-        grad_wide = xp.zeros((f, nb * out_side * width), dtype=xp.float32)
-        grad_cols = xp.empty((c * k * k, nb * out_side * width), dtype=xp.float32)
-        stages.append(("input gradient", "GEMM", lambda: xp.matmul(weight_t, grad_wide, out=grad_cols),
+        length = c * nb * width * width
+        weight_rows = xp.ascontiguousarray(weight.transpose(2, 3, 1, 0)).reshape(k * k * c, f)
+        grad_planes = xp.zeros((f, nb * width * width), dtype=xp.float32)
+        grad_cols = xp.empty((k * k * c, nb * width * width), dtype=xp.float32)
+        stages.append(("input gradient", "GEMM", lambda: xp.matmul(weight_rows, grad_planes, out=grad_cols),
                        2 * f * c * k * k * nb * out_side * out_side, scale))    # the useful flops only
-        wide = grad_cols.reshape(c, k, k, nb, out_side * width)
-        planes = xp.zeros((c, nb, width * width), dtype=xp.float32)
-        run = (out_side - 1) * width + out_side
+        runs = grad_cols.reshape(k, k, length)
+        planes = xp.zeros(length, dtype=xp.float32)
 
-        def col2im_wide():
+        def col2im_planes():
             planes[...] = 0
             for i in range(k):
                 for j in range(k):
-                    planes[:, :, i * width + j:i * width + j + run] += wide[:, i, j, :, :run]
-        stages.append(("input gradient", "col2im", col2im_wide, None, scale))
+                    planes[i * width + j:] += runs[i, j, :length - i * width - j]
+        stages.append(("input gradient", "col2im", col2im_planes, None, scale))
     else:
         weight_t = weight.reshape(f, -1).T
         grad_cols = xp.empty((c * k * k, nb * out_side * out_side), dtype=xp.float32)

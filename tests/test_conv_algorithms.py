@@ -243,19 +243,23 @@ def test_im2col_one_block_and_many_blocks_agree_in_float32(monkeypatch):
 
 @pytest.mark.task("1.4")          # col2im is the oracle here
 @given(data=st.data(), seed=st.integers(0, 2**32 - 1))
-def test_wide_row_col2im_gives_the_bits_of_col2im(data, seed):
-    """Stride 1: _col2im_wide (rows Wp wide, contiguous += runs) adds the same products in the same order
-    as col2im does, so on the same columns grad_x agrees to the last bit: the extra columns' zero
-    gradients change nothing. (Whether BLAS gives a column the same bits in a wider product is BLAS's
-    business; the end-to-end comparison with direct is test_every_algorithm_equals_direct...)."""
+def test_plane_col2im_gives_the_bits_of_col2im(data, seed):
+    """Stride 1: _col2im_planes (each image's columns as long as its padded plane, one contiguous
+    += per kernel offset) adds the same products in the same order as
+    col2im does, so on the same columns grad_x agrees to the last bit: the extra columns' zero
+    gradients change nothing, also where a shifted run crosses into the next plane. (Whether BLAS
+    gives a column the same bits in a wider product is BLAS's business; the end-to-end comparison
+    with direct is test_every_algorithm_equals_direct...)."""
     from minidl.conv import im2col
     n, c, f, h, w, k, _, padding = data.draw(shapes_for("im2col"))
     x, weight, grad_out = draw_arrays((n, c, f, h, w, k, 1, padding), seed, "float64")
     padded = (n, c, h + 2 * padding, w + 2 * padding)
     out_h, out_w = grad_out.shape[2:]
-    wide = np.zeros((f, n, out_h, padded[3]))
-    wide[..., :out_w] = grad_out.transpose(1, 0, 2, 3)
-    grad_cols = (weight.reshape(f, -1).T @ wide.reshape(f, -1)).reshape(c, k, k, n, out_h, padded[3])
-    expected = im2col.col2im(grad_cols[..., :out_w].transpose(3, 0, 1, 2, 4, 5), padded, 1).copy()
-    got = im2col._col2im_wide(grad_out, weight, padded).transpose(1, 0, 2, 3)
+    planes = np.zeros((f, n) + padded[2:])
+    planes[:, :, :out_h, :out_w] = grad_out.transpose(1, 0, 2, 3)
+    rows = weight.transpose(2, 3, 1, 0).reshape(k * k * c, f)                     # the kernel's row order
+    grad_cols = (rows @ planes.reshape(f, -1)).reshape(k, k, c, n, padded[2], padded[3]).transpose(2, 0, 1, 3, 4, 5)
+    expected = im2col.col2im(grad_cols[..., :out_h, :out_w].transpose(3, 0, 1, 2, 4, 5), padded, 1)
+    expected = expected[:, :, padding:padding + h, padding:padding + w]
+    got = im2col._col2im_planes(grad_out, weight, padded, padding)
     assert np.array_equal(got, expected)

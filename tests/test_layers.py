@@ -162,7 +162,7 @@ def test_conv_errors_name_shapes_and_limits():
     pytest.param(4, 2, 3, 1, 1, marks=pytest.mark.task("1.3")),
     # padding = k - 1: the "full" convolution needs no extra padding
     pytest.param(4, 4, 3, 1, 2, marks=pytest.mark.task("1.3")),
-    # F > C, stride 1: grad_x by GEMM + the wide-row col2im (_col2im_wide, contiguous runs)
+    # F > C, stride 1: grad_x by GEMM + the plane col2im (_col2im_planes, one contiguous run per offset)
     pytest.param(2, 5, 3, 1, 1, marks=pytest.mark.task("1.3")),
     pytest.param(1, 3, 5, 1, 0, marks=pytest.mark.task("1.3")),
     # stride 2: grad_x by GEMM + col2im
