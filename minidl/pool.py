@@ -10,8 +10,8 @@ with -inf, average pooling with zeros (the zeros count in the mean).
 
 Windows that do not overlap (stride >= k, LeNet's 2 x 2 pools): the forward copies the k*k
 strided slices once into one contiguous array ``windows`` (k*k, N, C, Ho, Wo) and keeps it for
-the backward, which then compares contiguous arrays instead of strided slices (each strided pass
-costs 5-10x a contiguous one; ``python -m minidl.bench`` times the step). Same numbers, same
+the backward, which then compares contiguous arrays instead of strided slices (a strided compare or
+multiply costs 3-5x a contiguous one; ``python -m minidl.bench`` times the step). Same numbers, same
 first-maximum rule; the price is one copy of the covered input. Overlapping windows (stride < k)
 would copy the input k*k / stride^2 times, so they compare the strided slices directly.
 """

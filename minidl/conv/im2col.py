@@ -198,7 +198,7 @@ def _col2im_planes(grad_out, weight, padded_shape, padding):
     on into the next plane and add exact zeros there, which change nothing.
     Price: the GEMM computes Hp*Wp columns per image instead of Ho*Wo (1.96x for LeNet's conv2;
     the extra ones are weights times zeros). On LeNet's conv2 the layer's forward and backward
-    take 2.5 ms instead of 2.85 (python -m minidl.bench, "lenet conv2").
+    take 2.6 ms instead of 2.85 (python -m minidl.bench, "lenet conv2").
     Returns grad_x (N, C, H, W).
     """
     xp = get_array_module(grad_out)
