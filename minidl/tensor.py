@@ -214,20 +214,22 @@ class Tensor:
             stack.extend((parent, False) for parent in parents if parent._backward is not None)
 
         grads = {id(self): grad}
+        grad = None                 # from here on only `grads` holds the engine's gradients (see _sole_holder)
         for node in reversed(order):
-            node_grad = grads.pop(id(node), None)
-            if node_grad is None:
+            key = id(node)
+            if key not in grads:
                 continue
             if node._backward is None:                      # a leaf: accumulate
-                if node.grad is None and _owned(node_grad, node.dtype):
-                    node.grad = node_grad                   # nobody else holds it: no copy needed
+                if node.grad is None and _sole_holder(grads, key, node.dtype):
+                    node.grad = grads.pop(key)              # nobody else holds it: no copy needed
                 elif node.grad is None:
-                    node.grad = xp.array(node_grad, dtype=node.dtype, copy=True)
+                    node.grad = xp.array(grads.pop(key), dtype=node.dtype, copy=True)
                 else:
-                    node.grad += node_grad
+                    node.grad += grads.pop(key)
                 for hook in node._accumulate_hooks:         # this backward's gradient for node is final
                     hook(node)
                 continue
+            node_grad = grads.pop(key)
             for parent, parent_grad in zip(node._parents, node._backward(node_grad)):
                 if parent_grad is None or not parent.requires_grad:
                     continue
@@ -235,15 +237,28 @@ class Tensor:
                     grads[id(parent)] = grads[id(parent)] + parent_grad
                 else:
                     grads[id(parent)] = parent_grad
-            parent_grad = None      # the loop's last gradient must not keep a reference: _owned counts them
+            node_grad = parent_grad = None      # a name of this loop would count as a holder in _sole_holder
 
 
-def _owned(array, dtype):
-    """Whether ``array`` can become a leaf's .grad as it is: a fresh array of the right dtype that owns
-    its memory and that nothing but the caller refers to (so no operation's cache, no view, no user
-    array; then copying it, e.g. 8 MB for a 32-image conv input, would only cost time)."""
-    return (getattr(array, "base", 0) is None and array.dtype == dtype and getattr(array.flags, "writeable", True)
-            and sys.getrefcount(array) <= 3)     # the caller's name, this argument, getrefcount's own
+def _sole_holder(grads, key, dtype):
+    """Whether ``grads[key]`` can become a leaf's .grad as it is: a fresh array of the right dtype that
+    owns its memory and that nothing but ``grads`` refers to (no operation's cache, no view, no user
+    array, no other leaf's .grad; then copying it, e.g. 8 MB for a 32-image conv input, would only
+    cost time).
+
+    The count is taken of ``grads[key]``, an expression, never of a local name: the value of an
+    expression is a new reference on every Python version, so an array that only ``grads`` holds
+    counts exactly 2 (the dict's and the expression's). A local name or an argument can be loaded
+    without a reference of its own (Python 3.14 "borrows" them), so a count of one differs between
+    versions and would let a shared array through; any real holder (a name, a cache, a view's
+    base, another dict) holds a reference of its own and makes the count larger, so the check
+    errs only towards a copy.
+    """
+    array = grads[key]
+    if getattr(array, "base", 0) is not None or array.dtype != dtype or not getattr(array.flags, "writeable", True):
+        return False
+    array = None
+    return sys.getrefcount(grads[key]) == 2
 
 
 class Parameter(Tensor):

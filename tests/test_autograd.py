@@ -175,6 +175,37 @@ def test_a_leaf_gradient_never_shares_memory_with_an_array_someone_else_holds():
     np.testing.assert_array_equal(x.grad, [2.0, 3.0, 4.0, 5.0])
 
 
+def test_leaves_sharing_one_gradient_array_accumulate_separately():
+    """add's backward hands the same array to both operands; if both leaves adopted it, the second
+    backward's += would add into both at once (a: 3, b: 3 here instead of 2 and 2)."""
+    a, b = Tensor(np.ones(3), requires_grad=True), Tensor(np.ones(3), requires_grad=True)
+    for _ in range(2):
+        (a + b).sum().backward()
+    assert a.grad is not b.grad
+    np.testing.assert_array_equal(a.grad, [2.0, 2.0, 2.0])
+    np.testing.assert_array_equal(b.grad, [2.0, 2.0, 2.0])
+
+
+def test_the_reference_counts_that_adoption_and_workspace_rely_on_hold_on_this_python():
+    """Gradient adoption (minidl.tensor._sole_holder) and buffer reuse (minidl.conv.workspace) count
+    the references to ``container[key]``, an expression: 2 when only the container holds the array,
+    one more for every other holder. A local name is never counted, because Python 3.14 may load it
+    without a reference of its own (CPython's "What's new in 3.14" on sys.getrefcount). If a Python
+    version ever counted expressions differently too, this fails, instead of gradients silently
+    sharing memory."""
+    held = {"grad": np.zeros(3)}
+    alone = sys.getrefcount(held["grad"])          # counted outside the asserts: pytest's rewritten
+    other = held["grad"]                           # assert keeps a reference of its own
+    with_a_name = sys.getrefcount(held["grad"])
+    view = other[1:]
+    del other
+    with_a_view = sys.getrefcount(held["grad"])    # a view's base is a holder too
+    del view
+    pool = [np.zeros(3)]
+    in_a_list = sys.getrefcount(pool[0])
+    assert (alone, with_a_name, with_a_view, in_a_list) == (2, 3, 3, 2)
+
+
 def test_a_leaf_adopts_the_gradient_its_last_user_made():
     """The gradient that an operation's backward makes for its LAST operand (a Linear's weight in
     x @ w) becomes the leaf's .grad as it is: no copy. The backward loop must not keep a reference

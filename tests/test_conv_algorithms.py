@@ -263,3 +263,21 @@ def test_plane_col2im_gives_the_bits_of_col2im(data, seed):
     expected = expected[:, :, padding:padding + h, padding:padding + w]
     got = im2col._col2im_planes(grad_out, weight, padded, padding)
     assert np.array_equal(got, expected)
+
+
+def test_workspace_hands_a_buffer_out_again_only_when_nobody_else_holds_it():
+    """A buffer still read by an autograd cache (a dict) or by a view must never be handed out for
+    new data; once they let go, the same buffer is reused instead of allocating another."""
+    from minidl.conv import workspace
+    shape = (7, 11, 13)                                      # a shape no other test asks for
+    first, second = workspace(np, shape, np.float32), workspace(np, shape, np.float32)
+    assert first is not second
+    cache, view = {"cols": first}, second[1:]
+    ids = {id(first), id(second)}
+    del first, second
+    third = workspace(np, shape, np.float32)
+    assert id(third) not in ids                              # both still held: a third buffer
+    cache.clear()
+    del view
+    fourth = workspace(np, shape, np.float32)
+    assert id(fourth) in ids and fourth is not third         # a freed one again

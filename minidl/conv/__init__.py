@@ -92,13 +92,18 @@ def workspace(xp, shape, dtype, zero=False):
     copy into it). A buffer is handed out again only when nothing but this pool refers to it
     (``sys.getrefcount``): no autograd cache, no view, no caller still holds it, so reuse can never
     overwrite data someone will read. At most a few buffers per shape are kept.
+    The count is taken of ``buffers[index]``, an expression, never of a local name: an expression's
+    value is a reference of its own on every Python version, so a buffer that only the list holds
+    counts exactly 2. A name can be loaded without one (Python 3.14 "borrows" it), and a count of
+    it would then be one lower and hand out a buffer that a cache still reads.
     """
     key = (xp.__name__, tuple(shape), str(dtype))
     with _workspace_lock:
         buffers = _workspaces.setdefault(key, [])
-        for buffer in buffers:
-            if sys.getrefcount(buffer) == 3:          # the list, ``buffer``, getrefcount's argument
-                break
+        free = [index for index in range(len(buffers))
+                if sys.getrefcount(buffers[index]) == 2]      # the list's reference and the expression's
+        if free:
+            buffer = buffers[free[0]]
         else:
             buffer = xp.empty(shape, dtype=dtype)
             if len(buffers) < _BUFFERS_PER_SHAPE:
