@@ -591,6 +591,10 @@ def explain_breakdown(rows, stages):
                 f"of which GEMM {gemm_ms:.3g} ms ({gemm_ms / layer['minidl_ms']:.0%})")
         if layer["torch_ms"] and gemm_ms:
             line += f"; the GEMMs alone are {gemm_ms / layer['torch_ms']:.2f}x PyTorch's whole layer"
+            copy_ms = sum(stage["ms"] for stage in mine if stage["stage"].startswith("im2col copy"))
+            if copy_ms:       # the two stages no im2col layer can skip: a bound on the layer's ratio
+                item["gemm_and_im2col_ms"] = round(gemm_ms + copy_ms, 3)
+                line += f", GEMMs and im2col copies {(gemm_ms + copy_ms) / layer['torch_ms']:.2f}x"
         print(line)
     step = by_case.get("lenet5 train step")
     layers = [row for row in rows if row["case"].startswith("lenet ") and row["case"] != "lenet5 train step"]
