@@ -41,7 +41,7 @@ K = 8, iid shards, ring), measured on 2 shared cores: p = 4 reaches 97.8% test a
 """
 from mpi4py import MPI
 
-from algorithms import cli, run
+from algorithms import checkpoint, cli, run
 from algorithms.objective import evaluate_at
 
 
@@ -84,7 +84,7 @@ def train(comm=None, rho=0.1, local_steps=8, allreduce="ring", on_round=None, **
     comm = comm or MPI.COMM_WORLD
     settings = run.Settings.of(settings, epochs=20, momentum=0.9, partition="shards")
     job = run.start(comm, settings, check=lambda _: (check_admm(rho, local_steps), run.allreduce_function(allreduce)),
-                    replicated=False)
+                    replicated=False, writer=checkpoint.Writer("admm_sgd", state={"--rho": rho}))
     summed = run.allreduce_function(allreduce)
     z = job.keep("z", job.objective.params.copy())         # every rank starts from the same weights
     u = job.keep("u", job.objective.params * 0)

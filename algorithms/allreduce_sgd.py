@@ -49,7 +49,7 @@ tutorials/04_data_parallelism.md.
 """
 from mpi4py import MPI
 
-from algorithms import cli, run
+from algorithms import checkpoint, cli, run
 from collectives.nonblocking import BucketedAllreduce
 
 
@@ -122,7 +122,8 @@ def train(comm=None, allreduce="ring", buckets=None, **settings):
     comm = comm or MPI.COMM_WORLD
     settings = run.Settings.of(settings, epochs=20, momentum=0.9, partition="global")
     job = run.start(comm, settings, check=lambda _: (run.allreduce_function(allreduce),
-                                                     bucket_settings(buckets, allreduce)))
+                                                     bucket_settings(buckets, allreduce)),
+                    writer=checkpoint.Writer("allreduce_sgd", checkpoint.SGD_FAMILY))
     if buckets is not None:
         overlapped = overlapped_allreduce(job.counting, job.objective, buckets)
         return job.loop(lambda batch: bucketed_step(job.counting, job.objective, job.optimizer, batch, overlapped))

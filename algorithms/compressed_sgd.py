@@ -56,7 +56,7 @@ import argparse
 import numpy
 from mpi4py import MPI
 
-from algorithms import cli, run
+from algorithms import checkpoint, cli, run
 from algorithms.cli import SettingError
 from collectives import compress, sparse
 from minidl import backend
@@ -134,7 +134,9 @@ def train(comm=None, compressor="none", bits=8, density=0.01, k=None, error_feed
         run.allreduce_function(allreduce)
         host_only()
         build(compressor, bits, density, k, bucket, numpy.float64)
-    job = run.start(comm, settings, check=check, replicated=not feedback)
+    job = run.start(comm, settings, check=check, replicated=not feedback,
+                    writer=checkpoint.Writer("compressed_sgd", state={"--compressor": compressor,
+                                                                      "--error-feedback": feedback}))
     chosen = build(compressor, bits, density, k, bucket, job.objective.grad.dtype)
     codec = (compress.ErrorFeedback if feedback else compress.NoFeedback)(chosen, len(job.objective.grad))
     if feedback:

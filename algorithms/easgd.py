@@ -37,7 +37,7 @@ beta 0.9, iid shards, ring), measured on 2 shared cores: p = 4 reaches 98.1% tes
 """
 from mpi4py import MPI
 
-from algorithms import cli, run
+from algorithms import checkpoint, cli, run
 from algorithms.objective import evaluate_at
 
 
@@ -83,7 +83,7 @@ def train(comm=None, tau=4, rho=None, allreduce="ring", **settings):
         moving_rate(settings.lr, rho, comm.Get_size())
         run.allreduce_function(allreduce)
 
-    job = run.start(comm, settings, check=check, replicated=False)
+    job = run.start(comm, settings, check=check, replicated=False, writer=checkpoint.Writer("easgd"))
     alpha, summed = moving_rate(settings.lr, rho, comm.Get_size()), run.allreduce_function(allreduce)
     center = job.keep("center", job.objective.params.copy())   # x~ starts at the common initial weights
 

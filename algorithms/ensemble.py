@@ -34,7 +34,7 @@ Default run (small CNN, embedded digits, 10 epochs, batch 32, lr 0.05, momentum 
 """
 from mpi4py import MPI
 
-from algorithms import cli, run
+from algorithms import checkpoint, cli, run
 from algorithms.serial_sgd import sgd_step
 from minidl import backend
 
@@ -73,7 +73,8 @@ def train(comm=None, allreduce="ring", **settings):
     comm = comm or MPI.COMM_WORLD
     settings = run.Settings.of(settings, epochs=10, momentum=0.9, partition="replicated", check_every=0)
     job = run.start(comm, settings, check=lambda _: run.allreduce_function(allreduce),
-                    model_seed=settings.seed + comm.Get_rank(), replicated=False)   # member r: its own weights
+                    model_seed=settings.seed + comm.Get_rank(), replicated=False,
+                    writer=checkpoint.Writer("ensemble"))   # member r: its own weights
     summed = run.allreduce_function(allreduce)
     return job.loop(lambda batch: sgd_step(job.objective, job.optimizer, batch),     # member r: serial SGD
                     evaluate=lambda: evaluate_ensemble(comm, job.counting, job.objective, summed))

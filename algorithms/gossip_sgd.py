@@ -41,7 +41,7 @@ mean model's; spread 0.4%) in 3-5.5 s.
 import numpy
 from mpi4py import MPI
 
-from algorithms import cli, run
+from algorithms import checkpoint, cli, run
 from algorithms.objective import evaluate_at
 from minidl import backend
 
@@ -112,7 +112,8 @@ def train(comm=None, period=1, pairing="ring", **settings):
     """
     comm = comm or MPI.COMM_WORLD
     settings = run.Settings.of(settings, epochs=20, momentum=0.9, partition="shards")
-    job = run.start(comm, settings, check=lambda _: check_gossip(period, pairing), replicated=False)
+    job = run.start(comm, settings, check=lambda _: check_gossip(period, pairing), replicated=False,
+                    writer=checkpoint.Writer("gossip_sgd"))
 
     def step(batch):
         return gossip_sgd_step(job.counting, job.objective, job.optimizer, batch, job.step, period, pairing,

@@ -49,7 +49,9 @@ from algorithms.objective import build as build_objective, evaluate_at
 from minidl import backend
 from minidl.data import batches, epoch_order, shard, sparse_logistic_regression
 
-DEFAULTS = {"sparse": {"epochs": 15, "lr": 0.5, "batch_size": 1}, "dense": {"epochs": 10, "lr": 0.05, "batch_size": 32}}
+DEFAULTS = {"sparse": {"epochs": 15, "lr": 0.5, "batch_size": 1, "model": None},
+            "dense": {"epochs": 10, "lr": 0.05, "batch_size": 32, "model": "cnn"}}
+SPARSE = {"n_samples": 5000, "features": 500, "nnz": 10}      # the sparse problem's size, by default
 LR_DECAY = {"sparse": 0.8, "dense": 1.0}
 
 
@@ -98,7 +100,7 @@ class Job:
     so that any error stops every rank before training; ``build()`` -> (the problem or objective,
     with ``.n`` samples; w's starting value) runs inside it), then the epochs (``loop``)."""
 
-    def __init__(self, comm, settings, lr_decay, build):
+    def __init__(self, comm, settings, lr_decay, build, writer):
         self.comm, self.settings, self.lr_decay = comm, settings, lr_decay
         self.first_epoch, self.steps = 0, 0            # steps: updates by all ranks, over all runs
         node = comm.Split_type(MPI.COMM_TYPE_SHARED)   # collective: before anything that can fail
@@ -114,16 +116,14 @@ class Job:
                 raise SettingError(f"Hogwild! shares memory: every rank must run on one machine, but only "
                                    f"{node.Get_size()} of {size} share this one")
             if rank == 0:
-                cli.check_output("--save", settings.save)
+                checkpoint.check_save(settings.save)
+            self.meta = writer.meta(settings, size)
             self.model, self.initial = build()
             if size > self.model.n:
                 raise SettingError(f"{size} ranks but only {self.model.n} samples: every rank needs one")
             if settings.resume:
-                arrays = checkpoint.read_checkpoint(settings.resume, len(self.initial))
+                arrays = checkpoint.read_for(settings, len(self.initial), self.meta)
                 self.first_epoch, self.steps = int(arrays["epoch"]), int(arrays["optimizer.steps"])
-                if self.first_epoch > settings.epochs:
-                    raise SettingError(f"--resume {settings.resume}: has already trained {self.first_epoch} "
-                                       f"epochs, more than --epochs {settings.epochs}; ask for more epochs")
                 self.initial = arrays["params"].astype(self.initial.dtype)
             self.logger = run.Log(settings.log, rank=rank, quiet=settings.quiet)
         except Exception as caught:                   # noqa: BLE001 - agreed below, on every rank
@@ -193,9 +193,9 @@ class Job:
             raise                             # otherwise run_main aborts the job
         result = self.w.copy()
         self.close()
-        if s.save and rank == 0:            # the update keeps no state but its count (no momentum)
+        if s.save:                          # the update keeps no state but its count (no momentum)
             counter = types.SimpleNamespace(state_dict=lambda: {"steps": numpy.asarray(self.steps)})
-            checkpoint.save_checkpoint(s.save, result, counter, s.epochs)
+            checkpoint.write(comm, s.save, result, counter, s.epochs, meta=self.meta)
         return result, comm.bcast(self.logger.history, root=0)
 
     def close(self):
@@ -207,10 +207,13 @@ class Job:
         self.node.Free()
 
 
-def train_sparse(comm, settings, lr_decay, problem=None, n_samples=5000, features=500, nnz=10, l2=1e-3):
+def train_sparse(comm, settings, lr_decay, problem=None, n_samples=None, features=None, nnz=None, l2=1e-3):
     """Hogwild! on sparse logistic regression: ``problem`` (a ``SparseLogistic``), or one drawn
     from Generator(seed) on every rank (the same bits everywhere, so nothing is sent)."""
     def build():
+        if settings.model is not None or settings.dataset != "digits" or settings.data_dir is not None:
+            raise SettingError("--model, --dataset and --data-dir choose the network of --problem dense; the "
+                               "sparse problem is drawn from --n-samples, --features and --nnz")
         if problem is not None:
             return problem, numpy.zeros(problem.features)
         cli.require("--n-samples", n_samples, integer=True, low=1)
@@ -219,7 +222,9 @@ def train_sparse(comm, settings, lr_decay, problem=None, n_samples=5000, feature
         drawn = sparse_logistic_regression(n_samples, features, nnz, numpy.random.default_rng(settings.seed), l2)
         return drawn, numpy.zeros(features)
 
-    job = Job(comm, settings, lr_decay, build)
+    shape = {"--n-samples": n_samples, "--features": features, "--nnz": nnz} if problem is None else {"sparse": "given"}
+    writer = checkpoint.Writer("hogwild", state={"--problem": "sparse", **shape}, model="sparse-logistic")
+    job = Job(comm, settings, lr_decay, build, writer)
     problem = job.model
     first, best = problem.loss(job.initial), problem.loss(problem.w_star)
 
@@ -235,24 +240,29 @@ def train_sparse(comm, settings, lr_decay, problem=None, n_samples=5000, feature
     return job.loop(step, evaluate)
 
 
-def train_dense(comm, settings, lr_decay):
-    """Hogwild! on a network (``--model`` on ``--dataset``): every step reads and writes all of w."""
+def train_dense(comm, settings, lr_decay, given=()):
+    """Hogwild! on a network (``--model`` on ``--dataset``): every step reads and writes all of w.
+    ``given``: the sparse problem's flags set anyway (refused)."""
     def build():
+        if given:
+            raise SettingError(f"{' and '.join(given)} shape{'s' if len(given) == 1 else ''} the sparse problem; "
+                               f"this run has --problem dense")
         objective = build_objective(settings.model, settings.dataset, settings.seed, settings.data, settings.data_dir)
         return objective, backend.to_numpy(objective.params).copy()
 
-    job = Job(comm, settings, lr_decay, build)
+    job = Job(comm, settings, lr_decay, build, checkpoint.Writer("hogwild", state={"--problem": "dense"}))
     objective = job.model                     # the test metrics: on rank 0 only, the others wait
     return job.loop(lambda index, rate: hogwild_dense_step(job.w, objective, index, rate),
                     lambda epoch, w: evaluate_at(objective, w) if comm.Get_rank() == 0 else {})
 
 
-def train(comm=None, problem="sparse", lr_decay=None, n_samples=5000, features=500, nnz=10, l2=1e-3,
+def train(comm=None, problem="sparse", lr_decay=None, n_samples=None, features=None, nnz=None, l2=1e-3,
           sparse=None, **settings):
     """Hogwild! on ``comm``; returns (final shared w as NumPy, per-epoch history) on every rank.
 
     ``problem``: "sparse" (``sparse``: a ready ``SparseLogistic``, else one is drawn from ``seed``)
-    or "dense". ``settings``: ``run.Settings``; unset ones take the problem's DEFAULTS and LR_DECAY.
+    or "dense". ``settings``: ``run.Settings``; unset ones take the problem's DEFAULTS and LR_DECAY
+    (``n_samples``, ``features``, ``nnz``: SPARSE's; refused with "dense", as ``model`` with "sparse").
     """
     comm = comm or MPI.COMM_WORLD
     if problem not in DEFAULTS:          # the same on every rank: every rank raises it
@@ -261,24 +271,29 @@ def train(comm=None, problem="sparse", lr_decay=None, n_samples=5000, features=5
     settings = run.Settings.of(given, momentum=0.0, **DEFAULTS[problem])
     lr_decay = LR_DECAY[problem] if lr_decay is None else lr_decay
     if problem == "dense":
-        return train_dense(comm, settings, lr_decay)
-    return train_sparse(comm, settings, lr_decay, sparse, n_samples, features, nnz, l2)
+        sparse_flags = [flag for flag, value in (("--n-samples", n_samples), ("--features", features),
+                                                 ("--nnz", nnz)) if value is not None]
+        return train_dense(comm, settings, lr_decay, sparse_flags)
+    shape = {name: SPARSE[name] if value is None else value
+             for name, value in (("n_samples", n_samples), ("features", features), ("nnz", nnz))}
+    return train_sparse(comm, settings, lr_decay, sparse, l2=l2, **shape)
 
 
 def main(argv=None):
-    parser = cli.parser(__doc__.splitlines()[0], epochs=None, lr=None, batch_size=None, momentum=None)
+    parser = cli.parser(__doc__.splitlines()[0], epochs=None, lr=None, batch_size=None, momentum=None, model=None)
     parser.epilog = "defaults (None above) by problem: " + "; ".join(
-        "{0}: --epochs {epochs} --lr {lr} --batch-size {batch_size} --lr-decay {1}".format(
-            name, LR_DECAY[name], **DEFAULTS[name]) for name in DEFAULTS)
+        "{0}: --epochs {epochs} --lr {lr} --batch-size {batch_size} --lr-decay {1}{2}".format(
+            name, LR_DECAY[name], f" --model {DEFAULTS[name]['model']}" if DEFAULTS[name]["model"] else "",
+            **DEFAULTS[name]) for name in DEFAULTS)
     parser.add_argument("--problem", default="sparse", choices=sorted(DEFAULTS),
                         help="sparse: logistic regression with --nnz nonzeros per sample; dense: --model on --dataset")
     # its own dest: the shared settings (cli.SHARED) have an lr_decay of their own, the synchronous
     # family's list of step epochs (algorithms.schedule); Hogwild's is a factor per epoch
     parser.add_argument("--lr-decay", dest="decay_per_epoch", type=float, default=None,
                         help="lr <- lr * decay after each epoch")
-    parser.add_argument("--n-samples", type=int, default=5000)
-    parser.add_argument("--features", type=int, default=500)
-    parser.add_argument("--nnz", type=int, default=10, help="nonzeros per sample (sparse problem)")
+    parser.add_argument("--n-samples", type=int, default=None, help=f"samples (sparse problem; {SPARSE['n_samples']})")
+    parser.add_argument("--features", type=int, default=None, help=f"features (sparse problem; {SPARSE['features']})")
+    parser.add_argument("--nnz", type=int, default=None, help=f"nonzeros per sample (sparse problem; {SPARSE['nnz']})")
     args = parser.parse_args(argv)
     cli.run_main(train, args, problem=args.problem, lr_decay=args.decay_per_epoch, n_samples=args.n_samples,
                  features=args.features, nnz=args.nnz)

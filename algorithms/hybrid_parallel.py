@@ -38,8 +38,10 @@ parameters on every rank; here each rank allreduces only its stage's n_s ~ n / P
 log adds both counts (bytes_pipeline or bytes_model, and bytes_allreduce).
 
 Restrictions: size divisible by --stages; the pipeline's (P <= layers, 1 <= m <= --batch-size,
---batch-size is per replica) or the model's (P <= every split width; no --save/--resume), and the
-data-parallel one (R <= training rows).
+--batch-size is per replica) or the model's (P <= every split width), and the data-parallel one
+(R <= training rows); --split only with --group model, --schedule and --micro-batches only with
+--group pipeline. Checkpoints are layout-free: --save writes the serial model and its momentum
+(gathered), which any SGD-family algorithm resumes on any layout, this one included.
 
 Default run (the small CNN on the embedded digits, 20 epochs, batch 32 per replica, 2 stages,
 1F1B with 4 micro-batches, ring allreduce, lr 0.05, momentum 0.9): the trajectory of serial SGD at
@@ -48,10 +50,9 @@ batch 32 R; measured at 4 ranks (2 x 2): 97.8% test accuracy, as ``serial_sgd --
 """
 from mpi4py import MPI
 
-from algorithms import cli, model_parallel, pipeline_parallel, run
+from algorithms import checkpoint, cli, model_parallel, pipeline_parallel, run
 from algorithms.cli import SettingError
 from collectives.trace import CountingComm
-from minidl.flat import FlatParameters
 
 GROUPS = ("pipeline", "model")
 
@@ -87,45 +88,48 @@ def check(settings, size, stages, group, split, kind, micro_batches):
         model_parallel.check(settings, stages, split)
 
 
-class ModelShare:
-    """A rank's pieces of every layer (model_parallel), with their own flat gradient and optimizer."""
-
-    def __init__(self, job, group, split):
-        self.group, self.split = group, split
-        self.blocks = model_parallel.blocks_of(job.objective.net)
-        self.pieces = [model_parallel.Piece(block, group.Get_rank(), group.Get_size(), split) for block in self.blocks]
-        self.flat = FlatParameters([parameter for piece in self.pieces for parameter in piece.parameters()])
-        self.optimizer = type(job.optimizer)([self.flat.as_parameter()], lr=job.settings.lr,
-                                             momentum=job.settings.momentum)
-        self.data = job.objective.data
-
-    def gradient(self, batch):
-        """This rank's pieces' gradient of the replica's rows, weighted by rows / (R b)."""
-        rows = batch.index
-        if not len(rows):                      # a replica without rows in the epoch's last batch
-            self.flat.grad[...] = 0
-            return 0.0
-        loss = model_parallel.model_parallel_gradient(self.group, self.pieces, self.data.x_train[rows],
-                                                      self.data.y_train[rows], self.split)
-        self.flat.grad *= len(rows) / batch.total
-        return loss
+def model_share_gradient(row, share, batch):
+    """This rank's pieces' gradient (``model_parallel.Partition`` ``share``) of its replica's rows,
+    weighted by rows / (R b); the pieces' messages go on the replica's communicator ``row``."""
+    rows = batch.index
+    if not len(rows):                          # a replica without rows in the epoch's last batch
+        share.flat.grad[...] = 0
+        return 0.0
+    data = share.objective.data
+    loss = model_parallel.model_parallel_gradient(row, share.pieces, data.x_train[rows], data.y_train[rows],
+                                                  share.split)
+    share.flat.grad *= len(rows) / batch.total
+    return loss
 
 
-def train(comm=None, stages=2, group="pipeline", split="output", schedule="1f1b", micro_batches=4, allreduce="ring",
+def train(comm=None, stages=2, group="pipeline", split=None, schedule=None, micro_batches=None, allreduce="ring",
           **settings):
     """Hybrid SGD on ``comm``: size / stages replicas, each a ``stages``-deep pipeline (``group``
-    "pipeline") or partitioned into ``stages`` model pieces (``group`` "model", ``split`` as in
-    model_parallel); returns (final flat parameters, on every rank, history)."""
+    "pipeline", ``schedule`` and ``micro_batches`` as in pipeline_parallel, default 1f1b and 4) or
+    partitioned into ``stages`` model pieces (``group`` "model", ``split`` as in model_parallel,
+    default output); returns (final flat parameters, on every rank, history). A setting of the other
+    group is refused."""
     comm = comm or MPI.COMM_WORLD
     size, rank = comm.Get_size(), comm.Get_rank()
     settings = run.Settings.of(settings, epochs=20, momentum=0.9, partition="global")
 
+    given = {"pipeline": {"--split": split}, "model": {"--schedule": schedule, "--micro-batches": micro_batches}}
+    split, schedule, micro_batches = split or "output", schedule or "1f1b", micro_batches or 4
+
     def check_all(s):
+        ignored = [flag for flag, value in given.get(group, {}).items() if value is not None]
+        if ignored:
+            raise SettingError(f"{' and '.join(ignored)} set{'s' if len(ignored) == 1 else ''} how a "
+                               f"{'model' if group == 'pipeline' else 'pipeline'} replica runs; this run has "
+                               f"--group {group}")
         check(s, size, stages, group, split, schedule, micro_batches)
         run.allreduce_function(allreduce)
 
     replica, position = divmod(rank, stages) if isinstance(stages, int) and stages >= 1 else (0, 0)
-    job = run.start(comm, settings, check=check_all, reader=(replica, size // max(stages, 1)))
+    layout = {"stages": stages, "group": group, **({"split": split} if group == "model" else
+                                                    {"schedule": schedule, "micro_batches": micro_batches})}
+    job = run.start(comm, settings, check=check_all, reader=(replica, size // max(stages, 1)),
+                    writer=checkpoint.Writer("hybrid_parallel", checkpoint.SGD_FAMILY, layout=layout))
     row = CountingComm(comm.Split(color=replica, key=position))          # one replica: a pipeline or a model
     column = CountingComm(comm.Split(color=position, key=replica))       # the same share in every replica
     summed = run.allreduce_function(allreduce)
@@ -139,11 +143,11 @@ def train(comm=None, stages=2, group="pipeline", split="output", schedule="1f1b"
         def gather():
             pipeline_parallel.share_stages(row.comm, stage, job.objective, job.optimizer)
     else:
-        model = ModelShare(job, row, split)
-        share, optimizer, replica_gradient = model.flat.grad, model.optimizer, model.gradient
+        mine = model_parallel.Partition(job, row.comm, split)    # gathers for evaluation: not counted
+        share, optimizer, gather = mine.flat.grad, mine.optimizer, mine.gather
 
-        def gather():
-            model_parallel.assemble(row.comm, model.pieces, model.blocks, split)
+        def replica_gradient(batch):
+            return model_share_gradient(row, mine, batch)
 
     def step(batch):
         loss = hybrid_step(column, share, optimizer, lambda: replica_gradient(batch), summed)
@@ -165,9 +169,12 @@ def main(argv=None):
     parser.add_argument("--stages", type=int, default=2,
                         help="ranks per replica P (pipeline stages, or model pieces); size / P replicas")
     parser.add_argument("--group", default="pipeline", choices=GROUPS, help="how each replica is split")
-    parser.add_argument("--split", default="output", choices=model_parallel.SPLITS, help="with --group model")
-    parser.add_argument("--schedule", default="1f1b", choices=pipeline_parallel.SCHEDULES, help="with --group pipeline")
-    parser.add_argument("--micro-batches", type=int, default=4, help="with --group pipeline: per replica's batch")
+    parser.add_argument("--split", default=None, choices=model_parallel.SPLITS,
+                        help="with --group model only (default output)")
+    parser.add_argument("--schedule", default=None, choices=pipeline_parallel.SCHEDULES,
+                        help="with --group pipeline only (default 1f1b)")
+    parser.add_argument("--micro-batches", type=int, default=None,
+                        help="with --group pipeline only: per replica's batch (default 4)")
     args = parser.parse_args(argv)
     cli.run_main(train, args, stages=args.stages, group=args.group, split=args.split, schedule=args.schedule,
                  micro_batches=args.micro_batches, allreduce=args.allreduce)

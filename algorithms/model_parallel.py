@@ -54,9 +54,10 @@ parallelism pays per row of the batch, data parallelism per parameter (tutorials
 
 Restrictions: Linear and Conv2d layers with ReLU and max pooling (any other layer is refused);
 --split input for an MLP only; P <= the width being split of every layer (a rank needs a neuron,
-a channel or a feature of each); --save and --resume are refused (the
-optimizer state lives in pieces); the whole batch on every rank (one replica; see hybrid_parallel
-for replicas of a partitioned model).
+a channel or a feature of each); the whole batch on every rank (one replica; see hybrid_parallel
+for replicas of a partitioned model). Checkpoints are layout-free (``Partition``): --save writes the
+pieces and their momentum in the serial model's order, and --resume cuts such a file, written by any
+SGD-family algorithm on any number of ranks, back into this run's pieces.
 
 Default run (the MLP on the embedded digits, 10 epochs, batch 32, lr 0.05, momentum 0.9): the
 same trajectory as serial SGD on the same MLP; measured at P = 4: 97.5% test accuracy, as
@@ -66,7 +67,7 @@ far too small for its layers to be worth splitting; tutorials/06 counts the byte
 import numpy
 from mpi4py import MPI
 
-from algorithms import cli, run
+from algorithms import checkpoint, cli, run
 from algorithms.cli import SettingError
 from algorithms.objective import build_model
 from minidl.data import shard
@@ -252,8 +253,6 @@ def check(settings, size, split):
     """The model-parallel settings, checked on every rank before the first message."""
     if split not in SPLITS:
         raise SettingError(f"unknown --split {split!r}; choose one of {', '.join(SPLITS)}")
-    if settings.save or settings.resume:
-        raise SettingError("model_parallel does not offer --save or --resume: its optimizer state lives in pieces")
     if settings.problem is not None:
         raise SettingError("model parallelism needs a network of layers, not a convex problem")
     model = settings.model
@@ -280,18 +279,56 @@ def bytes_per_step(rows, widths, size, itemsize, split):
     return (size - 1) * rows * ((2 if split == "input" else 1) * outputs + inner_inputs) * itemsize
 
 
-def assemble(comm, pieces, blocks, split):
-    """Every rank's pieces into the whole layers on every rank (evaluation only: not counted)."""
+def serial_positions(pieces, blocks, flat, split):
+    """Where this rank's piece values sit in the serial model's flat vector ``flat``, in the order of
+    the pieces' own flat vector (weight, bias, piece by piece)."""
+    offsets = {id(parameter): start for parameter, (start, _) in zip(flat.parameters, flat.offsets)}
+    where = []
     for piece, (_, layer, _) in zip(pieces, blocks):
-        every = comm.allgather((piece.weight.data, None if piece.bias is None else piece.bias.data))
-        weights = [weight for weight, _ in every]
-        if split == "output":
-            axis = 0 if isinstance(layer, Conv2d) else 1       # the output channels' or neurons' axis
-            layer.weight.data[...] = numpy.concatenate(weights, axis=axis)
-            layer.bias.data[...] = numpy.concatenate([bias for _, bias in every])
-        else:
-            layer.weight.data[...] = numpy.concatenate(weights, axis=0)
-            layer.bias.data[...] = every[0][1]
+        weight = offsets[id(layer.weight)] + numpy.arange(layer.weight.size).reshape(layer.weight.shape)
+        bias = offsets[id(layer.bias)] + numpy.arange(layer.bias.size)
+        if split == "output":                                  # my output channels' (neurons') axis
+            where += [(weight[piece.cols] if isinstance(layer, Conv2d) else weight[:, piece.cols]).ravel(),
+                      bias[piece.cols]]
+        else:                                                  # my input features' rows; the bias on rank 0
+            where += [weight[piece.rows].ravel()] + ([bias] if piece.bias is not None else [])
+    return numpy.concatenate(where)
+
+
+class Partition:
+    """This rank's pieces of every layer of ``job``'s model, split over ``comm``: one flat vector with
+    its own optimizer, and where each value sits in the serial model (``serial_positions``), so the
+    whole model and its optimizer state can be assembled for evaluation and --save, and a --resume
+    file (the serial model's order, loaded by run.start) cut back into pieces."""
+
+    def __init__(self, job, comm, split):
+        self.comm, self.split = comm, split
+        self.blocks = blocks_of(job.objective.net)
+        self.pieces = [Piece(block, comm.Get_rank(), comm.Get_size(), split) for block in self.blocks]
+        self.flat = FlatParameters([parameter for piece in self.pieces for parameter in piece.parameters()])
+        self.optimizer = type(job.optimizer)([self.flat.as_parameter()], lr=job.settings.lr,
+                                             momentum=job.settings.momentum)
+        self.objective, self.serial = job.objective, job.optimizer
+        own = serial_positions(self.pieces, self.blocks, job.objective.flat, split)
+        self.where = comm.allgather(own)                       # every rank's positions, once
+        for key, value in self.serial.state[0].items():        # a resumed run's momentum, cut to my pieces
+            self.optimizer.state[0][key] = value[own].copy()
+        self.optimizer.steps = self.serial.steps
+
+    def assemble(self, local):
+        """Every rank's ``local`` piece values as one vector in the serial model's order (on every rank)."""
+        whole = numpy.empty(self.objective.params.size, dtype=local.dtype)
+        for where, values in zip(self.where, self.comm.allgather(local)):
+            whole[where] = values
+        return whole
+
+    def gather(self):
+        """The pieces into the serial model, their momentum into its optimizer, on every rank
+        (evaluation and --save only: not counted)."""
+        self.objective.params[...] = self.assemble(self.flat.data)
+        for key, value in self.optimizer.state[0].items():
+            self.serial.state[0][key] = self.assemble(value)
+        self.serial.steps = self.optimizer.steps
 
 
 def train(comm=None, split="output", **settings):
@@ -299,20 +336,19 @@ def train(comm=None, split="output", **settings):
     parameters of the whole model, on every rank, history)."""
     comm = comm or MPI.COMM_WORLD
     settings = run.Settings.of(settings, epochs=10, momentum=0.9, partition="global", model="mlp")
-    job = run.start(comm, settings, check=lambda s: check(s, comm.Get_size(), split), reader=(0, 1))
-    blocks = blocks_of(job.objective.net)
-    pieces = [Piece(block, job.rank, job.size, split) for block in blocks]
-    flat = FlatParameters([parameter for piece in pieces for parameter in piece.parameters()])
-    optimizer = type(job.optimizer)([flat.as_parameter()], lr=settings.lr, momentum=settings.momentum)
+    writer = checkpoint.Writer("model_parallel", checkpoint.SGD_FAMILY, layout={"pieces": comm.Get_size(),
+                                                                                "split": split})
+    job = run.start(comm, settings, check=lambda s: check(s, comm.Get_size(), split), reader=(0, 1), writer=writer)
+    mine = Partition(job, job.comm, split)
     x_all, y_all = job.objective.data.x_train, job.objective.data.y_train
 
     def step(batch):
-        loss = model_parallel_gradient(job.counting, pieces, x_all[batch.index], y_all[batch.index], split)
-        optimizer.step()                               # every rank: its own pieces only
+        loss = model_parallel_gradient(job.counting, mine.pieces, x_all[batch.index], y_all[batch.index], split)
+        mine.optimizer.step()                          # every rank: its own pieces only
         return loss
 
     def evaluate():
-        assemble(job.comm, pieces, blocks, split)
+        mine.gather()
         return job.objective.evaluate()
 
     return job.loop(step, evaluate=evaluate)

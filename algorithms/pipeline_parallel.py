@@ -65,7 +65,7 @@ with other jobs on the 2 cores, against 14 s serially: 4 ranks share 2 cores, an
 import numpy
 from mpi4py import MPI
 
-from algorithms import cli, run
+from algorithms import checkpoint, cli, run
 from algorithms.cli import SettingError
 from algorithms.objective import build_model
 from minidl import backend
@@ -233,8 +233,10 @@ def train(comm=None, schedule="1f1b", micro_batches=4, **settings):
     comm = comm or MPI.COMM_WORLD
     kind = schedule                                # the argument's name hides the function schedule() here
     settings = run.Settings.of(settings, epochs=20, momentum=0.9, partition="global")
+    writer = checkpoint.Writer("pipeline_parallel", checkpoint.SGD_FAMILY,
+                               layout={"stages": comm.Get_size(), "schedule": kind, "micro_batches": micro_batches})
     job = run.start(comm, settings, check=lambda s: check(s, comm.Get_size(), kind, micro_batches),
-                    reader=(0, 1))
+                    reader=(0, 1), writer=writer)
     stage = Stage(job.objective.net, job.rank, job.size, job.objective.data.x_train[:1])
     last = job.size - 1
 

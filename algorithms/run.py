@@ -234,8 +234,8 @@ class Run:
     is the plain one, for evaluation-only reductions that are not part of the algorithm.
     """
 
-    def __init__(self, comm, settings, objective, optimizer, checkpoint, replicated, reader=None):
-        self.comm, self.settings = comm, settings
+    def __init__(self, comm, settings, objective, optimizer, checkpoint, replicated, reader=None, meta=None):
+        self.comm, self.settings, self.meta = comm, settings, meta
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.reader = reader or (self.rank, self.size)   # (piece, pieces) of each global batch this rank reads
         self.objective, self.optimizer = objective, optimizer
@@ -314,14 +314,16 @@ class Run:
         self.logger.close()
         if self.settings.save:
             own = None if self.replicated else {"params": self.objective.params, **self.kept}
-            checkpoint.write(self.comm, self.settings.save, params, self.optimizer, self.settings.epochs, own)
+            checkpoint.write(self.comm, self.settings.save, params, self.optimizer, self.settings.epochs, own,
+                             meta=self.meta)
         return backend.to_numpy(params).copy(), self.logger.history
 
 
-def start(comm, settings, check=None, model_seed=None, replicated=True, reader=None):
+def start(comm, settings, check=None, model_seed=None, replicated=True, reader=None, *, writer):
     """The agreed set-up of a run (see the module docstring); returns a ``Run``.
 
-    ``settings``: a ``Settings``. ``check(settings)``: the algorithm's own checks (raise
+    ``settings``: a ``Settings``. ``writer``: a ``checkpoint.Writer``, what --save records and
+    --resume compares (the algorithm, its family, its state-shaping flags, its layout). ``check(settings)``: the algorithm's own checks (raise
     SettingError). ``model_seed``: the initial weights' seed if not ``settings.seed`` (ensembles).
     ``replicated``: every rank holds the same parameters and optimizer state at the end (so a
     checkpoint needs one copy); otherwise each rank's own are saved too. ``reader``: (piece, pieces),
@@ -335,15 +337,16 @@ def start(comm, settings, check=None, model_seed=None, replicated=True, reader=N
         if check is not None:
             check(settings)
         if rank == 0:
-            cli.check_output("--save", settings.save)
+            checkpoint.check_save(settings.save)
+        meta = writer.meta(settings, size)
         objective = build_objective(settings.model, settings.dataset, settings.seed, settings.data,
                                     settings.data_dir, settings.problem, model_seed=model_seed)
         if size > objective.n:
             raise SettingError(f"{size} ranks but only {objective.n} training examples: every rank needs at "
                                f"least one (use fewer ranks)")
         optimizer = SGD([objective.flat.as_parameter()], lr=settings.lr, momentum=settings.momentum)
-        resumed = checkpoint.resume(settings, objective, optimizer, rank, size) if settings.resume else None
-        job = Run(comm, settings, objective, optimizer, resumed, replicated, reader)
+        resumed = checkpoint.resume(settings, objective, optimizer, rank, size, meta) if settings.resume else None
+        job = Run(comm, settings, objective, optimizer, resumed, replicated, reader, meta)
         job.logger = Log(settings.log, rank=rank, quiet=settings.quiet)
     except Exception as caught:                  # noqa: BLE001 - agreed below, on every rank
         error = caught

@@ -47,7 +47,7 @@ Restrictions: the model's top-level Sequential entries that are Linear layers ca
 import numpy
 from mpi4py import MPI
 
-from algorithms import cli, run
+from algorithms import checkpoint, cli, run
 from algorithms.cli import SettingError
 from collectives.tags import DIRECT_GATHER, GATHER, SEND_BACK
 from minidl import backend
@@ -245,7 +245,7 @@ def train(comm=None, factors="auto", exchange="broadcast", allreduce="ring", **s
             raise SettingError(f"unknown --factors {factors!r}; choose one of {', '.join(CHOICES)}")
         if exchange not in EXCHANGES:
             raise SettingError(f"unknown --exchange {exchange!r}; choose one of {', '.join(EXCHANGES)}")
-    job = run.start(comm, settings, check=check)
+    job = run.start(comm, settings, check=check, writer=checkpoint.Writer("sufficient_factors", checkpoint.SGD_FAMILY))
     size, batch = comm.Get_size(), settings.batch_size
 
     def choose(layer):

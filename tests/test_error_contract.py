@@ -16,7 +16,7 @@ import pytest
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
-from algorithms import admm_sgd, easgd, ensemble, gossip_sgd, model_averaging, run
+from algorithms import admm_sgd, checkpoint, easgd, ensemble, gossip_sgd, model_averaging, run
 from algorithms.cli import SettingError
 from algorithms.objective import load_data
 from collectives.cost import per_rank
@@ -139,7 +139,8 @@ def test_a_set_up_failure_on_one_rank_stops_every_rank_with_its_message():
             raise SettingError("--data-dir /x: unreadable here")
 
     try:
-        run.start(comm, run.Settings(model="mlp", epochs=1, quiet=True), check=fails_on_rank_one)
+        run.start(comm, run.Settings(model="mlp", epochs=1, quiet=True), check=fails_on_rank_one,
+                  writer=checkpoint.Writer("test"))
         message = None
     except SettingError as error:
         message = (str(error), error.every_rank)

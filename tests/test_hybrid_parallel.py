@@ -23,8 +23,9 @@ def test_two_replicas_of_a_two_rank_model_equal_serial_sgd_at_twice_the_batch():
     comm, data = MPI.COMM_WORLD, tiny_digits(n_train=49)
     serial = serial_sgd(data, epochs=1, lr=0.1, momentum=0.9, batch_size=2 * 4)
     for group, variant in (("pipeline", "gpipe"), ("pipeline", "1f1b"), ("model", "output"), ("model", "input")):
-        params, _ = hybrid_parallel.train(comm, stages=2, group=group, schedule=variant, split=variant,
-                                          micro_batches=3, allreduce="mpi", model=six_layer_mlp, data=data,
+        how = dict(schedule=variant, micro_batches=3) if group == "pipeline" else dict(split=variant)
+        params, _ = hybrid_parallel.train(comm, stages=2, group=group, **how, allreduce="mpi", model=six_layer_mlp,
+                                          data=data,
                                           epochs=1, lr=0.1, momentum=0.9, batch_size=4, quiet=True)
         error = float(np.max(np.abs(params - serial)) / np.max(np.abs(serial)))
         parallel_assert(error < EQUAL_UP_TO_ROUNDING, f"data 2 x {group} 2 ({variant}): relative error {error:.2e}")

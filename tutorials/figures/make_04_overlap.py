@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
-from algorithms import allreduce_sgd, run  # noqa: E402
+from algorithms import allreduce_sgd, checkpoint, run  # noqa: E402
 from algorithms.objective import build, load_data  # noqa: E402
 from collectives import bench  # noqa: E402
 from collectives.nonblocking import overlap_prediction  # noqa: E402
@@ -51,7 +51,7 @@ def step_times(comm, model, buckets, data, epochs=1):
     """Seconds of each step on this rank: one training run of allreduce SGD (butterfly)."""
     settings = run.Settings.of(dict(model=model, data=data, epochs=epochs, batch_size=BATCH, quiet=True),
                                momentum=0.9, partition="global")
-    job = run.start(comm, settings)
+    job = run.start(comm, settings, writer=checkpoint.Writer("make_04_overlap"))
     seconds = []
     if buckets is None:
         summed = run.allreduce_function("butterfly")
