@@ -158,10 +158,10 @@ def load_optimizer(path, optimizer, arrays, prefix="optimizer."):
                            f"--momentum 0 in one run and not in the other?") from None
 
 
-def write(comm, path, params, optimizer, epoch, own=None, meta=None):
-    """--save on rank 0 (a collective): ``params``, rank 0's optimizer state, ``meta``, and with
-    ``own`` (this rank's {name: vector}) every rank's own values and optimizer state as
-    ``rank.<name>`` rows. Returns once the file is written, on every rank (a failed write is a
+def write(comm, path, params, optimizer, epoch, own=None, meta=None, shared=None):
+    """--save on rank 0 (a collective): ``params``, rank 0's optimizer state, ``meta``, ``shared``
+    (rank 0's {name: array} of state every rank holds alike), and with ``own`` (this rank's
+    {name: vector}) every rank's own values and optimizer state as ``rank.<name>`` rows. Returns once the file is written, on every rank (a failed write is a
     SettingError on every rank)."""
     rank, extra = comm.Get_rank(), {}
     if own is not None:
@@ -173,7 +173,8 @@ def write(comm, path, params, optimizer, epoch, own=None, meta=None):
     failed = None
     if rank == 0:
         try:
-            save_checkpoint(path, params, optimizer, epoch, meta=meta, ranks=comm.Get_size(), **extra)
+            save_checkpoint(path, params, optimizer, epoch, meta=meta, ranks=comm.Get_size(), **extra,
+                            **(shared or {}))
         except SettingError as error:
             failed = str(error)
     failed = comm.bcast(failed, root=0) if comm.Get_size() > 1 else failed

@@ -41,8 +41,10 @@ same examples per round (the budget: --rounds x B each, 12 x 1280 for the defaul
 with a bigger batch takes fewer steps; each member reads an endless stream of its own shuffled
 epochs (``Stream``), so a round need not end at an epoch's end.
 
-Restrictions: 2 <= M <= p with M dividing p; 0 < fraction <= 0.5; no --save / --resume.
-The result is the best member at the last ranking; its test accuracy is in the last record.
+Restrictions: 2 <= M <= p with M dividing p; 0 < fraction <= 0.5. The result is the best member
+at the last ranking; its test accuracy is in the last record. --save keeps every rank's member
+(w, v), its place in its data stream, the hyperparameter table and the lineage, so --resume with
+more --rounds on as many ranks continues bit for bit; its ``params`` is the best member's.
 
 Default run (4 members of one rank, 12 rounds of 40 x 32 examples each, digits CNN): about two
 seconds on 2 cores. The defaults were this long budget until chapter 9's first protocol made the
@@ -67,7 +69,7 @@ import math
 import numpy
 from mpi4py import MPI
 
-from algorithms import cli, run
+from algorithms import checkpoint, cli, run
 from algorithms.allreduce_sgd import data_parallel_step
 from algorithms.cli import SettingError
 from algorithms.objective import Data, evaluate, load_data
@@ -229,12 +231,11 @@ def train(comm=None, population=None, ready=40, rounds=12, fraction=0.25, search
         for name in HYPERPARAMETERS:
             if settings.pop(name, None) is not None:
                 raise SettingError(f"--{name.replace('_', '-')}: each pbt member samples its own (see pbt.sample)")
-        for flag in ("save", "resume"):
-            if settings.get(flag):
-                raise SettingError(f"--{flag}: pbt does not save or resume (use --lineage for its record)")
         check(size, population, ready, rounds, fraction, search, validation, ready_batch)
         if rank == 0:
             cli.check_output("--lineage", lineage)
+            cli.check_output("--log", settings.get("log"))
+            checkpoint.check_save(settings.get("save"))
     except SettingError as caught:
         error = caught
     run.agree_on_errors(comm, error)
@@ -243,13 +244,21 @@ def train(comm=None, population=None, ready=40, rounds=12, fraction=0.25, search
     team = comm.Split(member, rank)             # the member's own ranks, for its synchronous SGD
 
     # every member: the same weights, its own data stream and optimizer (run.start, on the team)
-    settings = run.Settings.of(settings, epochs=1, partition="global")
+    settings = run.Settings.of(settings, epochs=rounds, partition="global")   # a checkpoint's "epoch": rounds done
     log, settings.log = settings.log, None
-    error, job, held_out = None, None, None
+    state = {"--population": population, "--search": search, "--ready": ready, "--ready-batch": ready_batch,
+             "--fraction": fraction, "--validation": validation}
+    writer = checkpoint.Writer("pbt", state=state, layout={"ranks_per_member": size // population})
+    error, job, held_out, resumed = None, None, None, None
     try:
         data, *held_out = split_validation(settings.data or load_data(settings.dataset, settings.seed,
                                                                        settings.data_dir), validation)
-        job = run.start(team, dataclasses.replace(settings, data=data, quiet=True), reader=(piece, per_member))
+        job = run.start(team, dataclasses.replace(settings, data=data, quiet=True, save=None, resume=None),
+                        reader=(piece, per_member), writer=writer)
+        initial = flat_state(job.objective, job.optimizer)  # every member's start: evolution restarts from it
+        if settings.resume:                     # this rank's own member state, the shared table, the lineage
+            resumed = checkpoint.resume(settings, job.objective, job.optimizer, rank, size, writer.meta(settings, size))
+        logger = run.Log(log, rank=rank, quiet=settings.quiet)
     except Exception as caught:                 # noqa: BLE001 - agreed below, on every rank
         error = caught
     run.agree_on_errors(comm, error)            # a member that failed to start stops the whole population
@@ -257,12 +266,32 @@ def train(comm=None, population=None, ready=40, rounds=12, fraction=0.25, search
     stream = Stream(objective.n, settings.seed, member, piece, per_member)
     world = CountingComm(comm)
     hyper = numpy.array([sample(numpy.random.default_rng([settings.seed, 10 ** 6 + m])) for m in range(population)])
-    logger = run.Log(log, rank=rank, quiet=settings.quiet)
-    records = []
-    budget = ready * ready_batch * per_member  # examples per member and round, whatever its batch
-    initial = flat_state(objective, optimizer)  # every member's start: --search evolution restarts from it
+    records, first, best = [], 0, None
 
-    for round_ in range(rounds):
+    def ready_step(round_, scores):
+        """Ranking ``round_``'s selection, exploit and explore; returns {loser: winner}."""
+        rng = numpy.random.default_rng([settings.seed, round_])
+        pairs = truncation_selection(scores, fraction, rng)
+        if search == "pbt":                     # ready -> exploit -> explore
+            exploit_and_explore(world, per_member, pairs, objective, optimizer, hyper, rng)
+        elif search == "evolution":             # offspring: a winner's h, perturbed, from scratch
+            for loser, winner in pairs:
+                hyper[loser] = perturb(hyper[winner], rng)
+                if loser == member:
+                    load_flat_state(objective, optimizer, initial.copy())
+        return dict(pairs) if search != "random" else {}
+
+    if resumed is not None:                     # the saved run's last ranking had no ready step: do it now
+        (stream.epoch, stream.position), hyper = resumed["stream"].tolist(), resumed["hyper"].copy()
+        stream.order, records = stream.shuffle(), json.loads(str(resumed["lineage"]))
+        first, best = int(resumed["epoch"]), int(resumed["best"])
+        if first < rounds:
+            parents = ready_step(first - 1, [member_record["score"] for member_record in records[-1]])
+            for member_record in records[-1]:
+                member_record["parent"] = parents.get(member_record["member"], member_record["member"])
+    budget = ready * ready_batch * per_member  # examples per member and round, whatever its batch
+
+    for round_ in range(first, rounds):
         # train: synchronous SGD with this member's hyperparameters until it has read this round's
         # budget of examples (a bigger batch takes fewer steps; the last step may be smaller)
         optimizer.lr, optimizer.momentum = float(hyper[member, 0]), float(hyper[member, 1])
@@ -277,20 +306,10 @@ def train(comm=None, population=None, ready=40, rounds=12, fraction=0.25, search
         # the few held-out rows once members are good)
         score = -loss if math.isfinite(loss) else math.nan
         scores, accuracies, read = zip(*comm.allgather((score, accuracy, examples))[::per_member])
-        rng = numpy.random.default_rng([settings.seed, round_])
-        pairs = truncation_selection(scores, fraction, rng)
-        if not pairs and not any(math.isfinite(value) for value in scores):
+        if not any(math.isfinite(value) for value in scores):
             raise run.Diverged(f"every member diverged by round {round_ + 1}; lower the prior's lr")
         before = hyper.copy()
-        last = round_ == rounds - 1
-        if search == "pbt" and not last:            # ready -> exploit -> explore
-            exploit_and_explore(world, per_member, pairs, objective, optimizer, hyper, rng)
-        elif search == "evolution" and not last:    # offspring: a winner's h, perturbed, from scratch
-            for loser, winner in pairs:
-                hyper[loser] = perturb(hyper[winner], rng)
-                if loser == member:
-                    load_flat_state(objective, optimizer, initial.copy())
-        parents = dict(pairs) if search != "random" and not last else {}
+        parents = ready_step(round_, scores) if round_ < rounds - 1 else {}     # none after the last ranking
         records.append([{"round": round_ + 1, "member": m, "score": scores[m], "accuracy": accuracies[m],
                          "parent": parents.get(m, m), "examples": read[m],
                          **dict(zip(HYPERPARAMETERS, before[m].tolist()))} for m in range(population)])
@@ -301,12 +320,18 @@ def train(comm=None, population=None, ready=40, rounds=12, fraction=0.25, search
                      bytes=int(comm.allreduce(world.bytes_sent + job.counting.bytes_sent)))
 
     # the result: the best member at the last ranking, sent to every rank, scored on the test set
-    params = backend.to_numpy(objective.params).copy()
+    own = backend.to_numpy(objective.params).copy()   # this member's: --save keeps it for --resume
+    params = own.copy()
     comm.Bcast(params, root=best * per_member)
     objective.params[...] = backend.asarray(params)
     test_loss, test_accuracy = evaluate(objective.net, objective.data.x_test, objective.data.y_test)
     logger.epoch(best_member=best, test_loss=test_loss, test_accuracy=test_accuracy, search=search)
     logger.close()
+    if settings.save:                           # each rank's member and stream, the table and the lineage
+        objective.params[...] = backend.asarray(own)
+        checkpoint.write(comm, settings.save, params, optimizer, rounds, meta=writer.meta(settings, size),
+                         own={"params": objective.params, "stream": numpy.array([stream.epoch, stream.position])},
+                         shared={"hyper": hyper, "best": numpy.array(best), "lineage": numpy.array(json.dumps(records))})
     if rank == 0 and lineage:
         with open(lineage, "w") as file:
             json.dump({"search": search, "population": population, "ready": ready, "ready_batch": ready_batch,
