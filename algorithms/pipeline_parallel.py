@@ -33,10 +33,12 @@ schedules differ in.
     stage 2  .  .  F0 F1 F2 F3 B3 B2 B1 B0 .  .        holds m = 4 micro-batches at its peak
 
     1F1B, P = 3, m = 4
-    stage 0  F0 F1 F2 .  B0 F3 B1 .  B2 .  B3          warm-up P-s-1 = 2 forwards, then
+    stage 0  F0 F1 F2 .  .  B0 F3 B1 .  B2 .  B3       warm-up P-s-1 = 2 forwards, then
     stage 1  .  F0 F1 .  B0 F2 B1 F3 B2 .  B3 .        one forward, one backward (steady state),
-    stage 2  .  .  F0 B0 F1 B1 F2 B2 F3 B3             cool-down: the backwards still owed;
+    stage 2  .  .  F0 B0 F1 B1 F2 B2 F3 B3 .  .        cool-down: the backwards still owed;
                                                        stage s holds at most P - s micro-batches
+    (each slot as early as its input allows: a stage waits for the forward from s-1, the backward
+    from s+1; tests/test_pipeline_parallel.py replays ``schedule`` this way and checks both pictures)
 With forward and backward of equal cost, both schedules leave each stage idle for (P-1) of the
 (m+P-1) slots of each pass: the bubble fraction (P-1)/(m+P-1) (Huang et al. 2019).
 
@@ -48,10 +50,13 @@ Every send is an Isend that the step waits on at its end: with blocking sends 1F
 direction each message has its own tag, so no receive can take another micro-batch's message.
 
 Every rank holds the whole flat parameter vector (the same initial weights as serial SGD), but
-computes and updates only its stage's slice of it; the other slices have zero gradient, so the
-shared optimizer leaves them unchanged on this rank. At each epoch's end the slices (and their
-momentum) are gathered on every rank (evaluation only, not counted), so every rank evaluates,
-saves and returns the whole trained model.
+computes only its stage's slice of the gradient; the other slices' gradient is zero. The optimizer
+steps the whole vector, so within an epoch those other slices are stale copies: without momentum
+they stay as they are, with momentum they drift (v <- momentum v, w <- w - lr v, from the momentum
+gathered at the last epoch's end). Nothing reads them: stage s's forward and backward use only its
+own layers. At each epoch's end every stage's slice and its momentum are gathered on every rank
+(``share_stages``; evaluation only, not counted), which overwrites the stale copies, so every rank
+evaluates, saves and returns the whole trained model, and a --save file is the serial model's.
 
 Restrictions: P <= L (a stage needs a layer); 1 <= m <= --batch-size (a micro-batch needs a row;
 the epoch's last, shorter batch uses min(m, its rows)); a Sequential model (not --problem). Stages

@@ -8,6 +8,7 @@ it sent and received (a traced communicator), not from the module's own bookkeep
 against the schedules' definitions written here in another form (a greedy rule for 1F1B).
 """
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -117,6 +118,52 @@ def most_held(order):
         held += 1 if step == "forward" else -1
         peak = max(peak, held)
     return peak
+
+
+def timeline(kind, stages, m):
+    """Each stage's row of slots when every stage runs ``schedule``'s order, one slot per forward or
+    backward, each as early as its input allows: forward i on stage s after forward i on s-1, backward i
+    after backward i on s+1 (the last stage: after its own forward i). '.' is an idle slot."""
+    orders = [pipeline_parallel.schedule(kind, stage, stages, m) for stage in range(stages)]
+    done, free = {}, [0] * stages              # done[(stage, step, i)]: the slot it ended in
+    while any(orders):
+        for stage in range(stages):
+            while orders[stage]:
+                step, i = orders[stage][0]
+                before = ((stage - 1, "forward", i) if step == "forward" else
+                          (stage + 1, "backward", i) if stage < stages - 1 else (stage, "forward", i))
+                if before[0] in (-1, stages) or before in done:
+                    slot = max(free[stage], done.get(before, -1) + 1)
+                    done[(stage, step, i)], free[stage] = slot, slot + 1
+                    orders[stage].pop(0)
+                else:
+                    break
+    width = max(free)
+    rows = [["."] * width for _ in range(stages)]
+    for (stage, step, i), slot in done.items():
+        rows[stage][slot] = f"{step[0].upper()}{i}"
+    return [" ".join(row) for row in rows]
+
+
+def pictured(title):
+    """The rows of the docstring's picture under ``title`` (its slot tokens, comments dropped)."""
+    lines = pipeline_parallel.__doc__.splitlines()
+    start = next(k for k, line in enumerate(lines) if line.strip() == title)
+    rows = []
+    for line in lines[start + 1:]:
+        if not re.match(r"\s*stage \d+ ", line):
+            break
+        tokens = line.split()[2:]
+        slots = [token for token in tokens[:next((k for k, t in enumerate(tokens)
+                                                   if not re.fullmatch(r"[FB]\d+|\.", t)), len(tokens))]]
+        rows.append(" ".join(slots))
+    return rows
+
+
+@pytest.mark.parametrize("kind, title", [("gpipe", "GPipe, P = 3, m = 4 (F = forward, B = backward, . = bubble; one slot each)"),
+                                         ("1f1b", "1F1B, P = 3, m = 4")])
+def test_the_docstrings_schedule_pictures_are_what_the_schedules_run(kind, title):
+    assert pictured(title) == timeline(kind, 3, 4)
 
 
 @pytest.mark.task("6.1")
