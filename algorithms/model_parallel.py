@@ -19,7 +19,8 @@ whole batch. Two ways to cut W_k (i_k, o_k), uneven blocks allowed (``shard``):
       backward   dW_k[:, cols_r] = a_k^T dz_r, db_k[cols_r] = sum_rows dz_r
                  da_k = sum_r dz_r W_k[:, cols_r]^T      (N, i_k): a sum over ranks, of which rank q
                  needs only its own neurons' columns: a reduce-scatter
-      a convolution is cut the same way by output channels (its weight's first axis); ReLU and
+      a convolution is cut the same way by output channels (its weight's first axis; DistBelief
+      itself cuts convolutional layers spatially, by blocks of the feature map); ReLU and
       pooling act on each channel alone, so they run on the rank that owns it, and the allgather
       and reduce-scatter move blocks of channels (N, c_r, H, W) instead of columns. The output
       split runs through minidl's autograd on each rank's piece (``Piece.module``).
