@@ -27,13 +27,14 @@ the parameters, so the two-loop recursion (``sharded_direction``, the heart) is
     d = -q
 
 The step rule is the serial optimizer's, exactly: the backtracking (Armijo) line search of
-``minidl.optim.LBFGS`` (largest t in {lr, lr/2, ...} with f(w + t d) <= f(w) + 1e-4 t <g, d>; the
-first step of a fresh history scaled by min(1, 1/||g||_1)), its restart on a non-descent
-direction, its curvature rule (keep (s, y) only if <s, y> > 1e-10) and its stopping tests. Why
-not the paper's fixed schedule: the same rule lets the test tie the distributed run to serial
-L-BFGS to 1e-10, and a line search is what L-BFGS on a full batch needs to be safe (each
-trial point is one more batch, which is exactly where Sandblaster's load balancing pays).
-One epoch is one ``LBFGS.step(closure)`` call of up to ``--max-iter`` iterations.
+``minidl.optim.LBFGS`` (largest t in {lr, lr/2, ...} with f(w + t d) <= f(w) + 1e-4 t <g, d>, the
+last one tried if all 30 fail; the first step of a fresh history scaled by min(1, 1/||g||_1)), its
+restart on a non-descent direction, its curvature rule (keep (s, y) only if <s, y> > 1e-10) and its
+stopping tests. Why not the paper's fixed schedule: the same rule lets the test tie the distributed
+run to serial L-BFGS to 1e-10, and full-batch L-BFGS needs a line search to be safe (each trial
+point is one more batch, exactly where Sandblaster's load balancing pays). One epoch is one
+``LBFGS.step(closure)`` call of up to ``--max-iter`` iterations; the last epoch's --log record
+also holds the test metrics of the final parameters.
 
 A batch (one evaluation of f and g at a trial point, the full training set here) is cut into
 ``--portions`` contiguous pieces, many more than workers; the coordinator hands them out one at
@@ -46,7 +47,8 @@ copy of an outstanding portion (one still being computed, or finished but not ye
 first copy *pushed* wins, later copies are discarded and counted (a worker whose accumulator
 holds a portion that someone else pushed drops the whole accumulator: a sum cannot be taken
 apart; its other portions go back to the queue). ``--slow-worker R --slow-factor X`` makes
-worker rank R take X times as long per portion (it sleeps), to inject a straggler.
+worker rank R take X times as long per portion (it sleeps), to inject a straggler; at the end the
+coordinator's stop cancels whatever a worker is still on, so the job does not wait for it.
 ``--deterministic``: portion i goes to worker i mod W only and there are no backups, so the run
 is bit-for-bit reproducible (shards add the workers' accumulators in worker order).
 
@@ -57,13 +59,13 @@ workers and 2 S (reductions) or S (vector commands) small messages per command w
 about 8 k + 20 commands per iteration for a history of k pairs. No vector ever passes through it.
 
 Restrictions: p >= S + 2; S <= n; W <= --portions <= training examples; 0 < --backup-threshold
-<= 1 (1: no backups); --slow-worker must be a worker rank, --slow-factor >= 1; --batch-size is
-refused (a batch is the whole training set); --resume is refused (the history would have to be
-saved too; --save writes the final parameters).
-Errors: a bad flag stops every rank before the first message (``run.start``); a non-finite loss
-makes the coordinator stop every worker and shard and every rank raise the same error; an
-exception in any role prints ``error: ...`` and aborts the job (``MPI.Abort(2)``), because the
-other roles are waiting for that rank's messages and would wait forever.
+<= 1 (1: no backups; below 1 only with W >= 2); --slow-worker (a worker rank) and --slow-factor
+(>= 1) only together; --model and --dataset not with --problem; --batch-size is refused (a batch
+is the training set); --resume is refused (the history would have to be saved too).
+Errors: a bad flag stops every rank before the first message (``run.start``); a non-finite loss,
+or one 100 x the first (``run.check_divergence``), makes the coordinator stop every worker and
+shard and every rank raise the same error; an exception in any role prints ``error: ...`` and
+aborts the job (``MPI.Abort(2)``): the other roles would wait for that rank's messages forever.
 
 Defaults (MLP on the embedded digits, 1 shard and 2 workers at -n 4, 32 portions, push every 4,
 backups at 0.9, history 10, 10 epochs x 10 iterations, lr 1), measured on 2 shared cores: 95.8% and
@@ -133,11 +135,7 @@ class Shards:
     def ask(self, op, **args):
         """Send the command, then collect each shard's number, in shard order."""
         self.order(op, **args)
-        answers = []
-        for rank in self.ranks:
-            wait_for(self.comm, rank, REPLY)
-            answers.append(self.comm.recv(source=rank, tag=REPLY))
-        return answers
+        return [self.comm.recv(source=wait_for(self.comm, rank, REPLY), tag=REPLY) for rank in self.ranks]
 
     def dot(self, a, b):
         return sum(self.ask("dot", a=a, b=b))
@@ -243,9 +241,7 @@ class Shard:
         elif op == "remember":                   # the pair joins the history; the oldest leaves
             self.s_history.append(self.vectors["s"].copy())
             self.y_history.append(self.vectors["y"].copy())
-            if len(self.s_history) > self.history_size:
-                self.s_history.pop(0)
-                self.y_history.pop(0)
+            del self.s_history[:-self.history_size], self.y_history[:-self.history_size]
         elif op == "forget":
             self.s_history, self.y_history = [], []
         elif op == "advance":                    # w <- w + s, g <- new_g
@@ -376,8 +372,7 @@ class Batch:
 
     def close(self):
         """The batch is over: results still held or being computed will be discarded."""
-        self.discarded += sum(len(held) for held in self.held.values())
-        self.discarded += sum(len(workers) for workers in self.running.values())
+        self.discarded += sum(map(len, self.held.values())) + sum(map(len, self.running.values()))
 
 
 class Coordinator:
@@ -389,11 +384,8 @@ class Coordinator:
         self.batch, self.number = None, 0
         self.idle = []                           # workers waiting for a portion
         self.discarded = self.backups = self.evaluations = 0
-        self.batch_seconds = []
-        self.failure = None                      # why the run stopped early, if it did
-        self.reference = None                    # f at the initial parameters (the divergence test)
-        self.final = None                        # the last epoch's record (collect adds the test metrics)
-        self.worker_bytes = [0] * roles.workers  # as each worker last reported them (for the log)
+        self.batch_seconds, self.worker_bytes = [], [0] * roles.workers   # worker_bytes: as last reported
+        self.failure = self.reference = self.final = None   # why it stopped early; f(w0); the last epoch's record
 
     # -- one batch: f and g at w + t d, from the workers ----------------------------------------------
     def evaluate(self, t):
@@ -445,9 +437,8 @@ class Coordinator:
                                dest=self.roles.worker_ranks[worker], tag=WORK)
 
     def stop(self):
-        """Every worker told to stop at once, also one still on a portion (a straggler's wait is
-        cancelled: the job does not wait for it); late reports are read until each worker's
-        last one, its "stopped"; then every shard is told to stop."""
+        """Every worker told to stop at once, also one still on a portion (a straggler is not waited for);
+        late reports are read up to each worker's last, "stopped"; then every shard is told to stop."""
         for rank in self.roles.worker_ranks:
             self.comm.send({"stop": True, "drop": True}, dest=rank, tag=WORK)
         stopped = 0
@@ -490,7 +481,7 @@ class Coordinator:
                     shards.copy("d", "g", factor=-1.0)
                     slope = -shards.dot("g", "g")
                 t = o["lr"] if pairs else min(1.0, 1.0 / shards.norm1("g")) * o["lr"]
-                for trial in range(o["max_backtracks"]):          # the last trial is taken if all fail
+                for trial in range(o["max_backtracks"]):      # if every trial fails, the last is taken
                     t = t if trial == 0 else 0.5 * t
                     new_loss = self.evaluate(t)
                     if new_loss <= loss + 1e-4 * t * slope:
@@ -508,10 +499,9 @@ class Coordinator:
             record = dict(epoch=epoch + 1, train_loss=loss, iterations=steps, evaluations=self.evaluations,
                           backups=self.backups, discarded=self.discarded, bytes=int(sent),
                           seconds=round(time.perf_counter() - self.log.started, 3))
-            if epoch + 1 < epochs:
+            if epoch + 1 < epochs:                              # the last: collect logs it, with the test metrics
                 self.log.epoch(**record)
-            else:                                               # logged by collect, with the test metrics
-                self.final = record
+            self.final = record
 
 
 # ---- a worker: portions of each batch, pushed every few ----------------------------------------------
@@ -558,12 +548,11 @@ def work(comm, roles, objective, options, rows):
         loss = objective.loss_and_grad(index) * len(index) / n          # this portion's share of the mean
         host[...] = backend.to_numpy(objective.grad) * (len(index) / n)
         computed += 1
-        report = {"batch": reply["batch"], "portion": reply["portion"], "loss": loss, "bytes": comm.bytes_sent}
         until = time.perf_counter() + (slow - 1) * (time.perf_counter() - began)   # the injected straggler
         while time.perf_counter() < until and not comm.Iprobe(source=0, tag=WORK):
             time.sleep(POLL_SECONDS)
-        if comm.Iprobe(source=0, tag=WORK):      # busy, the only WORK message is the stop: cancelled
-            report = None
+        report = None if comm.Iprobe(source=0, tag=WORK) else {   # a WORK message now can only be the stop
+            "batch": reply["batch"], "portion": reply["portion"], "loss": loss, "bytes": comm.bytes_sent}
 
 
 # ---- train / main -----------------------------------------------------------------------------------
@@ -591,10 +580,7 @@ def train(comm=None, servers=1, portions=32, backup_threshold=None, push_every=4
     batch_size = settings.pop("batch_size", None)        # refused below: the batch is the training set
     unused = [f"--{name.replace('_', '-')}" for name in ("model", "dataset", "data_dir")   # beside a problem
               if settings.get(name) is not None] if settings.get("problem") is not None else []
-    settings = {name: value for name, value in settings.items() if value is not None or name not in ("model", "dataset")}
-    if settings.get("problem") == "least-squares":       # --problem, drawn from --seed (a bad seed is refused below)
-        seed = settings.get("seed", 0)
-        settings["problem"] = default_problem(seed) if isinstance(seed, int) and seed >= 0 else None
+    settings = {name: value for name, value in settings.items() if not (value is None and name in ("model", "dataset"))}
     settings = run.Settings.of(settings, epochs=10, lr=1.0, momentum=0.0, model="mlp")
     size, rank = comm.Get_size(), comm.Get_rank()
     threshold = (1.0 if deterministic else 0.9) if backup_threshold is None else backup_threshold
@@ -614,15 +600,13 @@ def train(comm=None, servers=1, portions=32, backup_threshold=None, push_every=4
         cli.require("--push-every", push_every, integer=True, low=1)
         cli.require("--history", history, integer=True, low=1)
         cli.require("--max-iter", max_iter, integer=True, low=1)
-        cli.require("max_backtracks", max_backtracks, integer=True, low=1)
         if unused:
             raise cli.SettingError(f"{', '.join(unused)} not used by sandblaster_lbfgs with --problem: the problem "
                                    "is the model and the data; leave out one or the other")
         if (slow_worker is None) != (slow_factor is None):
             raise cli.SettingError("--slow-worker R and --slow-factor X come together (worker R made X times slower); "
                                    f"got only {'--slow-factor' if slow_worker is None else '--slow-worker'}")
-        if slow_factor is not None:
-            cli.require("--slow-factor", slow_factor, low=1)
+        cli.require("--slow-factor", 1.0 if slow_factor is None else slow_factor, low=1)
         if deterministic and threshold < 1:
             raise cli.SettingError("--deterministic hands portion i to worker i mod W and issues no backup tasks; "
                                    "leave out --backup-threshold")
@@ -652,7 +636,6 @@ def train(comm=None, servers=1, portions=32, backup_threshold=None, push_every=4
                    max_backtracks=max_backtracks, tolerance_grad=tolerance_grad, tolerance_change=tolerance_change,
                    lr=settings.lr, deterministic=deterministic, slow_worker=slow_worker, slow_factor=slow_factor or 1.0)
     counting = CountingComm(comm)
-    mine = {}
     role = roles.role(rank)
     if role == "coordinator":
         traced = TracedComm(counting)
@@ -697,8 +680,8 @@ def default_problem(seed=0):
 
 
 def main(argv=None):
-    parser = cli.parser(__doc__.splitlines()[0], epochs=10, lr=1.0, model="mlp", momentum=None)
-    parser.set_defaults(batch_size=None, model=None, dataset=None)   # given: refused (model, dataset: with --problem)
+    parser = cli.parser(__doc__.splitlines()[0], epochs=10, lr=1.0, model=None, momentum=None)   # model: mlp
+    parser.set_defaults(batch_size=None, dataset=None)   # given, refused (--model, --dataset: with --problem)
     parser.add_argument("--servers", type=int, default=1, help="parameter-server shards (ranks 1 .. S)")
     parser.add_argument("--portions", type=int, default=32, help="pieces of each batch, handed out one at a time")
     parser.add_argument("--backup-threshold", type=float, default=None,
@@ -716,7 +699,7 @@ def main(argv=None):
     cli.run_main(train, args, servers=args.servers, portions=args.portions, backup_threshold=args.backup_threshold,
                  push_every=args.push_every, history=args.history, max_iter=args.max_iter,
                  slow_worker=args.slow_worker, slow_factor=args.slow_factor, deterministic=args.deterministic,
-                 problem=args.problem)
+                 problem=default_problem(args.seed) if args.problem and args.seed >= 0 else None)   # else refused
 
 
 if __name__ == "__main__":
