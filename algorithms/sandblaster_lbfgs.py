@@ -28,13 +28,12 @@ the parameters, so the two-loop recursion (``sharded_direction``, the heart) is
 
 The step rule is the serial optimizer's, exactly: the backtracking (Armijo) line search of
 ``minidl.optim.LBFGS`` (largest t in {lr, lr/2, ...} with f(w + t d) <= f(w) + 1e-4 t <g, d>, the
-last one tried if all 30 fail; the first step of a fresh history scaled by min(1, 1/||g||_1)), its
-restart on a non-descent direction, its curvature rule (keep (s, y) only if <s, y> > 1e-10) and its
-stopping tests. Why not the paper's fixed schedule: the same rule lets the test tie the distributed
-run to serial L-BFGS to 1e-10, and full-batch L-BFGS needs a line search to be safe (each trial
-point is one more batch, exactly where Sandblaster's load balancing pays). One epoch is one
-``LBFGS.step(closure)`` call of up to ``--max-iter`` iterations; the last epoch's --log record
-also holds the test metrics of the final parameters.
+last one tried if all 30 fail; a fresh history's first t scaled by min(1, 1/||g||_1)), its restart
+on a non-descent direction, its curvature rule (keep (s, y) only if <s, y> > 1e-10) and its stopping
+tests. Why not the paper's fixed schedule: the same rule lets a test tie the distributed run to
+serial L-BFGS to 1e-10, and full-batch L-BFGS needs a line search to be safe (each trial point is
+one more batch, exactly where load balancing pays). An epoch is one ``LBFGS.step(closure)`` of up
+to ``--max-iter`` iterations and one --log record (the last with the final test metrics).
 
 A batch (one evaluation of f and g at a trial point, the full training set here) is cut into
 ``--portions`` contiguous pieces, many more than workers; the coordinator hands them out one at
@@ -381,8 +380,7 @@ class Coordinator:
     def __init__(self, comm, roles, options, log):
         self.comm, self.roles, self.options, self.log = comm, roles, options, log
         self.shards = Shards(comm, roles.server_ranks)
-        self.batch, self.number = None, 0
-        self.idle = []                           # workers waiting for a portion
+        self.batch, self.number, self.idle = None, 0, []   # idle: workers waiting for a portion
         self.discarded = self.backups = self.evaluations = 0
         self.batch_seconds, self.worker_bytes = [], [0] * roles.workers   # worker_bytes: as last reported
         self.failure = self.reference = self.final = None   # why it stopped early; f(w0); the last epoch's record
@@ -509,7 +507,7 @@ class Coordinator:
 def work(comm, roles, objective, options, rows):
     """Ask for portions until told to stop; returns how many portions this worker computed."""
     rank, n = comm.Get_rank(), objective.n
-    accrued, kept, computed = numpy.zeros_like(backend.to_numpy(objective.grad)), 0, 0
+    accrued, computed = numpy.zeros_like(backend.to_numpy(objective.grad)), 0
     fetched, slow = None, options["slow_factor"] if rank == options["slow_worker"] else 1.0
     report = {"batch": None, "portion": None, "loss": None, "bytes": 0}
     host = numpy.empty_like(accrued)
@@ -519,15 +517,14 @@ def work(comm, roles, objective, options, rows):
         wait_for(comm, 0, WORK)
         reply = comm.recv(source=0, tag=WORK)
         if reply.get("drop"):
-            accrued[...], kept = 0, 0
+            accrued[...] = 0
         if reply.get("keep"):
             accrued += host
-            kept += 1
         if reply.get("push"):                    # the accumulated gradient, one slice per shard
             for server, (start, stop) in zip(roles.server_ranks, roles.ranges):
                 comm.send(reply["push"], dest=server, tag=PUSH)
                 comm.Send(accrued[start:stop], dest=server, tag=PUSH_DATA)
-            accrued[...], kept = 0, 0
+            accrued[...] = 0
         while not reply["stop"] and reply["portion"] is None:   # nothing to do yet: wait for work
             wait_for(comm, 0, WORK)
             reply = comm.recv(source=0, tag=WORK)
