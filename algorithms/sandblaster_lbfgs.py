@@ -27,13 +27,13 @@ the parameters, so the two-loop recursion (``sharded_direction``, the heart) is
     d = -q
 
 The step rule is the serial optimizer's, exactly: the backtracking (Armijo) line search of
-``minidl.optim.LBFGS`` (largest t in {lr, lr/2, ...} with f(w + t d) <= f(w) + 1e-4 t <g, d>; the
-first step of a fresh history scaled by min(1, 1/||g||_1)), its restart on a non-descent
-direction, its curvature rule (keep (s, y) only if <s, y> > 1e-10) and its stopping tests. Why
-not the paper's fixed schedule: the same rule lets the test tie the distributed run to serial
-L-BFGS to 1e-10, and a line search is what L-BFGS on a full batch needs to be safe (each
-trial point is one more batch, which is exactly where Sandblaster's load balancing pays).
-One epoch is one ``LBFGS.step(closure)`` call of up to ``--max-iter`` iterations.
+``minidl.optim.LBFGS`` (largest t in {lr, lr/2, ...} with f(w + t d) <= f(w) + 1e-4 t <g, d>, the
+last one tried if all 30 fail; a fresh history's first t scaled by min(1, 1/||g||_1)), its restart
+on a non-descent direction, its curvature rule (keep (s, y) only if <s, y> > 1e-10) and its stopping
+tests. Why not the paper's fixed schedule: the same rule lets a test tie the distributed run to
+serial L-BFGS to 1e-10, and full-batch L-BFGS needs a line search to be safe (each trial point is
+one more batch, exactly where load balancing pays). An epoch is one ``LBFGS.step(closure)`` of up
+to ``--max-iter`` iterations and one --log record (the last with the final test metrics).
 
 A batch (one evaluation of f and g at a trial point, the full training set here) is cut into
 ``--portions`` contiguous pieces, many more than workers; the coordinator hands them out one at
@@ -46,7 +46,8 @@ copy of an outstanding portion (one still being computed, or finished but not ye
 first copy *pushed* wins, later copies are discarded and counted (a worker whose accumulator
 holds a portion that someone else pushed drops the whole accumulator: a sum cannot be taken
 apart; its other portions go back to the queue). ``--slow-worker R --slow-factor X`` makes
-worker rank R take X times as long per portion (it sleeps), to inject a straggler.
+worker rank R take X times as long per portion (it sleeps), to inject a straggler; at the end the
+coordinator's stop cancels whatever a worker is still on, so the job does not wait for it.
 ``--deterministic``: portion i goes to worker i mod W only and there are no backups, so the run
 is bit-for-bit reproducible (shards add the workers' accumulators in worker order).
 
@@ -57,13 +58,13 @@ workers and 2 S (reductions) or S (vector commands) small messages per command w
 about 8 k + 20 commands per iteration for a history of k pairs. No vector ever passes through it.
 
 Restrictions: p >= S + 2; S <= n; W <= --portions <= training examples; 0 < --backup-threshold
-<= 1 (1: no backups); --slow-worker must be a worker rank, --slow-factor >= 1; --batch-size is
-refused (a batch is the whole training set); --resume is refused (the history would have to be
-saved too; --save writes the final parameters).
-Errors: a bad flag stops every rank before the first message (``run.start``); a non-finite loss
-makes the coordinator stop every worker and shard and every rank raise the same error; an
-exception in any role prints ``error: ...`` and aborts the job (``MPI.Abort(2)``), because the
-other roles are waiting for that rank's messages and would wait forever.
+<= 1 (1: no backups; below 1 only with W >= 2); --slow-worker (a worker rank) and --slow-factor
+(>= 1) only together; --model and --dataset not with --problem; --batch-size is refused (a batch
+is the training set); --resume is refused (the history would have to be saved too).
+Errors: a bad flag stops every rank before the first message (``run.start``); a non-finite loss,
+or one 100 x the first (``run.check_divergence``), makes the coordinator stop every worker and
+shard and every rank raise the same error; an exception in any role prints ``error: ...`` and
+aborts the job (``MPI.Abort(2)``): the other roles would wait for that rank's messages forever.
 
 Defaults (MLP on the embedded digits, 1 shard and 2 workers at -n 4, 32 portions, push every 4,
 backups at 0.9, history 10, 10 epochs x 10 iterations, lr 1), measured on 2 shared cores: 95.8% and
@@ -133,11 +134,7 @@ class Shards:
     def ask(self, op, **args):
         """Send the command, then collect each shard's number, in shard order."""
         self.order(op, **args)
-        answers = []
-        for rank in self.ranks:
-            wait_for(self.comm, rank, REPLY)
-            answers.append(self.comm.recv(source=rank, tag=REPLY))
-        return answers
+        return [self.comm.recv(source=wait_for(self.comm, rank, REPLY), tag=REPLY) for rank in self.ranks]
 
     def dot(self, a, b):
         return sum(self.ask("dot", a=a, b=b))
@@ -243,9 +240,7 @@ class Shard:
         elif op == "remember":                   # the pair joins the history; the oldest leaves
             self.s_history.append(self.vectors["s"].copy())
             self.y_history.append(self.vectors["y"].copy())
-            if len(self.s_history) > self.history_size:
-                self.s_history.pop(0)
-                self.y_history.pop(0)
+            del self.s_history[:-self.history_size], self.y_history[:-self.history_size]
         elif op == "forget":
             self.s_history, self.y_history = [], []
         elif op == "advance":                    # w <- w + s, g <- new_g
@@ -376,8 +371,7 @@ class Batch:
 
     def close(self):
         """The batch is over: results still held or being computed will be discarded."""
-        self.discarded += sum(len(held) for held in self.held.values())
-        self.discarded += sum(len(workers) for workers in self.running.values())
+        self.discarded += sum(map(len, self.held.values())) + sum(map(len, self.running.values()))
 
 
 class Coordinator:
@@ -386,12 +380,10 @@ class Coordinator:
     def __init__(self, comm, roles, options, log):
         self.comm, self.roles, self.options, self.log = comm, roles, options, log
         self.shards = Shards(comm, roles.server_ranks)
-        self.batch, self.number = None, 0
-        self.idle = []                           # workers waiting for a portion
+        self.batch, self.number, self.idle = None, 0, []   # idle: workers waiting for a portion
         self.discarded = self.backups = self.evaluations = 0
-        self.batch_seconds = []
-        self.failure = None                      # why the run stopped early, if it did
-        self.worker_bytes = [0] * roles.workers  # as each worker last reported them (for the log)
+        self.batch_seconds, self.worker_bytes = [], [0] * roles.workers   # worker_bytes: as last reported
+        self.failure = self.reference = self.final = None   # why it stopped early; f(w0); the last epoch's record
 
     # -- one batch: f and g at w + t d, from the workers ----------------------------------------------
     def evaluate(self, t):
@@ -443,15 +435,13 @@ class Coordinator:
                                dest=self.roles.worker_ranks[worker], tag=WORK)
 
     def stop(self):
-        """Every worker told to stop (late reports answered), then every shard."""
-        stopped = set()
-        for worker in self.idle:
-            self.comm.send({"stop": True}, dest=self.roles.worker_ranks[worker], tag=WORK)
-            stopped.add(worker)
-        while len(stopped) < self.roles.workers:
-            rank, _ = self.next_report()
+        """Every worker told to stop at once, also one still on a portion (a straggler is not waited for);
+        late reports are read up to each worker's last, "stopped"; then every shard is told to stop."""
+        for rank in self.roles.worker_ranks:
             self.comm.send({"stop": True, "drop": True}, dest=rank, tag=WORK)
-            stopped.add(self.roles.worker_ranks.index(rank))
+        stopped = 0
+        while stopped < self.roles.workers:
+            stopped += bool(self.next_report()[1].get("stopped"))
         self.shards.order("stop")
 
     # -- L-BFGS: minidl.optim.LBFGS.step, line for line, on the shards ----------------------------------
@@ -463,18 +453,20 @@ class Coordinator:
             self.failure = str(diverged)
         self.stop()
 
-    @staticmethod
-    def check_finite(loss, iteration):
+    def check(self, loss, iteration):
+        """Diverged on a nan or inf loss, or on one more than 100 x the start's (``run.check_divergence``)."""
         if not math.isfinite(loss):
             raise run.Diverged(f"loss became {'nan' if math.isnan(loss) else 'inf'} at L-BFGS iteration "
                                f"{iteration}; lower --lr or check the data")
+        self.reference = loss if self.reference is None else self.reference
+        run.check_divergence(loss, self.reference, f"L-BFGS iteration {iteration}'s")
 
     def lbfgs(self, epochs):
         o, shards = self.options, self.shards
         pairs, steps = 0, 0
         for epoch in range(epochs):
             loss = self.evaluate(None)                          # f(w), g(w)
-            self.check_finite(loss, steps)
+            self.check(loss, steps)
             shards.order("take_gradient")
             for _ in range(o["max_iter"]):
                 if shards.max_abs("g") <= o["tolerance_grad"]:
@@ -487,23 +479,27 @@ class Coordinator:
                     shards.copy("d", "g", factor=-1.0)
                     slope = -shards.dot("g", "g")
                 t = o["lr"] if pairs else min(1.0, 1.0 / shards.norm1("g")) * o["lr"]
-                for _ in range(o["max_backtracks"]):
+                for trial in range(o["max_backtracks"]):      # if every trial fails, the last is taken
+                    t = t if trial == 0 else 0.5 * t
                     new_loss = self.evaluate(t)
                     if new_loss <= loss + 1e-4 * t * slope:
                         break
-                    t *= 0.5
                 if sum(shards.ask("accept", t=t)) > CURVATURE:      # s = t d, y = new_g - g; <s, y>
                     shards.order("remember")
                     pairs = min(pairs + 1, o["history"])
                 shards.order("advance")                         # w <- w + s, g <- new_g
                 change, loss = abs(new_loss - loss), new_loss
-                self.check_finite(loss, steps)
+                self.check(loss, steps)
                 steps += 1
                 if change <= o["tolerance_change"]:
                     break
             sent = self.comm.bytes_sent + sum(shards.ask("bytes")) + sum(self.worker_bytes)
-            self.log.epoch(epoch=epoch + 1, train_loss=loss, iterations=steps, evaluations=self.evaluations,
-                           backups=self.backups, discarded=self.discarded, bytes=int(sent))
+            record = dict(epoch=epoch + 1, train_loss=loss, iterations=steps, evaluations=self.evaluations,
+                          backups=self.backups, discarded=self.discarded, bytes=int(sent),
+                          seconds=round(time.perf_counter() - self.log.started, 3))
+            if epoch + 1 < epochs:                              # the last: collect logs it, with the test metrics
+                self.log.epoch(**record)
+            self.final = record
 
 
 # ---- a worker: portions of each batch, pushed every few ----------------------------------------------
@@ -511,28 +507,29 @@ class Coordinator:
 def work(comm, roles, objective, options, rows):
     """Ask for portions until told to stop; returns how many portions this worker computed."""
     rank, n = comm.Get_rank(), objective.n
-    accrued, kept, computed = numpy.zeros_like(backend.to_numpy(objective.grad)), 0, 0
+    accrued, computed = numpy.zeros_like(backend.to_numpy(objective.grad)), 0
     fetched, slow = None, options["slow_factor"] if rank == options["slow_worker"] else 1.0
     report = {"batch": None, "portion": None, "loss": None, "bytes": 0}
     host = numpy.empty_like(accrued)
     while True:
-        comm.send(report, dest=0, tag=REPORT)
+        if report is not None:
+            comm.send(report, dest=0, tag=REPORT)
         wait_for(comm, 0, WORK)
         reply = comm.recv(source=0, tag=WORK)
         if reply.get("drop"):
-            accrued[...], kept = 0, 0
+            accrued[...] = 0
         if reply.get("keep"):
             accrued += host
-            kept += 1
         if reply.get("push"):                    # the accumulated gradient, one slice per shard
             for server, (start, stop) in zip(roles.server_ranks, roles.ranges):
                 comm.send(reply["push"], dest=server, tag=PUSH)
                 comm.Send(accrued[start:stop], dest=server, tag=PUSH_DATA)
-            accrued[...], kept = 0, 0
+            accrued[...] = 0
         while not reply["stop"] and reply["portion"] is None:   # nothing to do yet: wait for work
             wait_for(comm, 0, WORK)
             reply = comm.recv(source=0, tag=WORK)
         if reply["stop"]:
+            comm.send({"stopped": True}, dest=0, tag=REPORT)      # the last message to the coordinator
             return computed
         if reply["batch"] != fetched:            # a new batch: fetch its parameters from every shard
             for server in roles.server_ranks:
@@ -548,9 +545,11 @@ def work(comm, roles, objective, options, rows):
         loss = objective.loss_and_grad(index) * len(index) / n          # this portion's share of the mean
         host[...] = backend.to_numpy(objective.grad) * (len(index) / n)
         computed += 1
-        if slow > 1:                             # the injected straggler
-            time.sleep((slow - 1) * (time.perf_counter() - began))
-        report = {"batch": reply["batch"], "portion": reply["portion"], "loss": loss, "bytes": comm.bytes_sent}
+        until = time.perf_counter() + (slow - 1) * (time.perf_counter() - began)   # the injected straggler
+        while time.perf_counter() < until and not comm.Iprobe(source=0, tag=WORK):
+            time.sleep(POLL_SECONDS)
+        report = None if comm.Iprobe(source=0, tag=WORK) else {   # a WORK message now can only be the stop
+            "batch": reply["batch"], "portion": reply["portion"], "loss": loss, "bytes": comm.bytes_sent}
 
 
 # ---- train / main -----------------------------------------------------------------------------------
@@ -566,7 +565,7 @@ def abort_on_error(comm, role, function, *args):
 
 
 def train(comm=None, servers=1, portions=32, backup_threshold=None, push_every=4, history=10, max_iter=10,
-          max_backtracks=30, tolerance_grad=1e-7, tolerance_change=1e-12, slow_worker=None, slow_factor=1.0,
+          max_backtracks=30, tolerance_grad=1e-7, tolerance_change=1e-12, slow_worker=None, slow_factor=None,
           deterministic=False, report=None, **settings):
     """Sandblaster L-BFGS on ``comm``; returns (final flat parameters, per-epoch history) on every rank.
 
@@ -576,6 +575,9 @@ def train(comm=None, servers=1, portions=32, backup_threshold=None, push_every=4
     """
     comm = comm or MPI.COMM_WORLD
     batch_size = settings.pop("batch_size", None)        # refused below: the batch is the training set
+    unused = [f"--{name.replace('_', '-')}" for name in ("model", "dataset", "data_dir")   # beside a problem
+              if settings.get(name) is not None] if settings.get("problem") is not None else []
+    settings = {name: value for name, value in settings.items() if not (value is None and name in ("model", "dataset"))}
     settings = run.Settings.of(settings, epochs=10, lr=1.0, momentum=0.0, model="mlp")
     size, rank = comm.Get_size(), comm.Get_rank()
     threshold = (1.0 if deterministic else 0.9) if backup_threshold is None else backup_threshold
@@ -595,7 +597,13 @@ def train(comm=None, servers=1, portions=32, backup_threshold=None, push_every=4
         cli.require("--push-every", push_every, integer=True, low=1)
         cli.require("--history", history, integer=True, low=1)
         cli.require("--max-iter", max_iter, integer=True, low=1)
-        cli.require("--slow-factor", slow_factor, low=1)
+        if unused:
+            raise cli.SettingError(f"{', '.join(unused)} not used by sandblaster_lbfgs with --problem: the problem "
+                                   "is the model and the data; leave out one or the other")
+        if (slow_worker is None) != (slow_factor is None):
+            raise cli.SettingError("--slow-worker R and --slow-factor X come together (worker R made X times slower); "
+                                   f"got only {'--slow-factor' if slow_worker is None else '--slow-worker'}")
+        cli.require("--slow-factor", 1.0 if slow_factor is None else slow_factor, low=1)
         if deterministic and threshold < 1:
             raise cli.SettingError("--deterministic hands portion i to worker i mod W and issues no backup tasks; "
                                    "leave out --backup-threshold")
@@ -603,6 +611,9 @@ def train(comm=None, servers=1, portions=32, backup_threshold=None, push_every=4
         if portions < roles.workers:
             raise cli.SettingError(f"--portions {portions} is fewer than the {roles.workers} workers "
                                    f"(ranks {roles.worker_ranks[0]}..{size - 1}): some would never work")
+        if backup_threshold is not None and backup_threshold < 1 and roles.workers == 1:
+            raise cli.SettingError(f"--backup-threshold {backup_threshold} needs 2 or more workers (a backup copy goes "
+                                   f"to another worker); {size} ranks with --servers {servers} leave 1")
         if slow_worker is not None and slow_worker not in roles.worker_ranks:
             raise cli.SettingError(f"--slow-worker must be a worker rank ({roles.worker_ranks[0]}..{size - 1}; "
                                    f"rank 0 coordinates and ranks 1..{servers} serve), got {slow_worker}")
@@ -620,17 +631,16 @@ def train(comm=None, servers=1, portions=32, backup_threshold=None, push_every=4
 
     options = dict(portions=portions, threshold=threshold, push_every=push_every, history=history, max_iter=max_iter,
                    max_backtracks=max_backtracks, tolerance_grad=tolerance_grad, tolerance_change=tolerance_change,
-                   lr=settings.lr, deterministic=deterministic, slow_worker=slow_worker, slow_factor=slow_factor)
+                   lr=settings.lr, deterministic=deterministic, slow_worker=slow_worker, slow_factor=slow_factor or 1.0)
     counting = CountingComm(comm)
-    mine = {}
     role = roles.role(rank)
     if role == "coordinator":
         traced = TracedComm(counting)
         coordinator = Coordinator(traced, roles, options, job.logger)
         abort_on_error(comm, role, coordinator.train, settings.epochs)
         mine = dict(failure=coordinator.failure, messages=traced.messages, batch_seconds=coordinator.batch_seconds,
-                    backups=coordinator.backups,
-                    discarded=coordinator.discarded, evaluations=coordinator.evaluations)
+                    backups=coordinator.backups, discarded=coordinator.discarded, evaluations=coordinator.evaluations,
+                    final=coordinator.final)
     elif role == "server":
         shard = Shard(counting, roles, rank - 1, job.objective.params, history)
         mine = dict(shard=abort_on_error(comm, role, shard.serve))
@@ -648,19 +658,17 @@ def collect(comm, job, roles, mine, report):
         job.logger.close()
         raise run.Diverged(gathered[0]["failure"])
     params = numpy.concatenate([gathered[rank]["shard"] for rank in roles.server_ranks])
-    history = comm.bcast(job.logger.history, root=0)
-    if history:                                  # the final test metrics, on the joined parameters
-        history[-1].update(evaluate_at(job.objective, params))
-        if comm.Get_rank() == 0 and not job.settings.quiet:
-            print(run.Log.format({key: history[-1][key] for key in history[-1] if key not in ("epoch",)}),
-                  flush=True)
+    job.logger.history = comm.bcast(job.logger.history, root=0)
+    final = dict(gathered[0]["final"])           # the last epoch, with the test metrics of the joined parameters
+    job.logger.epoch(epoch=final.pop("epoch"), train_loss=final.pop("train_loss"),
+                     **evaluate_at(job.objective, params), **final)
     if report is not None:
         report.update(gathered[0], roles=roles, bytes=[part["bytes"] for part in gathered],
                       computed={rank: gathered[rank]["computed"] for rank in roles.worker_ranks})
     if job.settings.save:
         checkpoint.write(comm, job.settings.save, params, job.optimizer, job.settings.epochs)
     job.logger.close()
-    return params, history
+    return params, job.logger.history
 
 
 def default_problem(seed=0):
@@ -669,8 +677,8 @@ def default_problem(seed=0):
 
 
 def main(argv=None):
-    parser = cli.parser(__doc__.splitlines()[0], epochs=10, lr=1.0, model="mlp", momentum=None)
-    parser.set_defaults(batch_size=None)                 # not used: given, it is refused
+    parser = cli.parser(__doc__.splitlines()[0], epochs=10, lr=1.0, model=None, momentum=None)   # model: mlp
+    parser.set_defaults(batch_size=None, dataset=None)   # given, refused (--model, --dataset: with --problem)
     parser.add_argument("--servers", type=int, default=1, help="parameter-server shards (ranks 1 .. S)")
     parser.add_argument("--portions", type=int, default=32, help="pieces of each batch, handed out one at a time")
     parser.add_argument("--backup-threshold", type=float, default=None,
@@ -679,17 +687,16 @@ def main(argv=None):
     parser.add_argument("--history", type=int, default=10, help="(s, y) pairs kept on the shards")
     parser.add_argument("--max-iter", type=int, default=10, help="L-BFGS iterations per epoch")
     parser.add_argument("--slow-worker", type=int, default=None, help="rank of a worker that is made slow")
-    parser.add_argument("--slow-factor", type=float, default=1.0, help="how many times slower it is")
+    parser.add_argument("--slow-factor", type=float, default=None, help="how many times slower it is (>= 1)")
     parser.add_argument("--deterministic", action="store_true",
                         help="portion i to worker i mod W, no backups: bit-for-bit reproducible")
     parser.add_argument("--problem", choices=["least-squares"], default=None,
                         help="train a synthetic convex problem instead of --model")
     args = parser.parse_args(argv)
-    extra = dict(problem=default_problem(args.seed)) if args.problem else {}
     cli.run_main(train, args, servers=args.servers, portions=args.portions, backup_threshold=args.backup_threshold,
                  push_every=args.push_every, history=args.history, max_iter=args.max_iter,
                  slow_worker=args.slow_worker, slow_factor=args.slow_factor, deterministic=args.deterministic,
-                 **extra)
+                 problem=default_problem(args.seed) if args.problem and args.seed >= 0 else None)   # else refused
 
 
 if __name__ == "__main__":

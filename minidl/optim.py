@@ -238,8 +238,12 @@ class LBFGS(Optimizer):
     ``step(closure)`` runs up to ``max_iter`` iterations; ``closure()`` must zero the gradients,
     compute the full-batch loss, call ``backward()`` and return the loss. Each iteration:
     d = two_loop_direction(g), then the largest t in {lr, lr/2, ...} with
-    f(w + t d) <= f(w) + 1e-4 t <g, d>; then (s, y) = (w_new - w, g_new - g) joins the history
-    (kept only if <s, y> > 0, which keeps the implied Hessian positive definite).
+    f(w + t d) <= f(w) + 1e-4 t <g, d>, trying at most ``max_backtracks`` of them; if every
+    trial fails, the last one evaluated (t = lr / 2^(max_backtracks - 1)) is taken, so the loss
+    and gradient carried on are the ones measured there (not the best trial's: keeping the best
+    would mean keeping a gradient per trial, and Sandblaster's shards would have to as well);
+    then (s, y) = (w_new - w, g_new - g) joins the history (kept only if <s, y> > 1e-10, which
+    keeps the implied Hessian positive definite).
     """
 
     def __init__(self, params, lr=1.0, history_size=10, max_iter=20, tolerance_grad=1e-7,
@@ -250,6 +254,8 @@ class LBFGS(Optimizer):
             raise ValueError(f"history_size must be an integer >= 1, got {history_size!r}")
         if not isinstance(max_iter, int) or max_iter < 1:
             raise ValueError(f"max_iter must be an integer >= 1, got {max_iter!r}")
+        if not isinstance(max_backtracks, int) or max_backtracks < 1:
+            raise ValueError(f"max_backtracks must be an integer >= 1, got {max_backtracks!r}")
         self.lr, self.history_size, self.max_iter = lr, history_size, max_iter
         self.tolerance_grad, self.tolerance_change, self.max_backtracks = tolerance_grad, tolerance_change, max_backtracks
         self.s_history, self.y_history = [], []
@@ -280,12 +286,12 @@ class LBFGS(Optimizer):
                 self.s_history, self.y_history = [], []
                 d, slope = -g, -float((g * g).sum())
             t = self.lr if self.s_history else min(1.0, 1.0 / float(abs(g).sum())) * self.lr
-            for _ in range(self.max_backtracks):
+            for trial in range(self.max_backtracks):
+                t = t if trial == 0 else 0.5 * t    # halved only before a trial: t is always an evaluated step
                 self._scatter(w + t * d)
                 new_loss, new_g = self._evaluate(closure)
                 if new_loss <= loss + 1e-4 * t * slope:
                     break
-                t *= 0.5
             s, y = t * d, new_g - g
             if float((s * y).sum()) > 1e-10:
                 self.s_history.append(s)

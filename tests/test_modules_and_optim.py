@@ -212,8 +212,29 @@ def test_lbfgs_reaches_the_least_squares_optimum():
     np.testing.assert_allclose(w.data, problem.w_star, atol=1e-6)   # well conditioned: converges to ~1e-8
 
 
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_lbfgs_takes_the_last_evaluated_step_when_every_backtrack_fails(k):
+    # f(w) = w^2 / 2 from w = 1: g = 1, d = -g = -1, slope <g, d> = -1, the first trial step is
+    # t = lr min(1, 1/|g|_1) = lr, and Armijo, (1 - t)^2 / 2 <= 1/2 - 1e-4 t, holds iff t <= 2 - 2e-4.
+    # With lr = 3 * 2^(k-1) the k trials lr, lr/2, ..., 3 all fail; with max_backtracks = k the
+    # step taken is the last one evaluated, t = lr / 2^(k-1) = 3: w = 1 - 3 = -2, f = 2, exactly.
+    w = nn.Parameter(np.array([1.0]))
+    calls = []
+
+    def closure():
+        w.grad = w.data.copy()
+        calls.append(float(w.data[0]))
+        return 0.5 * float(w.data[0]) ** 2
+
+    opt = optim.LBFGS([w], lr=3.0 * 2 ** (k - 1), max_iter=1, max_backtracks=k)
+    loss = opt.step(closure)
+    assert calls == [1.0] + [1.0 - 3.0 * 2 ** j for j in reversed(range(k))]   # w, then the k trial points
+    assert w.data[0] == -2.0 and loss == 2.0                                   # the last trial, as evaluated
+
+
 @pytest.mark.parametrize("make", [lambda p: optim.SGD(p, lr=-1), lambda p: optim.SGD(p, lr=0.1, momentum=-0.5),
                                   lambda p: optim.Adagrad(p, lr=0), lambda p: optim.LBFGS(p, history_size=0),
+                                  lambda p: optim.LBFGS(p, max_backtracks=0),
                                   lambda p: optim.SGD(p, lr=0.1, nesterov=True)])
 def test_bad_hyperparameters_are_refused(make):
     with pytest.raises(ValueError):

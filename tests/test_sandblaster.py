@@ -10,7 +10,11 @@ Run: python tests/run.py --max-ranks 4 -- tests/test_sandblaster.py
   equals serial ``minidl.optim.LBFGS`` on a least-squares problem to 1e-10 in float64, so does a
   run with backup tasks and a straggler, and the coordinator's messages are all small (commands
   and numbers: the largest is far below one shard's slice of the vector).
-- The error contract of the new flags (mpiexec subprocesses).
+- The line search, on the real coordinator with in-process shards: when every backtrack fails,
+  the step taken is the last one evaluated (a quadratic where that step is known in closed form).
+- The error contract (mpiexec subprocesses): bad flags, flags that some combination would ignore,
+  a diverged run; a straggler with backup tasks does not hold the job's end; the --log's last
+  record carries the test metrics every algorithm logs.
 
 Tolerance: the distributed run adds the same numbers in another order (portion sums, shard
 partial dot products), a few ulps per evaluation; L-BFGS on this well-conditioned problem (20
@@ -18,16 +22,20 @@ iterations, far from the tolerances' thresholds) carries them forward without am
 much: measured differences are about 1e-15, while a wrong history, step or weighting moves the
 result by > 1e-3.
 """
+import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
-from algorithms import sandblaster_lbfgs as sandblaster
-from algorithms.objective import ConvexObjective
+from algorithms import run, sandblaster_lbfgs as sandblaster
+from algorithms.objective import ConvexObjective, build as build_objective, evaluate_at
 from minidl.data import least_squares
 from minidl.optim import LBFGS, two_loop_direction
 from tests.test_error_contract import ENV, MPIEXEC, ROOT, launch
@@ -70,6 +78,45 @@ def test_sharded_two_loop_recursion_equals_the_serial_one(servers):
         expected = two_loop_direction(g, s_history, y_history)
         assert np.allclose(direction, expected, rtol=1e-12, atol=1e-14), (servers, pairs)
         assert np.array_equal(g, np.concatenate([shard.vectors["g"] for shard in shards]))   # g untouched
+
+
+class NoMessages:
+    bytes_sent = 0
+
+
+class InProcessCoordinator(sandblaster.Coordinator):
+    """The real coordinator on in-process shards; a batch is f and g of ``function`` at the trial point."""
+
+    def __init__(self, roles, w, function, **options):
+        super().__init__(NoMessages(), roles, options, run.Log(quiet=True))
+        self.shards = InProcessShards([sandblaster.Shard(NoMessages(), roles, k, w, history_size=options["history"])
+                                       for k in range(roles.servers)])
+        self.function, self.trials = function, []
+
+    def evaluate(self, t):
+        self.shards.order("begin", t=t)
+        trial = np.concatenate([shard.vectors["trial"] for shard in self.shards.shards])
+        self.trials.append(trial.copy())
+        loss, grad = self.function(trial)
+        for shard, (start, stop) in zip(self.shards.shards, self.roles.ranges):
+            shard.vectors["new_g"][...] = grad[start:stop]
+        return loss
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_the_coordinator_takes_the_last_evaluated_step_when_every_backtrack_fails(k):
+    # as tests/test_modules_and_optim.py's serial case: f(w) = w^2 / 2 from w = 1, first trial t = lr,
+    # Armijo holds iff t <= 2 - 2e-4; lr = 3 * 2^(k-1) fails k times, the last trial t = 3 is taken:
+    # w = -2, f = 2 (under the divergence bound, 100 x max(f(1), 1) = 100)
+    options = dict(lr=3.0 * 2 ** (k - 1), max_iter=1, max_backtracks=k, history=10, tolerance_grad=1e-7,
+                   tolerance_change=1e-12)
+    coordinator = InProcessCoordinator(sandblaster.Roles(3, 1, 1), np.array([1.0]),
+                                       lambda w: (0.5 * float(w[0]) ** 2, w.copy()), **options)
+    coordinator.lbfgs(epochs=1)
+    assert [float(trial[0]) for trial in coordinator.trials] == [1.0] + [1.0 - 3.0 * 2 ** j
+                                                                          for j in reversed(range(k))]
+    assert coordinator.shards.shards[0].vectors["w"][0] == -2.0
+    assert coordinator.final["train_loss"] == 2.0                  # the last epoch: logged by collect()
 
 
 def drive(batch, order):
@@ -167,6 +214,20 @@ def test_sandblaster_equals_serial_lbfgs_with_and_without_backup_tasks():
     ("sandblaster_lbfgs", ["--batch-size", "8"], 3, "--batch-size is not used by sandblaster_lbfgs"),
     ("async_easgd", ["--tau", "0"], 3, "--tau must be an integer >= 1, got 0"),
     ("sandblaster_lbfgs", ["--lr", "1e300"], 3, "at L-BFGS iteration 0; lower --lr"),
+    # a diverged run (loss > 100 x the start's, run.check_divergence) stops every rank, as elsewhere
+    ("sandblaster_lbfgs", ["--lr", "1e10", "--max-iter", "3"], 3, "the run diverged: L-BFGS iteration"),
+    # flags accepted but ignored in some combination are refused in it
+    ("sandblaster_lbfgs", ["--slow-factor", "5"], 4, "--slow-worker R and --slow-factor X come together (worker R "
+                                                      "made X times slower); got only --slow-factor"),
+    ("sandblaster_lbfgs", ["--slow-worker", "3"], 4, "--slow-worker R and --slow-factor X come together (worker R "
+                                                     "made X times slower); got only --slow-worker"),
+    ("sandblaster_lbfgs", ["--backup-threshold", "0.5"], 3, "--backup-threshold 0.5 needs 2 or more workers"),
+    ("sandblaster_lbfgs", ["--model", "mlp"], 3, "--model not used by sandblaster_lbfgs with --problem"),
+    ("sandblaster_lbfgs", ["--dataset", "digits"], 3, "--dataset not used by sandblaster_lbfgs with --problem"),
+    ("sandblaster_lbfgs", ["--data-dir", "."], 3, "--data-dir not used by sandblaster_lbfgs with --problem"),
+    ("sandblaster_lbfgs", ["--deterministic", "--backup-threshold", "0.5"], 4,
+     "--deterministic hands portion i to worker i mod W and issues no backup tasks"),
+    ("sandblaster_lbfgs", ["--seed", "-1"], 3, "--seed must be an integer >= 0, got -1"),
 ])
 def test_bad_flags_stop_every_rank(module, flags, ranks, message):
     extra = ["--problem", "least-squares"] if module == "sandblaster_lbfgs" else []
@@ -177,8 +238,62 @@ def test_bad_flags_stop_every_rank(module, flags, ranks, message):
     assert "epoch" not in done.stdout
 
 
+def timed_run(*flags, ranks=4, timeout=90):
+    """``mpiexec -n ranks sandblaster_lbfgs flags`` in its own session (killed whole on a timeout):
+    (completed process, wall seconds)."""
+    command = [MPIEXEC, "-n", str(ranks), sys.executable, "-m", "algorithms.sandblaster_lbfgs", *flags]
+    started = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT,
+                               start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        pytest.fail(f"{' '.join(flags)}: still running after {timeout} s")
+    done = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+    assert done.returncode == 0, done.stderr
+    return done, time.perf_counter() - started
+
+
+def test_a_straggler_with_backup_tasks_does_not_hold_the_jobs_end(tmp_path):
+    # Worker rank 3 sleeps 1e9 times its compute time after its first portion (>= 1e4 s: a portion of
+    # the least-squares problem takes >= 10 us); backups at 0.5 let rank 2 finish every batch, and at
+    # the end the coordinator cancels the straggler's portion instead of waiting for it.
+    # Bound: 2 x the run without a straggler + 10 s (rank 2 then computes every portion, at most twice
+    # its share; 10 s for start-up and scheduling on 2 shared cores); measured: 1.6 s against 1.8 s.
+    common = ["--problem", "least-squares", "--epochs", "2", "--max-iter", "5", "--backup-threshold", "0.5"]
+    _, alone = timed_run(*common, "--save", str(tmp_path / "alone.npz"))
+    _, slow = timed_run(*common, "--save", str(tmp_path / "slow.npz"), "--slow-worker", "3", "--slow-factor", "1e9")
+    assert slow <= 2 * alone + 10, (slow, alone)
+    # the same result: the same L-BFGS steps, the portions' gradients added in another grouping
+    # (which worker pushed which portions), so equal to rounding: 1e-10 relative, as serial above
+    # (measured 2e-16)
+    with np.load(tmp_path / "alone.npz", allow_pickle=False) as without, \
+            np.load(tmp_path / "slow.npz", allow_pickle=False) as with_straggler:
+        expected = without["params"]
+        assert np.max(np.abs(with_straggler["params"] - expected)) <= TOLERANCE * np.max(np.abs(expected))
+
+
+def test_the_log_ends_with_the_test_metrics_every_algorithm_logs(tmp_path):
+    # the keys of allreduce_sgd's per-epoch record (algorithms.run's loop) are in sandblaster's last one, and
+    # its test accuracy is that of the saved parameters, evaluated here
+    done = launch("allreduce_sgd", "--model", "mlp", "--epochs", "1", "--log", str(tmp_path / "sgd.jsonl"), ranks=3)
+    assert done.returncode == 0, done.stderr
+    expected = set(json.loads((tmp_path / "sgd.jsonl").read_text().splitlines()[-1]))
+    done = launch("sandblaster_lbfgs", "--epochs", "2", "--max-iter", "2", "--deterministic", "--log",
+                  str(tmp_path / "sb.jsonl"), "--save", str(tmp_path / "sb.npz"), ranks=3)
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(line) for line in (tmp_path / "sb.jsonl").read_text().splitlines()]
+    assert [record["epoch"] for record in records] == [1, 2]
+    assert {"test_loss", "test_accuracy"} <= expected <= set(records[-1]), (expected, records[-1])
+    objective = build_objective("mlp", "digits", seed=0)
+    with np.load(tmp_path / "sb.npz", allow_pickle=False) as saved:
+        assert records[-1]["test_accuracy"] == evaluate_at(objective, saved["params"])["test_accuracy"]
+
+
 PLANTED = """
-from algorithms import sandblaster_lbfgs as sandblaster
+from algorithms import run, sandblaster_lbfgs as sandblaster
 command = sandblaster.Shard.command
 def failing(self, op, args):
     if op == "accept":
