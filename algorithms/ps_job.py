@@ -349,6 +349,7 @@ def relay(job):
     root = wire.ServerShards(comm, job.layout, dtype)          # to the root, this rank is one worker
     grad = numpy.empty(job.objective.params.size, dtype=dtype)
     total, params = numpy.zeros_like(grad), numpy.zeros_like(grad)
+    pushed = {rank: numpy.zeros_like(grad) for rank in members}      # each worker's gradient in this round
     outbox = wire.Outbox(comm, job.layout)
     live, waiting, steps, stop, status = set(members), set(), 0, None, wire.OK
     while live or steps:
@@ -358,7 +359,7 @@ def relay(job):
             request = wire.receive_request(comm, rank, grad)
             stop = stop or request["stop"]
             if request["push"]:
-                total += grad                    # the round's sum, in the order the requests came
+                pushed[rank] += grad
                 steps += request["steps"]
             if request["goodbye"]:
                 live.discard(rank)
@@ -367,7 +368,12 @@ def relay(job):
         if live and not live <= waiting:
             time.sleep(wire.POLL_SECONDS)
             continue
-        # a round: every worker still training has asked; one push (and fetch) for all of them
+        # a round: every worker still training has asked; one push (and fetch) for all of them. The sum
+        # is taken in rank order, not in the order the requests came: floating-point addition is not
+        # associative, and arrival order would make the same seed give different bits.
+        for rank in members:
+            total += pushed[rank]
+            pushed[rank][...] = 0
         if status == wire.OK and stop is None:
             try:
                 if steps:

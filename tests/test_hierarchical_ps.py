@@ -9,6 +9,10 @@ Run: python tests/run.py --max-ranks 4 -- tests/test_hierarchical_ps.py
   the order of two additions (tolerance 1e-10; measured about 1e-16), and the root applies one
   push per round and answers one fetch: half the flat server's pushes, and half its bytes sent
   (counted by wrapping the job's communicator in collectives.trace.CountingComm).
+- One group of three workers, deterministic: the group server sums the round's gradients in rank
+  order, so two runs are byte-identical and equal, bit for bit, a serial replay that takes each
+  round's three gradients at the same parameters and applies w <- w - lr ((g_0 + g_1) + g_2). (It
+  used to sum in the order the requests arrived: the same seed gave different bits.)
 - --groups that does not divide the workers stops every rank (exit 2).
 """
 import numpy as np
@@ -18,7 +22,7 @@ from pytest_mpi import parallel_assert
 
 from algorithms import downpour_sgd, ssp_sgd
 from collectives.trace import CountingComm
-from minidl.data import least_squares
+from minidl.data import batches, epoch_order, least_squares, shard
 from tests.test_error_contract import launch
 
 
@@ -78,6 +82,35 @@ def test_hierarchical_server_equals_the_flat_one_and_cuts_the_root_pushes_by_the
     }
     failed = [name for name, ok in checks.items() if not ok]
     parallel_assert(not failed, f"failed: {failed} ({[(k, v[1]) for k, v in results.items()]})")
+
+
+def rank_order_replay(task, workers, epochs, lr, batch_size, seed):
+    """One group of ``workers`` in synchronous rounds, serially: every worker's gradient at the same w,
+    summed in rank order, one SGD step of the sum per round (every worker has the same number of steps)."""
+    w = np.zeros(task.d)
+    for epoch in range(epochs):
+        order = epoch_order(task.n, seed, epoch)
+        mine = [order[shard(task.n, k, workers)] for k in range(workers)]
+        plans = [[rows[b] for b in batches(len(rows), batch_size)] for rows in mine]
+        assert len({len(plan) for plan in plans}) == 1, "the replay wants equal step counts"
+        for steps in zip(*plans):
+            total = task.grad(w, steps[0])
+            for rows in steps[1:]:
+                total = total + task.grad(w, rows)
+            w = w - lr * total
+    return w
+
+
+@pytest.mark.parallel(nprocs=[5])
+def test_one_group_of_three_sums_in_rank_order_so_the_same_seed_gives_the_same_bits():
+    comm = MPI.COMM_WORLD
+    task, settings = problem(), dict(COMMON, epochs=5, batch_size=8, seed=3)   # 22, 21, 21 rows: 3 steps each
+    runs = [downpour_sgd.train(comm, problem=task, groups=1, **settings)[0] for _ in range(2)]
+    expected = rank_order_replay(task, 3, settings["epochs"], settings["lr"], settings["batch_size"], settings["seed"])
+    parallel_assert(np.array_equal(runs[0], runs[1]), "two runs with the same seed differ: "
+                    f"{np.max(np.abs(runs[0] - runs[1])):.3g}")
+    parallel_assert(all(np.array_equal(params, expected) for params in runs), "differs from the rank-order replay by "
+                    f"{max(np.max(np.abs(params - expected)) for params in runs):.3g}")
 
 
 def test_groups_that_do_not_divide_the_workers_stop_every_rank():
