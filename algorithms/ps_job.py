@@ -129,6 +129,10 @@ class Settings:
         """What depends on the ranks and the data (``epochs``: those this run trains)."""
         if n_train < layout.workers:
             raise SettingError(f"{n_train} training examples cannot feed {layout.workers} workers")
+        first_epoch_steps = steps_per_epoch(n_train, batch_size, 0, layout.workers)
+        if self.deterministic and self.warm_start_steps > first_epoch_steps:
+            raise SettingError(f"--warm-start-steps {self.warm_start_steps} is more than worker 0's {first_epoch_steps} "
+                               "steps in an epoch: with --deterministic an epoch's end is a barrier for every worker")
         if self.fail_worker is not None:
             if self.fail_worker not in layout.worker_ranks:
                 raise SettingError(f"--fail-worker must be a worker rank ({layout.servers}..{layout.size - 1}), "
@@ -236,11 +240,12 @@ def serve(job):
     replica_indices = None
     if ps.replica_size > 1:                        # who owns what in every replica (ps_replica)
         replica_indices = [ps_replica.owned_indices(job.objective, ps.replica_size, j) for j in range(ps.replica_size)]
+    warm_start_steps = ps.warm_start_steps if job.first_epoch == 0 else 0     # the run's start, not a resumed one's
     server = parameter_server.ShardServer(
         job.comm, layout, job.objective.params, ps.server_optimizer, s.lr, s.momentum, ps.staleness,
-        ps.warm_start_steps, schedule_seed=s.seed if ps.deterministic else None,
+        warm_start_steps, schedule_seed=s.seed if ps.deterministic else None,
         timeout=None if ps.deterministic or ps.hierarchical else ps.timeout, optimizer_state=state,
-        watch=epoch_log.watch, replica_indices=replica_indices)
+        watch=epoch_log.watch, replica_indices=replica_indices, epoch_ends=epoch_log.ends)
     server.serve()
     epoch_log.finish(server)
     error = None

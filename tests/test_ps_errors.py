@@ -162,3 +162,11 @@ def test_async_easgd_names_lr_when_lr_is_too_small_for_the_spring(flags, pattern
     done = mpiexec(3, "-m", "algorithms.async_easgd", *flags, "--epochs", "1", timeout=60)
     fails_on_every_rank(done, pattern)
     assert "Traceback" not in done.stderr and "epoch 1" not in done.stdout, done.stderr[-1500:]
+
+
+def test_a_deterministic_warm_start_longer_than_worker_0s_epoch_is_refused_on_every_rank():
+    # with --deterministic an epoch's end is a barrier: worker 0 would wait there for workers that wait for it
+    done = mpiexec(3, "-m", "algorithms.downpour_sgd", "--deterministic", "--epochs", "2", "--model", "mlp",
+                   "--warm-start-steps", "1000", timeout=60)
+    fails_on_every_rank(done, r"--warm-start-steps 1000 is more than worker 0's \d+ steps in an epoch")
+    assert "Traceback" not in done.stderr and "epoch 1" not in done.stdout, done.stderr[-1500:]
