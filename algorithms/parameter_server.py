@@ -24,17 +24,9 @@ serves whichever worker is ready:
 A push and the fetch that follows it travel as one request, so the server applies the push and
 answers the fetch without serving anyone in between: that is what makes s = 0 exactly synchronous.
 
-Deterministic mode (``schedule_seed``): instead of serving whichever request arrives first, the
-server draws the next worker to serve among the workers it is not holding, and waits for that
-worker's request. Every server draws the same sequence and sees the same requests in the same
-order, so the whole run is a function of the seed: replayable. (Two servers with different
-schedules could deadlock: each waiting for a worker that waits on the other.) With ``epoch_ends``
-(worker, epoch) -> the worker's clock at that epoch's end, an epoch's end is a barrier: a worker's
-fetch after its epoch-e push is held until every live worker has pushed its epoch e, and epoch e's
-draws come from Generator((schedule_seed, e)), from the moment every worker may begin it, among
-the workers that have not yet pushed its end. So a run resumed at an epoch's start (which starts
-every worker from the same saved parameters) is the run that went through that epoch's start, and a
-run that stops after an epoch ran it as a longer run does: bit for bit.
+Deterministic mode (``schedule_seed``): the server serves its workers in an order drawn from the
+seed, an epoch's end a barrier for every worker (``ps_schedule``): the run is replayable from its
+log, and a run resumed after an epoch is the longer run bit for bit.
 
 A lost worker: server 0 drops a live worker that it is not holding, that has no request waiting
 in its queue, and that it has not heard from for ``timeout`` seconds of listening, and tells the
@@ -56,6 +48,7 @@ import time
 import numpy
 
 from algorithms import ps_wire as wire, run
+from algorithms.ps_schedule import Schedule
 from algorithms.ps_wire import Layout, shard_ranges  # noqa: F401 - the servers' layout, read here
 from minidl import backend
 from minidl.optim import SGD, Adagrad
@@ -105,6 +98,9 @@ class ShardServer:
     ("goodbye", worker), ("drop", worker). ``watch(server)`` is called between requests: what the
     job does beside serving (rank 0's per-epoch log), kept out of the server's algorithm.
 
+    ``epoch_ends``: (worker, epoch) -> the worker's clock at that epoch's end, the deterministic schedule's
+    barriers (``ps_schedule``).
+
     ``replica_indices`` (model-parallel replicas, ``layout.replica_size`` k > 1): for each position j
     of a replica, the sorted flat indices that rank j of every replica owns (``ps_replica``). A
     worker is then a replica: its request is the requests of those of its ranks that own indices
@@ -132,10 +128,7 @@ class ShardServer:
             self.optimizer.load_state_dict(optimizer_state)
         self.staleness, self.warm_start_steps = staleness, warm_start_steps
         self.timeout = timeout if self.index == 0 else None   # server 0 decides drops for all
-        self.schedule_seed, self.schedule_epoch = schedule_seed, None
-        self.schedule = numpy.random.default_rng(schedule_seed) if schedule_seed is not None else None
-        self.epoch_ends = epoch_ends if schedule_seed is not None else None     # barriers: deterministic only
-        self.ended_by = {(w, clock): epoch for (w, epoch), clock in (self.epoch_ends or {}).items()}
+        self.schedule = Schedule(schedule_seed, epoch_ends) if schedule_seed is not None else None
         self.watch = watch or (lambda server: None)
         self.outbox = wire.Outbox(comm, layout)
         self.version, self.stopping = 0, None                 # stopping: the reason, once stopping
@@ -188,28 +181,11 @@ class ShardServer:
             self.started = all(w in self.checked_in for w in self.live())
             if not self.started:
                 return False
-        if not self.epoch_ended_by_all(worker):
-            return False
+        if self.schedule is not None and self.schedule.holds(worker, self.clock, self.live()):
+            return False                                   # deterministic: an epoch's end is a barrier
         if worker != 0 and self.warm_start_steps and 0 in self.live() and self.steps[0] < self.warm_start_steps:
             return False
         return may_proceed(self.clock[worker], [self.clock[w] for w in self.live()], self.staleness)
-
-    def epoch_ended_by_all(self, worker):
-        """Deterministic mode: a worker whose last push ended an epoch waits until every live worker's has."""
-        epoch = self.ended_by.get((worker, self.clock[worker]))
-        return epoch is None or all(self.clock[w] >= self.epoch_ends[w, epoch] for w in self.live())
-
-    def at_epoch_end(self, worker):
-        """Deterministic mode: the worker has pushed the end of the epoch now being run; the schedule draws it
-        no more in this epoch, whether its next request is a held fetch or (after the last epoch) its goodbye,
-        so an epoch's draws are the same whether or not another epoch follows it."""
-        return self.epoch_ends is not None and self.ended_by.get((worker, self.clock[worker])) == self.epochs_begun()
-
-    def epochs_begun(self):
-        """Deterministic mode: the epoch every live worker may be in now (the first one not ended by all)."""
-        epochs = sorted({epoch for _, epoch in self.epoch_ends})
-        ended = [e for e in epochs if all(self.clock[w] >= self.epoch_ends[w, e] for w in self.live())]
-        return epochs[0] + len(ended)
 
     def answer_waiting(self):
         for worker in sorted(self.waiting):
@@ -341,15 +317,10 @@ class ShardServer:
             if rank is None:
                 time.sleep(wire.POLL_SECONDS)
             return None if rank is None else self.layout.worker_of(rank)
-        if self.epoch_ends and self.started and self.epochs_begun() != self.schedule_epoch:
-            self.schedule_epoch = self.epochs_begun()      # a new epoch's draws, whatever came before it
-            self.schedule = numpy.random.default_rng((self.schedule_seed, self.schedule_epoch))
-        ready = sorted(w for w in self.live() if w not in self.waiting and not self.at_epoch_end(w))
-        if not ready:                           # only goodbyes are left: the last epoch's ends are all in
-            ready = sorted(w for w in self.live() if w not in self.waiting)
+        ready = sorted(w for w in self.live() if w not in self.waiting)   # deterministic: a seeded choice
         if not ready:
             raise RuntimeError(f"server {self.index}: every live worker is held; this is a bug")
-        worker = int(self.schedule.choice(ready))
+        worker = self.schedule.draw(ready, self.clock, self.live(), self.started)
         while wire.waiting_request(self.comm, self.first_sender(worker)) is None:
             self.between_requests()
             if self.stopping is not None:
