@@ -129,10 +129,10 @@ class Settings:
         """What depends on the ranks and the data (``epochs``: those this run trains)."""
         if n_train < layout.workers:
             raise SettingError(f"{n_train} training examples cannot feed {layout.workers} workers")
-        first_epoch_steps = steps_per_epoch(n_train, batch_size, 0, layout.workers)
-        if self.deterministic and self.warm_start_steps > first_epoch_steps:
-            raise SettingError(f"--warm-start-steps {self.warm_start_steps} is more than worker 0's {first_epoch_steps} "
-                               "steps in an epoch: with --deterministic an epoch's end is a barrier for every worker")
+        steps = steps_per_epoch(n_train, batch_size, 0, layout.workers)
+        if self.deterministic and self.warm_start_steps > steps:
+            raise SettingError(f"--warm-start-steps {self.warm_start_steps} is more than worker 0's {steps} steps in "
+                               "an epoch: with --deterministic an epoch's end is a barrier for every worker")
         if self.fail_worker is not None:
             if self.fail_worker not in layout.worker_ranks:
                 raise SettingError(f"--fail-worker must be a worker rank ({layout.servers}..{layout.size - 1}), "
