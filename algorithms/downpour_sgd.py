@@ -30,8 +30,10 @@ push (``ShardServer.apply_push``):
 Adagrad gives each parameter its own rate, which Dean et al. found made many asynchronous
 replicas stable (their figure 4: Downpour with Adagrad beats fixed-rate Downpour and a single
 replica). Warm start: worker 0 (rank S) trains alone for ``--warm-start-steps`` steps before the
-servers answer anyone else's first fetch. ``--deterministic``: the servers serve workers in an
-order drawn from Generator(seed) and the run can be replayed from its log (``parameter_server``).
+servers answer anyone else's first fetch (at the run's start; a resumed run has none).
+``--deterministic``: the servers serve workers in an order drawn from Generator((seed, epoch)),
+an epoch's end is a barrier for every worker, and the run can be replayed from its log; a run
+resumed (--resume) after epoch e is the longer run bit for bit (``parameter_server``).
 ``--fail-worker R --fail-step K``: rank R goes silent at its step K; server 0 drops it after
 ``--timeout`` seconds and the others finish (``ps_job`` explains how the crash is simulated).
 ``--groups G``: a hierarchical server; ranks S .. S+G-1 are group servers that sum one step of each

@@ -24,11 +24,9 @@ serves whichever worker is ready:
 A push and the fetch that follows it travel as one request, so the server applies the push and
 answers the fetch without serving anyone in between: that is what makes s = 0 exactly synchronous.
 
-Deterministic mode (``schedule_seed``): instead of serving whichever request arrives first, the
-server draws the next worker to serve from Generator(schedule_seed) among the workers it is not
-holding, and waits for that worker's request. Every server draws the same sequence and sees the
-same requests in the same order, so the whole run is a function of the seed: replayable. (Two
-servers with different schedules could deadlock: each waiting for a worker that waits on the other.)
+Deterministic mode (``schedule_seed``): the server serves its workers in an order drawn from the
+seed, an epoch's end a barrier for every worker (``ps_schedule``): the run is replayable from its
+log, and a run resumed after an epoch is the longer run bit for bit.
 
 A lost worker: server 0 drops a live worker that it is not holding, that has no request waiting
 in its queue, and that it has not heard from for ``timeout`` seconds of listening, and tells the
@@ -50,6 +48,7 @@ import time
 import numpy
 
 from algorithms import ps_wire as wire, run
+from algorithms.ps_schedule import Schedule
 from algorithms.ps_wire import Layout, shard_ranges  # noqa: F401 - the servers' layout, read here
 from minidl import backend
 from minidl.optim import SGD, Adagrad
@@ -99,6 +98,9 @@ class ShardServer:
     ("goodbye", worker), ("drop", worker). ``watch(server)`` is called between requests: what the
     job does beside serving (rank 0's per-epoch log), kept out of the server's algorithm.
 
+    ``epoch_ends``: (worker, epoch) -> the worker's clock at that epoch's end, the deterministic schedule's
+    barriers (``ps_schedule``).
+
     ``replica_indices`` (model-parallel replicas, ``layout.replica_size`` k > 1): for each position j
     of a replica, the sorted flat indices that rank j of every replica owns (``ps_replica``). A
     worker is then a replica: its request is the requests of those of its ranks that own indices
@@ -108,7 +110,7 @@ class ShardServer:
 
     def __init__(self, comm, layout, initial, optimizer="sgd", lr=0.05, momentum=0.0, staleness=None,
                  warm_start_steps=0, schedule_seed=None, timeout=None, optimizer_state=None, watch=None,
-                 replica_indices=None):
+                 replica_indices=None, epoch_ends=None):
         self.comm, self.layout, self.index = comm, layout, comm.Get_rank()
         start, stop = layout.ranges[self.index]
         self.param = Parameter(backend.xp().asarray(backend.to_numpy(initial)[start:stop]).copy())
@@ -126,7 +128,7 @@ class ShardServer:
             self.optimizer.load_state_dict(optimizer_state)
         self.staleness, self.warm_start_steps = staleness, warm_start_steps
         self.timeout = timeout if self.index == 0 else None   # server 0 decides drops for all
-        self.schedule = numpy.random.default_rng(schedule_seed) if schedule_seed is not None else None
+        self.schedule = Schedule(schedule_seed, epoch_ends) if schedule_seed is not None else None
         self.watch = watch or (lambda server: None)
         self.outbox = wire.Outbox(comm, layout)
         self.version, self.stopping = 0, None                 # stopping: the reason, once stopping
@@ -179,6 +181,8 @@ class ShardServer:
             self.started = all(w in self.checked_in for w in self.live())
             if not self.started:
                 return False
+        if self.schedule is not None and self.schedule.holds(worker, self.clock, self.live()):
+            return False                                   # deterministic: an epoch's end is a barrier
         if worker != 0 and self.warm_start_steps and 0 in self.live() and self.steps[0] < self.warm_start_steps:
             return False
         return may_proceed(self.clock[worker], [self.clock[w] for w in self.live()], self.staleness)
@@ -316,7 +320,7 @@ class ShardServer:
         ready = sorted(w for w in self.live() if w not in self.waiting)   # deterministic: a seeded choice
         if not ready:
             raise RuntimeError(f"server {self.index}: every live worker is held; this is a bug")
-        worker = int(self.schedule.choice(ready))
+        worker = self.schedule.draw(ready, self.clock, self.live(), self.started)
         while wire.waiting_request(self.comm, self.first_sender(worker)) is None:
             self.between_requests()
             if self.stopping is not None:

@@ -129,6 +129,10 @@ class Settings:
         """What depends on the ranks and the data (``epochs``: those this run trains)."""
         if n_train < layout.workers:
             raise SettingError(f"{n_train} training examples cannot feed {layout.workers} workers")
+        steps = steps_per_epoch(n_train, batch_size, 0, layout.workers)
+        if self.deterministic and self.warm_start_steps > steps:
+            raise SettingError(f"--warm-start-steps {self.warm_start_steps} is more than worker 0's {steps} steps in "
+                               "an epoch: with --deterministic an epoch's end is a barrier for every worker")
         if self.fail_worker is not None:
             if self.fail_worker not in layout.worker_ranks:
                 raise SettingError(f"--fail-worker must be a worker rank ({layout.servers}..{layout.size - 1}), "
@@ -236,11 +240,12 @@ def serve(job):
     replica_indices = None
     if ps.replica_size > 1:                        # who owns what in every replica (ps_replica)
         replica_indices = [ps_replica.owned_indices(job.objective, ps.replica_size, j) for j in range(ps.replica_size)]
+    warm_start_steps = ps.warm_start_steps if job.first_epoch == 0 else 0     # the run's start, not a resumed one's
     server = parameter_server.ShardServer(
         job.comm, layout, job.objective.params, ps.server_optimizer, s.lr, s.momentum, ps.staleness,
-        ps.warm_start_steps, schedule_seed=s.seed if ps.deterministic else None,
+        warm_start_steps, schedule_seed=s.seed if ps.deterministic else None,
         timeout=None if ps.deterministic or ps.hierarchical else ps.timeout, optimizer_state=state,
-        watch=epoch_log.watch, replica_indices=replica_indices)
+        watch=epoch_log.watch, replica_indices=replica_indices, epoch_ends=epoch_log.ends)
     server.serve()
     epoch_log.finish(server)
     error = None
@@ -349,6 +354,7 @@ def relay(job):
     root = wire.ServerShards(comm, job.layout, dtype)          # to the root, this rank is one worker
     grad = numpy.empty(job.objective.params.size, dtype=dtype)
     total, params = numpy.zeros_like(grad), numpy.zeros_like(grad)
+    pushed = {rank: numpy.zeros_like(grad) for rank in members}      # each worker's gradient in this round
     outbox = wire.Outbox(comm, job.layout)
     live, waiting, steps, stop, status = set(members), set(), 0, None, wire.OK
     while live or steps:
@@ -358,7 +364,7 @@ def relay(job):
             request = wire.receive_request(comm, rank, grad)
             stop = stop or request["stop"]
             if request["push"]:
-                total += grad                    # the round's sum, in the order the requests came
+                pushed[rank] += grad
                 steps += request["steps"]
             if request["goodbye"]:
                 live.discard(rank)
@@ -367,7 +373,12 @@ def relay(job):
         if live and not live <= waiting:
             time.sleep(wire.POLL_SECONDS)
             continue
-        # a round: every worker still training has asked; one push (and fetch) for all of them
+        # a round: every worker still training has asked; one push (and fetch) for all of them. The sum
+        # is taken in rank order, not in the order the requests came: floating-point addition is not
+        # associative, and arrival order would make the same seed give different bits.
+        for rank in members:
+            total += pushed[rank]
+            pushed[rank][...] = 0
         if status == wire.OK and stop is None:
             try:
                 if steps:

@@ -9,6 +9,15 @@ Run: python tests/run.py --max-ranks 4 -- tests/test_hierarchical_ps.py
   the order of two additions (tolerance 1e-10; measured about 1e-16), and the root applies one
   push per round and answers one fetch: half the flat server's pushes, and half its bytes sent
   (counted by wrapping the job's communicator in collectives.trace.CountingComm).
+- One group of three workers, deterministic: the group server sums the round's gradients in rank
+  order, so two runs are byte-identical and equal, bit for bit, a serial replay that takes each
+  round's three gradients at the same parameters and applies w <- w - lr ((g_0 + g_1) + g_2). (It
+  used to sum in the order the requests arrived: the same seed gave different bits.)
+- The root alone applies the server's optimizer, once per round, to the group's sum (the group
+  server only adds): for SGD and for Adagrad, groups of one are the flat server bit for bit, and one
+  group of two is serial SGD / Adagrad on each round's summed gradient, bit for bit. With Adagrad a
+  group of two is not flat SSP s = 0, where the server applies Adagrad to each worker's gradient in
+  turn (measured 0.33 apart, relative): Adagrad's step is not linear in the gradient.
 - --groups that does not divide the workers stops every rank (exit 2).
 """
 import numpy as np
@@ -18,7 +27,7 @@ from pytest_mpi import parallel_assert
 
 from algorithms import downpour_sgd, ssp_sgd
 from collectives.trace import CountingComm
-from minidl.data import least_squares
+from minidl.data import batches, epoch_order, least_squares, shard
 from tests.test_error_contract import launch
 
 
@@ -78,6 +87,63 @@ def test_hierarchical_server_equals_the_flat_one_and_cuts_the_root_pushes_by_the
     }
     failed = [name for name, ok in checks.items() if not ok]
     parallel_assert(not failed, f"failed: {failed} ({[(k, v[1]) for k, v in results.items()]})")
+
+
+def rank_order_replay(task, workers, epochs, lr, batch_size, seed, optimizer="sgd"):
+    """One group of ``workers`` in synchronous rounds, serially: every worker's gradient at the same w,
+    summed in rank order, one step of the server's optimizer on the sum per round (every worker has the
+    same number of steps). SGD: w <- w - lr g; Adagrad (eps 1e-10, as minidl.optim.Adagrad's default):
+    sum_sq <- sum_sq + g^2, w <- w - lr g / (sqrt(sum_sq) + eps)."""
+    w, sum_sq = np.zeros(task.d), np.zeros(task.d)
+    for epoch in range(epochs):
+        order = epoch_order(task.n, seed, epoch)
+        mine = [order[shard(task.n, k, workers)] for k in range(workers)]
+        plans = [[rows[b] for b in batches(len(rows), batch_size)] for rows in mine]
+        assert len({len(plan) for plan in plans}) == 1, "the replay wants equal step counts"
+        for steps in zip(*plans):
+            total = task.grad(w, steps[0])
+            for rows in steps[1:]:
+                total = total + task.grad(w, rows)
+            if optimizer == "adagrad":
+                sum_sq = sum_sq + total * total
+                w = w - lr * total / (np.sqrt(sum_sq) + 1e-10)
+            else:
+                w = w - lr * total
+    return w
+
+
+@pytest.mark.parallel(nprocs=[5])
+def test_one_group_of_three_sums_in_rank_order_so_the_same_seed_gives_the_same_bits():
+    comm = MPI.COMM_WORLD
+    task, settings = problem(), dict(COMMON, epochs=5, batch_size=8, seed=3)   # 22, 21, 21 rows: 3 steps each
+    runs = [downpour_sgd.train(comm, problem=task, groups=1, **settings)[0] for _ in range(2)]
+    expected = rank_order_replay(task, 3, settings["epochs"], settings["lr"], settings["batch_size"], settings["seed"])
+    parallel_assert(np.array_equal(runs[0], runs[1]), "two runs with the same seed differ: "
+                    f"{np.max(np.abs(runs[0] - runs[1])):.3g}")
+    parallel_assert(all(np.array_equal(params, expected) for params in runs), "differs from the rank-order replay by "
+                    f"{max(np.max(np.abs(params - expected)) for params in runs):.3g}")
+
+
+@pytest.mark.parallel(nprocs=[4])
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
+def test_the_root_applies_the_server_optimizer_once_per_round_to_the_groups_sum(optimizer):
+    # The group server only adds its workers' gradients; the root alone applies SGD or Adagrad, once per round.
+    # So groups of one are the flat server bit for bit, and one group of two is serial <optimizer> on the sum of
+    # the two workers' gradients at the same w, bit for bit. (Not flat SSP s = 0 for Adagrad: there the server
+    # applies Adagrad to g_0 and then to g_1, and Adagrad of a sum is not the sum of two Adagrad steps.)
+    comm = MPI.COMM_WORLD
+    task, settings = problem(), dict(COMMON, server_optimizer=optimizer, epochs=3, seed=1)   # 32 rows: 4 steps each
+
+    def run(ranks, **kwargs):
+        params = on_first(comm, ranks, lambda sub: downpour_sgd.train(sub, problem=task, **settings, **kwargs)[0])
+        return comm.bcast(params if comm.rank == 0 else None, root=0)
+    flat, relayed, grouped = run(2), run(3, groups=1), run(4, groups=1)
+    expected = rank_order_replay(task, 2, settings["epochs"], settings["lr"], settings["batch_size"], settings["seed"],
+                                 optimizer)
+    parallel_assert(np.array_equal(flat, relayed), f"a group of one differs from the flat server by "
+                    f"{np.max(np.abs(flat - relayed)):.3g}")
+    parallel_assert(np.array_equal(grouped, expected), f"one group of two differs from serial {optimizer} on the "
+                    f"rounds' sums by {np.max(np.abs(grouped - expected)):.3g}")
 
 
 def test_groups_that_do_not_divide_the_workers_stop_every_rank():

@@ -150,3 +150,23 @@ def test_a_checkpoint_that_is_not_this_algorithms_is_refused_naming_the_file(tmp
         path = write_checkpoint(tmp_path / "allreduce.npz", SGD, epoch=1, momentum=0.9)
     done = mpiexec(3, "-m", "algorithms.downpour_sgd", "--epochs", "2", "--resume", path, timeout=60)
     fails_on_every_rank(done, re.escape(f"--resume {path}: "))
+
+
+@pytest.mark.parametrize("flags, pattern", [
+    # alpha's default rho is 0.9 / (W lr): at lr 1e-310 it overflows to inf, which used to be blamed on --rho
+    (["--lr", "1e-310"], r"--lr 1e-310 is too small: the default --rho = 0\.9 / \(W \* lr\) = 0\.9 / \(2 \* 1e-310\)"),
+    # alpha = lr * rho underflows to 0: a spring that never pulls, which used to train on silently
+    (["--lr", "1e-300", "--rho", "1e-300"], r"--lr 1e-300 is too small for --rho 1e-300: alpha = lr \* rho underflows"),
+], ids=["default rho overflows", "alpha underflows"])
+def test_async_easgd_names_lr_when_lr_is_too_small_for_the_spring(flags, pattern):
+    done = mpiexec(3, "-m", "algorithms.async_easgd", *flags, "--epochs", "1", timeout=60)
+    fails_on_every_rank(done, pattern)
+    assert "Traceback" not in done.stderr and "epoch 1" not in done.stdout, done.stderr[-1500:]
+
+
+def test_a_deterministic_warm_start_longer_than_worker_0s_epoch_is_refused_on_every_rank():
+    # with --deterministic an epoch's end is a barrier: worker 0 would wait there for workers that wait for it
+    done = mpiexec(3, "-m", "algorithms.downpour_sgd", "--deterministic", "--epochs", "2", "--model", "mlp",
+                   "--warm-start-steps", "1000", timeout=60)
+    fails_on_every_rank(done, r"--warm-start-steps 1000 is more than worker 0's \d+ steps in an epoch")
+    assert "Traceback" not in done.stderr and "epoch 1" not in done.stdout, done.stderr[-1500:]

@@ -18,9 +18,10 @@
 3. easgd: synchronous EASGD at -n 3 (3 workers) against asynchronous EASGD at -n 4 (1 server +
    3 workers), MLP on the digits, momentum 0, same lr, tau and beta -> 07_easgd.json, 07_easgd.md.
 4. hierarchy: Downpour SGD on the CNN and the digits with 2 workers, flat (-n 3: 1 shard) against
-   one group server between them and the shard (-n 4: --groups 1), seeds 0, 1, 2: updates the
-   root applied, bytes through the root (each update: a push and a fetch of the 6,090 float32
-   parameters), test accuracy -> 07_hierarchy.json, 07_hierarchy.md.
+   one group server between them and the shard (-n 4: --groups 1), each with server SGD and with
+   server Adagrad, --deterministic, seeds 0, 1, 2: updates the root applied, bytes through the root
+   (each update: a push and a fetch of the 6,090 float32 parameters), test accuracy per seed and
+   its mean ± 95% t-interval over the seeds -> 07_hierarchy.json, 07_hierarchy.md.
 Timings depend on the machine and on what else runs on it; losses and accuracies of the
 deterministic runs do not.
 """
@@ -202,27 +203,43 @@ def easgd_comparison(out, quick):
     print("\n".join(lines))
 
 
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776}     # Student t, two-sided 95%, by degrees of freedom
+
+
+def interval(values):
+    """(mean, half-width of the 95% t-interval) of a list of numbers (nan half-width for one value)."""
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, float("nan")
+    return mean, T_975[len(values) - 1] * statistics.stdev(values) / len(values) ** 0.5
+
+
 def hierarchy(out, quick):
     seeds = [0] if quick else [0, 1, 2]
-    common = dict(epochs=2 if quick else 10, lr=0.05, server_optimizer="adagrad")
-    cases = {"flat: 1 shard, 2 workers (-n 3)": (3, {}),
-             "1 group server of 2 workers (-n 4)": (4, dict(groups=1))}
+    common = dict(epochs=2 if quick else 10, lr=0.05, deterministic=True)
+    cases = {"flat: 1 shard, 2 workers (-n 3)": (3, {}), "1 group server of 2 workers (-n 4)": (4, dict(groups=1))}
     results, parameters = {}, 6090
-    for label, (ranks, extra) in cases.items():
-        results[label] = []
-        for seed in seeds:
-            history = job("hierarchy", ranks, out / "07_job.json", seed=seed, **common, **extra)["history"]
-            updates = sum(record["updates"] for record in history)
-            results[label].append(dict(seed=seed, updates=updates, root_bytes=updates * 2 * 4 * parameters,
-                                       test_accuracy=history[-1]["test_accuracy"], seconds=history[-1]["seconds"]))
+    for optimizer in ("sgd", "adagrad"):
+        results[optimizer] = {}
+        for label, (ranks, extra) in cases.items():
+            results[optimizer][label] = []
+            for seed in seeds:
+                history = job("hierarchy", ranks, out / "07_job.json", seed=seed, server_optimizer=optimizer,
+                              **common, **extra)["history"]
+                updates = sum(record["updates"] for record in history)
+                results[optimizer][label].append(dict(seed=seed, updates=updates,
+                                                      root_bytes=updates * 2 * 4 * parameters,
+                                                      test_accuracy=history[-1]["test_accuracy"]))
     (out / "07_hierarchy.json").write_text(json.dumps(results, indent=1))
-    lines = ["| server | root updates (per seed) | bytes through the root | test accuracy per seed | seconds per seed |",
-             "| --- | --- | --- | --- | --- |"]
-    for label, rows in results.items():
-        lines.append(f"| {label} | {', '.join(str(r['updates']) for r in rows)} | "
-                     f"{rows[0]['root_bytes'] / 1e6:.1f} MB | "
-                     f"{', '.join(format(r['test_accuracy'] * 100, '.1f') + '%' for r in rows)} | "
-                     f"{', '.join(format(r['seconds'], '.1f') for r in rows)} |")
+    lines = ["| server optimizer | server | root updates (per seed) | bytes through the root | test accuracy per seed "
+             "| mean ± 95% t-interval |", "| --- | --- | --- | --- | --- | --- |"]
+    for optimizer, by_label in results.items():
+        for label, rows in by_label.items():
+            mean, half = interval([r["test_accuracy"] * 100 for r in rows])
+            lines.append(f"| {optimizer} | {label} | {', '.join(str(r['updates']) for r in rows)} | "
+                         f"{rows[0]['root_bytes'] / 1e6:.1f} MB | "
+                         f"{', '.join(format(r['test_accuracy'] * 100, '.1f') + '%' for r in rows)} | "
+                         f"{mean:.1f}% ± {half:.1f} |")
     (out / "07_hierarchy.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
