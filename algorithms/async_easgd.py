@@ -44,7 +44,7 @@ import math
 
 from mpi4py import MPI
 
-from algorithms import cli, easgd, ps_job, run
+from algorithms import checkpoint, cli, easgd, ps_job, run
 from minidl import backend
 
 
@@ -107,8 +107,9 @@ def train(comm=None, tau=4, rho=None, servers=1, deterministic=False, report=Non
     server_settings = dataclasses.replace(settings, lr=1.0)   # the server adds the elastic moves as sent
     ps = ps_job.Settings(servers=servers, n_fetch=tau, n_push=tau, staleness=None, server_optimizer="sgd",
                          deterministic=deterministic)
+    writer = checkpoint.Writer("async_easgd", layout={"servers": servers})
     return ps_job.run_job(comm, functools.partial(async_easgd_step, spring), server_settings, ps,
-                          name="async easgd", report=report)
+                          name="async easgd", writer=writer, report=report)
 
 
 def main(argv=None):

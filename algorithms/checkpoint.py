@@ -36,7 +36,8 @@ from algorithms.cli import SettingError
 from minidl import backend
 from minidl.nn import read_npz
 
-SGD_FAMILY = "sgd"
+SGD_FAMILY = "sgd"                      # one model and one SGD state, replicated or gathered
+SERVER_FAMILY = "parameter_server"      # the server's vector and its optimizer (Downpour, SSP)
 
 
 @dataclasses.dataclass

@@ -57,7 +57,7 @@ Defaults (small CNN, embedded digits, 1 server + 3 workers at -n 4, Adagrad lr 0
 worker, 10 epochs): measured on 2 shared cores, 96.7% to 98.9% test accuracy over five runs (the
 order of updates, hence the result, varies from run to run), about 3 seconds; the test checks >= 90%.
 """
-from algorithms import cli, ps_job, run
+from algorithms import checkpoint, cli, ps_job, run
 
 
 def downpour_step(replica, rows, i, end_of_epoch, last_step):
@@ -96,7 +96,9 @@ def train(comm=None, servers=1, n_fetch=1, n_push=1, server_optimizer="adagrad",
                          warm_start_steps=warm_start_steps, server_optimizer=server_optimizer,
                          deterministic=deterministic, fail_worker=fail_worker, fail_step=fail_step, timeout=timeout,
                          groups=groups, replica_size=replica_size)
-    return ps_job.run_job(comm, downpour_step, settings, ps, name="downpour", report=report)
+    writer = checkpoint.Writer("downpour_sgd", checkpoint.SERVER_FAMILY, state={"--server-optimizer": server_optimizer},
+                               layout={"servers": servers, "groups": groups, "replica_size": replica_size})
+    return ps_job.run_job(comm, downpour_step, settings, ps, name="downpour", writer=writer, report=report)
 
 
 def add_server_flags(parser):

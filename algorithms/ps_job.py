@@ -185,17 +185,20 @@ class Job:
     optimizer: object                  # the server optimizer over the whole vector: --resume, --save
     first_epoch: int
     logger: run.Log
+    meta: dict = None                  # what --save records (checkpoint.Writer.meta)
 
 
-def start(comm, settings, ps):
-    """The agreed set-up: every setting checked on every rank before any message; returns a Job."""
+def start(comm, settings, ps, writer):
+    """The agreed set-up: every setting checked on every rank before any message; returns a Job.
+    ``writer``: the ``checkpoint.Writer`` of the algorithm (what --save records, --resume compares)."""
     rank, size = comm.Get_rank(), comm.Get_size()
     error, job = None, None
     try:
         settings.check()
         ps.check(settings.momentum)
         if rank == 0:
-            cli.check_output("--save", settings.save)
+            checkpoint.check_save(settings.save)
+        meta = writer.meta(settings, size)
         objective = objectives.build(settings.model, settings.dataset, settings.seed, settings.data,
                                      settings.data_dir, settings.problem)
         if ps.replica_size > 1:                    # the model's widths: model_parallel's own check
@@ -214,11 +217,11 @@ def start(comm, settings, ps):
             layout = wire.Layout.make(size, ps.servers, objective.params.size, ps.replica_size)
         optimizer = parameter_server.server_optimizer(ps.server_optimizer, objective.flat.as_parameter(),
                                                       settings.lr, settings.momentum)
-        resumed = checkpoint.resume(settings, objective, optimizer, rank, size) if settings.resume else {}
+        resumed = checkpoint.resume(settings, objective, optimizer, rank, size, meta) if settings.resume else {}
         first_epoch = int(resumed.get("epoch", 0))
         ps.check_layout(layout, objective.n, settings.batch_size, settings.epochs - first_epoch)
         logger = run.Log(settings.log, rank=rank, quiet=settings.quiet)
-        job = Job(comm, settings, ps, layout, objective, optimizer, first_epoch, logger)
+        job = Job(comm, settings, ps, layout, objective, optimizer, first_epoch, logger, meta)
     except Exception as caught:                  # noqa: BLE001 - agreed below, on every rank
         error = caught
     run.agree_on_errors(comm, error)
@@ -431,7 +434,7 @@ def collect(job, mine, name, report=None):
             if key != "steps":
                 state[key] = numpy.concatenate([part["state"][key] for part in servers])
         job.optimizer.load_state_dict(state)
-        checkpoint.write(comm, s.save, params, job.optimizer, s.epochs)     # rank 0 writes
+        checkpoint.write(comm, s.save, params, job.optimizer, s.epochs, meta=job.meta)     # rank 0 writes
     job.logger.close()
     if report is not None:
         report.update(logs=[part["log"] for part in servers], lost=lost, layout=layout,
@@ -442,16 +445,17 @@ def collect(job, mine, name, report=None):
     return params, history
 
 
-def run_job(comm, worker_step, settings, ps, name, report=None):
+def run_job(comm, worker_step, settings, ps, name, writer, report=None):
     """One parameter-server job on ``comm``; returns (final flat parameters, per-epoch history) on every rank.
 
     ``report``, if a dict, is filled on every rank with the servers' logs (``logs[k]``: server k's
     events in the order it handled them, see ``ShardServer``), the lost workers, the layout, what
     each worker rank ended as, and per worker rank the values it pushed and fetched (``values``) and
-    the bytes it sent inside its model-parallel replica (``replica_bytes``).
+    the bytes it sent inside its model-parallel replica (``replica_bytes``). ``writer``: the
+    algorithm's ``checkpoint.Writer``.
     """
     comm = comm if comm is not None else MPI.COMM_WORLD
-    job = start(comm, settings, ps)
+    job = start(comm, settings, ps, writer)
     replica_comm = None
     if ps.replica_size > 1:                        # every rank splits; the workers into replicas of k
         rank, layout = comm.Get_rank(), job.layout

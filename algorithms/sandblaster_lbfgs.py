@@ -618,7 +618,7 @@ def train(comm=None, servers=1, portions=32, backup_threshold=None, push_every=4
             raise cli.SettingError(f"--slow-worker must be a worker rank ({roles.worker_ranks[0]}..{size - 1}; "
                                    f"rank 0 coordinates and ranks 1..{servers} serve), got {slow_worker}")
 
-    job = run.start(comm, settings, check=check)
+    job = run.start(comm, settings, check=check, writer=checkpoint.Writer("sandblaster_lbfgs"))
     error = None
     try:
         n = job.objective.n
@@ -666,7 +666,7 @@ def collect(comm, job, roles, mine, report):
         report.update(gathered[0], roles=roles, bytes=[part["bytes"] for part in gathered],
                       computed={rank: gathered[rank]["computed"] for rank in roles.worker_ranks})
     if job.settings.save:
-        checkpoint.write(comm, job.settings.save, params, job.optimizer, job.settings.epochs)
+        checkpoint.write(comm, job.settings.save, params, job.optimizer, job.settings.epochs, meta=job.meta)
     job.logger.close()
     return params, job.logger.history
 

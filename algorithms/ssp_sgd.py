@@ -43,7 +43,7 @@ import time
 
 from mpi4py import MPI
 
-from algorithms import cli, downpour_sgd, ps_job, run
+from algorithms import checkpoint, cli, downpour_sgd, ps_job, run
 
 
 def ssp_step(replica, rows, i, end_of_epoch, last_step):
@@ -100,7 +100,9 @@ def train(comm=None, staleness=2, servers=1, server_optimizer="sgd", determinist
     ps = ps_job.Settings(servers=servers, n_fetch=1, n_push=1, staleness=staleness,
                          server_optimizer=server_optimizer, deterministic=deterministic,
                          fail_worker=fail_worker, fail_step=fail_step, timeout=timeout)
-    return ps_job.run_job(comm, step, settings, ps, name=f"ssp s={staleness}", report=report)
+    writer = checkpoint.Writer("ssp_sgd", checkpoint.SERVER_FAMILY, state={"--server-optimizer": server_optimizer},
+                               layout={"servers": servers})
+    return ps_job.run_job(comm, step, settings, ps, name=f"ssp s={staleness}", writer=writer, report=report)
 
 
 def main(argv=None):

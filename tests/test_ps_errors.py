@@ -85,7 +85,7 @@ def test_a_warm_start_with_a_staleness_bound_is_refused_on_every_rank_before_any
     settings = run.Settings(model="mlp", epochs=1, quiet=True)
     try:
         ps_job.run_job(MPI.COMM_WORLD, ssp_sgd.ssp_step, settings, ps_job.Settings(staleness=1, warm_start_steps=3),
-                     name="ssp")
+                       name="ssp", writer=checkpoint.Writer("ssp_sgd"))
         raised = None
     except SettingError as error:
         raised = error
@@ -116,7 +116,8 @@ def test_an_exception_in_the_algorithm_ends_the_job_with_it_on_every_rank(where,
         monkeypatch.setattr(parameter_server.ShardServer, "apply_push", push)
     settings = run.Settings(model="mlp", epochs=1, quiet=True, batch_size=8)
     try:
-        ps_job.run_job(comm, step, settings, ps_job.Settings(server_optimizer="sgd"), name="downpour")
+        ps_job.run_job(comm, step, settings, ps_job.Settings(server_optimizer="sgd"), name="downpour",
+                       writer=checkpoint.Writer("downpour_sgd"))
         raised = None
     except Planted as error:
         raised = error
@@ -124,18 +125,20 @@ def test_an_exception_in_the_algorithm_ends_the_job_with_it_on_every_rank(where,
                     f"rank {comm.rank} got {raised!r}")
 
 
-def write_checkpoint(path, optimizer_class, epoch, **optimizer_kwargs):
-    """A --save file of the CNN after ``epoch`` epochs, with one step's state of ``optimizer_class``."""
+def write_checkpoint(path, optimizer_class, epoch, writer, **optimizer_kwargs):
+    """A --save file of the CNN after ``epoch`` epochs, with one step's state of ``optimizer_class``,
+    recorded as ``writer``'s (a checkpoint.Writer)."""
     flat = flatten(objective.build_model("cnn", 0))
     optimizer = optimizer_class([flat.as_parameter()], lr=0.05, **optimizer_kwargs)
     flat.grad[...] = 0.01
     optimizer.step()
-    checkpoint.save_checkpoint(str(path), flat.data, optimizer, epoch)
+    checkpoint.save_checkpoint(str(path), flat.data, optimizer, epoch, meta=writer.meta(run.Settings(), 3))
     return str(path)
 
 
 def test_resuming_a_run_that_already_trained_more_epochs_is_refused(tmp_path):
-    path = write_checkpoint(tmp_path / "four.npz", Adagrad, epoch=4)
+    downpour = checkpoint.Writer("downpour_sgd", checkpoint.SERVER_FAMILY, state={"--server-optimizer": "adagrad"})
+    path = write_checkpoint(tmp_path / "four.npz", Adagrad, epoch=4, writer=downpour)
     done = mpiexec(3, "-m", "algorithms.downpour_sgd", "--epochs", "2", "--resume", path, timeout=60)
     fails_on_every_rank(done, re.escape(f"--resume {path}: has already trained 4 epochs, more than --epochs 2"))
 
@@ -147,7 +150,8 @@ def test_a_checkpoint_that_is_not_this_algorithms_is_refused_naming_the_file(tmp
         with open(path, "wb") as file:
             file.write(np.random.default_rng(0).bytes(3000))
     else:                       # allreduce SGD's: SGD with momentum, where Downpour's servers keep Adagrad
-        path = write_checkpoint(tmp_path / "allreduce.npz", SGD, epoch=1, momentum=0.9)
+        path = write_checkpoint(tmp_path / "allreduce.npz", SGD, epoch=1, momentum=0.9,
+                                writer=checkpoint.Writer("allreduce_sgd", checkpoint.SGD_FAMILY))
     done = mpiexec(3, "-m", "algorithms.downpour_sgd", "--epochs", "2", "--resume", path, timeout=60)
     fails_on_every_rank(done, re.escape(f"--resume {path}: "))
 
