@@ -25,6 +25,7 @@ from minidl import models
 from minidl.data import PARTITIONS
 
 ALLREDUCE_NAMES = ("ring", "tree", "butterfly", "rabenseifner", "naive", "auto", "mpi")
+DECAY_FACTOR = 10.0                     # the default --decay-factor (algorithms.schedule)
 
 
 class SettingError(ValueError):
@@ -81,7 +82,7 @@ def add_schedule_flags(p):
                    help="climb linearly from --lr to the scaled lr over this many epochs")
     p.add_argument("--lr-decay", type=parse_epochs, default=(), metavar="E1,E2,...",
                    help="divide the lr by --decay-factor at these epochs")
-    p.add_argument("--decay-factor", type=float, default=10.0)
+    p.add_argument("--decay-factor", type=float, default=DECAY_FACTOR)
     p.add_argument("--batch-schedule", action="store_true",
                    help="at the --lr-decay epochs multiply the batch by --decay-factor instead (Smith et al. 2018)")
 

@@ -35,6 +35,8 @@ def load_data(dataset="digits", seed=0, data_dir=None):
     A missing or unreadable MNIST folder or file is a ValueError naming the path.
     """
     if dataset == "digits":
+        if data_dir is not None:
+            raise ValueError(f"--data-dir {data_dir}: only --dataset mnist reads files; the digits are embedded")
         return Data(*datasets.digits_split(seed=seed))
     if dataset == "mnist":
         if data_dir is None:

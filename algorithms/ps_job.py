@@ -69,6 +69,9 @@ class JobFailed(RuntimeError):
     every_rank = True
 
 
+DEFAULT_TIMEOUT = 10.0
+
+
 @dataclasses.dataclass
 class Settings:
     """The parameter-server flags (the shared ones are ``run.Settings``)."""
@@ -81,7 +84,7 @@ class Settings:
     deterministic: bool = False
     fail_worker: int = None            # a rank
     fail_step: int = None
-    timeout: float = 10.0              # seconds of silence before server 0 drops a worker
+    timeout: float = 10.0              # seconds of silence before server 0 drops a worker (DEFAULT_TIMEOUT)
     groups: int = None                 # a hierarchical server with this many group servers; None: flat
     replica_size: int = 1              # ranks per worker: a model-parallel replica (ps_replica) when > 1
 
@@ -105,6 +108,9 @@ class Settings:
             raise SettingError("--momentum applies to --server-optimizer sgd only")
         if self.timeout is not None:
             cli.require("--timeout", self.timeout, low=0, low_open=True)
+        if (self.deterministic or self.hierarchical) and self.timeout not in (None, DEFAULT_TIMEOUT):
+            raise SettingError(f"--timeout {self.timeout}: a --deterministic or --groups run never drops a silent "
+                               f"worker, so it has no timeout")
         if (self.fail_worker is None) != (self.fail_step is None):
             raise SettingError("--fail-worker and --fail-step go together")
         if self.fail_worker is not None and self.deterministic:

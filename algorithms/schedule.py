@@ -33,7 +33,7 @@ the batch is not capped (once B * decay_factor ** d exceeds the training set an 
 import dataclasses
 import math
 
-from algorithms.cli import SettingError, require
+from algorithms.cli import DECAY_FACTOR, SettingError, require
 
 SCALINGS = ("none", "linear", "sqrt")
 
@@ -47,7 +47,7 @@ class Schedule:
     reference_batch: int = None    # --reference-batch; None: batch_size
     warmup_epochs: float = 0.0     # --warmup-epochs
     lr_decay: tuple = ()           # --lr-decay: epochs at which lr is divided (or the batch multiplied)
-    decay_factor: float = 10.0     # --decay-factor
+    decay_factor: float = DECAY_FACTOR     # --decay-factor
     batch_schedule: bool = False   # --batch-schedule
 
     @classmethod
@@ -69,6 +69,15 @@ class Schedule:
             require("--lr-decay (each epoch)", milestone, integer=True, low=1, high=epochs - 1)
         if list(self.lr_decay) != sorted(set(self.lr_decay)):
             raise SettingError(f"--lr-decay epochs must increase, got {','.join(map(str, self.lr_decay))}")
+        if self.reference_batch is not None and self.scaling == "none":
+            raise SettingError("--reference-batch is the batch --lr-scaling scales from; this run has --lr-scaling none")
+        if self.warmup_epochs and self.scaling == "none":
+            raise SettingError("--warmup-epochs climbs from --lr to the scaled lr; with --lr-scaling none the two "
+                               "are the same")
+        if self.batch_schedule and not self.lr_decay:
+            raise SettingError("--batch-schedule grows the batch at the --lr-decay epochs; give them")
+        if self.decay_factor != DECAY_FACTOR and not self.lr_decay:
+            raise SettingError(f"--decay-factor {self.decay_factor} acts at the --lr-decay epochs; give them")
         if self.batch_schedule and self.decay_factor != int(self.decay_factor):
             raise SettingError(f"--batch-schedule multiplies the batch by --decay-factor, which must then be "
                                f"an integer, got {self.decay_factor!r}")
