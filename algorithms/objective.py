@@ -15,6 +15,7 @@ import dataclasses
 
 import numpy
 
+from algorithms import cli
 from minidl import backend, data as datasets, models
 from minidl import functional as F
 from minidl.flat import FlatParameters, flatten
@@ -32,8 +33,9 @@ class Data:
 def load_data(dataset="digits", seed=0, data_dir=None):
     """Train/test arrays on the host; the split depends only on ``seed``, so every rank agrees.
 
-    A missing or unreadable MNIST folder or file is a ValueError naming the path.
+    A missing or unreadable MNIST folder or file, or a bad ``seed``, is a ValueError naming the flag.
     """
+    cli.require("--seed", seed, integer=True, low=0)
     if dataset == "digits":
         if data_dir is not None:
             raise ValueError(f"--data-dir {data_dir}: only --dataset mnist reads files; the digits are embedded")
