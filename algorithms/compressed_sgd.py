@@ -2,7 +2,7 @@
 
     mpiexec -n 4 python -m algorithms.compressed_sgd --compressor topk --density 0.01
     mpiexec -n 4 python -m algorithms.compressed_sgd --compressor onebit --no-error-feedback
-    mpiexec -n 4 python -m algorithms.compressed_sgd --compressor qsgd --bits 4
+    mpiexec -n 4 python -m algorithms.compressed_sgd --compressor qsgd --levels 15
 
 Papers: Ben-Nun & Hoefler 2019 ("Communication optimizations": quantization, sparsification,
 "use lossy compression when sending, accumulate error locally"); Seide et al. 2014 (1-bit SGD
@@ -23,20 +23,28 @@ The exchange depends on what the messages are:
 
     none                 the dense allreduce of --allreduce (so --compressor none *is* allreduce_sgd,
                          bit for bit): ring 2 (p-1)/p n s bytes per rank
-    qsgd, terngrad,      messages of one fixed size m (compress.py's wire_bytes) cannot be added
-    onebit               without decoding: every rank gathers every message (sparse.allgather,
+    qsgd, rounding,      messages of one fixed size m (compress.py's wire_bytes) cannot be added
+    terngrad, onebit     without decoding: every rank gathers every message (sparse.allgather,
                          (p-1) m bytes per rank) and decodes and adds them in rank order
     topk, randomk        (index, value) pairs: the sparse allreduce (sparse.py), lg p rounds of
                          min(k_j (4 + s), n s) bytes, k_j the merged support. random-k draws its
                          indices from a generator seeded alike on every rank, so k_j = k
 
 Error feedback is on by default for the biased compressors (onebit, topk, randomk), off for the
-unbiased ones (qsgd, terngrad) and none; --error-feedback / --no-error-feedback choose. The
+unbiased ones (qsgd, rounding, terngrad); --error-feedback / --no-error-feedback choose.
+
+Each flag belongs to the compressors it changes, and any other is refused (before the first
+message, on every rank) rather than ignored: --levels to qsgd (its s, default 15), --bits to
+rounding (default 8), --density or --k (one of them; default --density 0.01) to topk and
+randomk, --bucket to the quantizers qsgd, rounding, terngrad and onebit (default 512, at most
+2^31 - 1; a bucket of n or more entries is one bucket), --allreduce to none (the only
+compressor whose exchange is a dense allreduce), --error-feedback / --no-error-feedback to every
+compressor but none (which leaves nothing out to feed back). The
 bytes in the log are counted on the wire (collectives.trace.CountingComm), not estimated, plus
 the 8-byte non-finite check per step that every algorithm of the family sends.
 
-Restrictions: host (NumPy) arrays; p <= number of training examples. Random draws (stochastic
-rounding, TernGrad, random-k) come from Generator([seed, step, rank]) (random-k: [seed, step]),
+Restrictions: host (NumPy) arrays; p <= number of training examples. Random draws (QSGD,
+stochastic rounding, TernGrad, random-k) come from Generator([seed, step, rank]) (random-k: [seed, step]),
 so the same seed gives the same bits. --save / --resume keep each rank's residual.
 
 Defaults: plain SGD, lr 0.2, no momentum (chapter 4's allreduce_sgd: momentum 0.9, lr 0.05). Error
@@ -106,43 +114,79 @@ def host_only():
         raise SettingError(f"compressed_sgd runs on host (NumPy) arrays only; the backend is {backend.get_backend()!r}")
 
 
-def build(name, bits, density, k, bucket, dtype):
-    """The compressor, with bad settings as SettingErrors naming the flag."""
-    cli.require("--bits", bits, integer=True, low=1, high=16)
-    cli.require("--density", density, low=0, high=1, low_open=True)
-    if k is not None:
-        cli.require("--k", k, integer=True, low=1)
-    cli.require("--bucket", bucket, integer=True, low=1)
+# which compressors each flag changes; any other compressor refuses it (a flag is never ignored)
+FLAGS = {"--levels": ("qsgd",), "--bits": ("rounding",), "--density": ("topk", "randomk"),
+         "--k": ("topk", "randomk"), "--bucket": ("qsgd", "rounding", "terngrad", "onebit"),
+         "--allreduce": ("none",), "--error-feedback": tuple(n for n in compress.NAMES if n != "none")}
+DEFAULTS = {"--levels": 15, "--bits": 8, "--bucket": compress.BUCKET, "--allreduce": "ring"}
+
+
+def settings_for(name, given):
+    """{flag: value} for compressor ``name`` from the flags ``given`` (None: not given), the defaults
+    filled in; a SettingError naming the flag for one that ``name`` would ignore, or a bad value."""
+    if name not in compress.NAMES:
+        raise SettingError(f"unknown --compressor {name!r}; choose one of {', '.join(compress.NAMES)}")
+    for flag, value in given.items():
+        if value is not None and name not in FLAGS[flag]:
+            shown = ("--error-feedback" if value else "--no-error-feedback") if flag == "--error-feedback" else flag
+            raise SettingError(f"{shown} has no effect with --compressor {name} (it is for "
+                               f"{', '.join(FLAGS[flag])} only); leave it out")
+    if given["--k"] is not None and given["--density"] is not None:
+        raise SettingError(f"--k {given['--k']} and --density {given['--density']} both given with --compressor "
+                           f"{name}: give one (--k entries, or a fraction --density of them)")
+    chosen = {flag: DEFAULTS.get(flag) if value is None and name in FLAGS[flag] else value
+              for flag, value in given.items()}
+    if name in FLAGS["--density"] and chosen["--k"] is None and chosen["--density"] is None:
+        chosen["--density"] = 0.01
+    for flag, low, high in (("--levels", 1, 2 ** 15 - 1), ("--bits", 1, 16), ("--k", 1, None),
+                            ("--bucket", 1, compress.MAX_BUCKET)):
+        if chosen[flag] is not None:
+            cli.require(flag, chosen[flag], integer=True, low=low, high=high)
+    if chosen["--density"] is not None:
+        cli.require("--density", chosen["--density"], low=0, high=1, low_open=True)
+    return chosen
+
+
+def build(name, chosen, dtype):
+    """The compressor for ``settings_for``'s flags, with bad settings as SettingErrors naming the flag."""
     try:
-        return compress.make(name, bits=bits, density=density, k=k, dtype=dtype, bucket=bucket)
+        return compress.make(name, bits=chosen["--bits"], levels=chosen["--levels"], density=chosen["--density"],
+                             k=chosen["--k"], bucket=chosen["--bucket"] or compress.BUCKET, dtype=dtype)
     except ValueError as error:
         raise SettingError(str(error)) from None
 
 
-def train(comm=None, compressor="none", bits=8, density=0.01, k=None, error_feedback=None, bucket=512,
-          allreduce="ring", **settings):
+def train(comm=None, compressor="none", levels=None, bits=None, density=None, k=None, error_feedback=None,
+          bucket=None, allreduce=None, **settings):
     """Compressed synchronous SGD on ``comm``; returns (final flat parameters as NumPy, history).
 
-    ``compressor``: one of collectives.compress.NAMES; ``bits`` for qsgd (1..16); ``density`` or ``k``
-    for topk/randomk; ``error_feedback`` None: on for onebit, topk, randomk. ``settings``: run.Settings.
+    ``compressor``: one of collectives.compress.NAMES; ``levels`` for qsgd (its s, default 15), ``bits``
+    for rounding (1..16, default 8); ``density`` or ``k`` for topk/randomk (default density 0.01);
+    ``bucket`` for the quantizers (default 512); ``allreduce`` for none (default ring);
+    ``error_feedback`` None: on for onebit, topk, randomk. A setting the compressor would ignore is
+    refused (SettingError). ``settings``: run.Settings.
     """
     comm = comm or MPI.COMM_WORLD
     settings = run.Settings.of(settings, epochs=20, lr=0.2, momentum=0.0, partition="global")
     feedback = compressor in BIASED if error_feedback is None else bool(error_feedback)
+    given = {"--levels": levels, "--bits": bits, "--density": density, "--k": k, "--bucket": bucket,
+             "--allreduce": allreduce, "--error-feedback": error_feedback}
+    chosen = {}
 
     def check(_):
-        run.allreduce_function(allreduce)
+        chosen.update(settings_for(compressor, given))
+        run.allreduce_function(chosen["--allreduce"] or "ring")
         host_only()
-        build(compressor, bits, density, k, bucket, numpy.float64)
+        build(compressor, chosen, numpy.float64)
     job = run.start(comm, settings, check=check, replicated=not feedback)
-    chosen = build(compressor, bits, density, k, bucket, job.objective.grad.dtype)
-    codec = (compress.ErrorFeedback if feedback else compress.NoFeedback)(chosen, len(job.objective.grad))
+    codec_of = build(compressor, chosen, job.objective.grad.dtype)
+    codec = (compress.ErrorFeedback if feedback else compress.NoFeedback)(codec_of, len(job.objective.grad))
     if feedback:
         job.keep("residual", codec.residual)
-    exchange = exchange_for(chosen, run.allreduce_function(allreduce))
+    exchange = exchange_for(codec_of, run.allreduce_function(chosen["--allreduce"] or "ring"))
 
     def step(batch):
-        key = [settings.seed, job.step] + ([] if chosen.same_on_every_rank else [job.rank])
+        key = [settings.seed, job.step] + ([] if codec_of.same_on_every_rank else [job.rank])
         return compressed_step(job.counting, job.objective, job.optimizer, batch, codec, exchange,
                                numpy.random.default_rng(key))
     return job.loop(step)
@@ -150,16 +194,20 @@ def train(comm=None, compressor="none", bits=8, density=0.01, k=None, error_feed
 
 def main(argv=None):
     parser = cli.parser(__doc__.splitlines()[0], epochs=20, lr=0.2, momentum=0.0, partition="global", allreduce="ring")
+    parser.set_defaults(allreduce=None)                  # given or not: only --compressor none uses it
     parser.add_argument("--compressor", default="none", choices=compress.NAMES)
-    parser.add_argument("--bits", type=int, default=8, help="qsgd: bits per entry (1..16)")
-    parser.add_argument("--density", type=float, default=0.01, help="topk, randomk: fraction of entries sent")
+    parser.add_argument("--levels", type=int, default=None, help="qsgd: levels s of the norm (1..32767; default 15)")
+    parser.add_argument("--bits", type=int, default=None, help="rounding: bits per entry (1..16; default 8)")
+    parser.add_argument("--density", type=float, default=None,
+                        help="topk, randomk: fraction of entries sent (default 0.01)")
     parser.add_argument("--k", type=int, default=None, help="topk, randomk: entries sent (instead of --density)")
-    parser.add_argument("--bucket", type=int, default=512, help="qsgd, terngrad, onebit: entries per scale")
+    parser.add_argument("--bucket", type=int, default=None,
+                        help="qsgd, rounding, terngrad, onebit: entries per scale (default 512)")
     parser.add_argument("--error-feedback", action=argparse.BooleanOptionalAction, default=None,
                         help="keep what was not sent for the next step (default: on for onebit, topk, randomk)")
     args = parser.parse_args(argv)
-    cli.run_main(train, args, compressor=args.compressor, bits=args.bits, density=args.density, k=args.k,
-                 error_feedback=args.error_feedback, bucket=args.bucket, allreduce=args.allreduce)
+    cli.run_main(train, args, compressor=args.compressor, levels=args.levels, bits=args.bits, density=args.density,
+                 k=args.k, error_feedback=args.error_feedback, bucket=args.bucket, allreduce=args.allreduce)
 
 
 if __name__ == "__main__":
