@@ -2,7 +2,7 @@
 
     mpiexec -n 4 python -m algorithms.compressed_sgd --compressor topk --density 0.01
     mpiexec -n 4 python -m algorithms.compressed_sgd --compressor onebit --no-error-feedback
-    mpiexec -n 4 python -m algorithms.compressed_sgd --compressor qsgd --levels 15
+    mpiexec -n 4 python -m algorithms.compressed_sgd --compressor qsgd --levels 127
 
 Papers: Ben-Nun & Hoefler 2019 ("Communication optimizations": quantization, sparsification,
 "use lossy compression when sending, accumulate error locally"); Seide et al. 2014 (1-bit SGD
@@ -34,7 +34,7 @@ Error feedback is on by default for the biased compressors (onebit, topk, random
 unbiased ones (qsgd, rounding, terngrad); --error-feedback / --no-error-feedback choose.
 
 Each flag belongs to the compressors it changes, and any other is refused (before the first
-message, on every rank) rather than ignored: --levels to qsgd (its s, default 15), --bits to
+message, on every rank) rather than ignored: --levels to qsgd (its s, default 127), --bits to
 rounding (default 8), --density or --k (one of them; default --density 0.01) to topk and
 randomk, --bucket to the quantizers qsgd, rounding, terngrad and onebit (default 512, at most
 2^31 - 1; a bucket of n or more entries is one bucket), --allreduce to none (the only
@@ -118,7 +118,7 @@ def host_only():
 FLAGS = {"--levels": ("qsgd",), "--bits": ("rounding",), "--density": ("topk", "randomk"),
          "--k": ("topk", "randomk"), "--bucket": ("qsgd", "rounding", "terngrad", "onebit"),
          "--allreduce": ("none",), "--error-feedback": tuple(n for n in compress.NAMES if n != "none")}
-DEFAULTS = {"--levels": 15, "--bits": 8, "--bucket": compress.BUCKET, "--allreduce": "ring"}
+DEFAULTS = {"--levels": 127, "--bits": 8, "--bucket": compress.BUCKET, "--allreduce": "ring"}
 
 
 def settings_for(name, given):
@@ -160,7 +160,7 @@ def train(comm=None, compressor="none", levels=None, bits=None, density=None, k=
           bucket=None, allreduce=None, **settings):
     """Compressed synchronous SGD on ``comm``; returns (final flat parameters as NumPy, history).
 
-    ``compressor``: one of collectives.compress.NAMES; ``levels`` for qsgd (its s, default 15), ``bits``
+    ``compressor``: one of collectives.compress.NAMES; ``levels`` for qsgd (its s, default 127), ``bits``
     for rounding (1..16, default 8); ``density`` or ``k`` for topk/randomk (default density 0.01);
     ``bucket`` for the quantizers (default 512); ``allreduce`` for none (default ring);
     ``error_feedback`` None: on for onebit, topk, randomk. A setting the compressor would ignore is
@@ -196,7 +196,7 @@ def main(argv=None):
     parser = cli.parser(__doc__.splitlines()[0], epochs=20, lr=0.2, momentum=0.0, partition="global", allreduce="ring")
     parser.set_defaults(allreduce=None)                  # given or not: only --compressor none uses it
     parser.add_argument("--compressor", default="none", choices=compress.NAMES)
-    parser.add_argument("--levels", type=int, default=None, help="qsgd: levels s of the norm (1..32767; default 15)")
+    parser.add_argument("--levels", type=int, default=None, help="qsgd: levels s of the norm (1..32767; default 127)")
     parser.add_argument("--bits", type=int, default=None, help="rounding: bits per entry (1..16; default 8)")
     parser.add_argument("--density", type=float, default=None,
                         help="topk, randomk: fraction of entries sent (default 0.01)")

@@ -197,7 +197,7 @@ class QSGD(Quantizer):
     0, 1/s, ..., 1 of it, rounded at random so that E[decoded] = g (see the module docstring)."""
     name = "qsgd"
 
-    def __init__(self, levels=15, dtype=np.float64, bucket=BUCKET):
+    def __init__(self, levels=127, dtype=np.float64, bucket=BUCKET):
         super().__init__(dtype, bucket)
         if not (isinstance(levels, int) and not isinstance(levels, bool) and 1 <= levels <= 2 ** 15 - 1):
             raise ValueError(f"--levels must be an integer from 1 to {2 ** 15 - 1}, got {levels!r}")
@@ -359,7 +359,7 @@ class RandomK(Sparsifier):
         return self.message(grad, rng.choice(len(grad), size=self.count(len(grad)), replace=False))
 
 
-def make(name, bits=8, density=None, k=None, dtype=np.float64, bucket=BUCKET, levels=15):
+def make(name, bits=8, density=None, k=None, dtype=np.float64, bucket=BUCKET, levels=127):
     """The compressor called ``name`` (one of NAMES). Bad settings raise ValueError naming the flag.
 
     ``levels`` is qsgd's s, ``bits`` rounding's b, ``density`` or ``k`` topk's and randomk's, ``bucket``
