@@ -2,6 +2,7 @@
 
     python tutorials/figures/make_08_figures.py
     python tutorials/figures/make_08_figures.py --part pays  # only part 2 (or --part training)
+    python tutorials/figures/make_08_figures.py --part tables  # part 1's tables again from 08_training.json
     python tutorials/figures/make_08_figures.py --quick      # 1 seed, 2 epochs, 2 sizes, into a temporary folder
     python tutorials/figures/make_08_figures.py --quick --out DIR
 
@@ -10,7 +11,8 @@
    default momentum 0.9, and sufficient factors on the MLP (peer to peer at batch 8, through the
    sharded server at batch 32) against allreduce SGD on the same MLP -> 08_training.json,
    08_table.md (accuracy mean with a 95% t interval over the seeds, bytes sent per step and rank,
-   seconds), 08_feedback.png (accuracy per epoch).
+   seconds), 08_comparisons.md (differences paired by seed, and whether they are inside the
+   noise), 08_feedback.png (accuracy per epoch).
 2. When compression pays: on p = 2 and 4 ranks, one dense ring allreduce of n float32 entries
    against top-k (1%) compression + the sparse allreduce and QSGD (s = 127, 8 bits an entry) + the
    direct allgather: the bytes each rank sends, counted on the wire (the same every run), and the
@@ -95,7 +97,12 @@ def training(seeds, epochs, labels):
     runs = {label: [run_once(*CONFIGS[label], seed, epochs) for seed in seeds] for label in labels}
     (OUT / "08_training.json").write_text(json.dumps({"seeds": seeds, "epochs": epochs, "ranks": RANKS,
                                                        "runs": runs}))
-    lines = [f"| run (p = 4) | test accuracy, mean ± 95% CI over {len(seeds)} seeds | bytes per step per rank | seconds | diverged |",
+    tables(runs, len(seeds), epochs)
+
+
+def tables(runs, seeds, epochs):
+    """08_table.md, 08_comparisons.md and 08_feedback.png from the runs (--part tables: from 08_training.json)."""
+    lines = [f"| run (p = 4) | test accuracy, mean ± 95% CI over {seeds} seeds | bytes per step per rank | seconds | diverged |",
              "| --- | --- | --- | --- | --- |"]
     for label, histories in runs.items():
         finished = [h for h in histories if h is not None]
@@ -111,7 +118,41 @@ def training(seeds, epochs, labels):
         lines.append(f"| {label} | {accuracy:.1f}% ± {half:.1f} | {per_step:,.0f} | {seconds:.1f} | {diverged} |")
     (OUT / "08_table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    comparisons(runs, seeds)
     plot_feedback(runs, epochs)
+
+
+COMPARISONS = [   # (a, b): is a's final test accuracy different from b's, seed by seed?
+    ("topk 1% + residuals", "none"), ("topk 1%, no residuals", "topk 1% + residuals"),
+    ("onebit + EF", "onebit, no EF"), ("qsgd s=127 (8 bits)", "none"), ("qsgd s=1 (2 bits)", "none"),
+    ("rounding 8 bits", "none"), ("rounding 2 bits", "none"), ("terngrad", "none"),
+    ("qsgd s=1 (2 bits)", "rounding 2 bits"), ("qsgd s=1 (2 bits)", "terngrad"),
+    ("randomk 10% + residuals", "none"), ("randomk 1% + residuals", "topk 1% + residuals"),
+    ("MLP b=8, factors (auto)", "MLP b=8, allreduce"),
+    ("topk 1% + residuals, momentum 0.9", "none, momentum 0.9"), ("onebit + EF, momentum 0.9", "none, momentum 0.9"),
+    ("randomk 10% + residuals, momentum 0.9", "none, momentum 0.9")]
+
+
+def comparisons(runs, seeds):
+    """08_comparisons.md: a - b in test accuracy paired by seed (both runs share the seed's initial
+    weights and batches), mean ± 95% t interval over the seeds; inside the noise if it holds 0."""
+    lines = [f"| a | b | a - b in test accuracy (points), paired by seed, mean ± 95% CI over {seeds} seeds | verdict |",
+             "| --- | --- | --- | --- |"]
+    for a, b in COMPARISONS:
+        pairs = [(x, y) for x, y in zip(runs.get(a, []), runs.get(b, [])) if x is not None and y is not None]
+        if len(pairs) < 2:
+            continue
+        differences = [100 * (x[-1]["test_accuracy"] - y[-1]["test_accuracy"]) for x, y in pairs]
+        mean, half = interval(differences)
+        if max(map(abs, differences)) == 0:
+            verdict = "the same on every seed"
+        elif abs(mean) <= half:
+            verdict = "inside the noise"
+        else:
+            verdict = "a higher" if mean > 0 else "a lower"
+        lines.append(f"| {a} | {b} | {mean:+.2f} ± {half:.2f} | {verdict} |")
+    (OUT / "08_comparisons.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
 
 
 def plot_feedback(runs, epochs):
@@ -262,7 +303,8 @@ def main():
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--measure", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--sizes", default="1024,16384,262144,1048576")
-    parser.add_argument("--part", default="all", choices=["all", "training", "pays"])
+    parser.add_argument("--part", default="all", choices=["all", "training", "tables", "pays"],
+                        help="tables: 08_table.md, 08_comparisons.md, 08_feedback.png again from 08_training.json")
     parser.add_argument("--out", default=None, help="output folder (default: beside this script; --quick: a "
                         "temporary folder)")
     args = parser.parse_args()
@@ -282,6 +324,9 @@ def main():
     else:
         if args.part in ("all", "training"):
             training(seeds=SEEDS, epochs=20, labels=list(CONFIGS))
+        if args.part == "tables":
+            saved = json.loads((OUT / "08_training.json").read_text())
+            tables(saved["runs"], len(saved["seeds"]), saved["epochs"])
         if args.part in ("all", "pays"):
             pays(ranks=[2, 4], sizes=sizes, repeats=REPEATS)
 
