@@ -196,20 +196,24 @@ def train(comm=None, compressor="none", levels=None, bits=None, density=None, k=
 
 def main(argv=None):
     parser = cli.parser(__doc__.splitlines()[0], epochs=20, lr=0.2, momentum=0.0, partition="global", allreduce="ring")
-    parser.set_defaults(allreduce=None)                  # given or not: only --compressor none uses it
+    # a flag left out is absent (SUPPRESS), so train() can tell it from one given, and refuse it where ignored
+    unset = argparse.SUPPRESS
+    parser.set_defaults(allreduce=unset)                 # only --compressor none uses it (default ring)
     parser.add_argument("--compressor", default="none", choices=compress.NAMES)
-    parser.add_argument("--levels", type=int, default=None, help="qsgd: levels s of the norm (1..32767; default 127)")
-    parser.add_argument("--bits", type=int, default=None, help="rounding: bits per entry (1..16; default 8)")
-    parser.add_argument("--density", type=float, default=None,
+    parser.add_argument("--levels", type=int, default=unset, help="qsgd: levels s of the norm (1..32767; default 127)")
+    parser.add_argument("--bits", type=int, default=unset, help="rounding: bits per entry (1..16; default 8)")
+    parser.add_argument("--density", type=float, default=unset,
                         help="topk, randomk: fraction of entries sent (default 0.01)")
-    parser.add_argument("--k", type=int, default=None, help="topk, randomk: entries sent (instead of --density)")
-    parser.add_argument("--bucket", type=int, default=None,
+    parser.add_argument("--k", type=int, default=unset, help="topk, randomk: entries sent (instead of --density)")
+    parser.add_argument("--bucket", type=int, default=unset,
                         help="qsgd, rounding, terngrad, onebit: entries per scale (default 512)")
-    parser.add_argument("--error-feedback", action=argparse.BooleanOptionalAction, default=None,
+    parser.add_argument("--error-feedback", action=argparse.BooleanOptionalAction, default=unset,
                         help="keep what was not sent for the next step (default: on for onebit, topk, randomk)")
     args = parser.parse_args(argv)
-    cli.run_main(train, args, compressor=args.compressor, levels=args.levels, bits=args.bits, density=args.density,
-                 k=args.k, error_feedback=args.error_feedback, bucket=args.bucket, allreduce=args.allreduce)
+    given = {name: getattr(args, name, unset) for name in ("levels", "bits", "density", "k", "bucket", "error_feedback",
+                                                            "allreduce")}
+    given = {name: None if value == unset else value for name, value in given.items()}   # set_defaults keeps the marker
+    cli.run_main(train, args, compressor=args.compressor, **given)
 
 
 if __name__ == "__main__":

@@ -334,3 +334,14 @@ def test_bad_settings_raise_before_training():
 def test_bad_flags_stop_every_rank_with_one_error_line(flags, message):
     # 3 ranks, a 60-second timeout (a hang fails the test): exit 2, the line on every rank, no training
     assert_stopped(launch("compressed_sgd", "--epochs", "1", *flags), message)
+
+
+@pytest.mark.parametrize("flags", [["--compressor", "qsgd", "--levels", "3", "--bucket", "64"],
+                                   ["--compressor", "rounding", "--bits", "4"],
+                                   ["--compressor", "topk", "--k", "20", "--no-error-feedback"],
+                                   ["--compressor", "none", "--allreduce", "tree"]])
+def test_the_flags_a_compressor_uses_are_accepted_from_the_command_line(flags):
+    # the other side of the refusals above: a flag left out is not mistaken for one given
+    done = launch("compressed_sgd", "--epochs", "1", *flags)
+    assert done.returncode == 0 and "error" not in done.stderr, done.stderr
+    assert "epoch 1" in done.stdout
