@@ -156,6 +156,8 @@ def test_sections_2_4_and_the_summary_quote_the_training_runs():
     for label in ("qsgd s=127 (8 bits)", "qsgd s=1 (2 bits)", "rounding 8 bits", "rounding 2 bits", "terngrad"):
         assert abs(statistics.mean(final(training, label)) - statistics.mean(final(training, none))) <= 0.01, label
     assert max(final(training, "randomk 10% + residuals, momentum 0.9")) < 0.25
+    # "and so is the training loss": 1-bit's losses with and without feedback do not overlap
+    assert max(final(training, "onebit + EF", "train_loss")) < min(final(training, "onebit, no EF", "train_loss"))
     assert final(training, "MLP b=8, factors (auto)") == final(training, "MLP b=8, allreduce")
 
 
