@@ -71,7 +71,8 @@ def test_the_comparisons_are_the_paired_differences_and_their_verdicts():
         mean, half = paired(training, a, b)
         assert shown == f"{mean:+.2f} ± {half:.2f}", (a, b, shown)
         expected = ("the same on every seed" if final(training, a) == final(training, b) else
-                    "inside the noise" if abs(mean) <= half else "a higher" if mean > 0 else "a lower")
+                    "inside the noise" if abs(mean) <= half else
+                    "a higher, outside the noise" if mean > 0 else "a lower, outside the noise")
         assert verdict == expected, (a, b, verdict)
 
 

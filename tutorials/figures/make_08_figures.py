@@ -149,7 +149,7 @@ def comparisons(runs, seeds):
         elif abs(mean) <= half:
             verdict = "inside the noise"
         else:
-            verdict = "a higher" if mean > 0 else "a lower"
+            verdict = "a higher, outside the noise" if mean > 0 else "a lower, outside the noise"
         lines.append(f"| {a} | {b} | {mean:+.2f} ± {half:.2f} | {verdict} |")
     (OUT / "08_comparisons.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
