@@ -2,7 +2,7 @@
 
     mpiexec -n 4 python -m algorithms.compressed_sgd --compressor topk --density 0.01
     mpiexec -n 4 python -m algorithms.compressed_sgd --compressor onebit --no-error-feedback
-    mpiexec -n 4 python -m algorithms.compressed_sgd --compressor qsgd --bits 4
+    mpiexec -n 4 python -m algorithms.compressed_sgd --compressor qsgd --levels 127
 
 Papers: Ben-Nun & Hoefler 2019 ("Communication optimizations": quantization, sparsification,
 "use lossy compression when sending, accumulate error locally"); Seide et al. 2014 (1-bit SGD
@@ -23,33 +23,43 @@ The exchange depends on what the messages are:
 
     none                 the dense allreduce of --allreduce (so --compressor none *is* allreduce_sgd,
                          bit for bit): ring 2 (p-1)/p n s bytes per rank
-    qsgd, terngrad,      messages of one fixed size m (compress.py's wire_bytes) cannot be added
-    onebit               without decoding: every rank gathers every message (sparse.allgather,
+    qsgd, rounding,      messages of one fixed size m (compress.py's wire_bytes) cannot be added
+    terngrad, onebit     without decoding: every rank gathers every message (sparse.allgather,
                          (p-1) m bytes per rank) and decodes and adds them in rank order
     topk, randomk        (index, value) pairs: the sparse allreduce (sparse.py), lg p rounds of
                          min(k_j (4 + s), n s) bytes, k_j the merged support. random-k draws its
                          indices from a generator seeded alike on every rank, so k_j = k
 
 Error feedback is on by default for the biased compressors (onebit, topk, randomk), off for the
-unbiased ones (qsgd, terngrad) and none; --error-feedback / --no-error-feedback choose. The
-bytes in the log are counted on the wire (collectives.trace.CountingComm), not estimated, plus
+unbiased ones (qsgd, rounding, terngrad); --error-feedback / --no-error-feedback choose.
+
+Each flag belongs to the compressors it changes, and any other is refused (before the first
+message, on every rank) rather than ignored: --levels to qsgd (its s, default 127), --bits to
+rounding (default 8), --density or --k (one of them; default --density 0.01) to topk and
+randomk, --bucket to the quantizers qsgd, rounding, terngrad and onebit (default 512, at most
+2^31 - 1; a bucket of n or more entries is one bucket), --allreduce to none (the only
+compressor whose exchange is a dense allreduce), --error-feedback / --no-error-feedback to every
+compressor but none (which leaves nothing out to feed back).
+
+The bytes in the log are counted on the wire (collectives.trace.CountingComm), not estimated, plus
 the 8-byte non-finite check per step that every algorithm of the family sends.
 
-Restrictions: host (NumPy) arrays; p <= number of training examples. Random draws (stochastic
-rounding, TernGrad, random-k) come from Generator([seed, step, rank]) (random-k: [seed, step]),
+Restrictions: host (NumPy) arrays; p <= number of training examples. Random draws (QSGD,
+stochastic rounding, TernGrad, random-k) come from Generator([seed, step, rank]) (random-k: [seed, step]),
 so the same seed gives the same bits. --save / --resume keep each rank's residual.
 
 Defaults: plain SGD, lr 0.2, no momentum (chapter 4's allreduce_sgd: momentum 0.9, lr 0.05). Error
 feedback releases an entry's held-back gradient in one burst, and momentum 0.9 repeats that burst
-for about ten steps: with chapter 4's settings, 1-bit with error feedback ended at 98.6, 75.5 and
-91.1% test accuracy on seeds 0, 1, 2 and random-k at 10% did not learn. Lin et al.'s momentum
-correction (compress the velocity, not the gradient) is not built (an exercise of chapter 8).
+for about ten steps: with chapter 4's settings, 1-bit with error feedback ended at 98.6, 76.3,
+93.6, 96.9 and 95.0% test accuracy on seeds 0-4 and random-k at 10% did not learn. Lin et al.'s
+momentum correction (compress the velocity, not the gradient) is not built (an exercise of chapter 8).
 
-Measured (digits CNN, p = 4, 20 epochs, seeds 0-2, defaults; tutorials/08_communicating_less.md,
-section 6): none 97.4% +- 0.4 test accuracy at 36,553 bytes per step and rank; top-k 1% with
-residuals 97.4% +- 1.1 at 1,453; without residuals 87.6% +- 19.5; 1-bit with error feedback 97.2%
-+- 0.7 at 2,587; qsgd 8 bits 97.4% +- 0.4 at 18,427; random-k 10% 97.1% +- 1.1 at 9,757; random-k
-1% does not learn in 20 epochs (34.8% +- 67.0).
+Measured (digits CNN, p = 4, 20 epochs, seeds 0-4, mean +- 95% t interval; defaults;
+tutorials/08_communicating_less.md, section 6): none 96.6% +- 3.1 test accuracy at 36,553 bytes per
+step and rank; QSGD s = 127 96.8% +- 3.1 and stochastic rounding 8 bits 96.5% +- 3.1 at 18,427; QSGD
+s = 1 96.7% +- 0.9 at 4,726; top-k 1% with residuals 97.7% +- 0.7 at 1,454, without 86.3% +- 7.9;
+1-bit with error feedback 97.5% +- 0.8 at 2,587, without 94.9% +- 0.9; random-k 10% 97.7% +- 1.2 at
+9,757; random-k 1% learns on 3 seeds of 5 (53.4% +- 39.8).
 """
 import argparse
 
@@ -106,45 +116,81 @@ def host_only():
         raise SettingError(f"compressed_sgd runs on host (NumPy) arrays only; the backend is {backend.get_backend()!r}")
 
 
-def build(name, bits, density, k, bucket, dtype):
-    """The compressor, with bad settings as SettingErrors naming the flag."""
-    cli.require("--bits", bits, integer=True, low=1, high=16)
-    cli.require("--density", density, low=0, high=1, low_open=True)
-    if k is not None:
-        cli.require("--k", k, integer=True, low=1)
-    cli.require("--bucket", bucket, integer=True, low=1)
+# which compressors each flag changes; any other compressor refuses it (a flag is never ignored)
+FLAGS = {"--levels": ("qsgd",), "--bits": ("rounding",), "--density": ("topk", "randomk"),
+         "--k": ("topk", "randomk"), "--bucket": ("qsgd", "rounding", "terngrad", "onebit"),
+         "--allreduce": ("none",), "--error-feedback": tuple(n for n in compress.NAMES if n != "none")}
+DEFAULTS = {"--levels": 127, "--bits": 8, "--bucket": compress.BUCKET, "--allreduce": "ring"}
+
+
+def settings_for(name, given):
+    """{flag: value} for compressor ``name`` from the flags ``given`` (None: not given), the defaults
+    filled in; a SettingError naming the flag for one that ``name`` would ignore, or a bad value."""
+    if name not in compress.NAMES:
+        raise SettingError(f"unknown --compressor {name!r}; choose one of {', '.join(compress.NAMES)}")
+    for flag, value in given.items():
+        if value is not None and name not in FLAGS[flag]:
+            shown = ("--error-feedback" if value else "--no-error-feedback") if flag == "--error-feedback" else flag
+            raise SettingError(f"{shown} has no effect with --compressor {name} (it is for "
+                               f"{', '.join(FLAGS[flag])} only); leave it out")
+    if given["--k"] is not None and given["--density"] is not None:
+        raise SettingError(f"--k {given['--k']} and --density {given['--density']} both given with --compressor "
+                           f"{name}: give one (--k entries, or a fraction --density of them)")
+    chosen = {flag: DEFAULTS.get(flag) if value is None and name in FLAGS[flag] else value
+              for flag, value in given.items()}
+    if name in FLAGS["--density"] and chosen["--k"] is None and chosen["--density"] is None:
+        chosen["--density"] = 0.01
+    for flag, low, high in (("--levels", 1, 2 ** 15 - 1), ("--bits", 1, 16), ("--k", 1, None),
+                            ("--bucket", 1, compress.MAX_BUCKET)):
+        if chosen[flag] is not None:
+            cli.require(flag, chosen[flag], integer=True, low=low, high=high)
+    if chosen["--density"] is not None:
+        cli.require("--density", chosen["--density"], low=0, high=1, low_open=True)
+    return chosen
+
+
+def build(name, chosen, dtype):
+    """The compressor for ``settings_for``'s flags, with bad settings as SettingErrors naming the flag."""
     try:
-        return compress.make(name, bits=bits, density=density, k=k, dtype=dtype, bucket=bucket)
+        return compress.make(name, bits=chosen["--bits"], levels=chosen["--levels"], density=chosen["--density"],
+                             k=chosen["--k"], bucket=chosen["--bucket"] or compress.BUCKET, dtype=dtype)
     except ValueError as error:
         raise SettingError(str(error)) from None
 
 
-def train(comm=None, compressor="none", bits=8, density=0.01, k=None, error_feedback=None, bucket=512,
-          allreduce="ring", **settings):
+def train(comm=None, compressor="none", levels=None, bits=None, density=None, k=None, error_feedback=None,
+          bucket=None, allreduce=None, **settings):
     """Compressed synchronous SGD on ``comm``; returns (final flat parameters as NumPy, history).
 
-    ``compressor``: one of collectives.compress.NAMES; ``bits`` for qsgd (1..16); ``density`` or ``k``
-    for topk/randomk; ``error_feedback`` None: on for onebit, topk, randomk. ``settings``: run.Settings.
+    ``compressor``: one of collectives.compress.NAMES; ``levels`` for qsgd (its s, default 127), ``bits``
+    for rounding (1..16, default 8); ``density`` or ``k`` for topk/randomk (default density 0.01);
+    ``bucket`` for the quantizers (default 512); ``allreduce`` for none (default ring);
+    ``error_feedback`` None: on for onebit, topk, randomk. A setting the compressor would ignore is
+    refused (SettingError). ``settings``: run.Settings.
     """
     comm = comm or MPI.COMM_WORLD
     settings = run.Settings.of(settings, epochs=20, lr=0.2, momentum=0.0, partition="global")
     feedback = compressor in BIASED if error_feedback is None else bool(error_feedback)
+    given = {"--levels": levels, "--bits": bits, "--density": density, "--k": k, "--bucket": bucket,
+             "--allreduce": allreduce, "--error-feedback": error_feedback}
+    chosen = {}
 
     def check(_):
-        run.allreduce_function(allreduce)
+        chosen.update(settings_for(compressor, given))
+        run.allreduce_function(chosen["--allreduce"] or "ring")
         host_only()
-        build(compressor, bits, density, k, bucket, numpy.float64)
+        build(compressor, chosen, numpy.float64)
     job = run.start(comm, settings, check=check, replicated=not feedback,
                     writer=checkpoint.Writer("compressed_sgd", state={"--compressor": compressor,
                                                                       "--error-feedback": feedback}))
-    chosen = build(compressor, bits, density, k, bucket, job.objective.grad.dtype)
-    codec = (compress.ErrorFeedback if feedback else compress.NoFeedback)(chosen, len(job.objective.grad))
+    codec_of = build(compressor, chosen, job.objective.grad.dtype)
+    codec = (compress.ErrorFeedback if feedback else compress.NoFeedback)(codec_of, len(job.objective.grad))
     if feedback:
         job.keep("residual", codec.residual)
-    exchange = exchange_for(chosen, run.allreduce_function(allreduce))
+    exchange = exchange_for(codec_of, run.allreduce_function(chosen["--allreduce"] or "ring"))
 
     def step(batch):
-        key = [settings.seed, job.step] + ([] if chosen.same_on_every_rank else [job.rank])
+        key = [settings.seed, job.step] + ([] if codec_of.same_on_every_rank else [job.rank])
         return compressed_step(job.counting, job.objective, job.optimizer, batch, codec, exchange,
                                numpy.random.default_rng(key))
     return job.loop(step)
@@ -152,16 +198,24 @@ def train(comm=None, compressor="none", bits=8, density=0.01, k=None, error_feed
 
 def main(argv=None):
     parser = cli.parser(__doc__.splitlines()[0], epochs=20, lr=0.2, momentum=0.0, partition="global", allreduce="ring")
+    # a flag left out is absent (SUPPRESS), so train() can tell it from one given, and refuse it where ignored
+    unset = argparse.SUPPRESS
+    parser.set_defaults(allreduce=unset)                 # only --compressor none uses it (default ring)
     parser.add_argument("--compressor", default="none", choices=compress.NAMES)
-    parser.add_argument("--bits", type=int, default=8, help="qsgd: bits per entry (1..16)")
-    parser.add_argument("--density", type=float, default=0.01, help="topk, randomk: fraction of entries sent")
-    parser.add_argument("--k", type=int, default=None, help="topk, randomk: entries sent (instead of --density)")
-    parser.add_argument("--bucket", type=int, default=512, help="qsgd, terngrad, onebit: entries per scale")
-    parser.add_argument("--error-feedback", action=argparse.BooleanOptionalAction, default=None,
+    parser.add_argument("--levels", type=int, default=unset, help="qsgd: levels s of the norm (1..32767; default 127)")
+    parser.add_argument("--bits", type=int, default=unset, help="rounding: bits per entry (1..16; default 8)")
+    parser.add_argument("--density", type=float, default=unset,
+                        help="topk, randomk: fraction of entries sent (default 0.01)")
+    parser.add_argument("--k", type=int, default=unset, help="topk, randomk: entries sent (instead of --density)")
+    parser.add_argument("--bucket", type=int, default=unset,
+                        help="qsgd, rounding, terngrad, onebit: entries per scale (default 512)")
+    parser.add_argument("--error-feedback", action=argparse.BooleanOptionalAction, default=unset,
                         help="keep what was not sent for the next step (default: on for onebit, topk, randomk)")
     args = parser.parse_args(argv)
-    cli.run_main(train, args, compressor=args.compressor, bits=args.bits, density=args.density, k=args.k,
-                 error_feedback=args.error_feedback, bucket=args.bucket, allreduce=args.allreduce)
+    given = {name: getattr(args, name, unset) for name in ("levels", "bits", "density", "k", "bucket", "error_feedback",
+                                                            "allreduce")}
+    given = {name: None if value == unset else value for name, value in given.items()}   # set_defaults keeps the marker
+    cli.run_main(train, args, compressor=args.compressor, **given)
 
 
 if __name__ == "__main__":

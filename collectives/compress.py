@@ -8,12 +8,16 @@ compression when sending, accumulate error locally"). Each compressor is a small
     compressor.wire_bytes(n)                     # the bytes of one message, by formula
 
 for a flat gradient of n elements of itemsize s bytes (8 for float64, 4 for float32), cut into
-ceil(n / d) buckets of d elements (default d = 512) that each get their own scale:
+ceil(n / d) buckets of d elements (default d = 512; a bucket of n or more entries is one bucket,
+the whole vector) that each get their own scale:
 
     name      what is sent                                              bytes on the wire
     none      grad itself                                               n s
-    qsgd      stochastic rounding of each g_i to 2^b levels on [-m, m], ceil(n b / 8) + buckets s
-              m = max |g| of its bucket (unbiased)
+    qsgd      QSGD with q levels (its s): per bucket its norm ||g||_2,  ceil(n (1 + ceil(log2(q + 1))) / 8)
+              per entry a sign bit and a level l in 0..q, decoded as    + buckets s
+              ||g|| sign(g_i) l / q (unbiased)
+    rounding  stochastic rounding of each g_i to 2^b levels on [-m, m], ceil(n b / 8) + buckets s
+              m = max |g| of its bucket (unbiased; no sign bit, no zero)
     terngrad  m * sign(g_i) * Bernoulli(|g_i| / m), m as above          ceil(2 n / 8) + buckets s
               (unbiased)
     onebit    the sign of g_i, decoded as the mean of its bucket's      ceil(n / 8) + 2 buckets s
@@ -22,11 +26,15 @@ ceil(n / d) buckets of d elements (default d = 512) that each get their own scal
     randomk   k entries at indices drawn from a generator that every    k (4 + s)
               rank seeds alike, as (index, value) pairs
 
-Papers: Gupta et al. 2015 (stochastic rounding: E[round(x)] = x); Alistarh et al. 2017 (QSGD: per
-bucket scale, unbiased quantizers); Wen et al. 2017 (TernGrad); Seide et al. 2014 (1-bit SGD with
+Papers: Gupta et al. 2015 (stochastic rounding: E[round(x)] = x); Alistarh et al. 2017 (QSGD);
+Wen et al. 2017 (TernGrad); Seide et al. 2014 (1-bit SGD with
 error feedback: "accumulate the quantization error locally"); Strom 2015 and Lin et al. 2018
 (Deep Gradient Compression: send only the largest entries, keep the rest as a residual);
 Stich et al. 2018 (top-k and random-k with memory). Full references: tutorials/references.md.
+
+Randomness: the compressors that draw (qsgd, rounding, terngrad, randomk) take ``rng``, a
+numpy.random.Generator, and refuse to run without one (TypeError naming rng): there is no hidden
+default generator, so the same seed gives the same bits.
 
 Error feedback (``ErrorFeedback.step``, the heart): compress what the gradient *and* the residual
 left over from earlier steps add up to, and keep what was not sent:
@@ -37,56 +45,25 @@ left over from earlier steps add up to, and keep what was not sent:
 
 so over K steps  sum_k sent_k + residual_K = sum_k grad_k: nothing is lost, only delayed. The
 biased compressors (onebit, topk, randomk) need it to converge to what SGD finds; the unbiased
-ones (qsgd, terngrad) are usually run without it.
+ones (qsgd, rounding, terngrad) are usually run without it.
 
-Pure NumPy (host arrays). The quantizers' codes are packed b bits per entry with numpy.packbits,
-so the bytes counted on the wire are the bytes of real buffers (``pack`` / ``unpack``).
+Pure NumPy (host arrays). The quantizers (qsgd, rounding, terngrad, onebit: QSGD's definition,
+packing codes into bytes, buckets) are in collectives/quantize.py.
 """
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
-NAMES = ("none", "qsgd", "terngrad", "onebit", "topk", "randomk")
+# the quantizers live in quantize.py; compress.<name> is their public place too
+from collectives.quantize import (BUCKET, MAX_BUCKET, QSGD, OneBit, Quantized, Quantizer,  # noqa: F401
+                                  StochasticRounding, TernGrad, buckets, generator, pack_codes, unpack_codes)
+
+NAMES = ("none", "qsgd", "rounding", "terngrad", "onebit", "topk", "randomk")
 INDEX = np.dtype(np.int32)           # indices on the wire: 4 bytes (n < 2^31)
-BUCKET = 512                         # elements per bucket scale
 
 
-# ---- packing b-bit codes into bytes ----------------------------------------------------------------
-
-def pack_codes(codes, bits):
-    """Codes 0 .. 2^bits - 1 (one per entry) -> ceil(len * bits / 8) bytes, little-endian bit order."""
-    planes = (codes.astype(np.uint32)[:, None] >> np.arange(bits, dtype=np.uint32)) & 1   # (n, bits)
-    return np.packbits(planes.astype(np.uint8).ravel(), bitorder="little")
-
-
-def unpack_codes(packed, n, bits):
-    """The inverse of ``pack_codes``: n codes of ``bits`` bits each."""
-    planes = np.unpackbits(packed, count=n * bits, bitorder="little").reshape(n, bits)
-    return planes.astype(np.uint32) @ (np.uint32(1) << np.arange(bits, dtype=np.uint32))
-
-
-def buckets(vector, size):
-    """``vector`` as a (ceil(n / size), size) matrix, the last row padded with zeros (a copy)."""
-    rows = max(1, math.ceil(len(vector) / size))
-    matrix = np.zeros(rows * size, dtype=vector.dtype)
-    matrix[:len(vector)] = vector
-    return matrix.reshape(rows, size)
-
-
-# ---- the messages ----------------------------------------------------------------------------------
-
-@dataclass
-class Quantized:
-    """A quantizer's message: packed codes, and scales (one or two per bucket) in the gradient's dtype."""
-    codes: np.ndarray        # uint8, packed
-    scales: np.ndarray       # float, (buckets,) or (buckets, 2)
-    n: int
-
-    @property
-    def nbytes(self):
-        return self.codes.nbytes + self.scales.nbytes
-
+# ---- the messages, the interface, the sparsifiers ---------------------------------------------------
 
 @dataclass
 class Sparse:
@@ -132,118 +109,24 @@ class NoCompression(Compressor):
         return n * self.dtype.itemsize
 
 
-class Quantizer(Compressor):
-    """A compressor whose message has a fixed size for a given n: codes of ``bits`` bits + scales."""
-    bits, scales_per_bucket = 8, 1
-
-    def __init__(self, dtype=np.float64, bucket=BUCKET):
-        super().__init__(dtype)
-        if not (isinstance(bucket, int) and bucket >= 1):
-            raise ValueError(f"bucket must be an integer >= 1, got {bucket!r}")
-        self.bucket = bucket
-
-    def wire_bytes(self, n):
-        """ceil(n bits / 8) + buckets * scales_per_bucket * s."""
-        rows = max(1, math.ceil(n / self.bucket))
-        return math.ceil(n * self.bits / 8) + rows * self.scales_per_bucket * self.dtype.itemsize
-
-    def pack(self, message):
-        """The message as one uint8 buffer of wire_bytes(n) bytes: codes, then scales."""
-        return np.concatenate([message.codes, message.scales.ravel().view(np.uint8)])
-
-    def unpack(self, buffer, n):
-        code_bytes = math.ceil(n * self.bits / 8)
-        scales = buffer[code_bytes:].view(self.dtype)
-        if self.scales_per_bucket > 1:
-            scales = scales.reshape(-1, self.scales_per_bucket)
-        return Quantized(buffer[:code_bytes], scales, n)
-
-
-class StochasticRounding(Quantizer):
-    """QSGD-style: each entry rounded at random to one of 2^b levels on [-m, m], m its bucket's max |g|.
-
-    With levels L = 2^b - 1 intervals of width 2 m / L, x = (g + m) / (2 m) * L lies in [0, L];
-    the code is floor(x) + 1 with probability x - floor(x), else floor(x). So E[code] = x and
-    E[decoded] = E[code] * 2 m / L - m = g: unbiased, with variance at most (m / L)^2 per entry.
-    """
-    name = "qsgd"
-
-    def __init__(self, bits=8, dtype=np.float64, bucket=BUCKET):
-        super().__init__(dtype, bucket)
-        if not (isinstance(bits, int) and not isinstance(bits, bool) and 1 <= bits <= 16):
-            raise ValueError(f"--bits must be an integer from 1 to 16, got {bits!r}")
-        self.bits = bits
-
-    def compress(self, grad, rng):
-        levels = 2 ** self.bits - 1
-        matrix = buckets(grad, self.bucket)
-        scale = np.abs(matrix).max(axis=1)                               # m per bucket
-        safe = np.where(scale > 0, scale, 1)[:, None]
-        x = (matrix + safe) / (2 * safe) * levels                        # in [0, L]
-        low = np.floor(x)
-        codes = low + (rng.random(x.shape) < x - low)                    # stochastic rounding
-        codes = np.clip(codes, 0, levels).ravel()[:len(grad)]
-        return Quantized(pack_codes(codes, self.bits), scale.astype(self.dtype), len(grad))
-
-    def decompress(self, message):
-        levels = 2 ** self.bits - 1
-        codes = buckets(unpack_codes(message.codes, message.n, self.bits).astype(self.dtype), self.bucket)
-        scale = message.scales[:, None]
-        return (codes * (2 * scale / levels) - scale).ravel()[:message.n]
-
-
-class TernGrad(Quantizer):
-    """Wen et al. 2017: m * sign(g) * Bernoulli(|g| / m), m the bucket's max |g|; E = g. 2 bits an entry."""
-    name, bits = "terngrad", 2
-
-    def compress(self, grad, rng):
-        matrix = buckets(grad, self.bucket)
-        scale = np.abs(matrix).max(axis=1)
-        safe = np.where(scale > 0, scale, 1)[:, None]
-        keep = rng.random(matrix.shape) < np.abs(matrix) / safe        # Bernoulli(|g| / m)
-        ternary = np.sign(matrix) * keep                                # -1, 0, +1
-        codes = (ternary + 1).ravel()[:len(grad)]                       # 0, 1, 2 on the wire
-        return Quantized(pack_codes(codes, 2), scale.astype(self.dtype), len(grad))
-
-    def decompress(self, message):
-        ternary = buckets(unpack_codes(message.codes, message.n, 2).astype(self.dtype) - 1, self.bucket)
-        return (ternary * message.scales[:, None]).ravel()[:message.n]
-
-
-class OneBit(Quantizer):
-    """Seide et al. 2014: one bit an entry (g >= 0), decoded as the mean of its bucket's entries with
-    that sign (two scales per bucket). Deterministic and biased: run it with error feedback."""
-    name, bits, scales_per_bucket = "onebit", 1, 2
-
-    def compress(self, grad, rng=None):
-        matrix = buckets(grad, self.bucket)
-        length = len(grad)
-        real = (np.arange(matrix.size) < length).reshape(matrix.shape)   # not the padding
-        positive = (matrix >= 0) & real
-        negative = (matrix < 0) & real
-        means = np.zeros((matrix.shape[0], 2), dtype=self.dtype)
-        means[:, 0] = (matrix * positive).sum(axis=1) / np.maximum(positive.sum(axis=1), 1)
-        means[:, 1] = (matrix * negative).sum(axis=1) / np.maximum(negative.sum(axis=1), 1)
-        return Quantized(pack_codes(positive.ravel()[:length], 1), means, length)
-
-    def decompress(self, message):
-        bit = buckets(unpack_codes(message.codes, message.n, 1), self.bucket).astype(bool)
-        means = message.scales
-        return np.where(bit, means[:, :1], means[:, 1:]).ravel()[:message.n].astype(self.dtype)
-
-
 class Sparsifier(Compressor):
-    """Sends k = ceil(density * n) (or a given k) entries as (index, value) pairs: k (4 + s) bytes."""
+    """Sends k = ceil(density * n) (or a given k) entries as (index, value) pairs: k (4 + s) bytes.
+    Give ``density`` or ``k``, not both (neither: density 0.01)."""
     sparse = True
 
-    def __init__(self, density=0.01, k=None, dtype=np.float64):
+    def __init__(self, density=None, k=None, dtype=np.float64):
         super().__init__(dtype)
+        if k is not None and density is not None:
+            raise ValueError(f"--k {k} and --density {density} both given: give one (--k entries, or a "
+                             f"fraction --density of them)")
         if k is not None:
             if not (isinstance(k, int) and not isinstance(k, bool) and k >= 1):
                 raise ValueError(f"--k must be an integer >= 1, got {k!r}")
-        elif not (isinstance(density, (int, float)) and not isinstance(density, bool)
-                  and math.isfinite(density) and 0 < density <= 1):
-            raise ValueError(f"--density must be in (0, 1], got {density!r}")
+        else:
+            density = 0.01 if density is None else density
+            if not (isinstance(density, (int, float)) and not isinstance(density, bool)
+                    and math.isfinite(density) and 0 < density <= 1):
+                raise ValueError(f"--density must be in (0, 1], got {density!r}")
         self.density, self.k = density, k
 
     def count(self, n):
@@ -278,15 +161,21 @@ class RandomK(Sparsifier):
     name = "randomk"
     same_on_every_rank = True
 
-    def compress(self, grad, rng):
+    def compress(self, grad, rng=None):
+        rng = generator(rng, self.name)
         return self.message(grad, rng.choice(len(grad), size=self.count(len(grad)), replace=False))
 
 
-def make(name, bits=8, density=0.01, k=None, dtype=np.float64, bucket=BUCKET):
-    """The compressor called ``name`` (one of NAMES). Bad settings raise ValueError naming the flag."""
+def make(name, bits=8, density=None, k=None, dtype=np.float64, bucket=BUCKET, levels=127):
+    """The compressor called ``name`` (one of NAMES). Bad settings raise ValueError naming the flag.
+
+    ``levels`` is qsgd's s, ``bits`` rounding's b, ``density`` or ``k`` topk's and randomk's, ``bucket``
+    the quantizers' (qsgd, rounding, terngrad, onebit); a compressor ignores the others."""
     if name == "none":
         return NoCompression(dtype)
     if name == "qsgd":
+        return QSGD(levels, dtype, bucket)
+    if name == "rounding":
         return StochasticRounding(bits, dtype, bucket)
     if name == "terngrad":
         return TernGrad(dtype, bucket)
