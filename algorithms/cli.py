@@ -37,12 +37,13 @@ class SettingError(ValueError):
 
 
 def parser(description, epochs=10, lr=0.05, batch_size=32, model="cnn", momentum=0.0,
-           partition=None, allreduce=None):
+           partition=None, allreduce=None, files=True):
     """An ArgumentParser with the flags every algorithm shares; modules add their own.
 
     ``partition`` (a default) adds --partition and --check-every (the data-parallel family);
     ``allreduce`` (a default) adds --allreduce; ``momentum`` None leaves --momentum out (an update
-    without momentum, such as Hogwild's, does not offer the flag).
+    without momentum, such as Hogwild's, does not offer the flag); ``files`` False leaves out --log,
+    --save and --resume (a command that runs several algorithms in turn).
     """
     p = argparse.ArgumentParser(description=description,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -56,9 +57,11 @@ def parser(description, epochs=10, lr=0.05, batch_size=32, model="cnn", momentum
         p.add_argument("--momentum", type=float, default=momentum)
     p.add_argument("--batch-size", type=int, default=batch_size, help="examples per step on each rank")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--log", default=None, help="write one JSON object per epoch to this file")
-    p.add_argument("--save", default=None, help="write final parameters and optimizer state (.npz)")
-    p.add_argument("--resume", default=None, help="start from a file written by --save")
+    if files:
+        p.add_argument("--log", default=None, help="write one JSON object per epoch to this file")
+        p.add_argument("--save", default=None, help="write final parameters and optimizer state (a .npz "
+                       "file at exactly this path; see algorithms.checkpoint)")
+        p.add_argument("--resume", default=None, help="start from a file written by --save")
     p.add_argument("--quiet", action="store_true", help="no per-epoch output")
     if partition is not None:
         p.add_argument("--partition", default=partition, choices=PARTITIONS,

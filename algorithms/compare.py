@@ -82,15 +82,12 @@ def check(names, out, json_path):
 
 
 def main(argv=None):
-    parser = cli.parser(__doc__.splitlines()[0], epochs=20, lr=0.05, momentum=0.9)
+    parser = cli.parser(__doc__.splitlines()[0], epochs=20, lr=0.05, momentum=0.9, files=False)
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS),
                         help="comma-separated names from: " + ", ".join(ALGORITHMS))
     parser.add_argument("--out", default="compare.png", help="the PNG to draw (rank 0)")
     parser.add_argument("--json", default=None, help="also write the histories here (rank 0)")
     args = parser.parse_args(argv)
-    for flag in ("log", "save", "resume"):
-        if getattr(args, flag):
-            parser.error(f"--{flag} is not for compare: it runs several algorithms in turn")
     names = [name.strip() for name in args.algorithms.split(",") if name.strip()]
     settings = dict(dataset=args.dataset, data_dir=args.data_dir, model=args.model, epochs=args.epochs,
                     lr=args.lr, momentum=args.momentum, batch_size=args.batch_size, seed=args.seed, quiet=True)
