@@ -40,7 +40,6 @@ tutorials/07_sandblaster_and_asynchrony.md, section 3.
 """
 import dataclasses
 import functools
-import math
 
 from mpi4py import MPI
 
@@ -77,19 +76,6 @@ def async_easgd_step(spring, replica, rows, i, end_of_epoch, last_step):
     return loss
 
 
-def elastic_rate(lr, rho, workers):
-    """alpha = lr * rho, checked as synchronous EASGD checks it; an lr so small that the default rho
-    (0.9 / (W lr)) overflows, or that alpha underflows to 0, is named as the cause, not --rho."""
-    if rho is None and not math.isfinite(0.9 / (workers * lr)):
-        raise cli.SettingError(f"--lr {lr} is too small: the default --rho = 0.9 / (W * lr) = 0.9 / ({workers} * {lr}) "
-                               f"is not a finite number; use a larger --lr")
-    alpha = easgd.moving_rate(lr, rho, workers)
-    if not alpha > 0:
-        raise cli.SettingError(f"--lr {lr} is too small for --rho {rho}: alpha = lr * rho underflows to {alpha}, "
-                               f"so the spring would never pull; use a larger --lr (or --rho)")
-    return alpha
-
-
 def train(comm=None, tau=4, rho=None, servers=1, deterministic=False, report=None, **settings):
     """Asynchronous EASGD; returns (the centre as NumPy, the same on every rank; per-epoch history)."""
     comm = comm or MPI.COMM_WORLD
@@ -100,7 +86,7 @@ def train(comm=None, tau=4, rho=None, servers=1, deterministic=False, report=Non
         cli.require("--lr", settings.lr, low=0, low_open=True)
         if settings.momentum:
             raise cli.SettingError("--momentum is not offered: algorithm 2's local step is plain SGD")
-        alpha = elastic_rate(settings.lr, rho, max(workers, 1))
+        alpha = easgd.moving_rate(settings.lr, rho, max(workers, 1))     # checked as synchronous EASGD's
     except cli.SettingError as error:
         raise cli.SettingError(str(error), every_rank=True) from None
     spring = Spring(tau, alpha, settings.lr)

@@ -35,6 +35,8 @@ Default run (small CNN, embedded digits, 20 epochs, batch 32, lr 0.05, momentum 
 beta 0.9, iid shards, ring), measured on 2 shared cores: p = 4 reaches 98.1% test accuracy
 (the centre's) in 3-4.5 s.
 """
+import math
+
 from mpi4py import MPI
 
 from algorithms import checkpoint, cli, run
@@ -62,11 +64,19 @@ def easgd_step(comm, objective, optimizer, batch, center, step, tau, alpha, allr
 
 
 def moving_rate(lr, rho, size):
-    """alpha = lr * rho, checked: rho > 0 and beta = p alpha in (0, 1]; rho None gives beta = 0.9."""
+    """alpha = lr * rho, checked: rho > 0 and beta = p alpha in (0, 1]; rho None gives beta = 0.9.
+    An lr so small that the default rho (0.9 / (p lr)) overflows, or that alpha underflows to 0, is
+    named as the cause, not --rho."""
     if rho is None:
         rho = 0.9 / (size * lr)
+        if not math.isfinite(rho):
+            raise cli.SettingError(f"--lr {lr} is too small: the default --rho = 0.9 / (W * lr) = 0.9 / ({size} * {lr})"
+                                   f" is not a finite number; use a larger --lr")
     cli.require("--rho", rho, low=0, low_open=True)
     alpha = lr * rho
+    if not alpha > 0:
+        raise cli.SettingError(f"--lr {lr} is too small for --rho {rho}: alpha = lr * rho underflows to {alpha}, "
+                               f"so the spring would never pull; use a larger --lr (or --rho)")
     if size * alpha > 1:
         raise cli.SettingError(f"beta = p * lr * rho = {size} * {lr} * {rho} = {size * alpha:.3g} > 1 moves the "
                                f"centre past the workers' mean; use --rho <= {1 / (size * lr):.4g}")

@@ -150,3 +150,11 @@ def test_the_walk_reaches_every_algorithm_and_its_own_flags():
     assert {"--slow-factor", "--portions", "--backup-threshold"} <= tried["sandblaster_lbfgs"]
     assert {"--micro-batches", "--stages"} <= tried["hybrid_parallel"]
     assert all({"--epochs", "--lr", "--seed", "--log"} & flags for flags in tried.values())
+
+
+@pytest.mark.parallel(nprocs=[4])
+@pytest.mark.parametrize("module", ["easgd", "async_easgd"])
+def test_an_lr_too_small_for_the_elastic_spring_is_blamed_on_lr_not_rho(module):
+    # the default rho = 0.9 / (p lr) overflows at lr 1e-310; alpha = lr rho underflows at 1e-300 * 1e-300
+    check_refused(module, ["--lr", "1e-310"], "--lr 1e-310 is too small")
+    check_refused(module, ["--lr", "1e-300", "--rho", "1e-300"], "--lr 1e-300 is too small for --rho 1e-300")
