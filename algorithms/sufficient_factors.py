@@ -39,7 +39,10 @@ dW = X^T D from all of them in rank order and sends dW back (what a worker would
 
 so the factors pay on the push when B (in + out) < in out: the slides' rule (which is also the
 broadcast rule at p = 2). --factors auto follows the exchange's rule per layer, always / never
-force it.
+force it. B is the per-rank batch of the epoch: with --batch-schedule it grows at the --lr-decay
+epochs, and the choice and the size of the receive buffers (B sum_l (in_l + out_l) numbers, no
+piece has more rows) are made again for each batch size; an epoch's shorter last step keeps its
+epoch's choice.
 
 Restrictions: the model's top-level Sequential entries that are Linear layers can be factored
 (the MLP's three, the CNN's last); host (NumPy) arrays; p <= number of training examples.
