@@ -138,7 +138,8 @@ def receive(comm, source, n, dtype, tag):
 
 def sparse_allreduce_recursive_doubling(comm, vector):
     """The heart: fold in, lg pof2 rounds of swap-and-merge, fold out. Returns the sum over ranks
-    (a Sparse, or a dense ndarray once the break-even point was crossed), the same bits on every rank."""
+    (a Sparse, or a dense ndarray once the break-even point was crossed), the same bits on every rank.
+    ``vector`` is trusted (sorted, distinct, in range, the same n and dtype everywhere): sparse_allreduce checks."""
     rank, size = comm.Get_rank(), comm.Get_size()
     pof2 = largest_power_of_two(size)
     rem = size - pof2
