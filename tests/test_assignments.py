@@ -96,7 +96,7 @@ def grade(*flags, timeout=600):
 
 def test_the_grader_gives_stubbed_tasks_nothing_and_the_reference_full_points(student_tree, tmp_path):
     # serial, MPI collective, MPI training, a pure function; on 1 and 2 ranks (the full grading of every
-    # task on 1..8 ranks takes minutes: the closing note of issue 10 reports it)
+    # task on 1..8 ranks takes minutes)
     tasks = "1.5,3.4,4.1,5.2"
     grade("--student", str(student_tree), "--tasks", tasks, "--max-ranks", "2", "--json", str(tmp_path / "stub.json"))
     stubbed = json.loads((tmp_path / "stub.json").read_text())

@@ -11,6 +11,7 @@
 import ast
 import hashlib
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -171,3 +172,17 @@ def test_the_readme_main_job_gives_the_pinned_bits():
     params, _ = allreduce_sgd.train(MPI.COMM_WORLD, epochs=2, quiet=True)
     parallel_assert(digest(params) == pinned("mpiexec -n 4 allreduce_sgd --epochs 2"),
                     "allreduce SGD's parameters changed bits (or this machine's BLAS rounds differently)")
+
+
+# ---- the project speaks of itself -----------------------------------------------------------------
+HOW_IT_WAS_MADE = re.compile(r"\bissue[- ]?\d+|\bthe issue('s)?\b|\bissue's owner\b|\bstop \d+\b", re.I)
+
+
+def test_code_tests_and_chapters_name_targets_by_what_they_are_not_by_where_they_came_from():
+    """No "issue 15", "the issue", "stop 24": a reader of the project has never seen the tracker."""
+    files = [path for folder in ("minidl", "collectives", "algorithms", "tutorials", "tests")
+             for pattern in ("*.py", "*.md") for path in (ROOT / folder).rglob(pattern)]
+    files = [path for path in files + [ROOT / "README.md"] if path.name != "test_shape.py"]
+    found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}" for path in files
+             for number, line in enumerate(path.read_text().splitlines(), 1) if HOW_IT_WAS_MADE.search(line)]
+    assert not found, "\n".join(found[:20])
