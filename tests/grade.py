@@ -3,6 +3,7 @@
     python tests/grade.py                                  # grade this tree (a student's, or the reference)
     python tests/grade.py --student DIR                    # grade DIR against this (reference) tree
     python tests/grade.py --tasks 3.4,3.5 --json out.json  # some tasks; the table as JSON too
+    python tests/grade.py --student DIR --gradescope results.json   # Gradescope's results format
 
 A task's tests are the ones marked ``@pytest.mark.task("<id>")`` (tests/hidden/ holds the hidden
 ones; a student tree has none). With ``--student DIR`` each task is graded in a copy of *this*
@@ -12,11 +13,18 @@ unfinished chapter 3 never sinks chapter 4. Without ``--student`` the tree is gr
 (a student checking their own work: there, unfinished prerequisites do cascade).
 
 Each rank count runs in its own ``mpiexec`` (one pytest per rank, as tests/run.py does) with a
-per-test timeout (pytest-timeout, ``--timeout``). A test that deadlocks kills its run; the tests
-of that run that had not reported are then run again one by one, each in its own ``mpiexec``, so
-a deadlock costs the tests that hang and nothing else. A task's points are its registry points
-times the fraction of its tests that pass (skipped tests, e.g. GPU ones without a GPU, do not count;
-nor do tests on more ranks than ``--max-ranks``).
+per-test timeout (pytest-timeout, ``--timeout``, 30 s by default). A test that deadlocks kills its
+run, and the task stops there: that test fails with "timed out after N s at p = P", and the task's
+tests that had not run yet are marked "not run" (they count as failed), so a deadlock costs its
+task at most about one timeout and the other tasks nothing. ``--time-limit`` bounds the whole
+submission: tasks not reached by then score 0, marked "not graded". A task's points are its
+registry points times the fraction of its tests that pass (skipped tests, e.g. GPU ones without a
+GPU, do not count; nor do tests on more ranks than ``--max-ranks``).
+
+Feedback: every failed test says what failed, in the words of its assertion (which rank, which
+index, expected against got, as the test reports it), printed under the task's line and kept in
+the JSON; ``--gradescope`` writes Gradescope's ``results.json`` (``score``, and per test ``name``,
+``score``, ``max_score``, ``status``, ``output``, ``visibility``: hidden tests ``after_published``).
 """
 import argparse
 import json
@@ -57,7 +65,7 @@ def collect(tree, task, env):
 def command(tree, nprocs, selection, timeout):
     """The pytest command for ``selection`` (a --task option, or node ids) on ``nprocs`` ranks."""
     pytest = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "tests.grade_record",
-              "-m", f"parallel[{nprocs}]", f"--timeout={timeout}", "-q", "--no-header", "--tb=no", *selection]
+              "-m", f"parallel[{nprocs}]", f"--timeout={timeout}", "-q", "--no-header", "--tb=short", *selection]
     if nprocs == 1:
         return pytest
     mpiexec = str(Path(sys.executable).parent / "mpiexec")
@@ -65,7 +73,7 @@ def command(tree, nprocs, selection, timeout):
 
 
 def run(tree, nprocs, selection, timeout, count, env):
-    """Run and return {node id: 'passed' | 'failed' | 'skipped'} for the tests that reported."""
+    """Run and return {node id: ('passed' | 'failed' | 'skipped', message)} for the tests that reported."""
     with tempfile.NamedTemporaryFile("r", suffix=".tsv") as record:
         env = dict(env, MINIDL_GRADE_RECORD=record.name)
         process = subprocess.Popen(command(tree, nprocs, selection, timeout), cwd=tree, env=env,
@@ -77,44 +85,70 @@ def run(tree, nprocs, selection, timeout, count, env):
             process.wait()
         outcomes = {}
         for line in Path(record.name).read_text().splitlines():
-            when, outcome, nodeid = line.split("\t")
-            if outcome == "failed" or (outcome == "skipped" and outcomes.get(nodeid) != "failed"):
-                outcomes[nodeid] = outcome
+            when, outcome, nodeid, message = (line.split("\t") + [""])[:4]
+            before = outcomes.get(nodeid, ("", ""))[0]
+            if outcome == "failed" and before != "failed":
+                outcomes[nodeid] = ("failed", message if when == "call" else f"{when}: {message}")
+            elif outcome == "skipped" and before != "failed":
+                outcomes[nodeid] = ("skipped", "")
             elif when == "call" and outcome == "passed" and nodeid not in outcomes:
-                outcomes[nodeid] = "passed"
+                outcomes[nodeid] = ("passed", "")
         return outcomes
 
 
 def grade_task(tree, task, timeout, env, max_ranks=8):
-    """{node id: outcome} of the task's tests in ``tree``.
+    """{node id: (outcome, message)} of the task's tests in ``tree``.
 
-    One run per rank count. If it died before every test reported (a deadlock), the tests that had
-    not reported run again one by one; a second deadlock there ends that rank count, and its tests
-    not yet run count as failed (so one deadlocking task costs about two timeouts per rank count).
+    One run per rank count, in the order of the tests. If a run dies before every test reported (a
+    deadlock, or a crash), its first silent test is the one that hung: it fails with a timeout
+    message, and every test of the task not yet run is "not run" (the task stops there).
     """
-    outcomes = {}
+    outcomes, stopped = {}, None
     for nprocs, ids in sorted(collect(tree, task, env).items()):
         if nprocs > max_ranks:
             continue
+        if stopped:
+            outcomes.update({nodeid: ("not run", stopped) for nodeid in ids})
+            continue
         got = run(tree, nprocs, ["--task", task.id, *test_files(tree, task)], timeout, len(ids), env)
-        outcomes.update({nodeid: got.get(nodeid, "failed") for nodeid in ids})
-        deadlocked = False
-        for nodeid in [nodeid for nodeid in ids if nodeid not in got]:      # the run died first
-            if deadlocked:
-                break
-            again = run(tree, nprocs, [nodeid], timeout, 1, env).get(nodeid)
-            outcomes[nodeid], deadlocked = again or "failed", again is None
+        outcomes.update({nodeid: got[nodeid] for nodeid in ids if nodeid in got})
+        silent = [nodeid for nodeid in ids if nodeid not in got]
+        if silent:                                   # the run died in silent[0]
+            outcomes[silent[0]] = ("failed", f"timed out after {timeout} s at p = {nprocs} (or the run crashed): "
+                                             "probably a receive that no rank's send matches, or a rank that "
+                                             "stopped sending")
+            stopped = f"not run: an earlier test of this task timed out at p = {nprocs}"
+            outcomes.update({nodeid: ("not run", stopped) for nodeid in silent[1:]})
     return outcomes
 
 
 def score(task, outcomes):
-    counted = [outcome for outcome in outcomes.values() if outcome != "skipped"]
-    passed = counted.count("passed")
+    """The task's row: points pro rata over its counted tests, and every test's outcome and message."""
+    counted = {nodeid: result for nodeid, result in outcomes.items() if result[0] != "skipped"}
+    passed = sum(result[0] == "passed" for result in counted.values())
     points = task.points * passed / len(counted) if counted else 0.0
     return {"id": task.id, "title": task.title, "passed": passed, "total": len(counted),
             "skipped": len(outcomes) - len(counted), "points": round(points, 2), "max_points": task.points,
-            "failed": sorted(nodeid for nodeid, outcome in outcomes.items() if outcome != "passed"
-                             and outcome != "skipped")}
+            "failed": sorted(nodeid for nodeid, result in counted.items() if result[0] != "passed"),
+            "tests": [{"name": nodeid, "status": result[0], "message": result[1]}
+                      for nodeid, result in sorted(outcomes.items())]}
+
+
+def gradescope(results, seconds):
+    """Gradescope's results.json: one entry per test, its share of the task's points."""
+    tests = []
+    for row in results:
+        counted = [test for test in row["tests"] if test["status"] != "skipped"]
+        for test in row["tests"] or [{"name": f"task {row['id']}", "status": "failed",
+                                      "message": "; ".join(row["failed"]) or "no tests ran"}]:
+            share = row["max_points"] / len(counted) if counted else row["max_points"]
+            tests.append({"name": f"{row['id']} {row['title']}: {test['name']}", "max_score": round(share, 4),
+                          "score": round(share, 4) if test["status"] == "passed" else 0.0,
+                          "status": "passed" if test["status"] in ("passed", "skipped") else "failed",
+                          "output": test["message"] or test["status"],
+                          "visibility": "after_published" if "tests/hidden/" in test["name"] else "visible"})
+    return {"score": round(sum(row["points"] for row in results), 4), "execution_time": round(seconds, 1),
+            "tests": tests}
 
 
 def main(argv=None):
@@ -122,7 +156,10 @@ def main(argv=None):
     parser.add_argument("--student", default=None, help="a student tree to grade against this one")
     parser.add_argument("--tasks", default=None, help="comma-separated task ids (default: all)")
     parser.add_argument("--json", default=None, help="also write the results here")
-    parser.add_argument("--timeout", type=int, default=60, help="seconds per test")
+    parser.add_argument("--timeout", type=int, default=30, help="seconds per test (a deadlock costs one)")
+    parser.add_argument("--time-limit", type=int, default=1800,
+                        help="seconds for the whole submission; tasks not reached by then score 0")
+    parser.add_argument("--gradescope", default=None, help="also write Gradescope's results.json here")
     parser.add_argument("--max-ranks", type=int, default=8, help="leave out tests on more ranks (not counted)")
     args = parser.parse_args(argv)
     tasks, _ = assignments.load()
@@ -141,6 +178,10 @@ def main(argv=None):
             tree = assignments.copy_tree(Path(scratch) / "tree", ROOT)
             env["PYTHONPATH"] = str(tree)
         for task in chosen:
+            if time.perf_counter() - started > args.time_limit:
+                results.append({**score(task, {}), "failed": [f"not graded: the submission's --time-limit of "
+                                                              f"{args.time_limit} s ran out"]})
+                continue
             if args.student:
                 reference = assignments.body(task, tree)
                 try:
@@ -156,12 +197,17 @@ def main(argv=None):
             last = results[-1]
             print(f"{task.id:<5} {task.title[:44]:<44} {last['passed']:>3}/{last['total']:<3} "
                   f"{last['points']:>5g}/{task.points:g}", flush=True)
+            for test in last["tests"]:
+                if test["status"] not in ("passed", "skipped"):
+                    print(f"      {test['name']}: {test['message'] or test['status']}"[:400], flush=True)
     seconds = time.perf_counter() - started
     earned, possible = sum(r["points"] for r in results), sum(r["max_points"] for r in results)
     print(f"{'total':<50} {earned:>9g}/{possible:g}   ({seconds:.0f} s)")
     if args.json:
         Path(args.json).write_text(json.dumps({"tasks": results, "points": earned, "max_points": possible,
                                                "seconds": round(seconds, 1)}, indent=1))
+    if args.gradescope:
+        Path(args.gradescope).write_text(json.dumps(gradescope(results, seconds), indent=1))
     return 0
 
 

@@ -4,14 +4,16 @@ $MINIDL_GRADE_COLLECT: after collection, one line ``nprocs<TAB>nodeid`` per test
 taken from mpi-pytest's ``parallel[N]`` marker (a test marked for one size only has no
 ``nprocs=`` in its node id, so the id alone cannot tell).
 
-$MINIDL_GRADE_RECORD: written line by line (``when<TAB>outcome<TAB>nodeid``), so that a run killed
-by a timeout (a deadlocked student function) still tells the grader which tests had finished.
-Rank 0 only.
+$MINIDL_GRADE_RECORD: written line by line (``when<TAB>outcome<TAB>nodeid<TAB>message``), so that
+a run killed by a timeout (a deadlocked student function) still tells the grader which tests had
+finished. ``message`` is what a failure said, on one line (the assertion and its values, or the
+exception), cut to MESSAGE_CHARS; empty for a pass. Rank 0 only.
 """
 import os
 import re
 
 SIZE = re.compile(r"parallel\[(\d+)\]$")
+MESSAGE_CHARS = 600
 
 
 def pytest_collection_finish(session):
@@ -35,4 +37,14 @@ def pytest_runtest_logreport(report):
     except ImportError:
         pass
     with open(path, "a") as file:
-        file.write(f"{report.when}\t{report.outcome}\t{report.nodeid}\n")
+        file.write(f"{report.when}\t{report.outcome}\t{report.nodeid}\t{message(report)}\n")
+
+
+def message(report):
+    """A failed report's crash message (pytest's one-line summary of the assertion or exception)."""
+    if not report.failed:
+        return ""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    text = crash.message if crash is not None else str(report.longrepr)
+    text = " ".join(text.split())
+    return text if len(text) <= MESSAGE_CHARS else text[:MESSAGE_CHARS - 3] + "..."
