@@ -142,6 +142,7 @@ def gradescope(results, seconds):
         for test in row["tests"] or [{"name": f"task {row['id']}", "status": "failed",
                                       "message": "; ".join(row["failed"]) or "no tests ran"}]:
             share = row["max_points"] / len(counted) if counted else row["max_points"]
+            share = 0.0 if test["status"] == "skipped" else share          # a skipped test (no GPU) counts for nothing
             tests.append({"name": f"{row['id']} {row['title']}: {test['name']}", "max_score": round(share, 4),
                           "score": round(share, 4) if test["status"] == "passed" else 0.0,
                           "status": "passed" if test["status"] in ("passed", "skipped") else "failed",

@@ -54,3 +54,27 @@ def test_a_deadlock_is_named_and_stops_its_task_and_results_json_has_gradescopes
     assert abs(sum(test["max_score"] for test in found["tests"])
                - sum(task.points for task in TASKS if task.id in ("3.4", "5.4"))) < 1e-3
     assert found["score"] == sum(row["points"] for row in rows.values())
+
+
+def test_the_gradescope_zip_builds_and_its_run_autograder_grades_a_submission_folder(tmp_path):
+    from tutorials.assignments import gradescope
+    archive = tmp_path / "autograder.zip"
+    done = subprocess.run([sys.executable, "-m", "tutorials.assignments", "gradescope", "--tasks", "1.1,1.2",
+                           "--out", str(archive)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    root = tmp_path / "autograder"
+    gradescope.unpack(archive, root / "source")
+    assert (root / "source/setup.sh").stat().st_mode & 0o111 and (root / "source/run_autograder").stat().st_mode & 0o111
+    assert (root / "source/project/tests/hidden").is_dir() and (root / "source/project/tests/grade.py").is_file()
+    # the submission: a student tree in which 1.1 is the reference's and 1.2 is left as the stub
+    student = tmp_path / "student"
+    assignments.make(student, ids="1.2")
+    (root / "submission").symlink_to(student)
+    done = subprocess.run(["bash", str(root / "source/run_autograder")], capture_output=True, text=True, timeout=600,
+                          env={"PATH": "/usr/bin:/bin", "AUTOGRADER": str(root), "MINIDL_PYTHON": sys.executable})
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = json.loads((root / "results/results.json").read_text())
+    points = {task.id: task.points for task in TASKS}
+    assert found["score"] == points["1.1"], found["score"]
+    assert all(set(test) >= FIELDS for test in found["tests"])
+    assert {test["name"].split()[0] for test in found["tests"] if test["score"] < test["max_score"]} == {"1.2"}

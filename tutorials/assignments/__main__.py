@@ -1,8 +1,10 @@
-"""python -m tutorials.assignments list | make --out DIR [--tasks IDS] [--solutions] | block CHAPTER N"""
+"""python -m tutorials.assignments list | make --out DIR [--tasks IDS] [--solutions] | block CHAPTER N |
+gradescope --out autograder.zip [--tasks IDS]"""
 import argparse
 import sys
 
 from tutorials import assignments
+from tutorials.assignments import gradescope
 from tutorials.block import run_block
 
 
@@ -26,6 +28,9 @@ def main(argv=None):
     block = commands.add_parser("block", help="run one python block of a chapter (as python -m tutorials.block)")
     block.add_argument("chapter", help="the chapter's number, e.g. 03")
     block.add_argument("number", type=int, help="the block's number, from 1")
+    zipped = commands.add_parser("gradescope", help="write a Gradescope autograder zip for the tasks")
+    zipped.add_argument("--out", required=True, help="the zip to write, e.g. autograder.zip")
+    zipped.add_argument("--tasks", default=None, help="comma-separated task ids (default: all)")
     args = parser.parse_args(argv)
     try:
         if args.command == "list":
@@ -35,6 +40,9 @@ def main(argv=None):
             what = "instructor tree (solutions kept)" if args.solutions else \
                 f"student tree: {len(chosen)} task(s) stubbed ({', '.join(task.id for task in chosen)})"
             print(f"wrote {args.out}: {what}")
+        elif args.command == "gradescope":
+            chosen = gradescope.build(args.out, args.tasks)
+            print(f"wrote {args.out}: Gradescope autograder for task(s) {', '.join(task.id for task in chosen)}")
         else:
             return run_block(args.chapter, args.number)
     except (ValueError, OSError) as error:
