@@ -74,8 +74,7 @@ def save_checkpoint(path, params, optimizer, epoch, meta=None, **extra):
         arrays["meta"] = numpy.array(json.dumps(meta, sort_keys=True))
     arrays.update({"optimizer." + key: value for key, value in optimizer.state_dict().items()})
     arrays.update({key: backend.to_numpy(value) for key, value in extra.items()})
-    folder, name = os.path.split(os.path.abspath(path))
-    temporary = os.path.join(folder, f".{name}.{os.getpid()}.partial")
+    temporary = partial(path)
     try:
         with open(temporary, "wb") as file:      # a file object: numpy adds no ".npz" to the name
             numpy.savez(file, **arrays)
@@ -86,13 +85,18 @@ def save_checkpoint(path, params, optimizer, epoch, meta=None, **extra):
         raise SettingError(f"--save {path}: cannot be written ({error.strerror})") from None
 
 
+def partial(path):
+    """The file beside ``path`` that --save writes first and then renames to ``path``."""
+    folder, name = os.path.split(os.path.abspath(path))
+    return os.path.join(folder, f".{name}.{os.getpid()}.partial")
+
+
 def check_save(path):
     """--save's check before the first message: the file can be created, and so can the file beside
     it that is written first and renamed (``check_output`` on both)."""
     cli.check_output("--save", path)
     if path is not None:
-        folder, name = os.path.split(os.path.abspath(path))
-        cli.check_output("--save", os.path.join(folder, f".{name}.{os.getpid()}.partial"))
+        cli.check_output("--save", partial(path))
 
 
 def read_checkpoint(path, n_params):
