@@ -5,6 +5,8 @@
 - Every task has visible tests (``@pytest.mark.task``) and every marked id is a task.
 - ``make`` writes a tree that imports, with every chosen body stubbed and the hidden files gone;
   ``--solutions`` keeps the reference code.
+- The student tree is leak-free: no fenced solution's lines appear anywhere else in it (sources,
+  docstrings, tests, chapters), by the rule in ``test_no_solution_leaks_into_the_student_tree``.
 - The grader gives a stubbed task 0 points, the reference its points, and a deadlock in one task's
   student code costs only that task, within the timeout.
 """
@@ -80,6 +82,66 @@ def test_a_student_tree_imports_has_every_body_stubbed_and_no_hidden_files(stude
     assert "tutorials/03_collectives.md, section 4" in text
 
 
+TEXT_FILES = (".py", ".md", ".toml", ".txt", ".cfg", ".json", ".ipynb", ".rst")
+TRIVIAL = re.compile(r"^(?:return|break|continue|pass|raise|yield|else|try|finally)\b[\w.()]*:?$"   # return x, else:
+                     r"|^[\w.]+ = (?:None|True|False|0|1|0\.0|\[\]|\{\}|\(\))$"                 # x = 0, x = []
+                     r"|^[^\w]*$")                                                         # lone punctuation
+
+
+def code_lines(text):
+    """The lines of ``text`` the leak rule compares: stripped, a doctest prompt and a trailing
+    comment cut off, inner runs of spaces made one; blank, comment-only and trivial lines dropped."""
+    kept = []
+    for line in text.splitlines():
+        line = line.strip()
+        line = line[4:] if line.startswith((">>> ", "... ")) else line
+        line = "" if line.startswith("#") else re.sub(r"\s+#.*$", "", line)
+        line = re.sub(r"\s+", " ", line).strip()
+        if line and not TRIVIAL.match(line.replace(" ", "")):
+            kept.append(line)
+    return kept
+
+
+def runs(lines, length=3):
+    return {tuple(lines[i:i + length]) for i in range(len(lines) - length + 1)}
+
+
+def solution_runs():
+    """{run of 3 code lines: task id} over every fenced body of the reference."""
+    found = {}
+    for task in TASKS:
+        for run in runs(code_lines("".join(assignments.body(task)))):
+            found.setdefault(run, task.id)
+    return found
+
+
+def leaks(tree, solutions):
+    """[(file, task id, run)] for every run of a fenced solution found in a text file of ``tree``."""
+    found = []
+    for path in sorted(Path(tree).rglob("*")):
+        if path.is_file() and path.suffix in TEXT_FILES and ".git" not in path.parts:
+            for run in runs(code_lines(path.read_text(errors="replace"))) & solutions.keys():
+                found.append((str(path.relative_to(tree)), solutions[run], run))
+    return found
+
+
+def test_no_solution_leaks_into_the_student_tree(student_tree):
+    """The rule: a leak is 3 or more consecutive code lines of a fenced body (compared after
+    ``code_lines``: blank lines, comments, lone punctuation and trivial lines such as ``return x``,
+    ``else:`` or ``x = 0`` do not count, and do not break a run) found anywhere in the tree with
+    every task stubbed: in any module, docstring, test, chapter or page. What the rule cannot see:
+    the same idea written with other names; docstrings are kept to the idea and the cost for that."""
+    solutions = solution_runs()
+    # the rule sees every fence of 3 or more code lines in the reference tree itself
+    short = {task.id for task in TASKS if len(code_lines("".join(assignments.body(task)))) < 3}
+    seen = {task for _, task, _ in leaks(ROOT / "collectives", solutions) + leaks(ROOT / "algorithms", solutions)
+            + leaks(ROOT / "minidl", solutions)}
+    assert seen == {task.id for task in TASKS} - short, f"the rule misses fences: {sorted(set(t.id for t in TASKS) - short - seen)}"
+    found = leaks(student_tree, solutions)
+    assert not found, "solution lines outside their fence:\n" + "\n".join(
+        f"  {path}: task {task}: {' / '.join(run)}" for path, task, run in found)
+
+
 def test_an_instructor_tree_keeps_every_body(tmp_path):
     out = assignments.make(tmp_path / "tree", solutions=True) and tmp_path / "tree"
     for task in TASKS:
@@ -96,7 +158,7 @@ def grade(*flags, timeout=600):
 
 def test_the_grader_gives_stubbed_tasks_nothing_and_the_reference_full_points(student_tree, tmp_path):
     # serial, MPI collective, MPI training, a pure function; on 1 and 2 ranks (the full grading of every
-    # task on 1..8 ranks takes minutes: the closing note of issue 10 reports it)
+    # task on 1..8 ranks takes minutes)
     tasks = "1.5,3.4,4.1,5.2"
     grade("--student", str(student_tree), "--tasks", tasks, "--max-ranks", "2", "--json", str(tmp_path / "stub.json"))
     stubbed = json.loads((tmp_path / "stub.json").read_text())
