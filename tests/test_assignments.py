@@ -25,6 +25,16 @@ ROOT = Path(__file__).resolve().parent.parent
 TASKS, GENERATOR = assignments.load()
 SOURCES = [path for package in ("minidl", "collectives", "algorithms") for path in sorted((ROOT / package).rglob("*.py"))]
 MARK = re.compile(r"""task\(\s*["'](\d+\.\d+)["']""")
+# what needs the reference checkout: its fenced bodies, its hidden tests, and git to list the files to copy
+REFERENCE = [pytest.mark.skipif(assignments.is_student_tree(ROOT), reason=assignments.STUDENT_TREE),
+             pytest.mark.skipif(not assignments.is_git_checkout(ROOT),
+                                reason="not a git checkout (make lists the files to copy with git ls-files)")]
+
+
+def reference_only(test):
+    for mark in REFERENCE:
+        test = mark(test)
+    return test
 
 
 def test_every_task_names_one_fenced_function():
@@ -66,6 +76,7 @@ def student_tree(tmp_path_factory):
     return out
 
 
+@reference_only
 def test_a_student_tree_imports_has_every_body_stubbed_and_no_hidden_files(student_tree):
     done = subprocess.run([sys.executable, "-c", "import minidl, collectives, algorithms.run, algorithms.hogwild, "
                            "algorithms.downpour_sgd, collectives.ring, minidl.conv.winograd"],
@@ -125,6 +136,7 @@ def leaks(tree, solutions):
     return found
 
 
+@reference_only
 def test_no_solution_leaks_into_the_student_tree(student_tree):
     """The rule: a leak is 3 or more consecutive code lines of a fenced body (compared after
     ``code_lines``: blank lines, comments, lone punctuation and trivial lines such as ``return x``,
@@ -142,6 +154,7 @@ def test_no_solution_leaks_into_the_student_tree(student_tree):
         f"  {path}: task {task}: {' / '.join(run)}" for path, task, run in found)
 
 
+@reference_only
 def test_an_instructor_tree_keeps_every_body(tmp_path):
     out = assignments.make(tmp_path / "tree", solutions=True) and tmp_path / "tree"
     for task in TASKS:
@@ -156,6 +169,7 @@ def grade(*flags, timeout=600):
     return done
 
 
+@reference_only
 def test_the_grader_gives_stubbed_tasks_nothing_and_the_reference_full_points(student_tree, tmp_path):
     # serial, MPI collective, MPI training, a pure function; on 1 and 2 ranks (the full grading of every
     # task on 1..8 ranks takes minutes)
@@ -168,6 +182,7 @@ def test_the_grader_gives_stubbed_tasks_nothing_and_the_reference_full_points(st
     assert reference["points"] == reference["max_points"], reference
 
 
+@reference_only
 def test_a_deadlock_in_one_task_costs_only_that_task(tmp_path):
     tree = tmp_path / "tree"
     assignments.make(tree, ids="3.4")

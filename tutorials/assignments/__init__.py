@@ -182,6 +182,29 @@ def stub(task, root):
     replace_body(task, root, [indent + task.stub_line() + "\n"])
 
 
+def is_student_tree(root=ROOT):
+    """True in a generated student tree: it has none of the solution-only files ([generator] remove).
+    The reference checkout and an instructor tree (``make --solutions``) have them."""
+    _, generator = load()
+    return not any((Path(root) / path).exists() for path in generator.get("remove", ()))
+
+
+STUDENT_TREE = ("not the reference checkout: a generated student tree (make leaves out the hidden tests, "
+                "the replay oracle and the worked answers)")
+
+
+def is_git_checkout(root=ROOT):
+    """True if ``root`` is a git work tree (``make`` lists the files to copy with git)."""
+    try:
+        done = subprocess.run(["git", "rev-parse", "--is-inside-work-tree"], cwd=root, capture_output=True,
+                              text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0 and done.stdout.strip() == "true" and \
+        Path(subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=root, capture_output=True,
+                            text=True, timeout=30).stdout.strip()).resolve() == Path(root).resolve()
+
+
 # ---- trees --------------------------------------------------------------------------------------------
 
 def tracked_files(root=ROOT):
