@@ -61,6 +61,40 @@ def test_every_task_has_visible_tests_and_every_marked_id_is_a_task():
     assert not known - visible, f"tasks without a visible test: {sorted(known - visible)}"
 
 
+def chapter_sections(path):
+    """{number: text} of a chapter's numbered sections (``## N. Title`` up to the next ``## ``
+    heading; headings inside code blocks do not count)."""
+    sections, number, in_code = {}, None, False
+    for line in Path(path).read_text().splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        heading = None if in_code else re.match(r"## (?:(\d+)\. )?", line)
+        if heading:
+            number = heading.group(1)
+        if number is not None:
+            sections.setdefault(number, []).append(line)
+    return {number: "\n".join(lines) for number, lines in sections.items()}
+
+
+def test_every_stub_points_to_a_section_that_teaches_its_function():
+    """A task's ``section`` ("tutorials/NN_name.md, section K") names a numbered heading of its own
+    chapter, and that section names the function (in backquotes, alone or qualified, e.g.
+    `ensemble.ensemble_predict`) or the file that holds it (`ring.py`, `collectives.ring`)."""
+    for task in TASKS:
+        match = re.fullmatch(r"(tutorials/(\d\d)_[\w]+\.md), section (\d+)", task.section)
+        assert match, f"task {task.id}: section {task.section!r} is not 'tutorials/NN_name.md, section K'"
+        path, chapter, number = match.groups()
+        assert int(chapter) == task.chapter, f"task {task.id}: section in chapter {chapter}, task in {task.chapter}"
+        sections = chapter_sections(ROOT / path)
+        assert number in sections, f"task {task.id}: {path} has no section {number} (it has {sorted(sections)})"
+        name = task.function.split(".")[-1]
+        text = sections[number]
+        named = re.search(r"`[^`\n]*\b" + re.escape(name) + r"\b[^`\n]*`", text)
+        module = task.file[:-len(".py")].replace("/", ".")
+        assert named or Path(task.file).name in text or module in text, \
+            f"task {task.id}: {task.section} names neither {task.function} nor {task.file}"
+
+
 def test_fence_parsing_refuses_broken_fences():
     with pytest.raises(ValueError, match="never ends"):
         assignments.fences(f"def f():\n    {assignments.BEGIN}\n    return 1\n")
@@ -90,7 +124,7 @@ def test_a_student_tree_imports_has_every_body_stubbed_and_no_hidden_files(stude
         assert not (student_tree / removed).exists(), removed
     text = (student_tree / "collectives/ring.py").read_text()
     assert 'raise NotImplementedError("Task 3.4: Ring reduce-scatter' in text
-    assert "tutorials/03_collectives.md, section 4" in text
+    assert "tutorials/03_collectives.md, section 1" in text
 
 
 TEXT_FILES = (".py", ".md", ".toml", ".txt", ".cfg", ".json", ".ipynb", ".rst")
