@@ -95,6 +95,26 @@ def test_every_stub_points_to_a_section_that_teaches_its_function():
             f"task {task.id}: {task.section} names neither {task.function} nor {task.file}"
 
 
+def test_the_syllabus_page_is_the_registrys_and_every_task_has_one_week():
+    weeks = assignments.weeks()
+    assert [week["week"] for week in weeks] == list(range(1, len(weeks) + 1)), "weeks are numbered 1, 2, ..."
+    placed = [task_id for week in weeks for task_id in week["tasks"]]
+    assert sorted(placed) == sorted(task.id for task in TASKS), \
+        f"every task in exactly one week: {sorted(set(t.id for t in TASKS).symmetric_difference(placed))} " \
+        f"or repeated {sorted({t for t in placed if placed.count(t) > 1})}"
+    chapter = {task.id: task.chapter for task in TASKS}
+    for week in weeks:
+        assert {chapter[task_id] for task_id in week["tasks"]} == {week["chapter"]}, f"week {week['week']}"
+        assert week["papers"].strip(), f"week {week['week']} names no paper"
+    page = (ROOT / "tutorials/assignments/syllabus.md").read_text()
+    generated = re.search(r"<!-- syllabus: python -m tutorials.assignments syllabus -->\n(.*?)<!-- end syllabus -->",
+                          page, re.S)
+    assert generated, "syllabus.md lost its markers"
+    assert generated.group(1) == assignments.syllabus(), \
+        "syllabus.md differs from the registry: paste `python -m tutorials.assignments syllabus` between its markers"
+    assert "(syllabus.md)" in (ROOT / "tutorials/assignments/README.md").read_text(), "README.md should link it"
+
+
 def test_fence_parsing_refuses_broken_fences():
     with pytest.raises(ValueError, match="never ends"):
         assignments.fences(f"def f():\n    {assignments.BEGIN}\n    return 1\n")
