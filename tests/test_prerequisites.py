@@ -15,7 +15,7 @@ the others' tests would cost one whole run per task.
 Scope: the collectives' chain (chapter 3) and the tasks that train through it (chapter 4), on
 1 to 3 ranks (p = 3 is where the fold-in runs). The other chapters' tasks take minutes more of
 training tests: ``MINIDL_PREREQUISITE_CHAPTERS=1,2,3,4,5,6,7,8,9 pytest tests/test_prerequisites.py``
-checks them all.
+checks them all (with ``MINIDL_PREREQUISITE_MAX_RANKS=4``: 6.3's tests run on 4 ranks).
 The chapters' blocks: every chapter (about a minute on 2 cores).
 Not seen: task functions defined inside another (1.1 and 1.2's ``backward``) or with free
 variables (tests/task_calls.py lists them in UNWATCHED).
@@ -35,7 +35,7 @@ from tutorials.block import blocks, chapter_file, ranks_of
 ROOT = Path(__file__).resolve().parent.parent
 TASKS, _ = assignments.load()
 BY_ID = {task.id: task for task in TASKS}
-MAX_RANKS = 3
+MAX_RANKS = int(os.environ.get("MINIDL_PREREQUISITE_MAX_RANKS", 3))
 CHAPTERS = sorted({int(part) for part in os.environ.get("MINIDL_PREREQUISITE_CHAPTERS", "3,4").split(",")})
 BLOCK_CHAPTERS = sorted(int(path.name[:2]) for path in (ROOT / "tutorials").glob("[0-9][0-9]_*.md"))
 
