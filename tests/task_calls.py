@@ -1,14 +1,15 @@
-"""pytest plugin: which course tasks' functions each test runs (for tests/test_prerequisites.py).
+"""pytest plugin: which course tasks' fenced bodies each test runs (for tests/test_prerequisites.py).
 
-With ``$MINIDL_TASK_CALLS`` set to a path, every task function of tutorials/assignments/tasks.toml
-is wrapped in place (its ``__code__`` swapped for a small recorder, so names imported elsewhere with
-``from x import f`` are wrapped too), and after each test this rank appends one line to
-``<path>.<rank>``: ``nodeid<TAB>marked task ids<TAB>called task ids`` (ids comma-separated).
-
-What it cannot wrap, and so cannot see: a function defined inside another (``matmul.backward``,
-made anew at each call) and one with free variables (a closure, or a method using ``super()``);
-``UNWATCHED`` lists them. Without ``$MINIDL_TASK_CALLS`` the plugin does nothing.
-
+With ``$MINIDL_TASK_CALLS`` set to a path, each module that holds a task is compiled again from
+its source with one call added on every ``# BEGIN SOLUTION`` line (on that line, so no line number
+moves): ``_task_calls_record("3.6")  # BEGIN SOLUTION``. The function that holds the fence (for
+``outer.inner``, the outer one) gets the new code in place (``__code__``), so every name bound to it,
+``from x import f`` included, runs the recording version. A task counts as run when its body is
+entered, not when its function is called: ``drop_silent`` without a timeout returns before its
+fence, and runs no task. After each test this rank appends one line to ``<path>.<rank>``:
+``nodeid<TAB>marked task ids<TAB>run task ids`` (ids comma-separated). ``UNWATCHED`` lists the
+tasks whose function could not be swapped (none at present). Without ``$MINIDL_TASK_CALLS`` the
+plugin does nothing.
 The chapters' code blocks, the same way (their ``# needs:`` lines are their ``requires``)::
 
     python -m tests.task_calls CHAPTER OUT     # OUT: one line per block, "number<TAB>called task ids"
@@ -17,7 +18,6 @@ runs the chapter's blocks as tests/test_tutorials.py does (serial blocks in one 
 process; each MPI block under its own ``mpiexec``, every rank recording).
 """
 import contextlib
-import functools
 import importlib
 import io
 import os
@@ -36,33 +36,48 @@ def _record(task_id):
     CALLED.add(task_id)
 
 
-def watch(task):
-    """Wrap the task's function where it is defined; False if it cannot be wrapped."""
+def code_named(code, name, line):
+    """The code object called ``name`` that starts at ``line``, inside ``code`` (a module's), or None."""
+    for constant in code.co_consts:
+        if hasattr(constant, "co_name"):
+            if constant.co_name == name and constant.co_firstlineno == line:
+                return constant
+            found = code_named(constant, name, line)
+            if found is not None:
+                return found
+    return None
+
+
+def holder(task):
+    """The function object whose code holds the task's fence: f, Class.method, or outer for outer.inner."""
     module = importlib.import_module(task.file[:-len(".py")].replace("/", "."))
-    owner, *rest = task.function.split(".")
-    holder = module
-    target = getattr(module, owner, None)
-    if rest and isinstance(target, type):                 # Class.method
-        holder, target = target, target.__dict__.get(rest[0])
-    elif rest:                                            # outer.inner: made at each call of outer
-        return False
-    if target is None or not hasattr(target, "__code__") or target.__code__.co_freevars:
-        return False
-    original = type(target)(target.__code__, target.__globals__, target.__name__, target.__defaults__,
-                            target.__closure__)
-    original.__kwdefaults__ = target.__kwdefaults__
-    functools.update_wrapper(original, target)
-    name = f"_task_calls_original_{task.id.replace('.', '_')}"
-    target.__globals__[name] = original
-    target.__globals__["_task_calls_record"] = _record
-    namespace = {}
-    exec(f"def recorder(*args, **kwargs):\n"
-         f"    _task_calls_record({task.id!r})\n"
-         f"    return {name}(*args, **kwargs)\n", {}, namespace)
-    target.__code__ = namespace["recorder"].__code__
-    target.__defaults__ = target.__kwdefaults__ = None
-    del holder
-    return True
+    parts = task.function.split(".")
+    target = getattr(module, parts[0], None)
+    if len(parts) > 1 and isinstance(target, type):
+        target = target.__dict__.get(parts[1])
+    return getattr(target, "__func__", target)
+
+
+def watch_file(file, tasks):
+    """Swap in recording code for every task in ``file``; returns the ids it could not swap."""
+    path = assignments.ROOT / file
+    lines = path.read_text().splitlines(keepends=True)
+    for task in tasks:
+        _, begin, _ = assignments.fence_of(task)
+        indent = lines[begin][:len(lines[begin]) - len(lines[begin].lstrip())]
+        lines[begin] = f"{indent}_task_calls_record({task.id!r})  {assignments.BEGIN}\n"
+    module_code = compile("".join(lines), str(path), "exec")
+    missed = []
+    for task in tasks:
+        target = holder(task)
+        code = getattr(target, "__code__", None)
+        new = code and code_named(module_code, code.co_name, code.co_firstlineno)
+        if new is None or new.co_freevars != code.co_freevars:
+            missed.append(task.id)
+            continue
+        target.__globals__["_task_calls_record"] = _record
+        target.__code__ = new
+    return missed
 
 
 def pytest_configure(config):
@@ -85,9 +100,11 @@ def pytest_runtest_teardown(item):
 
 
 def install():
+    by_file = {}
     for task in assignments.load()[0]:
-        if not watch(task):
-            UNWATCHED.append(task.id)
+        by_file.setdefault(task.file, []).append(task)
+    for file, tasks in by_file.items():
+        UNWATCHED.extend(watch_file(file, tasks))
 
 
 def run_file(path, out):
