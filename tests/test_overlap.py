@@ -1,4 +1,4 @@
-"""Overlapping the gradient sum with backward (issue 15, item 4): buckets, the autograd hook, the
+"""Overlapping the gradient sum with backward: buckets, the autograd hook, the
 nonblocking bucketed butterfly, and ``allreduce_sgd --buckets``.
 
 Run: python tests/run.py --max-ranks 4 -- tests/test_overlap.py
