@@ -14,6 +14,8 @@ import json
 import statistics
 from pathlib import Path
 
+import pytest
+
 from collectives.cost import predict
 from collectives.nonblocking import overlap_prediction
 from tests.test_downpour import mpiexec
@@ -204,6 +206,7 @@ def test_the_summary_quotes_the_sections_above():
     assert four["ensemble"]["examples"] == 4 * four["allreduce_sgd"]["examples"]        # "four times the examples"
 
 
+@pytest.mark.needs("1.1", "1.2", "1.3", "3.6", "3.7", "4.1")
 def test_make_04_overlap_quick_runs(tmp_path):
     """The overlap script's quick mode (one short repeat on 2 ranks), so that it does not rot."""
     done = mpiexec(2, "tutorials/figures/make_04_overlap.py", "--quick", "--out", str(tmp_path / "out"), timeout=180)

@@ -237,6 +237,7 @@ def test_sign_flip_p_is_exact_at_32_pairs():
     assert make.sign_flip_p([1.0] * 17 + [-1.0] * 15) == 1 - math.comb(32, 16) / 2 ** 32
 
 
+@pytest.mark.needs("1.1", "1.2", "1.3", "4.1", "9.2", "9.3")
 @pytest.mark.timeout(120)
 def test_the_quick_mode_of_a_search_part_runs():
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MPLBACKEND="Agg")
