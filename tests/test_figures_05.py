@@ -5,6 +5,8 @@ Every ± in the chapter is the mean ± the half-width of the 95% t interval over
 import json
 import os
 
+import pytest
+
 from tests.test_downpour import mpiexec
 
 SCRIPT = os.path.join("tutorials", "figures", "make_05_figures.py")
@@ -16,6 +18,7 @@ def half(cell):
     return T_975[cell["n"] - 1] * cell["std"] / cell["n"] ** 0.5
 
 
+@pytest.mark.needs("1.1", "1.2", "1.3", "1.5", "5.1", "5.2", "5.3", "5.4", "5.5", "5.6")
 def test_make_05_figures_quick_writes_every_part_and_the_figures(tmp_path):
     done = mpiexec(4, SCRIPT, "--quick", "--out", str(tmp_path), timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
