@@ -39,7 +39,10 @@ dW = X^T D from all of them in rank order and sends dW back (what a worker would
 
 so the factors pay on the push when B (in + out) < in out: the slides' rule (which is also the
 broadcast rule at p = 2). --factors auto follows the exchange's rule per layer, always / never
-force it.
+force it. B is the per-rank batch of the epoch: with --batch-schedule it grows at the --lr-decay
+epochs, and the choice and the size of the receive buffers (B sum_l (in_l + out_l) numbers, no
+piece has more rows) are made again for each batch size; an epoch's shorter last step keeps its
+epoch's choice.
 
 Restrictions: the model's top-level Sequential entries that are Linear layers can be factored
 (the MLP's three, the CNN's last); host (NumPy) arrays; p <= number of training examples.
@@ -229,9 +232,9 @@ def server_factor_step(comm, objective, optimizer, batch, layers, rest, allreduc
 def train(comm=None, factors="auto", exchange="broadcast", allreduce="ring", **settings):
     """Sufficient-factor broadcasting SGD on ``comm``; returns (final flat parameters as NumPy, history).
 
-    ``factors``: 'auto' (per layer, by ``factors_pay`` at the per-rank batch size), 'always', 'never'.
-    ``exchange``: 'broadcast' (peer to peer) or 'server' (a synchronous sharded server).
-    The history's records carry ``factored``, the factored layers as (in, out) pairs.
+    ``factors``: 'auto' (per layer, by ``factors_pay`` at each epoch's per-rank batch size), 'always',
+    'never'. ``exchange``: 'broadcast' (peer to peer) or 'server' (a synchronous sharded server).
+    The history's records carry ``factored``, the layers factored in that epoch as (in, out) pairs.
     """
     comm = comm or MPI.COMM_WORLD
     settings = run.Settings.of(settings, epochs=20, momentum=0.9, partition="global", model="mlp")
@@ -245,30 +248,49 @@ def train(comm=None, factors="auto", exchange="broadcast", allreduce="ring", **s
             raise SettingError(f"unknown --factors {factors!r}; choose one of {', '.join(CHOICES)}")
         if exchange not in EXCHANGES:
             raise SettingError(f"unknown --exchange {exchange!r}; choose one of {', '.join(EXCHANGES)}")
-    job = run.start(comm, settings, check=check, writer=checkpoint.Writer("sufficient_factors", checkpoint.SGD_FAMILY))
-    size, batch = comm.Get_size(), settings.batch_size
-
-    def choose(layer):
-        if factors == "auto":
-            return factors_pay(batch, layer.in_features, layer.out_features, size, exchange)
-        return factors == "always"
+    job = run.start(comm, settings, check=check,
+                    writer=checkpoint.Writer("sufficient_factors", checkpoint.SGD_FAMILY))
+    size = comm.Get_size()
     net = getattr(job.objective, "net", None)
-    layers = factor_linear_layers(net, choose) if net is not None else []
-    factored = {id(layer.linear.weight) for layer in layers}
-    rest = numpy.ones(len(job.objective.grad), dtype=bool)
-    for parameter, (start, stop) in zip(job.objective.flat.parameters, job.objective.flat.offsets):
-        if id(parameter) in factored:
-            rest[start:stop] = False
-    rest = numpy.flatnonzero(rest)
-    largest = batch * sum(layer.linear.in_features + layer.linear.out_features for layer in layers)
+    # every Linear layer that may ever send factors keeps them; which do is decided per batch size
+    candidates = factor_linear_layers(net, lambda _: factors != "never") if net is not None else []
     summed = run.allreduce_function(allreduce)
-    shapes = [[layer.linear.in_features, layer.linear.out_features] for layer in layers]
+    plans, now = {}, {"epoch": job.first_epoch, "plan": None}
+
+    def plan(batch):
+        """(the layers that send factors, the flat indices of everything else, the largest factors
+        block in elements) at per-rank batch ``batch``: every rank computes the same from ``batch``."""
+        if batch not in plans:
+            sending = [layer for layer in candidates if factors == "always" or
+                       factors_pay(batch, layer.linear.in_features, layer.linear.out_features, size, exchange)]
+            width = sum(layer.linear.in_features + layer.linear.out_features for layer in sending)
+            plans[batch] = sending, dense_entries(job.objective, sending), batch * width
+        return plans[batch]
+
+    def step(piece):
+        # this epoch's per-rank batch (--batch-schedule grows it): no rank's piece has more rows
+        batch = job.schedule.batch_at(now["epoch"]) if job.schedule else settings.batch_size
+        now["plan"] = layers, rest, largest = plan(batch)
+        chosen = server_factor_step if exchange == "server" else sufficient_factor_step
+        return chosen(job.counting, job.objective, job.optimizer, piece, layers, rest, summed, largest)
+
+    def next_epoch(epoch):
+        now["epoch"] = epoch + 1
 
     def evaluate():
+        shapes = [[layer.linear.in_features, layer.linear.out_features] for layer in now["plan"][0]]
         return {**job.objective.evaluate(), "factored": shapes}
-    step = server_factor_step if exchange == "server" else sufficient_factor_step
-    return job.loop(lambda piece: step(job.counting, job.objective, job.optimizer, piece, layers, rest, summed,
-                                       largest), evaluate=evaluate)
+    return job.loop(step, evaluate=evaluate, end_of_epoch=next_epoch)
+
+
+def dense_entries(objective, sending):
+    """The flat indices of every parameter but the weights of the ``sending`` layers (allreduced)."""
+    factored = {id(layer.linear.weight) for layer in sending}
+    dense = numpy.ones(len(objective.grad), dtype=bool)
+    for parameter, (start, stop) in zip(objective.flat.parameters, objective.flat.offsets):
+        if id(parameter) in factored:
+            dense[start:stop] = False
+    return numpy.flatnonzero(dense)
 
 
 def main(argv=None):

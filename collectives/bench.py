@@ -24,7 +24,7 @@
    every rank at once) for beta_ring, np.add in place, np.add into a third vector and np.copyto
    on n-byte vectors (every rank at once) for gamma_m, gamma_3 and copy, and
    share = max(1, p / cores); none of these is an allreduce;
-5. the issue-15 targets, a column per row with "met" or "NO": auto <= 1.5x MPI at every size;
+5. the performance targets, a column per row with "met" or "NO": auto <= 1.5x MPI at every size;
    ring and Rabenseifner <= 1.0x MPI from 1 MiB; refined model / measured within 25% for every
    algorithm from 1 MiB. And auto's table: at each size, the point-to-point algorithm measured
    fastest; --write-selection stores it for this p in collectives/selection.json, which
@@ -241,7 +241,7 @@ def cores():
 
 
 def target(name, nbytes, ratio, refined_ratio):
-    """(text, met) for the issue-15 targets on this row: met is True, False or None (no target)."""
+    """(text, met) for the performance targets on this row: met is True, False or None (no target)."""
     checks = []
     if name in ("auto", "auto_init"):               # auto_init: against MPI's persistent Allreduce_init
         checks.append(("<=1.5x", ratio <= 1.5))

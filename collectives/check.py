@@ -51,7 +51,10 @@ DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint6
 PROBLEMS = ("a buffer that is not an array", "a buffer that is not 1-D",
             "a non-contiguous buffer", "an unsupported dtype", "buffers of different dtypes",
             "a buffer of the wrong length", "a read-only buffer to write the result into",
-            "overlapping buffers", "an unknown op")
+            "overlapping buffers", "an unknown op",
+            # the sparse collectives' (index, value) pairs (collectives/sparse.py)
+            "an invalid vector length n", "indices that are not integers", "an index out of range",
+            "duplicate indices")
 
 # kind: one of PROBLEMS; text: the full sentence, raised on the rank that has the problem
 Problem = namedtuple("Problem", "kind text")

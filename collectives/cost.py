@@ -15,7 +15,7 @@ n bytes on p ranks, with lg = log2 and pof2 the largest power of two <= p:
 butterfly and rabenseifner with p not a power of two run on pof2 ranks (p -> pof2 above) and
 add the fold-in's 2 alpha + 2 n beta + n gamma.
 
-Refined model (issue 15), beside the plain one. On one node a "message" is two memory copies
+Refined model, beside the plain one. On one node a "message" is two memory copies
 (into and out of MPI's shared-memory queue) and a reduction is a read-read-write pass over
 memory; when all ranks do this at once they share the memory bus, and with more ranks than
 cores they share the cores too. The ping-pong (one pair busy) and one in-cache np.add miss

@@ -38,6 +38,21 @@ p - 1 Sendrecv rounds, (p - 1) m bytes per rank for m-byte blocks.
 Deadlock-freedom: every round is one Sendrecv with one partner, and the fold's Send/Recv pairs
 have no cycle of waits (as in fold.py).
 
+Arguments, checked before any pair moves (``sparse_allreduce`` and ``allgather``, check=True as
+the dense collectives): each rank refuses its own indices if they are not integers (an empty list
+is fine), fall outside 0..n-1 (a negative one would wrap to the end; one beyond 2^31 - 1 would
+wrap in int32), or repeat (a repeated index is refused, not summed: merge and dense() would keep
+only one of its values); n must be an integer in 0..2^31; values a supported dtype, as long as
+the indices. Any integer index dtype is accepted (int32 here, int64 there sum correctly: both
+become int32 after the range check). Then the ranks agree on n and the values' dtype (allgather:
+on the block's length) with check.agree: one max of 5 int64 (allgather: 3) by recursive doubling,
+lg pof2 messages of 40 bytes (24) per rank, plus the fold pair when p is not a power of two, and
+every rank raises MismatchError if any rank has a problem or a different n, dtype or length. So
+a bad argument on one rank stops every rank instead of a wrong sum, a truncation error on one
+rank or a hang. Locally it costs the sort the allreduce needs anyway and O(k) comparisons.
+check=False (the training loops) skips the agreement: this rank's own problems still raise
+ValueError before it sends, but the same n, dtype and length on every rank are the caller's promise.
+
     mpiexec -n 4 python -m collectives.sparse
 """
 import math
@@ -45,6 +60,7 @@ import math
 import numpy as np
 from mpi4py import MPI
 
+from .check import Problem, agree, dtype_code, dtype_problem
 from .compress import INDEX, Sparse
 from .fold import largest_power_of_two, world_rank
 from .tags import DIRECT_GATHER, SPARSE_EXCHANGE, SPARSE_FOLD_IN, SPARSE_FOLD_OUT
@@ -88,8 +104,8 @@ def merge(lower, higher):
 
 def encode(vector):
     """The bytes to send: the dense vector, or the indices followed by the values."""
-    if isinstance(vector, Sparse):
-        return np.concatenate([vector.index.view(np.uint8), vector.values.view(np.uint8)])
+    if isinstance(vector, Sparse):          # int32 indices whatever the caller's integer dtype
+        return np.concatenate([vector.index.astype(INDEX, copy=False).view(np.uint8), vector.values.view(np.uint8)])
     return vector.view(np.uint8)
 
 
@@ -122,7 +138,8 @@ def receive(comm, source, n, dtype, tag):
 
 def sparse_allreduce_recursive_doubling(comm, vector):
     """The heart: fold in, lg pof2 rounds of swap-and-merge, fold out. Returns the sum over ranks
-    (a Sparse, or a dense ndarray once the break-even point was crossed), the same bits on every rank."""
+    (a Sparse, or a dense ndarray once the break-even point was crossed), the same bits on every rank.
+    ``vector`` is trusted (sorted, distinct, in range, the same n and dtype everywhere): sparse_allreduce checks."""
     rank, size = comm.Get_rank(), comm.Get_size()
     pof2 = largest_power_of_two(size)
     rem = size - pof2
@@ -156,33 +173,92 @@ def sparse_allreduce_recursive_doubling(comm, vector):
     return mine
 
 
-def sparse_allreduce(comm, index, values, n):
+def sparse_allreduce(comm, index, values, n, check=True):
     """The sum over ranks of the sparse vectors (index, values) of length n, as a dense ndarray.
 
-    ``index``: distinct indices in 0..n-1 (any order; sorted here), ``values`` beside them, the
-    same dtype and n on every rank (not checked: the caller's contract, as with check=False).
+    ``index``: distinct integers in 0..n-1 (any order, any integer dtype; sorted here), ``values``
+    beside them, the same dtype and n on every rank. check=True: a problem on any rank raises
+    MismatchError on every rank before any pair is sent; check=False: ValueError on that rank only.
     """
-    index = np.asarray(index)
-    order = np.argsort(index, kind="stable")
-    vector = Sparse(index[order].astype(INDEX), np.asarray(values)[order], n)
+    vector, problem = own_vector(index, values, n)
+    if check:
+        agree(comm, "sparse_allreduce", {"n": n if vector else -1,
+                                         "dtype": dtype_code(vector.values.dtype) if vector else -1}, problem)
+    elif problem:
+        raise ValueError(f"sparse_allreduce on rank {comm.Get_rank()}: {problem.text}")
     if comm.Get_size() == 1:
         return vector.dense()
     result = sparse_allreduce_recursive_doubling(comm, vector)
     return result.dense() if isinstance(result, Sparse) else result
 
 
+def own_vector(index, values, n):
+    """(the Sparse vector, None) from this rank's arguments, sorted by index; or (None, the Problem)."""
+    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or not 0 <= n <= 2 ** 31:
+        return None, Problem("an invalid vector length n", f"n must be an integer in 0..2^31, got {n!r}")
+    index, values = np.asarray(index), np.asarray(values)
+    if index.ndim != 1 or values.ndim != 1:
+        return None, Problem("a buffer that is not 1-D", f"index and values must be 1-D, got shapes "
+                                                         f"{index.shape} and {values.shape}")
+    if len(index) and not np.issubdtype(index.dtype, np.integer):
+        return None, Problem("indices that are not integers", f"index has dtype {index.dtype}; indices must "
+                                                              f"be integers")
+    unsupported = dtype_problem(values.dtype)
+    if unsupported:
+        return None, Problem("an unsupported dtype", f"values has {unsupported}")
+    if len(index) != len(values):
+        return None, Problem("a buffer of the wrong length", f"index has {len(index)} entries but values "
+                                                             f"has {len(values)}")
+    order = np.argsort(index, kind="stable")
+    index = index[order]
+    if len(index) and (index[0] < 0 or index[-1] >= n):
+        wrong = index[0] if index[0] < 0 else index[-1]
+        return None, Problem("an index out of range", f"index {wrong} is outside 0..{n - 1} (n = {n})")
+    repeated = np.flatnonzero(index[1:] == index[:-1])
+    if len(repeated):
+        return None, Problem("duplicate indices", f"index {index[repeated[0]]} appears more than once (a "
+                                                  f"sparse vector's indices must be distinct: add their values first)")
+    return Sparse(index.astype(INDEX), values[order], n), None
+
+
 # ---- the exchange for quantized messages -----------------------------------------------------------
 
-def allgather(comm, block):
-    """Every rank's ``block`` (uint8, the same length everywhere), in rank order: p - 1 Sendrecv
-    rounds, at round j to rank + j and from rank - j. (p - 1) m bytes sent per rank."""
+def allgather(comm, block, check=True):
+    """Every rank's ``block`` (1-D uint8, the same length everywhere), in rank order: p - 1 Sendrecv
+    rounds, at round j to rank + j and from rank - j. (p - 1) m bytes sent per rank.
+
+    check=True: blocks of different lengths, or a block that is not 1-D contiguous uint8 on any
+    rank, raise MismatchError on every rank before any block is sent (check=False: ValueError for
+    this rank's own block only; each block comes back as long as its message, read from the status).
+    """
     rank, size = comm.Get_rank(), comm.Get_size()
+    problem = block_problem(block)
+    if check:
+        agree(comm, "sparse.allgather", {"length": -1 if problem else len(block)}, problem)
+    elif problem:
+        raise ValueError(f"sparse.allgather on rank {rank}: {problem.text}")
     blocks = [None] * size
     blocks[rank] = block
     for step in range(1, size):
-        blocks[(rank - step) % size] = incoming = np.empty_like(block)
-        comm.Sendrecv(block, (rank + step) % size, DIRECT_GATHER, incoming, (rank - step) % size, DIRECT_GATHER)
+        incoming, status = np.empty_like(block), MPI.Status()
+        comm.Sendrecv(block, (rank + step) % size, DIRECT_GATHER, incoming, (rank - step) % size, DIRECT_GATHER,
+                      status)
+        blocks[(rank - step) % size] = incoming[:status.Get_count(MPI.BYTE)]
     return blocks
+
+
+def block_problem(block):
+    """Why ``block`` cannot be gathered (a Problem), or None."""
+    if not isinstance(block, np.ndarray):
+        return Problem("a buffer that is not an array", f"block must be a numpy array, not {type(block).__name__}")
+    if block.ndim != 1:
+        return Problem("a buffer that is not 1-D", f"block must be 1-D, got shape {block.shape}")
+    if not block.flags.c_contiguous:
+        return Problem("a non-contiguous buffer", "block must be contiguous (a strided view cannot be sent)")
+    if block.dtype != np.uint8:
+        return Problem("an unsupported dtype", f"block has dtype {block.dtype}; allgather moves bytes: pass "
+                                               f"block.view(numpy.uint8)")
+    return None
 
 
 # ---- cost ------------------------------------------------------------------------------------------

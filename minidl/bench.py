@@ -1,6 +1,6 @@
 """Benchmarks (numbers, not tests): minidl beside PyTorch CPU and beside the machine's GEMM rate.
 
-    python -m minidl.bench                 conv / pooling / linear layers and two training steps (issue 2)
+    python -m minidl.bench                 conv / pooling / linear layers and two training steps
     python -m minidl.bench conv            the four convolution algorithms, their cost table, the
                                            Winograd channel sweep and the FFT kernel-size crossover
     python -m minidl.bench layers          Hegde & Usmani 2016, section 4: a conv layer and a fully
@@ -45,7 +45,7 @@ LENET_CONV2 = (64, 6, 16, 14, 5, 1, 0)
 
 
 def main_cases(quick):
-    """Issue 2: the large conv, LeNet-5's layers at batch 64, and two training steps."""
+    """The main suite: the large conv, LeNet-5's layers at batch 64, and two training steps."""
     large = (2, 8, 8, 8, 3, 1, 1) if quick else LARGE_CONV
     batch = 4 if quick else 64
     return [
@@ -66,7 +66,7 @@ def main_cases(quick):
 
 
 def conv_cases(quick):
-    """Issue 6: every algorithm on the LeNet and large shapes, a channel sweep, a kernel sweep."""
+    """The conv suite: every algorithm on the LeNet and large shapes, a channel sweep, a kernel sweep."""
     algorithms = ("direct", "im2col", "fft", "winograd", "auto")
     if quick:
         shapes = {"large": (2, 4, 4, 8, 3, 1, 1)}

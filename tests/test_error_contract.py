@@ -2,7 +2,7 @@
 
 Any bad input or failure stops every rank within seconds with ``error: <what, where>`` and exit
 status 2: no traceback for anything a user can cause, no hang. Each case runs ``mpiexec -n 3`` with
-a timeout (a hang fails the test) and names the issue item it came from. Settings are checked on
+a timeout (a hang fails the test) and says, above it, the rule it checks. Settings are checked on
 every rank before the first message, so no training output may appear before the error.
 """
 import os
@@ -43,7 +43,7 @@ def assert_stopped(done, message, every_rank=True, before_training=True):
         assert "epoch" not in done.stdout, f"trained before the error:\n{done.stdout}"
 
 
-# item 2: output paths are checked on every rank before any training
+# output paths are checked on every rank before any training
 @pytest.mark.parametrize("flag", ["--log", "--save"])
 def test_an_unwritable_output_path_stops_every_rank_before_training(flag):
     assert_stopped(launch("allreduce_sgd", "--epochs", "1", flag, "/nonexistent-folder/out"),
@@ -61,7 +61,7 @@ def test_compare_checks_its_png_path_before_training():
     assert_stopped(done, "--out /nonexistent-folder/c.png")
 
 
-# item 6: data and checkpoint files: a message naming the file, no traceback
+# data and checkpoint files: a message naming the file, no traceback
 def test_a_missing_mnist_folder_is_named():
     assert_stopped(launch("allreduce_sgd", "--dataset", "mnist", "--model", "lenet5", "--data-dir", "/nonexistent"),
                    "--data-dir /nonexistent: does not exist")
@@ -93,7 +93,7 @@ def test_bad_resume_files_are_refused_naming_the_file(tmp_path):
         assert zipfile.is_zipfile(path) or what in ("random bytes", "truncated", "missing"), what
 
 
-# item 7: a checkpoint that has trained more epochs than asked for
+# a checkpoint that has trained more epochs than asked for
 def test_resuming_a_longer_run_with_fewer_epochs_is_refused(tmp_path):
     four = tmp_path / "four.npz"
     assert launch("allreduce_sgd", "--epochs", "4", "--model", "mlp", "--save", str(four), "--quiet").returncode == 0
@@ -102,13 +102,13 @@ def test_resuming_a_longer_run_with_fewer_epochs_is_refused(tmp_path):
     assert not (tmp_path / "two.npz").exists()
 
 
-# item 9: a flag an algorithm cannot honour is refused, not ignored
+# a flag an algorithm cannot honour is refused, not ignored
 def test_gossip_refuses_an_allreduce_flag():
     done = launch("gossip_sgd", "--allreduce", "ring")
     assert done.returncode == 2 and "unrecognized arguments: --allreduce" in done.stderr
 
 
-# item 1 (the synchronous family): a diverged run is an error, not a result
+# the synchronous family: a diverged run is an error, not a result
 def test_a_nan_loss_stops_every_rank_with_exit_2():
     assert_stopped(launch("model_averaging", "--epochs", "2", "--lr", "1e30"), "loss became nan",
                    before_training=False)
@@ -147,7 +147,7 @@ def test_a_set_up_failure_on_one_rank_stops_every_rank_with_its_message():
     parallel_assert(message == ("--data-dir /x: unreadable here (on rank 1)", True), f"got {message}")
 
 
-# item 7 and the standard "--resume continues bit for bit", for every decentralized algorithm
+# the standard "--resume continues bit for bit", for every decentralized algorithm
 RESUMABLE = {
     "model_averaging": lambda comm, **kw: model_averaging.train(comm, period=5, **kw),   # 5 does not divide an epoch
     "admm_sgd": lambda comm, **kw: admm_sgd.train(comm, local_steps=3, **kw),
@@ -185,7 +185,7 @@ class CallCounter:
         return attribute
 
 
-# item 10: the ensemble trains without communication; every message it sends is counted
+# the ensemble trains without communication; every message it sends is counted
 @pytest.mark.parallel(nprocs=[2, 3])
 def test_the_ensemble_sends_nothing_between_epoch_ends():
     comm = MPI.COMM_WORLD
@@ -203,7 +203,7 @@ def test_the_ensemble_sends_nothing_between_epoch_ends():
     parallel_assert(bytes_sent == [expected, expected], f"bytes {bytes_sent}, expected {expected}")
 
 
-# item 9: gossip saves what its log evaluated, the mean of the ranks' parameters
+# gossip saves what its log evaluated, the mean of the ranks' parameters
 @pytest.mark.parallel(nprocs=[3])
 def test_gossip_saves_the_mean_model_it_evaluated(tmp_path_factory):
     comm = MPI.COMM_WORLD

@@ -20,7 +20,7 @@ bench: `mpiexec -n P python -m collectives.bench --json ...` for P = 2 and 4 (ru
     bench (the full run wants an idle machine: minutes, and 4 ranks on 2 cores).
     03_bench_excerpt.txt: the rows of MPI, the ring, Rabenseifner and auto from each p's first launch,
     in the bench's own columns (measured, x MPI, the alpha-beta model and the refined one, each beside
-    its ratio to the measurement, the issue-15 target and whether it is met); chapter 3 prints it
+    its ratio to the measurement, the target and whether it is met); chapter 3 prints it
     verbatim (tests/test_figures_03.py checks).
 """
 import argparse

@@ -204,10 +204,10 @@ def measure(sizes, out):
 
         def sparse_topk(on=comm):
             message = topk.compress(grad)
-            sparse.sparse_allreduce(on, message.index, message.values, n)
+            sparse.sparse_allreduce(on, message.index, message.values, n, check=False)
 
         def quantized(on=comm):
-            blocks = sparse.allgather(on, qsgd.pack(qsgd.compress(grad, rng)))
+            blocks = sparse.allgather(on, qsgd.pack(qsgd.compress(grad, rng)), check=False)
             sum(qsgd.decompress(qsgd.unpack(block, n)) for block in blocks)
         calls = dict(zip(EXCHANGES, (dense, sparse_topk, quantized)))
         sent = {}
