@@ -80,13 +80,10 @@ def bucketed_step(comm, objective, optimizer, batch, summed):
     ``summed`` is a ``BucketedAllreduce`` over ``objective.grad`` whose buckets the parameters'
     autograd hooks report ready; the weighting |index| / total is applied to each bucket as it starts.
     """
-    weight = len(batch.index) / batch.total
-    summed.begin(weight)                                   # hooks now start buckets as backward finishes them
-    if len(batch.index):
-        loss = objective.loss_and_grad(batch.index)
-    else:
-        loss = 0.0
+    summed.begin(len(batch.index) / batch.total)         # hooks now start buckets as backward finishes them
+    if not len(batch.index):                               # no rows: this rank adds zeros
         objective.grad[...] = 0
+    loss = objective.loss_and_grad(batch.index) if len(batch.index) else 0.0
     summed.finish()                                        # start the rest, wait for every bucket
     optimizer.step()
     return loss

@@ -83,9 +83,8 @@ def gossip_round(comm, params, round_number, pairing, seed=0):
 
 def gossip_sgd_step(comm, objective, optimizer, batch, step, period, pairing, seed):
     """A local SGD step, then a gossip round every ``period`` steps. Returns the loss."""
-    loss = 0.0
-    if len(batch.index):
-        loss = objective.loss_and_grad(batch.index)
+    loss = objective.loss_and_grad(batch.index) if len(batch.index) else 0.0
+    if len(batch.index):                                   # an empty piece: no local step
         optimizer.step()
     if (step + 1) % period == 0:
         gossip_round(comm, objective.params, (step + 1) // period - 1, pairing, seed)

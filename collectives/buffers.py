@@ -43,6 +43,7 @@ numpy, and copied back; if it is, device pointers go to MPI directly and `ops.co
 reduces on the device and synchronises before the next send.
 """
 import os
+import threading
 
 import numpy as np
 from mpi4py import MPI
@@ -65,7 +66,7 @@ def block_offsets(counts):
     return offsets
 
 
-_SCRATCH = {}          # (n, dtype) -> a cached numpy receive buffer, see scratch()
+_SCRATCH = threading.local()   # per thread: (n, dtype) -> a cached numpy receive buffer, see scratch()
 _SUPPORTED = {}        # dtype -> whether dtype_problem accepts it (cached for fast_arguments)
 
 
@@ -73,16 +74,18 @@ def scratch(like, n=None):
     """A receive buffer of n (default len(like)) elements of like's dtype, reused between calls.
 
     Numpy vectors come from a cache keyed by (n, dtype); its content is garbage on entry. Only
-    one heart runs at a time on a rank and none calls another while it holds its scratch, so
-    one buffer per key is enough. CuPy vectors get a fresh allocation (CuPy's pool caches).
+    one heart runs at a time in a thread and none calls another while it holds its scratch, so
+    one buffer per key and thread is enough (collectives.nonblocking runs several hearts at once,
+    each in its own thread). CuPy vectors get a fresh allocation (CuPy's pool caches).
     """
     n = len(like) if n is None else n
     if type(like) is not np.ndarray:
         return array_module(like).empty(n, dtype=like.dtype)
     key = (n, like.dtype)
-    buffer = _SCRATCH.get(key)
+    cache = _SCRATCH.__dict__
+    buffer = cache.get(key)
     if buffer is None:
-        buffer = _SCRATCH[key] = np.empty(n, dtype=like.dtype)
+        buffer = cache[key] = np.empty(n, dtype=like.dtype)
     return buffer
 
 

@@ -9,18 +9,19 @@ public collective calls `agree`, which compares a few integers across ranks and 
 
 What is compared: the integers v (length, dtype code, op code, root) and -v, plus one code
 for "this rank found a problem with its own arguments" (what kind, PROBLEMS, and which
-rank; -1 if none), are maxed over all ranks by recursive doubling (MPICH fold-in for
-non-powers of two), written with point-to-point calls like the algorithms themselves: no
-MPI collective. After it every rank knows max(v) and min(v) = -max(-v), and raises the same
-error if they differ or if any rank found a problem. A rank's own problems (buffers.describe_problem):
-not a 1-D contiguous array, a dtype outside DTYPES, a read-only buffer that the call writes
-into (recvbuf, which is the input too when in place), overlapping buffers, an unknown op.
+rank; -1 if none), are maxed over all ranks by MPI's own Allreduce (MPI_MAX on 9 int64).
+The check is no algorithm of this package and no course task, so it uses the library's
+collective: it never runs through a student's fold-in or butterfly, and a stubbed task
+cannot stop the others from checking their arguments. After it every rank knows max(v) and
+min(v) = -max(-v), and raises the same error if they differ or if any rank found a problem.
+A rank's own problems (buffers.describe_problem): not a 1-D contiguous array, a dtype outside
+DTYPES, a read-only buffer that the call writes into (recvbuf, which is the input too when in
+place), overlapping buffers, an unknown op.
 
-Cost: 4 + 4 + 1 = 9 int64, so every message is 72 bytes; on the critical path lg pof2
-exchanges (pof2 the largest power of two <= p), plus the fold-in and fold-out pair when p is
-not a power of two: at most (lg p + 2) alpha, a few microseconds on one node. That is
-noticeable for 4 KiB vectors and nothing for 1 MiB. Each rank sends what cost.per_rank
-("butterfly", p, 9, 8, rank) says (the tests check it against a trace).
+Cost: one allreduce of 4 + 4 + 1 = 9 int64 (72 bytes), a few microseconds on one node: MPI
+picks a latency-bound algorithm for so few bytes, about lg p alpha. That is noticeable for
+4 KiB vectors and nothing for 1 MiB. A tracer sees no message of it (trace.TracedComm records
+point-to-point calls only); trace.CountingComm estimates its bytes as for any Allreduce.
 
 `check=False` skips the agreement (the benchmark and the training loops do): it trusts the
 caller to pass the same length, dtype and op on every rank. A rank still refuses its own bad
@@ -31,10 +32,9 @@ truncation error, a hang or a wrong answer.
 from collections import namedtuple
 
 import numpy as np
+from mpi4py import MPI
 
-from .fold import fold_in, fold_out, largest_power_of_two, world_rank
 from .ops import OPS
-from .tags import CHECK
 
 # The supported dtypes: each has an MPI datatype mapping in mpi4py, a fixed size and layout on
 # every platform, and numpy element-wise add/maximum/minimum that give the same bits for the
@@ -93,19 +93,8 @@ def _describe(key, value):
 
 
 def max_over_ranks(comm, vector):
-    """vector <- element-wise max over all ranks, in place (recursive doubling, tag CHECK)."""
-    size = comm.Get_size()
-    pof2 = largest_power_of_two(size)
-    newrank = fold_in(comm, vector, "max", tag=CHECK)
-    if newrank is not None:
-        incoming = np.empty_like(vector)
-        distance = 1
-        while distance < pof2:
-            partner = world_rank(newrank ^ distance, size - pof2)
-            comm.Sendrecv(vector, partner, CHECK, incoming, partner, CHECK)
-            np.maximum(vector, incoming, out=vector)
-            distance *= 2
-    fold_out(comm, vector, tag=CHECK)
+    """vector <- element-wise max over all ranks, in place (MPI's own Allreduce: no task runs)."""
+    comm.Allreduce(MPI.IN_PLACE, vector, op=MPI.MAX)
 
 
 def agree(comm, name, values, problem=None):

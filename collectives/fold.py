@@ -10,9 +10,9 @@ r XOR 2^k, which needs a power of two. With p = pof2 + rem (pof2 the largest pow
     the pof2 survivors run the algorithm     new rank:      0       1   2   3
     fold-out: odd rank sends the result back              0<- 1   2<- 3
 
-Ranks below 2*rem: even ones send their whole vector to rank + 1 and wait; odd ones reduce it
-into theirs and continue as new rank r // 2. Ranks from 2*rem on continue as r - rem. At the
-end each odd rank below 2*rem sends the finished vector back to rank - 1.
+The rem extra vectors are reduced into a neighbour's before the algorithm and the result is
+copied back to them after it, so the algorithm itself only ever sees pof2 ranks, renumbered
+0 .. pof2 - 1 (`world_rank` maps a survivor's new rank back).
 
 Cost added to the power-of-two algorithm: 2 alpha + 2 n beta + n gamma (one extra message
 each way, one extra reduction), on the critical path of the folded pairs.

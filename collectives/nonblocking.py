@@ -5,7 +5,8 @@ Papers: Li et al. (VLDB 2020), PyTorch Distributed: gradient bucketing, autograd
 start each bucket's allreduce as soon as its gradients are final, and a wait before the optimizer
 step; Sergeev & Del Balso (2018), Horovod: the same idea as tensor fusion. The per-bucket
 algorithm is the butterfly of collectives/butterfly.py (Thakur, Rabenseifner & Gropp 2005), with
-the same fold-in for non-powers of two, as a sequence of Isend/Irecv steps.
+the same fold-in for non-powers of two, run one message at a time so that many buckets can be
+in flight at once.
 
     summed = BucketedAllreduce(comm, grad, [(start, stop, parts), ...])
     summed.begin(weight)        # each step: arm the buckets, scale by weight when started
@@ -21,6 +22,15 @@ changes which message an element travels in, never the additions it goes through
 ``--buckets`` gives bitwise the parameters of ``--allreduce butterfly``. (Not so for the ring or
 Rabenseifner: there the chunk an element falls in decides at which rank its sum starts.)
 
+How a blocking heart runs nonblocking: each started bucket runs chapter 3's own heart,
+``butterfly.butterfly_allreduce_in_place`` (tasks 3.6 and 3.7 in a student tree), in a thread of
+its own, on a ``StepComm``: a communicator whose blocking ``Send``, ``Recv`` and ``Sendrecv``
+post the matching ``Isend``/``Irecv``, hand the requests to the caller and wait until the caller
+has seen them complete. Only one thread runs at a time (the caller waits while a heart posts, a
+heart waits while the caller tests), so MPI sees its calls one after another
+(MPI_THREAD_SERIALIZED is enough). The caller keeps every bucket's requests and advances each
+bucket when its messages are done, so buckets overlap each other and backward.
+
 Progress: without an MPI progress thread, a message moves only inside MPI calls. Eager sends
 (small buckets) are copied out at Isend; a receive is matched and the next butterfly round
 posted only when this rank calls ``ready`` (Testall) or ``finish`` (Waitall). So the first round
@@ -31,53 +41,81 @@ p a power of two (plus the fold-in's 2 alpha + 2 n_b beta + n_b gamma otherwise)
 B times the latency, and all of it except the last bucket's can hide behind backward.
 ``overlap_prediction`` gives that model's step time with one core per rank.
 
-Tags: bucket b, step s sends with tag BASE + STRIDE b + s (s = 0 fold-in, 1 fold-out, 2 + k
-round k), so messages of different buckets and rounds never match each other, whatever order
-the ranks advance them in.
+Tags: bucket b sends the heart's tag t as BASE + STRIDE b + (t mod STRIDE), so messages of
+different buckets never match each other, whatever order the ranks advance them in. Within a
+bucket, the heart's own tags and partners keep its messages apart as they do in chapter 3.
 """
+import queue
+import threading
+
 from mpi4py import MPI
 
+from .butterfly import butterfly_allreduce_in_place
 from .cost import predict
-from .fold import largest_power_of_two, world_rank
-from .ops import array_module, combine
 
 BASE = 7200                    # above tags.py's range
-STRIDE = 64                    # tags per bucket: fold-in, fold-out, up to 62 rounds
+STRIDE = 64                    # tags per bucket
 MAX_BUCKETS = (32767 - BASE) // STRIDE     # MPI guarantees tags up to 32767
 
 
+class StepComm:
+    """The communicator a heart sees when it runs one message at a time (see the module docstring).
+
+    Each blocking call posts its nonblocking twin on ``comm`` with the bucket's tag, puts the
+    requests on ``posted`` and waits on ``go_on`` until the caller has seen them complete.
+    """
+
+    def __init__(self, comm, tag):
+        self.comm, self.tag = comm, tag
+        self.posted, self.go_on = queue.Queue(maxsize=1), queue.Queue(maxsize=1)
+
+    def Get_rank(self):
+        return self.comm.Get_rank()
+
+    def Get_size(self):
+        return self.comm.Get_size()
+
+    def _tag(self, tag):
+        return self.tag + tag % STRIDE
+
+    def _wait(self, requests):
+        self.posted.put(requests)
+        self.go_on.get()
+
+    def Isend(self, buf, dest, tag=0):
+        return self.comm.Isend(buf, dest, self._tag(tag))
+
+    def Irecv(self, buf, source, tag=0):
+        return self.comm.Irecv(buf, source, self._tag(tag))
+
+    def Send(self, buf, dest, tag=0):
+        self._wait([self.Isend(buf, dest, tag)])
+
+    def Recv(self, buf, source, tag=0, status=None):
+        self._wait([self.Irecv(buf, source, tag)])
+
+    def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=None, recvtag=0, status=None):
+        self._wait([self.Isend(sendbuf, dest, sendtag), self.Irecv(recvbuf, source, recvtag)])
+
+
 def butterfly_steps(comm, data, tag):
-    """collectives/butterfly.py's allreduce (sum, in place) as a generator of steps: each ``yield``
-    hands back the requests this rank must see completed before the next step can run."""
-    rank, size = comm.Get_rank(), comm.Get_size()
-    pof2 = largest_power_of_two(size)
-    rem = size - pof2
-    xp = array_module(data)
-    # fold-in: an even rank below 2 rem hands its vector over and waits for the result
-    if rank < 2 * rem and rank % 2 == 0:
-        yield [comm.Isend(data, rank + 1, tag)]
-        yield [comm.Irecv(data, rank + 1, tag + 1)]
-        return
-    if rank < 2 * rem:                            # an odd one adds it to its own
-        incoming = xp.empty_like(data)
-        yield [comm.Irecv(incoming, rank - 1, tag)]
-        combine(data, incoming, "sum")
-    newrank = rank // 2 if rank < 2 * rem else rank - rem
-    # recursive doubling: swap with partner newrank XOR distance, lower <- lower + higher
-    mine, theirs = data, xp.empty_like(data)
-    distance, round_ = 1, 0
-    while distance < pof2:
-        partner = world_rank(newrank ^ distance, rem)
-        yield [comm.Isend(mine, partner, tag + 2 + round_), comm.Irecv(theirs, partner, tag + 2 + round_)]
-        lower, higher = (theirs, mine) if newrank & distance else (mine, theirs)
-        combine(lower, higher, "sum")
-        mine, theirs = lower, higher
-        distance, round_ = distance * 2, round_ + 1
-    if mine is not data:
-        data[...] = mine
-    # fold-out: the result back to the rank that sat out
-    if rank < 2 * rem:
-        yield [comm.Isend(data, rank - 1, tag + 1)]
+    """collectives/butterfly.py's heart (sum, in place) as a generator of steps: each ``yield``
+    hands back the requests this rank must see completed before the heart can go on."""
+    steps, outcome = StepComm(comm, tag), []
+
+    def heart():
+        try:
+            butterfly_allreduce_in_place(steps, data, "sum")
+        except BaseException as error:            # handed to the caller, raised there
+            outcome.append(error)
+        steps.posted.put(None)
+
+    threading.Thread(target=heart, daemon=True).start()
+    while (requests := steps.posted.get()) is not None:
+        yield requests
+        steps.go_on.put(True)
+    if outcome:
+        raise outcome[0]
 
 
 class BucketedAllreduce:
@@ -92,8 +130,9 @@ class BucketedAllreduce:
         if len(buckets) > MAX_BUCKETS:
             raise ValueError(f"BucketedAllreduce: {len(buckets)} buckets, at most {MAX_BUCKETS} "
                              "(one tag range each); use larger buckets")
-        if largest_power_of_two(comm.Get_size()).bit_length() > STRIDE - 2:
-            raise ValueError("BucketedAllreduce: too many ranks for the tag range")
+        if MPI.Query_thread() < MPI.THREAD_SERIALIZED:
+            raise RuntimeError("BucketedAllreduce runs each bucket's butterfly in a thread of its own and needs "
+                               "MPI initialised with at least MPI_THREAD_SERIALIZED (mpi4py's default is MULTIPLE)")
         self.comm, self.vector = comm, vector
         self.buckets = [(int(start), int(stop), int(parts)) for start, stop, parts in buckets]
         self.armed = False

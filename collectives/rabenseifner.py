@@ -8,9 +8,8 @@ The pof2 survivors of the fold-in cut the vector into pof2 blocks (buffers.block
 each keeps a window [lo, hi) of blocks it is still responsible for, at first all of them.
 
     reduce-scatter, recursive halving, distance pof2/2, ..., 2, 1:
-        split the window in two halves; the rank whose bit `distance` is 0 keeps the lower
-        half, its partner newrank ^ distance the upper; each sends the half it gives up and
-        reduces the half it keeps. After lg pof2 rounds the window is the single block
+        split the window in two halves; two partners `distance` apart share out the halves,
+        each sends the half it gives up and reduces the half it keeps. After lg pof2 rounds the window is the single block
         `newrank`, reduced over all ranks.
     allgather, recursive doubling, distance 1, 2, ..., pof2/2:
         partners swap their windows (copy, no reduction), so windows double back to the

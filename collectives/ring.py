@@ -8,10 +8,10 @@ tutorials/references.md.
 
 Picture: the vector is cut into p blocks (buffers.block_counts), and the ranks sit in a ring,
 each sending to `right` = rank + 1 and receiving from `left` = rank - 1. Imagine a p x p grid,
-ranks as rows and blocks as columns. In the reduce-scatter, at step s rank r sends block
-r - s - 1 (its partial sum so far) to the right and receives block r - s - 2 from the left,
-adding its own values into it; each block travels once around the ring collecting every
-rank's contribution and lands complete at the rank that shares its number. In the allgather
+ranks as rows and blocks as columns. In the reduce-scatter, at every step each rank passes one
+partial block to the right and receives another from the left, adding its own values into it;
+each block travels once around the ring collecting every rank's contribution and lands
+complete at the rank that shares its number. In the allgather
 the complete blocks travel around once more and are copied instead of added. p = 4
 (entries: the block each rank sends at each step):
 

@@ -15,9 +15,9 @@ Schedule, p = 8 (`relative` rank = rank - root mod p; the step is `mask` = 1, 2,
                                 4 -> 6          2 -> 3
                                                 4 -> 5, 6 -> 7
 
-In the reduce, a rank whose `relative` has bit `mask` set sends its partial result to
-relative - mask and is done; the others receive from relative + mask (if it exists) and reduce.
-The broadcast walks the same edges backwards. Any p works: missing children are skipped.
+In the reduce, at every step half of the ranks that still hold a partial result hand it to a
+partner and drop out, so after ceil(lg p) steps the root holds the whole reduction. The broadcast
+walks the same edges backwards. Any p works: a rank whose partner does not exist waits a step.
 
 Cost: 2 ceil(lg p) alpha + 2 ceil(lg p) n beta + ceil(lg p) n gamma (the root receives
 ceil(lg p) vectors and sends ceil(lg p)). Latency logarithmic, but every message carries the

@@ -8,6 +8,10 @@ must fail when only that task's body is the generated stub (``raise NotImplement
 pass with the reference, so items that never reach the function (a collective on one rank, a cost
 of n = 0) carry no mark. Tests whose oracle would hand a student a solution live in tests/hidden/.
 
+``@pytest.mark.needs("1.1", "4.1")`` marks a test that runs those tasks' code without being a test
+of them (a figure script's quick run): in a student tree where one of them is still the stub, the
+test is skipped and says which task it waits for, as a chapter block with a ``# needs:`` line is.
+
 Hypothesis must draw the same examples on every MPI rank, or the ranks would disagree about
 which test case they are running and deadlock. So examples are derandomized (a fixed sequence
 derived from the test), nothing is read from an example database, and timing-based checks
@@ -55,6 +59,15 @@ def pytest_addoption(parser):
 def task_ids(item):
     """The task ids a test item is marked with (``@pytest.mark.task``, on the function or a param)."""
     return {str(task_id) for mark in item.iter_markers("task") for task_id in mark.args}
+
+
+def pytest_runtest_setup(item):
+    wanted = [str(task_id) for mark in item.iter_markers("needs") for task_id in mark.args]
+    if wanted:
+        from tutorials.assignments import stubbed
+        not_done = [task_id for task_id in wanted if stubbed(task_id)]
+        if not_done:
+            pytest.skip(f"needs task {not_done[0]}, which is not done yet in this tree (its body is the stub)")
 
 
 @pytest.hookimpl(trylast=True)

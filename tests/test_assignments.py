@@ -5,6 +5,8 @@
 - Every task has visible tests (``@pytest.mark.task``) and every marked id is a task.
 - ``make`` writes a tree that imports, with every chosen body stubbed and the hidden files gone;
   ``--solutions`` keeps the reference code.
+- The student tree is leak-free: no fenced solution's lines appear anywhere else in it (sources,
+  docstrings, tests, chapters), by the rule in ``test_no_solution_leaks_into_the_student_tree``.
 - The grader gives a stubbed task 0 points, the reference its points, and a deadlock in one task's
   student code costs only that task, within the timeout.
 """
@@ -23,6 +25,16 @@ ROOT = Path(__file__).resolve().parent.parent
 TASKS, GENERATOR = assignments.load()
 SOURCES = [path for package in ("minidl", "collectives", "algorithms") for path in sorted((ROOT / package).rglob("*.py"))]
 MARK = re.compile(r"""task\(\s*["'](\d+\.\d+)["']""")
+# what needs the reference checkout: its fenced bodies, its hidden tests, and git to list the files to copy
+REFERENCE = [pytest.mark.skipif(assignments.is_student_tree(ROOT), reason=assignments.STUDENT_TREE),
+             pytest.mark.skipif(not assignments.is_git_checkout(ROOT),
+                                reason="not a git checkout (make lists the files to copy with git ls-files)")]
+
+
+def reference_only(test):
+    for mark in REFERENCE:
+        test = mark(test)
+    return test
 
 
 def test_every_task_names_one_fenced_function():
@@ -49,6 +61,60 @@ def test_every_task_has_visible_tests_and_every_marked_id_is_a_task():
     assert not known - visible, f"tasks without a visible test: {sorted(known - visible)}"
 
 
+def chapter_sections(path):
+    """{number: text} of a chapter's numbered sections (``## N. Title`` up to the next ``## ``
+    heading; headings inside code blocks do not count)."""
+    sections, number, in_code = {}, None, False
+    for line in Path(path).read_text().splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        heading = None if in_code else re.match(r"## (?:(\d+)\. )?", line)
+        if heading:
+            number = heading.group(1)
+        if number is not None:
+            sections.setdefault(number, []).append(line)
+    return {number: "\n".join(lines) for number, lines in sections.items()}
+
+
+def test_every_stub_points_to_a_section_that_teaches_its_function():
+    """A task's ``section`` ("tutorials/NN_name.md, section K") names a numbered heading of its own
+    chapter, and that section names the function (in backquotes, alone or qualified, e.g.
+    `ensemble.ensemble_predict`) or the file that holds it (`ring.py`, `collectives.ring`)."""
+    for task in TASKS:
+        match = re.fullmatch(r"(tutorials/(\d\d)_[\w]+\.md), section (\d+)", task.section)
+        assert match, f"task {task.id}: section {task.section!r} is not 'tutorials/NN_name.md, section K'"
+        path, chapter, number = match.groups()
+        assert int(chapter) == task.chapter, f"task {task.id}: section in chapter {chapter}, task in {task.chapter}"
+        sections = chapter_sections(ROOT / path)
+        assert number in sections, f"task {task.id}: {path} has no section {number} (it has {sorted(sections)})"
+        name = task.function.split(".")[-1]
+        text = sections[number]
+        named = re.search(r"`[^`\n]*\b" + re.escape(name) + r"\b[^`\n]*`", text)
+        module = task.file[:-len(".py")].replace("/", ".")
+        assert named or Path(task.file).name in text or module in text, \
+            f"task {task.id}: {task.section} names neither {task.function} nor {task.file}"
+
+
+def test_the_syllabus_page_is_the_registrys_and_every_task_has_one_week():
+    weeks = assignments.weeks()
+    assert [week["week"] for week in weeks] == list(range(1, len(weeks) + 1)), "weeks are numbered 1, 2, ..."
+    placed = [task_id for week in weeks for task_id in week["tasks"]]
+    assert sorted(placed) == sorted(task.id for task in TASKS), \
+        f"every task in exactly one week: {sorted(set(t.id for t in TASKS).symmetric_difference(placed))} " \
+        f"or repeated {sorted({t for t in placed if placed.count(t) > 1})}"
+    chapter = {task.id: task.chapter for task in TASKS}
+    for week in weeks:
+        assert {chapter[task_id] for task_id in week["tasks"]} == {week["chapter"]}, f"week {week['week']}"
+        assert week["papers"].strip(), f"week {week['week']} names no paper"
+    page = (ROOT / "tutorials/assignments/syllabus.md").read_text()
+    generated = re.search(r"<!-- syllabus: python -m tutorials.assignments syllabus -->\n(.*?)<!-- end syllabus -->",
+                          page, re.S)
+    assert generated, "syllabus.md lost its markers"
+    assert generated.group(1) == assignments.syllabus(), \
+        "syllabus.md differs from the registry: paste `python -m tutorials.assignments syllabus` between its markers"
+    assert "(syllabus.md)" in (ROOT / "tutorials/assignments/README.md").read_text(), "README.md should link it"
+
+
 def test_fence_parsing_refuses_broken_fences():
     with pytest.raises(ValueError, match="never ends"):
         assignments.fences(f"def f():\n    {assignments.BEGIN}\n    return 1\n")
@@ -64,6 +130,7 @@ def student_tree(tmp_path_factory):
     return out
 
 
+@reference_only
 def test_a_student_tree_imports_has_every_body_stubbed_and_no_hidden_files(student_tree):
     done = subprocess.run([sys.executable, "-c", "import minidl, collectives, algorithms.run, algorithms.hogwild, "
                            "algorithms.downpour_sgd, collectives.ring, minidl.conv.winograd"],
@@ -77,9 +144,71 @@ def test_a_student_tree_imports_has_every_body_stubbed_and_no_hidden_files(stude
         assert not (student_tree / removed).exists(), removed
     text = (student_tree / "collectives/ring.py").read_text()
     assert 'raise NotImplementedError("Task 3.4: Ring reduce-scatter' in text
-    assert "tutorials/03_collectives.md, section 4" in text
+    assert "tutorials/03_collectives.md, section 1" in text
 
 
+TEXT_FILES = (".py", ".md", ".toml", ".txt", ".cfg", ".json", ".ipynb", ".rst")
+TRIVIAL = re.compile(r"^(?:return|break|continue|pass|raise|yield|else|try|finally)\b[\w.()]*:?$"   # return x, else:
+                     r"|^[\w.]+ = (?:None|True|False|0|1|0\.0|\[\]|\{\}|\(\))$"                 # x = 0, x = []
+                     r"|^[^\w]*$")                                                         # lone punctuation
+
+
+def code_lines(text):
+    """The lines of ``text`` the leak rule compares: stripped, a doctest prompt and a trailing
+    comment cut off, inner runs of spaces made one; blank, comment-only and trivial lines dropped."""
+    kept = []
+    for line in text.splitlines():
+        line = line.strip()
+        line = line[4:] if line.startswith((">>> ", "... ")) else line
+        line = "" if line.startswith("#") else re.sub(r"\s+#.*$", "", line)
+        line = re.sub(r"\s+", " ", line).strip()
+        if line and not TRIVIAL.match(line.replace(" ", "")):
+            kept.append(line)
+    return kept
+
+
+def runs(lines, length=3):
+    return {tuple(lines[i:i + length]) for i in range(len(lines) - length + 1)}
+
+
+def solution_runs():
+    """{run of 3 code lines: task id} over every fenced body of the reference."""
+    found = {}
+    for task in TASKS:
+        for run in runs(code_lines("".join(assignments.body(task)))):
+            found.setdefault(run, task.id)
+    return found
+
+
+def leaks(tree, solutions):
+    """[(file, task id, run)] for every run of a fenced solution found in a text file of ``tree``."""
+    found = []
+    for path in sorted(Path(tree).rglob("*")):
+        if path.is_file() and path.suffix in TEXT_FILES and ".git" not in path.parts:
+            for run in runs(code_lines(path.read_text(errors="replace"))) & solutions.keys():
+                found.append((str(path.relative_to(tree)), solutions[run], run))
+    return found
+
+
+@reference_only
+def test_no_solution_leaks_into_the_student_tree(student_tree):
+    """The rule: a leak is 3 or more consecutive code lines of a fenced body (compared after
+    ``code_lines``: blank lines, comments, lone punctuation and trivial lines such as ``return x``,
+    ``else:`` or ``x = 0`` do not count, and do not break a run) found anywhere in the tree with
+    every task stubbed: in any module, docstring, test, chapter or page. What the rule cannot see:
+    the same idea written with other names; docstrings are kept to the idea and the cost for that."""
+    solutions = solution_runs()
+    # the rule sees every fence of 3 or more code lines in the reference tree itself
+    short = {task.id for task in TASKS if len(code_lines("".join(assignments.body(task)))) < 3}
+    seen = {task for _, task, _ in leaks(ROOT / "collectives", solutions) + leaks(ROOT / "algorithms", solutions)
+            + leaks(ROOT / "minidl", solutions)}
+    assert seen == {task.id for task in TASKS} - short, f"the rule misses fences: {sorted(set(t.id for t in TASKS) - short - seen)}"
+    found = leaks(student_tree, solutions)
+    assert not found, "solution lines outside their fence:\n" + "\n".join(
+        f"  {path}: task {task}: {' / '.join(run)}" for path, task, run in found)
+
+
+@reference_only
 def test_an_instructor_tree_keeps_every_body(tmp_path):
     out = assignments.make(tmp_path / "tree", solutions=True) and tmp_path / "tree"
     for task in TASKS:
@@ -94,6 +223,7 @@ def grade(*flags, timeout=600):
     return done
 
 
+@reference_only
 def test_the_grader_gives_stubbed_tasks_nothing_and_the_reference_full_points(student_tree, tmp_path):
     # serial, MPI collective, MPI training, a pure function; on 1 and 2 ranks (the full grading of every
     # task on 1..8 ranks takes minutes)
@@ -106,6 +236,7 @@ def test_the_grader_gives_stubbed_tasks_nothing_and_the_reference_full_points(st
     assert reference["points"] == reference["max_points"], reference
 
 
+@reference_only
 def test_a_deadlock_in_one_task_costs_only_that_task(tmp_path):
     tree = tmp_path / "tree"
     assignments.make(tree, ids="3.4")

@@ -194,6 +194,7 @@ def test_chapter_one_quotes_the_serial_run_its_script_measured():
     assert _near(low_a, 100 * measured["test_accuracy"]["min"]) and _near(high_a, 100 * measured["test_accuracy"]["max"])
 
 
+@pytest.mark.needs("1.1", "1.2", "1.3", "1.5")
 def test_make_01_figures_quick_runs(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     subprocess.run([sys.executable, str(ROOT / "tutorials" / "figures" / "make_01_figures.py"), "--quick",
@@ -202,6 +203,7 @@ def test_make_01_figures_quick_runs(tmp_path):
     assert [run["seed"] for run in measured["runs"]] == [0] and 0 < measured["test_accuracy"]["mean"] <= 1
 
 
+@pytest.mark.needs("1.3", "1.4", "2.1", "2.2", "2.3")
 def test_make_02_figures_quick_runs(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MPLBACKEND="Agg")
     subprocess.run([sys.executable, str(ROOT / "tutorials" / "figures" / "make_02_figures.py"), "--quick",

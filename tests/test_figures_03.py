@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.quoting import assert_quoted
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -13,6 +15,7 @@ SCRIPT = ROOT / "tutorials" / "figures" / "make_03_figures.py"
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
 
 
+@pytest.mark.needs("3.1", "3.2", "3.3", "3.4", "3.5", "3.6", "3.7", "3.8")
 def test_make_03_figures_quick_writes_every_figure_and_its_json(tmp_path):
     done = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--out", str(tmp_path)], cwd=ROOT, env=ENV,
                           capture_output=True, text=True, timeout=240)

@@ -117,3 +117,21 @@ def test_a_bad_buckets_value_stops_every_rank(value, message):
                            "butterfly", "--buckets", value], capture_output=True, text=True, timeout=60, env=ENV,
                           cwd=ROOT)
     assert_stopped(done, message)
+
+
+@pytest.mark.parallel(nprocs=[2, 3])
+def test_each_bucket_runs_chapter_3s_butterfly_heart_itself(monkeypatch):
+    """No second copy of the butterfly: a bucket's sum is butterfly_allreduce_in_place (tasks 3.6
+    and 3.7) run one message at a time, so in a student tree --buckets uses the student's code."""
+    from collectives import nonblocking
+    calls = []
+
+    def heart(comm, data, op, source=None):
+        calls.append(op)
+        raise NotImplementedError("Task 3.7: a stub")
+    monkeypatch.setattr(nonblocking, "butterfly_allreduce_in_place", heart)
+    summed = BucketedAllreduce(MPI.COMM_WORLD, np.ones(6), [(0, 3, 1), (3, 6, 1)])
+    summed.begin(1.0)
+    with pytest.raises(NotImplementedError, match="Task 3.7"):
+        summed.finish()
+    parallel_assert(calls[:1] == ["sum"], f"the heart was not called: {calls}")

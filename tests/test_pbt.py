@@ -2,9 +2,9 @@
 
 Run: python tests/run.py --max-ranks 4 -- tests/test_pbt.py
 
-- Truncation selection: for hypothesis-drawn scores (NaN included) the losers are exactly the
-  bottom q and the NaN members, the winners come from the top q finite ones (an independent
-  ranking by counting better members is the oracle).
+- Truncation selection, on hand-worked populations: the losers are exactly the bottom q and the
+  NaN members, the winners come from the top q finite ones. (The same for hypothesis-drawn scores
+  is a hidden test: its oracle, a ranking by counting better members, is a solution of task 9.2.)
 - Exploit copies the winner's weights and SGD momentum buffer bit for bit, rank j to rank j, and
   explore perturbs the winner's hyperparameters by 0.8 or 1.2 on every rank alike.
 - A whole run: the same seed gives the same lineage and the same bits; a member that diverges
@@ -21,7 +21,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
@@ -35,32 +34,19 @@ from tests.test_sync_sgd import float64_mlp, tiny_digits
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def better_count(scores, m):
-    """How many finite members rank above member m (higher score, or equal score and lower index)."""
-    return sum(1 for other, value in enumerate(scores) if math.isfinite(value)
-               and (value > scores[m] or (value == scores[m] and other < m)))
-
-
 @pytest.mark.task("9.2")
-@settings(max_examples=30)
-@given(scores=st.lists(st.one_of(st.floats(-5, 5), st.sampled_from([0.0, 1.0, math.nan])), min_size=2, max_size=12),
-       fraction=st.sampled_from([0.1, 0.25, 0.3, 0.5]), seed=st.integers(0, 3))
-def test_truncation_selection_replaces_the_bottom_and_nan_members_by_top_ones(scores, fraction, seed):
-    members = len(scores)
-    q = max(1, int(fraction * members))
-    finite = [m for m in range(members) if math.isfinite(scores[m])]
-    top = {m for m in finite if better_count(scores, m) < q}
-    bottom = {m for m in finite if better_count(scores, m) >= len(finite) - q} | set(range(members)) - set(finite)
-    pairs = pbt.truncation_selection(scores, fraction, np.random.default_rng(seed))
-    if not finite:
-        assert pairs == []
-        return
-    losers = [loser for loser, _ in pairs]
-    assert sorted(losers) == sorted(bottom - top), (scores, pairs)
-    assert all(winner in top for _, winner in pairs), (scores, pairs)
-    assert all(math.isfinite(scores[winner]) for _, winner in pairs)
-    again = pbt.truncation_selection(scores, fraction, np.random.default_rng(seed))
-    assert again == pairs                                       # the same draws on every rank
+@pytest.mark.parametrize("scores, fraction, losers, winners", [
+    ([3.0, 1.0, 2.0, math.nan], 0.25, [1, 3], {0}),             # q = 1: the worst finite member and the NaN one
+    ([0.5, 0.9, 0.1, 0.7, 0.3], 0.4, [2, 4], {1, 3}),          # q = 2: 0.1 and 0.3 copy 0.9 or 0.7
+    ([1.0, 1.0, 1.0, 1.0], 0.5, [2, 3], {0, 1}),                # ties: the lower index ranks higher
+    ([2.0, math.nan, math.nan], 0.1, [1, 2], {0}),              # q = max(1, 0) = 1
+    ([math.nan, math.nan], 0.5, [], set()),                     # nobody finite: nothing to copy
+])
+def test_truncation_selection_on_hand_worked_populations(scores, fraction, losers, winners):
+    pairs = pbt.truncation_selection(scores, fraction, np.random.default_rng(0))
+    assert sorted(loser for loser, _ in pairs) == losers, pairs
+    assert {winner for _, winner in pairs} <= winners, pairs
+    assert pairs == pbt.truncation_selection(scores, fraction, np.random.default_rng(0))   # the same draws
 
 
 def member_state(rank):

@@ -3,6 +3,7 @@
     python -m tutorials.assignments list                                 # the tasks
     python -m tutorials.assignments make --out DIR [--tasks 3.4,3.6]     # a student tree
     python -m tutorials.assignments make --out DIR --solutions           # an instructor tree
+    python -m tutorials.assignments syllabus                             # the syllabus and rubric tables
     python -m tutorials.block 03 2                                       # one block of chapter 3
     python tests/grade.py [--student DIR] [--tasks ...] [--json FILE]    # grade (see tests/grade.py)
 
@@ -82,6 +83,38 @@ def select(tasks, ids):
     if unknown:
         raise ValueError(f"unknown task(s) {', '.join(unknown)}; see python -m tutorials.assignments list")
     return [known[task_id] for task_id in wanted]
+
+
+def weeks(path=REGISTRY):
+    """The [[week]] tables of the registry, ordered by week: dicts with week, chapter, tasks, papers."""
+    with open(path, "rb") as file:
+        return sorted(tomllib.load(file).get("week", []), key=lambda week: week["week"])
+
+
+def chapter_title(chapter, root=ROOT):
+    """'autograd and layers' for 1: the chapter's first heading after 'Chapter N:'."""
+    path = next((Path(root) / "tutorials").glob(f"{chapter:02d}_*.md"))
+    return path.read_text().splitlines()[0].split(":", 1)[1].strip(), path.name
+
+
+def syllabus(root=ROOT):
+    """The syllabus and rubric tables (markdown) of tutorials/assignments/syllabus.md, from the registry."""
+    tasks, _ = load()
+    by_id = {task.id: task for task in tasks}
+    lines = ["| week | chapter | papers | tasks | points | hours |", "| --- | --- | --- | --- | --- | --- |"]
+    for week in weeks():
+        chosen = [by_id[task_id] for task_id in week["tasks"]]
+        title, name = chapter_title(week["chapter"], root)
+        lines.append(f"| {week['week']} | [{week['chapter']}. {title}](../{name}) | {week['papers']} | "
+                     f"{', '.join(task.id for task in chosen)} | {sum(task.points for task in chosen):g} | "
+                     f"{sum(task.hours for task in chosen):g} |")
+    lines.append(f"| | | | {len(tasks)} tasks | {sum(task.points for task in tasks):g} | "
+                 f"{sum(task.hours for task in tasks):g} |")
+    lines += ["", "| task | title | points | hours | difficulty | do first |", "| --- | --- | --- | --- | --- | --- |"]
+    for task in tasks:
+        lines.append(f"| {task.id} | {task.title} | {task.points:g} | {task.hours:g} | {task.difficulty} | "
+                     f"{', '.join(task.requires) or '-'} |")
+    return "\n".join(lines) + "\n"
 
 
 # ---- fences -----------------------------------------------------------------------------------------
@@ -180,6 +213,29 @@ def stub(task, root):
     lines, begin, _ = fence_of(task, root)
     indent = lines[begin][:len(lines[begin]) - len(lines[begin].lstrip())]
     replace_body(task, root, [indent + task.stub_line() + "\n"])
+
+
+def is_student_tree(root=ROOT):
+    """True in a generated student tree: it has none of the solution-only files ([generator] remove).
+    The reference checkout and an instructor tree (``make --solutions``) have them."""
+    _, generator = load()
+    return not any((Path(root) / path).exists() for path in generator.get("remove", ()))
+
+
+STUDENT_TREE = ("not the reference checkout: a generated student tree (make leaves out the hidden tests, "
+                "the replay oracle and the worked answers)")
+
+
+def is_git_checkout(root=ROOT):
+    """True if ``root`` is a git work tree (``make`` lists the files to copy with git)."""
+    try:
+        done = subprocess.run(["git", "rev-parse", "--is-inside-work-tree"], cwd=root, capture_output=True,
+                              text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0 and done.stdout.strip() == "true" and \
+        Path(subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=root, capture_output=True,
+                            text=True, timeout=30).stdout.strip()).resolve() == Path(root).resolve()
 
 
 # ---- trees --------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""python -m tutorials.assignments list | make --out DIR [--tasks IDS] [--solutions] | block CHAPTER N |
-gradescope --out autograder.zip [--tasks IDS]"""
+"""python -m tutorials.assignments list | syllabus | make --out DIR [--tasks IDS] [--solutions] |
+block CHAPTER N | gradescope --out autograder.zip [--tasks IDS]"""
 import argparse
 import sys
 
@@ -21,6 +21,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m tutorials.assignments", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("list", help="the tasks, points and prerequisites")
+    commands.add_parser("syllabus", help="the syllabus and rubric tables of tutorials/assignments/syllabus.md")
     make = commands.add_parser("make", help="write a student (or instructor) tree")
     make.add_argument("--out", required=True, help="a new folder")
     make.add_argument("--tasks", default=None, help="comma-separated task ids (default: all)")
@@ -35,6 +36,8 @@ def main(argv=None):
     try:
         if args.command == "list":
             list_tasks()
+        elif args.command == "syllabus":
+            print(assignments.syllabus(), end="")
         elif args.command == "make":
             chosen = assignments.make(args.out, args.tasks, args.solutions)
             what = "instructor tree (solutions kept)" if args.solutions else \

@@ -1,17 +1,20 @@
 """Regenerate chapter 4's figures, tables and numbers (about 30 minutes on 2 loaded cores; --quick: seconds):
 
     python tutorials/figures/make_04_figures.py [--quick] [--seeds 0,1,2,3,4] [--out FOLDER] [--only compare|noniid]
+    python tutorials/figures/make_04_figures.py --render      # tables and figures again from the JSON, no training
 
 1. compare: `mpiexec -n p python -m algorithms.compare --seed s` for p = 1, 2, 4 and seeds 0 to 4
    (every algorithm, its default settings, 20 epochs) -> 04_compare.json (every history; per p and
-   algorithm the final test accuracy of each seed, its mean and standard deviation, the mean of
-   every logged quantity, bytes per rank, examples processed), 04_table.md (accuracy mean +- sd,
-   examples, bytes), 04_differences.md (each method minus allreduce SGD, paired by seed, with a
+   algorithm the final test accuracy of each seed, its mean, standard deviation and 95% t
+   interval, the mean of every logged quantity, bytes per rank, examples processed), 04_table.md
+   (accuracy as mean ± the half-width of the 95% t interval over the seeds, examples, bytes), 04_differences.md (each method minus allreduce SGD, paired by seed, with a
    95% t interval) and 04_compare_p4.png (p = 4: test accuracy against the examples processed by
    all ranks and against the bytes one rank sent; mean line, band from the lowest to the highest
    seed).
 2. noniid: model averaging at p = 4 with H = 1, 8, end on iid and on label-sorted shards, seeds
    0, 1, 2 -> 04_noniid.json ({label: {seed: history}}) and 04_noniid.png (mean and band).
+Every ± in the chapter is that: mean ± 95% t interval over the n seeds (t with n - 1 degrees of
+freedom times s / sqrt n), and so is every ± this script prints.
 The seed also draws the train/test split (1438/359 images of the digits), so each seed is a
 different test set. Accuracies and bytes do not depend on the machine (same seed, same bits); the
 logged seconds do, and on what else runs: they stay in the histories but are not tabulated.
@@ -81,6 +84,11 @@ def spread(values):
     return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
+def mean_interval(values):
+    """(mean, half-width of its 95% t interval) of a list."""
+    return statistics.mean(values), interval(values)
+
+
 def interval(values):
     """Half-width of the 95% t interval of the mean of ``values`` (nan for fewer than two)."""
     if len(values) < 2:
@@ -113,7 +121,7 @@ def summarise(out, histories, seeds, sizes, epochs):
             accuracy = [runs[seed][-1]["test_accuracy"] for seed in seeds]
             mean, sd = spread(accuracy)
             finals = {key: statistics.mean(runs[seed][-1][key] for seed in seeds) for key in runs[seeds[0]][-1]}
-            summary[p][name] = {"accuracy": accuracy, "mean": mean, "sd": sd,
+            summary[p][name] = {"accuracy": accuracy, "mean": mean, "sd": sd, "interval": interval(accuracy),
                                 "low": min(accuracy), "high": max(accuracy),
                                 "final_means": finals,      # every logged quantity, mean over seeds
                                 "bytes_per_rank": runs[seeds[0]][-1]["bytes"] / p,
@@ -138,7 +146,7 @@ def summarise(out, histories, seeds, sizes, epochs):
              + f" | p = {last}: kB sent per rank (1 kB = 1000 bytes) |",
              "| --- | " + " | ".join("---" for _ in sizes) + " | --- | --- |"]
     for name in names:
-        cells = [f"{summary[p][name]['mean'] * 100:.1f} ± {summary[p][name]['sd'] * 100:.1f}%" for p in sizes]
+        cells = [f"{summary[p][name]['mean'] * 100:.1f} ± {summary[p][name]['interval'] * 100:.1f}%" for p in sizes]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {summary[last][name]['examples']:,}"
                      + f" | {summary[last][name]['bytes_per_rank'] / 1000:,.0f} |")
     (out / "04_table.md").write_text("\n".join(lines) + "\n")
@@ -195,6 +203,11 @@ def noniid(out, seeds, epochs, periods, quick):
     if MPI.COMM_WORLD.rank != 0:
         return
     (out / "04_noniid.json").write_text(json.dumps(runs))
+    plot_noniid(out, runs, seeds)
+
+
+def plot_noniid(out, runs, seeds):
+    """04_noniid.png from {label: {seed: history}}; prints each label's final accuracy, mean ± 95% t interval."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -213,8 +226,23 @@ def noniid(out, seeds, epochs, periods, quick):
     figure.savefig(out / "04_noniid.png", dpi=110)
     plt.close(figure)
     for label, by_seed in runs.items():
-        mean, sd = spread([by_seed[seed][-1]["test_accuracy"] for seed in seeds])
-        print(f"{label:<20} final accuracy {mean:.4f} ± {sd:.4f}  bytes {by_seed[seeds[0]][-1]['bytes']}")
+        mean, half = mean_interval([by_seed[seed][-1]["test_accuracy"] for seed in seeds])
+        print(f"{label:<20} final accuracy {mean:.4f} ± {half:.4f}  bytes {by_seed[seeds[0]][-1]['bytes']}")
+
+
+def render(out, only=None):
+    """Tables and figures from the stored JSON (every seed's history is in it), without training."""
+    if only in (None, "compare"):
+        stored = json.loads((out / "04_compare.json").read_text())
+        seeds = [int(seed) for seed in stored["seeds"]]
+        histories = {int(p): {name: {int(seed): history for seed, history in runs.items()}
+                              for name, runs in by_name.items()} for p, by_name in stored["histories"].items()}
+        summarise(out, histories, seeds, sorted(histories), stored["epochs"])
+    if only in (None, "noniid"):
+        runs = {label: {int(seed): history for seed, history in by_seed.items()}
+                for label, by_seed in json.loads((out / "04_noniid.json").read_text()).items()}
+        plot_noniid(out, runs, sorted(next(iter(runs.values()))))
+    print(f"rendered into {out}")
 
 
 def main(argv=None):
@@ -226,7 +254,13 @@ def main(argv=None):
     parser.add_argument("--out", default=None,
                         help="output folder (default: beside this script; quick: a temporary one)")
     parser.add_argument("--only", choices=["compare", "noniid"], default=None, help="one part only")
+    parser.add_argument("--render", action="store_true",
+                        help="write the tables and figures again from 04_compare.json and 04_noniid.json (in --out, "
+                             "default beside this script): no training")
     args = parser.parse_args(argv)
+    if args.render:
+        render(Path(args.out) if args.out else HERE, args.only)
+        return
     try:
         seeds = [int(seed) for seed in (args.seeds or ("0,1" if args.quick else "0,1,2,3,4")).split(",")]
     except ValueError:

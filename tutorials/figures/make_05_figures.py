@@ -206,14 +206,23 @@ def hogwild_part(data, seeds, processes, dense_epochs, sparse):
     return comm.bcast(result, root=0)
 
 
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+def half_width(cell):
+    """Half-width of the 95% t interval of the mean over the cell's n seeds (0 for one seed)."""
+    return T_975[cell["n"] - 1] * cell["std"] / cell["n"] ** 0.5 if cell["n"] > 1 else 0.0
+
+
 def fmt(cell, digits=3):
     if cell.get("n", 0) == 0:
         return "never"
-    return f"{cell['mean']:.{digits}f} ± {cell['std']:.{digits}f} [{cell['min']:.{digits}f}, {cell['max']:.{digits}f}]"
+    return (f"{cell['mean']:.{digits}f} ± {half_width(cell):.{digits}f} "
+            f"[{cell['min']:.{digits}f}, {cell['max']:.{digits}f}]")
 
 
 def table(results):
-    lines = ["# Chapter 5 measurements (make_05_figures.py): mean ± sample std [min, max] over seeds", ""]
+    lines = ["# Chapter 5 measurements (make_05_figures.py): mean ± 95% t interval [min, max] over seeds", ""]
     for part, about in results.get("meta", {}).items():
         lines.append(f"- {part}: {about['seeds']} seeds, load average {about['load_average']:.1f} before it "
                      f"(2 cores), `{about['command'].strip()}`")
@@ -330,7 +339,8 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="one seed, one epoch, few settings (CI)")
     parser.add_argument("--seeds", type=int, default=None, help="seeds per setting (default 3 for ssp, 5 else)")
     parser.add_argument("--only", choices=PARTS, default=None, help="measure one part only")
-    parser.add_argument("--replot", action="store_true", help="redraw the figures from the JSON, measure nothing")
+    parser.add_argument("--replot", action="store_true",
+                        help="rewrite 05_table.md and redraw the figures from the JSON, measure nothing")
     parser.add_argument("--out", default=None, help="output folder (default: beside this script; --quick: a temp folder)")
     args = parser.parse_args(argv)
     if comm.size != 4:
@@ -340,7 +350,10 @@ def main(argv=None):
     if args.replot:
         if comm.rank == 0:
             with open(os.path.join(out, "05_measurements.json")) as file:
-                figures(json.load(file), out)
+                saved = json.load(file)
+            with open(os.path.join(out, "05_table.md"), "w") as file:
+                file.write(table(saved))
+            figures(saved, out)
         return
     data = objective.load_data("digits", 0)
     if args.quick:                                   # a slice: the check that it runs, not a measurement

@@ -24,6 +24,8 @@
    same primary test with p < 0.025 -> 09_reconfirm.json, 09_table_reconfirm.md.
    power: why 32 seeds: the sign-flip test's power at 16 and 32 pairs if the differences were
    normal with search_short's mean / sd (2,000 simulated experiments each) -> 09_power.json, 09_table_power.md.
+Every ± this script writes is the mean ± the half-width of the 95% t interval over the n seeds
+(t with n - 1 degrees of freedom times s / sqrt n), as in every chapter.
 Every search run passes its budget flags explicitly, so a JSON does not depend on pbt's defaults.
 Runs 1 and 2 are serial (one process trains the global batch; chapter 4 shows that p ranks at
 batch b are serial SGD at p b up to rounding). --quick shrinks every part and writes to /tmp.
@@ -73,11 +75,23 @@ def serial(seed, epochs, **schedule):
         return None
 
 
-def mean_sd(values):
+# t's 97.5% point for 1..40 degrees of freedom (a 95% two-sided interval)
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+         2.040, 2.037, 2.035, 2.032, 2.030, 2.028, 2.026, 2.024, 2.023, 2.021)
+
+
+def half_width(values):
+    """The half-width of the 95% t interval of the mean of ``values`` (0 for one value)."""
+    return T_975[len(values) - 2] * statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0
+
+
+def mean_interval(values):
+    """(mean, half-width of its 95% t interval, count) over the finite values."""
     values = [value for value in values if value is not None and math.isfinite(value)]
     if not values:
         return float("nan"), float("nan"), 0
-    return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0, len(values)
+    return statistics.mean(values), half_width(values), len(values)
 
 
 def batch_sweep(out, quick):
@@ -93,19 +107,25 @@ def batch_sweep(out, quick):
             histories = [serial(seed, epochs, batch_size=BASE_BATCH * multiple, **schedule) for seed in seeds]
             results[key] = [None if h is None else h[-1]["test_accuracy"] for h in histories]
             print(key, results[key], flush=True)
-    (out / "09_batch.json").write_text(json.dumps({"multiples": multiples, "seeds": seeds, "epochs": epochs,
-                                                   "base_batch": BASE_BATCH, "base_lr": BASE_LR,
-                                                   "accuracy": results}))
+    stored = {"multiples": multiples, "seeds": seeds, "epochs": epochs, "base_batch": BASE_BATCH, "base_lr": BASE_LR,
+              "accuracy": results}
+    (out / "09_batch.json").write_text(json.dumps(stored))
+    return batch_table(out, stored)
+
+
+def batch_table(out, stored):
+    """09_batch.png and the table's rows from 09_batch.json's content."""
+    multiples, seeds, epochs, results = stored["multiples"], stored["seeds"], stored["epochs"], stored["accuracy"]
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     figure, axis = plt.subplots(figsize=(6.5, 4))
     for label in ("base lr", "linear scaling + 2-epoch warm-up"):
-        stats = [mean_sd(results[f"{m}x|{label}"]) for m in multiples]
+        stats = [mean_interval(results[f"{m}x|{label}"]) for m in multiples]
         axis.errorbar([BASE_BATCH * m for m in multiples], [s[0] * 100 for s in stats],
                       yerr=[s[1] * 100 for s in stats], marker="o", capsize=3, label=label)
     axis.set(xscale="log", xlabel="global batch (same epochs)", ylabel="test accuracy (%)",
-             title=f"digits CNN, {epochs} epochs, mean +- sd over {len(seeds)} seeds")
+             title=f"digits CNN, {epochs} epochs, mean ± 95% t interval over {len(seeds)} seeds")
     axis.set_xticks([BASE_BATCH * m for m in multiples], [str(BASE_BATCH * m) for m in multiples])
     axis.legend()
     figure.tight_layout()
@@ -114,8 +134,8 @@ def batch_sweep(out, quick):
     for m in multiples:
         cells = []
         for label in ("base lr", "linear scaling + 2-epoch warm-up"):
-            mean, sd, count = mean_sd(results[f"{m}x|{label}"])
-            cells.append(f"{mean * 100:.1f} +- {sd * 100:.1f}%" + ("" if count == len(seeds) else f" ({len(seeds) - count} diverged)"))
+            mean, half, count = mean_interval(results[f"{m}x|{label}"])
+            cells.append(f"{mean * 100:.1f} ± {half * 100:.1f}%" + ("" if count == len(seeds) else f" ({len(seeds) - count} diverged)"))
         rows.append(f"| {BASE_BATCH * m} ({m}x) | " + " | ".join(cells) + " |")
     return ["| global batch | base lr 0.02 | linear scaling + warm-up |", "| --- | --- | --- |"] + rows
 
@@ -128,7 +148,15 @@ def decay_or_grow(out, quick):
                             ("batch x 4", dict(lr_decay=milestones, decay_factor=4.0, batch_schedule=True))]:
         runs[label] = [serial(seed, epochs, lr=0.05, **schedule) for seed in seeds]
         print(label, [h[-1]["test_accuracy"] for h in runs[label]], flush=True)
-    (out / "09_schedule.json").write_text(json.dumps({"milestones": milestones, "seeds": seeds, "runs": runs}))
+    stored = {"milestones": milestones, "seeds": seeds, "runs": runs}
+    (out / "09_schedule.json").write_text(json.dumps(stored))
+    return schedule_table(out, stored)
+
+
+def schedule_table(out, stored):
+    """09_schedule.png and the table's rows from 09_schedule.json's content."""
+    milestones, runs = stored["milestones"], stored["runs"]
+    epochs = next(iter(runs.values()))[0][-1]["epoch"]
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -148,9 +176,9 @@ def decay_or_grow(out, quick):
     figure.savefig(out / "09_schedule.png", dpi=110)
     rows = []
     for label, histories in runs.items():
-        mean, sd, _ = mean_sd([h[-1]["test_accuracy"] for h in histories])
+        mean, half, _ = mean_interval([h[-1]["test_accuracy"] for h in histories])
         steps = sum(math.ceil(n_train / r["global_batch"]) for r in histories[0])
-        rows.append(f"| {label} at epochs {','.join(map(str, milestones))} | {mean * 100:.1f} +- {sd * 100:.1f}% | {steps} |")
+        rows.append(f"| {label} at epochs {','.join(map(str, milestones))} | {mean * 100:.1f} ± {half * 100:.1f}% | {steps} |")
     return [f"| schedule ({epochs} epochs) | test accuracy | optimizer steps |", "| --- | --- | --- |"] + rows
 
 
@@ -231,25 +259,25 @@ def seed_text(seeds):
 
 def search_table(results, seeds):
     """Rows of a search table (09_table_<part>.md) from its JSON (09_<part>.json): per method the
-    chosen member's test accuracy and loss (mean +- sd over seeds, and each seed), the examples
+    chosen member's test accuracy and loss (mean ± 95% t interval over seeds, and each seed), the examples
     every member read and the wall time; then the paired differences, each method - random search."""
     rows, finals = [], {}
     methods = [method for method in METHODS if f"{method}|{seeds[0]}" in results]
     for method in methods:
         runs = [results[f"{method}|{seed}"] for seed in seeds]
         finals[method] = [dict(r["final"], held_out_loss=chosen_held_out_loss(r)) for r in runs]
-        accuracy = mean_sd([r["final"]["test_accuracy"] for r in runs])
-        loss = mean_sd([r["final"]["test_loss"] for r in runs])
+        accuracy = mean_interval([r["final"]["test_accuracy"] for r in runs])
+        loss = mean_interval([r["final"]["test_loss"] for r in runs])
         each = ", ".join(f"{r['final']['test_accuracy'] * 100:.1f}" for r in runs)
-        held_out = mean_sd([chosen_held_out_loss(r) for r in runs])
-        population = mean_sd([statistics.mean(entry["accuracy"] for entry in r["lineage"]["members"][-1])
+        held_out = mean_interval([chosen_held_out_loss(r) for r in runs])
+        population = mean_interval([statistics.mean(entry["accuracy"] for entry in r["lineage"]["members"][-1])
                               for r in runs])
         seconds = statistics.mean(r["final"]["seconds"] for r in runs)
         examples = statistics.mean(sum(entry.get("examples", entry["batch_size"] * r["lineage"]["ready"])
                                        for row in r["lineage"]["members"] for entry in row) for r in runs)
-        rows.append(f"| {method} | {accuracy[0] * 100:.1f} +- {accuracy[1] * 100:.1f}% ({each}) | "
-                    f"{loss[0]:.3f} +- {loss[1]:.3f} | {held_out[0]:.3f} +- {held_out[1]:.3f} | "
-                    f"{population[0] * 100:.1f} +- {population[1] * 100:.1f}% | "
+        rows.append(f"| {method} | {accuracy[0] * 100:.1f} ± {accuracy[1] * 100:.1f}% ({each}) | "
+                    f"{loss[0]:.3f} ± {loss[1]:.3f} | {held_out[0]:.3f} ± {held_out[1]:.3f} | "
+                    f"{population[0] * 100:.1f} ± {population[1] * 100:.1f}% | "
                     f"{examples / 1000:.1f} k | {seconds:.0f} s |")
     for method, key, name, scale, unit in [
             (method, key, name, scale, unit) for method in methods if method != "random"
@@ -257,11 +285,11 @@ def search_table(results, seeds):
                                            ("test_loss", "test loss", 1, ""),
                                            ("held_out_loss", "held-out loss", 1, "")]]:
         differences = [p[key] - r[key] for p, r in zip(finals[method], finals["random"])]
-        mean, sd, _ = mean_sd(differences)
+        mean, half, _ = mean_interval(differences)
         wins = sum(d > 0 if key == "test_accuracy" else d < 0 for d in differences)
         ties = sum(d == 0 for d in differences)
-        rows.append(f"| {method} - random, {name} | {mean * scale:+.{1 if scale == 100 else 3}f} +- "
-                    f"{sd * scale:.{1 if scale == 100 else 3}f}{unit}; {method} better in {wins}, tied in {ties} of "
+        rows.append(f"| {method} - random, {name} | {mean * scale:+.{1 if scale == 100 else 3}f} ± "
+                    f"{half * scale:.{1 if scale == 100 else 3}f}{unit}; {method} better in {wins}, tied in {ties} of "
                     f"{len(differences)} seeds | sign-flip p {p_value(sign_flip_p(differences))} | | | | |")
     lineage = results[f"pbt|{seeds[0]}"]["lineage"]
     budget = lineage.get("ready_batch", 0) * lineage["ready"] * lineage["rounds"]
@@ -337,8 +365,8 @@ def main():
                              "(0-15 for search_long and search_short, 16-47 for confirm and confirm_long)")
     parser.add_argument("--only", choices=["batch", "schedule", *SEARCHES, "power", "lineage", "search-table"],
                         default=None,
-                        help="one part; lineage, search-table: redraw 09_lineage.png and the search tables "
-                             "from the JSON, without training")
+                        help="one part; lineage, search-table: redraw 09_lineage.png and write every table "
+                             "(and the batch and schedule figures) again from the JSON, without training")
     args = parser.parse_args()
     global KEEP, SEEDS
     KEEP, SEEDS = args.keep, args.seeds
@@ -352,6 +380,10 @@ def main():
                 results = json.loads((out / f"09_{name}.json").read_text())
                 seeds = sorted({int(key.split("|")[1]) for key in results})
                 (out / f"09_table_{name}.md").write_text("\n".join(search_table(results, seeds)) + "\n")
+        for name, render in (("batch", batch_table), ("schedule", schedule_table)):
+            if (out / f"09_{name}.json").exists():
+                rows = render(out, json.loads((out / f"09_{name}.json").read_text()))
+                (out / f"09_table_{name}.md").write_text("\n".join(rows) + "\n")
         return
     parts = {"batch": batch_sweep, "schedule": decay_or_grow,
              **{name: (lambda out, quick, name=name: search(out, quick, name)) for name in SEARCHES},
