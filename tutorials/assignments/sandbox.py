@@ -1,0 +1,325 @@
+"""A sandbox for untrusted student code: arrays in, one function (or an MPI job of them), arrays out.
+
+    from tutorials.assignments import sandbox
+    reply = sandbox.call("hw3", "collectives.ring", "ring_allreduce", {"data": x}, nprocs=3, timeout=30)
+    reply[2]["return"]          # rank 2's return value; reply[r]["data"]: ``data`` if changed in place
+    sandbox.run(["python", "-c", "print(1)"], "hw3", timeout=10)     # any command: a Result
+
+The grader's checks and expected answers stay in the grader's process; the student's function
+runs elsewhere and can influence only the arrays it hands back.
+
+**Guaranteed (mode "bwrap": root, bubblewrap, namespaces allowed).** The command runs under
+bubblewrap with its own network (loopback only: nothing on the host is reachable), process,
+IPC and hostname namespaces, in a new session, killed with its parent, as an unprivileged uid
+(``uid``, default 65534) without capabilities or new privileges (``setpriv`` drops root after
+bubblewrap has set up the mounts; a user namespace is not used, since as root it would map the
+sandbox uid back to root outside). It sees only: the student tree, read-only at ``/student``;
+the interpreter (``sys.prefix`` and ``sys.base_prefix``, read-only at their own paths); ``/usr``;
+read-only ``/sys``; its own ``/proc`` and ``/dev``; a private ``/tmp`` and ``/dev/shm`` (tmpfs of
+``limits.tmp`` bytes each; MPICH needs the latter); and, for ``call``, its arguments read-only at
+``/io/in`` and an empty reply folder at ``/io/out``. Nothing else of the grader's checkout (tests,
+hidden tests, answers) exists in it. Limits (``Limits``, per process, via ``prlimit``): address
+space, processes of the uid, CPU seconds, file size, no core files; and a wall-clock ``timeout``
+after which the whole process tree is killed (when bubblewrap's first process ends, the kernel
+ends every process of its PID namespace, so nothing outlives a call, forked daemons included).
+Replies are read with ``lstat`` and ``O_NOFOLLOW`` (no symlinks, pipes or folders), size-capped,
+and parsed as .npy entries whose header must match their size and hold no objects (never
+pickle). ``call`` returns ``{rank: {name: array}}`` or raises ``SandboxError`` saying why.
+
+**Mode "setpriv"** (root, but namespaces refused, e.g. in some containers): only the uid and the
+limits separate the code from the grader. It sees every world-readable file and has the network,
+so hide the grader's checkout (mode 0700) and give it a uid of its own: every process of that uid
+is killed after each call, so 65534 is refused. ``run`` and ``call`` say which mode ran.
+
+**Not guaranteed.** No seccomp filter: a kernel exploit escapes. Memory is limited per process,
+so p ranks may use p times ``limits.memory``. The reply folder is on the grader's disk: within
+the timeout a submission can fill it with many files of ``limits.file_size`` each. Processes of
+the same uid count together against ``limits.processes``. Without root there is no sandbox:
+``mode()`` refuses. The student tree must be world-readable (the sandbox uid reads it).
+"""
+import dataclasses
+import functools
+import io
+import math
+import os
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+SANDBOX_UID = 65534
+DRIVER = Path(__file__).resolve().with_name("sandbox_driver.py")
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*\Z")
+NAMESPACES = ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+
+
+class SandboxError(RuntimeError):
+    """The sandboxed code gave no usable reply: timed out, crashed, raised, or replied with junk."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    memory: int = 3 << 30           # bytes of address space per process (RLIMIT_AS)
+    processes: int = 512            # processes and threads of the sandbox uid (RLIMIT_NPROC)
+    cpu: int = 300                  # CPU seconds per process (RLIMIT_CPU)
+    file_size: int = 256 << 20      # the largest file a process may write (RLIMIT_FSIZE)
+    tmp: int = 256 << 20            # bytes of the private /tmp, and of /dev/shm
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    mode: str                       # "bwrap" or "setpriv"
+    returncode: int
+    timed_out: bool
+    seconds: float
+    output: str                     # the last few kB of stdout and stderr together
+
+
+@functools.lru_cache(maxsize=None)
+def _bwrap_works():
+    bwrap = shutil.which("bwrap")
+    return bool(bwrap) and subprocess.run([bwrap, *NAMESPACES, "--ro-bind", "/", "/", "true"],
+                                          capture_output=True).returncode == 0
+
+
+def mode(wanted=None):
+    """The mode a run gets: "bwrap" where bubblewrap and namespaces work, else "setpriv"."""
+    if os.geteuid() != 0:
+        raise SandboxError("the sandbox needs root (to drop to its own uid): run the grader as root, "
+                           "e.g. in a container; untrusted code is not run without it")
+    if wanted in (None, "bwrap") and _bwrap_works():
+        return "bwrap"
+    if wanted == "bwrap":
+        raise SandboxError("bwrap mode: bubblewrap is missing or namespaces are not allowed here")
+    if shutil.which("setpriv") and shutil.which("prlimit"):
+        return "setpriv"
+    raise SandboxError("neither bubblewrap with namespaces nor setpriv and prlimit are available")
+
+
+def _drop(uid, limits):
+    """Become ``uid`` with no capabilities, then set the limits (as that uid: NPROC binds it)."""
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs",
+            "--inh-caps=-all", "--bounding-set=-all", "--", "prlimit", f"--as={limits.memory}",
+            f"--nproc={limits.processes}", f"--cpu={limits.cpu}", f"--fsize={limits.file_size}",
+            "--core=0", "--"]
+
+
+def _bwrap(tree, binds, limits):
+    """bubblewrap's arguments: a root made of /usr, the interpreter, the tree and ``binds``."""
+    args = ["bwrap", *NAMESPACES, "--hostname", "sandbox", "--new-session", "--die-with-parent",
+            "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--ro-bind", "/usr", "/usr"]
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        path = f"/{name}"
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    args += ["--proc", "/proc", "--dev", "/dev", "--ro-bind", "/sys", "/sys"]
+    for place in ("/tmp", "/dev/shm"):
+        args += ["--perms", "1777", "--size", str(limits.tmp), "--tmpfs", place]
+    made, mounted = {"/", "/usr", "/tmp", "/dev", "/proc", "/sys"}, {"/usr", "/tmp", "/dev", "/proc", "/sys"}
+    mounts = [(prefix, prefix, "--ro-bind") for prefix in sorted({sys.prefix, sys.base_prefix})]
+    mounts += [(str(tree), "/student", "--ro-bind"), *binds]
+    for source, target, how in mounts:
+        if any(target == done or target.startswith(done + "/") for done in mounted):
+            continue                                    # inside a mount already there (e.g. /usr)
+        for parent in reversed(Path(target).parents):
+            if str(parent) not in made:                 # bwrap would make it 0700: unreachable
+                args += ["--perms", "0755", "--dir", str(parent)]
+                made.add(str(parent))
+        args += [how, source, target]
+        made.add(target)
+        mounted.add(target)
+    return args + ["--chdir", "/tmp"]
+
+
+def _reachable(path, uid):
+    """Whether ``uid`` (not owner, not in the group) can reach ``path`` on the host."""
+    path = Path(path).resolve()
+    return all(os.stat(folder).st_mode & stat.S_IXOTH for folder in [*path.parents, path][:-1]) \
+        and os.stat(path).st_mode & stat.S_IROTH
+
+
+def _sweep(uid):
+    """setpriv mode: kill every process of ``uid`` (kill(-1) as that uid reaches exactly those)."""
+    subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", sys.executable,
+                    "-c", "import os, signal\ntry: os.kill(-1, signal.SIGKILL)\nexcept OSError: pass"])
+
+
+def run(argv, tree, timeout, *, io_dir=None, limits=Limits(), uid=SANDBOX_UID, wanted=None, env=None):
+    """Run ``argv`` in the sandbox; ``{tree}`` and ``{io}`` in it become those folders' paths there.
+
+    ``io_dir`` (optional) holds ``in/`` (bound read-only at /io/in) and ``out/`` (writable, at
+    /io/out). Returns a ``Result``; a timeout is reported there (``timed_out``), not raised.
+    """
+    chosen = mode(wanted)
+    tree = Path(tree).resolve()
+    if chosen == "bwrap":
+        binds = [] if io_dir is None else [(str(Path(io_dir) / "in"), "/io/in", "--ro-bind"),
+                                           (str(Path(io_dir) / "out"), "/io/out", "--bind")]
+        places = {"tree": "/student", "io": "/io"}
+        prefix = [*_bwrap(tree, binds, limits), *_drop(uid, limits)]
+    else:
+        if uid == SANDBOX_UID:
+            raise SandboxError(f"setpriv mode kills every process of its uid after a run: give it a uid "
+                               f"of its own, not {SANDBOX_UID} (nobody)")
+        for path in [sys.executable, tree] + ([] if io_dir is None else [Path(io_dir) / "in"]):
+            if not _reachable(path, uid):
+                raise SandboxError(f"setpriv mode: uid {uid} cannot reach {path} (a folder above it is "
+                                   f"not world-searchable); bwrap mode would bind it instead")
+        places = {"tree": str(tree), "io": str(io_dir)}
+        prefix = _drop(uid, limits)
+    argv = [part.format(**places) for part in argv]
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8",
+           "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **(env or {})}
+    with tempfile.TemporaryFile() as log:
+        started = time.perf_counter()
+        process = subprocess.Popen([*prefix, *argv], stdin=subprocess.DEVNULL, stdout=log,
+                                   stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                   cwd="/" if chosen == "bwrap" else str(tree))
+        timed_out = False
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            os.killpg(process.pid, signal.SIGKILL)      # bwrap; its PID namespace dies with it
+            process.wait()
+        finally:
+            if chosen == "setpriv":
+                _sweep(uid)
+        seconds = time.perf_counter() - started
+        log.seek(max(0, log.seek(0, os.SEEK_END) - 4000))
+        output = log.read().decode(errors="replace")
+    return Result(chosen, process.returncode, timed_out, seconds, output)
+
+
+def _arguments(args, nprocs):
+    """One {name: array} per rank: ``args`` is one dict for every rank, or a list of nprocs dicts."""
+    per_rank = [args or {}] * nprocs if args is None or isinstance(args, dict) else list(args)
+    if len(per_rank) != nprocs:
+        raise ValueError(f"args: {len(per_rank)} dicts for {nprocs} ranks")
+    checked = []
+    for kwargs in per_rank:
+        arrays = {}
+        for name, value in kwargs.items():
+            if not (isinstance(name, str) and name.isidentifier()):
+                raise ValueError(f"args: {name!r} is not a Python identifier")
+            if not isinstance(value, (np.ndarray, np.generic, bool, int, float, complex, str)) \
+                    or np.asarray(value).dtype.hasobject:
+                raise TypeError(f"args: {name} is a {type(value).__name__}: only arrays, numbers and strings")
+            arrays[name] = np.asarray(value)
+        checked.append(arrays)
+    return checked
+
+
+def _write_npz(path, arrays):
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as archive:
+        for name, array in arrays.items():
+            with archive.open(name + ".npy", "w", force_zip64=True) as entry:
+                np.lib.format.write_array(entry, array, allow_pickle=False)
+    os.chmod(path, 0o644)
+
+
+def _parse_npy(blob):
+    """An array from .npy bytes, after checking that the header is sane and matches the data."""
+    stream = io.BytesIO(blob)
+    version = np.lib.format.read_magic(stream)
+    read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                   (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+    if read_header is None:
+        raise ValueError(f".npy version {version}")
+    shape, _, dtype = read_header(stream)
+    if dtype.hasobject:
+        raise ValueError("an object array (that would need pickle)")
+    if dtype.itemsize * math.prod(shape) != len(blob) - stream.tell():
+        raise ValueError("the header's shape does not match the data")
+    stream.seek(0)
+    return np.lib.format.read_array(stream, allow_pickle=False)
+
+
+def _read_reply(folder, rank, cap):
+    """{name: array} from ``folder``/reply.<rank>.npz, or None if there is none. Never follows links."""
+    name = f"reply.{rank}.npz"
+    try:
+        info = os.lstat(name, dir_fd=folder)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(info.st_mode):
+        raise SandboxError(f"rank {rank}'s reply is not a regular file (a symlink, folder or pipe): refused")
+    if info.st_size > cap:
+        raise SandboxError(f"rank {rank}'s reply too large ({info.st_size} bytes > {cap})")
+    handle = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder)
+    with os.fdopen(handle, "rb") as file:
+        if not stat.S_ISREG(os.fstat(handle).st_mode):
+            raise SandboxError(f"rank {rank}'s reply is not a regular file: refused")
+        data = file.read(cap + 1)
+    arrays, budget = {}, cap
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            for entry in archive.infolist()[:1001]:
+                key = entry.filename.removesuffix(".npy")
+                if not (entry.filename.endswith(".npy") and NAME.match(key)) or key in arrays or len(arrays) == 1000:
+                    raise ValueError(f"an entry named {entry.filename[:80]!r}")
+                with archive.open(entry) as stream:
+                    blob = stream.read(budget + 1)      # decompressed: the header's sizes are claims
+                budget -= len(blob)
+                if budget < 0:
+                    raise SandboxError(f"rank {rank}'s reply too large (over {cap} bytes unpacked)")
+                arrays[key] = _parse_npy(blob)
+    except (zipfile.BadZipFile, ValueError, EOFError, OSError, RuntimeError) as error:
+        if isinstance(error, SandboxError):
+            raise
+        raise SandboxError(f"rank {rank}'s reply is not arrays ({type(error).__name__}: {error}): refused") from None
+    return arrays
+
+
+def call(tree, module, function, args=None, nprocs=1, timeout=60, *, limits=Limits(), uid=SANDBOX_UID,
+         wanted=None, max_reply=64 << 20):
+    """``module.function(**args)`` from the student ``tree`` in the sandbox: {rank: {name: array}}.
+
+    ``args``: {name: array, number or string} for every rank, or a list of one such dict per rank
+    (0-d arrays arrive as Python scalars). With ``nprocs`` > 1 the ranks run under ``mpiexec``
+    in the sandbox, and a function that takes ``comm`` gets ``MPI.COMM_WORLD``. The reply of a
+    rank: ``return`` (a tuple as ``return.0``, ...; a dict as ``return.<key>``) and each array
+    argument changed in place, by name. Raises ``SandboxError`` if any rank gives no such reply.
+    """
+    per_rank = _arguments(args, nprocs)
+    with tempfile.TemporaryDirectory(prefix="minidl-sandbox-") as work:
+        work = Path(work)
+        os.chmod(work, 0o711)                           # setpriv mode: the uid may pass, not list
+        (work / "in").mkdir(mode=0o755)
+        (work / "out").mkdir(mode=0o700)
+        os.chown(work / "out", uid, uid)
+        for rank, arrays in enumerate(per_rank):
+            _write_npz(work / "in" / f"args.{rank}.npz", arrays)
+        shutil.copyfile(DRIVER, work / "in" / "driver.py")
+        os.chmod(work / "in" / "driver.py", 0o644)
+        argv = [sys.executable, "-I", "-B", "{io}/in/driver.py", "{tree}", "{io}", module, function, str(nprocs)]
+        if nprocs > 1:
+            argv = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(nprocs), *argv]
+        result = run(argv, tree, timeout, io_dir=work, limits=limits, uid=uid, wanted=wanted)
+        tail = result.output[-1500:].strip()
+        if result.timed_out:
+            why = "probably a send without a matching receive" if nprocs > 1 else "an endless loop or a wait"
+            raise SandboxError(f"timed out after {timeout} s at p = {nprocs}: {why}\n{tail}")
+        folder = os.open(work / "out", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            replies = {rank: _read_reply(folder, rank, max_reply) for rank in range(nprocs)}
+        finally:
+            os.close(folder)
+    for rank, reply in replies.items():
+        if reply is not None and "__error__" in reply:
+            raise SandboxError(f"rank {rank} of p = {nprocs} raised {str(reply['__error__'])[:2000]}")
+    for rank, reply in replies.items():
+        if reply is None:
+            raise SandboxError(f"rank {rank} of p = {nprocs} exited without a reply (exit status "
+                               f"{result.returncode}, mode {result.mode})\n{tail}")
+    return replies
