@@ -154,6 +154,27 @@ def _sweep(uid):
                     "-c", "import os, signal\ntry: os.kill(-1, signal.SIGKILL)\nexcept OSError: pass"])
 
 
+def _kill(process):
+    """SIGKILL the run. Under bwrap, first its first process inside: the kernel then kills the
+    rest of the PID namespace, and bwrap ends only once they are gone (killing bwrap itself first
+    would return while they are still dying)."""
+    try:
+        inside = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()
+    except OSError:
+        inside = []
+    for pid in inside:
+        os.kill(int(pid), signal.SIGKILL)
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(process.pid, signal.SIGKILL)          # setpriv mode: the whole process group
+    except ProcessLookupError:
+        pass
+    process.wait()
+
+
 def run(argv, tree, timeout, *, io_dir=None, limits=Limits(), uid=SANDBOX_UID, wanted=None, env=None):
     """Run ``argv`` in the sandbox; ``{tree}`` and ``{io}`` in it become those folders' paths there.
 
@@ -190,8 +211,7 @@ def run(argv, tree, timeout, *, io_dir=None, limits=Limits(), uid=SANDBOX_UID, w
             process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
-            os.killpg(process.pid, signal.SIGKILL)      # bwrap; its PID namespace dies with it
-            process.wait()
+            _kill(process)
         finally:
             if chosen == "setpriv":
                 _sweep(uid)
