@@ -276,7 +276,10 @@ def _read_reply(folder, rank, cap):
         raise SandboxError(f"rank {rank}'s reply is not a regular file (a symlink, folder or pipe): refused")
     if info.st_size > cap:
         raise SandboxError(f"rank {rank}'s reply too large ({info.st_size} bytes > {cap})")
-    handle = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder)
+    try:
+        handle = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder)
+    except OSError as error:
+        raise SandboxError(f"rank {rank}'s reply is not a regular file ({error.strerror}): refused") from None
     with os.fdopen(handle, "rb") as file:
         if not stat.S_ISREG(os.fstat(handle).st_mode):
             raise SandboxError(f"rank {rank}'s reply is not a regular file: refused")
