@@ -6,7 +6,10 @@ These tests need root and bubblewrap with namespaces (CI runs as root; .ci/run i
 bubblewrap where apt-get is available); elsewhere they skip, saying which of those is missing.
 """
 import os
+import shutil
 import socket
+import sys
+import tempfile
 import textwrap
 import time
 import zipfile
@@ -330,10 +333,59 @@ def test_without_root_nothing_runs(tmp_path, monkeypatch):
         sandbox.call(student(tmp_path, "def f():\n    return 1\n"), "attack", "f", timeout=5)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="setpriv mode needs root")
-def test_setpriv_mode_refuses_the_shared_nobody_uid(tmp_path):
+# --- the fallback: setpriv mode, a uid of its own and the limits, no namespaces --------------------
+
+OWN_UID = 65533                                                 # unused here; setpriv mode kills its processes
+needs_setpriv = pytest.mark.skipif(os.geteuid() != 0 or processes_of(OWN_UID) != set(),
+                                   reason=f"setpriv mode needs root and a uid ({OWN_UID}) no process uses")
+
+
+@pytest.fixture
+def open_tree():
+    """A student tree that any uid can read (setpriv mode binds nothing: it reads the host's paths)."""
+    folder = Path(tempfile.mkdtemp(prefix="minidl-open-tree-"))
+    os.chmod(folder, 0o755)
+    (folder / "attack.py").write_text("import numpy as np\ndef answer(x):\n    return 2 * x\n")
+    os.chmod(folder / "attack.py", 0o644)
+    yield folder
+    shutil.rmtree(folder)
+
+
+@needs_setpriv
+def test_setpriv_mode_refuses_the_shared_nobody_uid(open_tree):
     with pytest.raises(SandboxError, match="a uid of its own"):
-        sandbox.run(["true"], student(tmp_path, ""), 5, wanted="setpriv")
+        sandbox.run(["true"], open_tree, 5, wanted="setpriv")
+
+
+@needs_setpriv
+def test_setpriv_mode_runs_as_its_own_uid_and_leaves_no_process_behind(open_tree):
+    result = sandbox.run(["id", "-u"], open_tree, 30, uid=OWN_UID, wanted="setpriv")
+    assert (result.mode, result.returncode, result.output.strip()) == ("setpriv", 0, str(OWN_UID))
+    daemon = "setsid sleep 600 </dev/null >/dev/null 2>&1 & echo started"
+    result = sandbox.run(["sh", "-c", daemon], open_tree, 30, uid=OWN_UID, wanted="setpriv")
+    assert result.output.strip() == "started" and not result.timed_out
+    assert processes_of(OWN_UID) == set() or _only_zombies(OWN_UID)
+    started = time.perf_counter()
+    result = sandbox.run(["sleep", "600"], open_tree, 2, uid=OWN_UID, wanted="setpriv")
+    assert result.timed_out and time.perf_counter() - started < 15
+    assert processes_of(OWN_UID) == set() or _only_zombies(OWN_UID)
+
+
+def _only_zombies(uid):
+    """Killed processes whose parent has not reaped them yet are harmless."""
+    return all((Path("/proc") / pid / "stat").read_text().split(")")[-1].split()[0] == "Z"
+               for pid in processes_of(uid))
+
+
+@needs_setpriv
+def test_setpriv_mode_calls_the_function_or_says_what_it_cannot_reach(open_tree):
+    try:
+        reply = sandbox.call(open_tree, "attack", "answer", {"x": np.arange(3.0)}, timeout=30, uid=OWN_UID,
+                             wanted="setpriv")
+    except SandboxError as error:                               # e.g. an interpreter under /root (0700)
+        assert "cannot reach" in str(error) and not sandbox._reachable(sys.executable)
+    else:
+        np.testing.assert_array_equal(reply[0]["return"], [0.0, 2.0, 4.0])
 
 
 def test_arguments_are_arrays_numbers_and_strings_only(tmp_path):

@@ -141,33 +141,33 @@ def _bwrap(tree, binds, limits):
     return args + ["--chdir", "/tmp"]
 
 
-def _reachable(path, uid):
-    """Whether ``uid`` (not owner, not in the group) can reach ``path`` on the host."""
-    path = Path(path).resolve()
-    return all(os.stat(folder).st_mode & stat.S_IXOTH for folder in [*path.parents, path][:-1]) \
-        and os.stat(path).st_mode & stat.S_IROTH
+def _reachable(path):
+    """Whether a uid that is neither owner nor in the group can read ``path`` (and its target)."""
+    return all(all(os.stat(folder).st_mode & stat.S_IXOTH for folder in Path(place).parents)
+               and os.stat(place).st_mode & stat.S_IROTH for place in (Path(path).absolute(), Path(path).resolve()))
 
 
 def _sweep(uid):
     """setpriv mode: kill every process of ``uid`` (kill(-1) as that uid reaches exactly those)."""
-    subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", sys.executable,
-                    "-c", "import os, signal\ntry: os.kill(-1, signal.SIGKILL)\nexcept OSError: pass"])
+    subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "kill", "-9", "-1"],
+                   capture_output=True)
 
 
-def _kill(process):
+def _kill(process, chosen):
     """SIGKILL the run. Under bwrap, first its first process inside: the kernel then kills the
     rest of the PID namespace, and bwrap ends only once they are gone (killing bwrap itself first
     would return while they are still dying)."""
-    try:
-        inside = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()
-    except OSError:
-        inside = []
-    for pid in inside:
-        os.kill(int(pid), signal.SIGKILL)
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
+    if chosen == "bwrap":
+        try:
+            inside = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()
+        except OSError:
+            inside = []
+        for pid in inside:
+            os.kill(int(pid), signal.SIGKILL)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
     try:
         os.killpg(process.pid, signal.SIGKILL)          # setpriv mode: the whole process group
     except ProcessLookupError:
@@ -192,8 +192,9 @@ def run(argv, tree, timeout, *, io_dir=None, limits=Limits(), uid=SANDBOX_UID, w
         if uid == SANDBOX_UID:
             raise SandboxError(f"setpriv mode kills every process of its uid after a run: give it a uid "
                                f"of its own, not {SANDBOX_UID} (nobody)")
-        for path in [sys.executable, tree] + ([] if io_dir is None else [Path(io_dir) / "in"]):
-            if not _reachable(path, uid):
+        program = shutil.which(argv[0], path=f"{Path(sys.executable).parent}:/usr/bin:/bin") or argv[0]
+        for path in [program, tree] + ([] if io_dir is None else [Path(io_dir) / "in"]):
+            if not _reachable(path):
                 raise SandboxError(f"setpriv mode: uid {uid} cannot reach {path} (a folder above it is "
                                    f"not world-searchable); bwrap mode would bind it instead")
         places = {"tree": str(tree), "io": str(io_dir)}
@@ -211,7 +212,7 @@ def run(argv, tree, timeout, *, io_dir=None, limits=Limits(), uid=SANDBOX_UID, w
             process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
-            _kill(process)
+            _kill(process, chosen)
         finally:
             if chosen == "setpriv":
                 _sweep(uid)
