@@ -101,6 +101,18 @@ def test_an_honest_mpi_function_on_3_ranks_sums_around_a_ring_of_point_to_point_
 
 
 @needs_bwrap
+def test_a_heart_of_this_repository_runs_in_the_sandbox_on_its_own_tree():
+    from collectives.buffers import block_counts
+    owner = np.repeat(np.arange(3), block_counts(7, 3))         # rank r owns block r of 7 numbers
+    expected = 10.0 * owner + np.arange(7)
+    data = [np.where(owner == rank, expected, -1.0) for rank in range(3)]
+    reply = sandbox.call(ROOT, "collectives.ring", "ring_allgather_in_place", [{"data": d} for d in data],
+                         nprocs=3, timeout=60)
+    for rank in range(3):
+        np.testing.assert_array_equal(reply[rank]["data"], expected)
+
+
+@needs_bwrap
 def test_run_drops_to_the_sandbox_uid_in_bwrap_mode(tmp_path):
     result = sandbox.run(["id", "-u"], student(tmp_path, ""), 30)
     assert (result.mode, result.returncode, result.output.strip()) == ("bwrap", 0, str(sandbox.SANDBOX_UID))

@@ -116,28 +116,27 @@ def _bwrap(tree, binds, limits):
     """bubblewrap's arguments: a root made of /usr, the interpreter, the tree and ``binds``."""
     args = ["bwrap", *NAMESPACES, "--hostname", "sandbox", "--new-session", "--die-with-parent",
             "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--ro-bind", "/usr", "/usr"]
+    covered = ["/usr"]                                  # read-only system folders, bound whole
     for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
-        path = f"/{name}"
-        if os.path.islink(path):
-            args += ["--symlink", os.readlink(path), path]
-        elif os.path.isdir(path):
-            args += ["--ro-bind", path, path]
+        if os.path.islink(f"/{name}"):
+            args += ["--symlink", os.readlink(f"/{name}"), f"/{name}"]
+        elif os.path.isdir(f"/{name}"):
+            args += ["--ro-bind", f"/{name}", f"/{name}"]
+            covered.append(f"/{name}")
     args += ["--proc", "/proc", "--dev", "/dev", "--ro-bind", "/sys", "/sys"]
     for place in ("/tmp", "/dev/shm"):
         args += ["--perms", "1777", "--size", str(limits.tmp), "--tmpfs", place]
-    made, mounted = {"/", "/usr", "/tmp", "/dev", "/proc", "/sys"}, {"/usr", "/tmp", "/dev", "/proc", "/sys"}
+    made = {"/", "/tmp", "/dev"}
     mounts = [(prefix, prefix, "--ro-bind") for prefix in sorted({sys.prefix, sys.base_prefix})]
-    mounts += [(str(tree), "/student", "--ro-bind"), *binds]
-    for source, target, how in mounts:
-        if any(target == done or target.startswith(done + "/") for done in mounted):
-            continue                                    # inside a mount already there (e.g. /usr)
+    for source, target, how in [*mounts, (str(tree), "/student", "--ro-bind"), *binds]:
+        if any(target == done or target.startswith(done + "/") for done in covered):
+            continue                                    # e.g. an interpreter under /usr
         for parent in reversed(Path(target).parents):
             if str(parent) not in made:                 # bwrap would make it 0700: unreachable
                 args += ["--perms", "0755", "--dir", str(parent)]
                 made.add(str(parent))
         args += [how, source, target]
-        made.add(target)
-        mounted.add(target)
+        covered.append(target)
     return args + ["--chdir", "/tmp"]
 
 
