@@ -219,8 +219,9 @@ def test_a_reply_too_large_or_lying_about_its_size_is_refused(tmp_path, forgery)
 
 
 @needs_bwrap
-@pytest.mark.parametrize("how, message", [("os._exit(3)", "exited without a reply .exit status 3"),
-                                          ("raise NotImplementedError('Task 3.4')", "raised NotImplementedError: Task 3.4")])
+@pytest.mark.parametrize("how, message", [
+    ("os._exit(3)", "exited without a reply .exit status 3"),
+    ("raise NotImplementedError('Task 3.4')", "raised NotImplementedError: Task 3.4")])
 def test_a_function_that_dies_or_raises_gives_no_reply(tmp_path, how, message):
     tree = student(tmp_path, f"""
         import os

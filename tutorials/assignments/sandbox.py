@@ -1,41 +1,42 @@
 """A sandbox for untrusted student code: arrays in, one function (or an MPI job of them), arrays out.
 
     from tutorials.assignments import sandbox
-    reply = sandbox.call("hw3", "collectives.ring", "ring_allreduce", {"data": x}, nprocs=3, timeout=30)
-    reply[2]["return"]          # rank 2's return value; reply[r]["data"]: ``data`` if changed in place
-    sandbox.run(["python", "-c", "print(1)"], "hw3", timeout=10)     # any command: a Result
+    reply = sandbox.call("hw3", "collectives.ring", "ring_allgather_in_place", [{"data": x0}, {"data": x1},
+                         {"data": x2}], nprocs=3, timeout=30)   # as root, with bubblewrap installed
+    reply[2]["data"]                    # rank 2's `data` after the call; "return": what it returned
+    sandbox.run(["id", "-u"], "hw3", timeout=10).output         # any command: a Result, with its mode
 
 The grader's checks and expected answers stay in the grader's process; the student's function
-runs elsewhere and can influence only the arrays it hands back.
+runs elsewhere and can influence only the arrays it hands back. tests/test_sandbox.py attacks it.
 
-**Guaranteed (mode "bwrap": root, bubblewrap, namespaces allowed).** The command runs under
-bubblewrap with its own network (loopback only: nothing on the host is reachable), process,
-IPC and hostname namespaces, in a new session, killed with its parent, as an unprivileged uid
-(``uid``, default 65534) without capabilities or new privileges (``setpriv`` drops root after
-bubblewrap has set up the mounts; a user namespace is not used, since as root it would map the
-sandbox uid back to root outside). It sees only: the student tree, read-only at ``/student``;
-the interpreter (``sys.prefix`` and ``sys.base_prefix``, read-only at their own paths); ``/usr``;
-read-only ``/sys``; its own ``/proc`` and ``/dev``; a private ``/tmp`` and ``/dev/shm`` (tmpfs of
-``limits.tmp`` bytes each; MPICH needs the latter); and, for ``call``, its arguments read-only at
-``/io/in`` and an empty reply folder at ``/io/out``. Nothing else of the grader's checkout (tests,
-hidden tests, answers) exists in it. Limits (``Limits``, per process, via ``prlimit``): address
-space, processes of the uid, CPU seconds, file size, no core files; and a wall-clock ``timeout``
-after which the whole process tree is killed (when bubblewrap's first process ends, the kernel
-ends every process of its PID namespace, so nothing outlives a call, forked daemons included).
-Replies are read with ``lstat`` and ``O_NOFOLLOW`` (no symlinks, pipes or folders), size-capped,
-and parsed as .npy entries whose header must match their size and hold no objects (never
-pickle). ``call`` returns ``{rank: {name: array}}`` or raises ``SandboxError`` saying why.
+**Mode "bwrap"** (root; bubblewrap, ``apt-get install bubblewrap``; namespaces allowed). The
+command runs under bubblewrap with its own network (loopback only: nothing on the host is
+reachable), PID, IPC and hostname namespaces, in a new session, killed with its parent, as an
+unprivileged uid (``uid``, default 65534) without capabilities or new privileges (``setpriv``
+drops root once bubblewrap has made the mounts; no user namespace, since as root one would map
+the sandbox uid back to root outside). It sees only: the student tree, read-only at
+``/student``; the interpreter (``sys.prefix``, ``sys.base_prefix``, read-only at their own
+paths); ``/usr``; read-only ``/sys``; its own ``/proc`` and ``/dev``; a private ``/tmp`` and
+``/dev/shm`` (``limits.tmp`` bytes each; MPICH needs the latter); for ``call``, its arguments
+read-only at ``/io/in`` and an empty reply folder at ``/io/out``. Nothing else of the grader's
+checkout (tests, hidden tests, answers) exists there. ``Limits``, per process, via ``prlimit``:
+address space (3 GiB), processes of the uid, CPU seconds, file size, no core files; and a
+wall-clock ``timeout`` after which everything is killed (when bubblewrap's first process ends,
+the kernel ends its whole PID namespace: nothing outlives a call, forked daemons included).
+Replies are opened with ``lstat`` and ``O_NOFOLLOW`` (no symlinks, pipes or folders), capped in
+size (packed and unpacked), and parsed as .npy entries whose header must match their size and
+hold no objects (never pickle). ``call`` returns ``{rank: {name: array}}`` or raises ``SandboxError``.
 
-**Mode "setpriv"** (root, but namespaces refused, e.g. in some containers): only the uid and the
+**Mode "setpriv"** (root, namespaces refused, e.g. in some containers): only the uid and the
 limits separate the code from the grader. It sees every world-readable file and has the network,
 so hide the grader's checkout (mode 0700) and give it a uid of its own: every process of that uid
-is killed after each call, so 65534 is refused. ``run`` and ``call`` say which mode ran.
+is killed after each run, so 65534 is refused. ``mode()`` says which mode a call will get.
 
 **Not guaranteed.** No seccomp filter: a kernel exploit escapes. Memory is limited per process,
 so p ranks may use p times ``limits.memory``. The reply folder is on the grader's disk: within
 the timeout a submission can fill it with many files of ``limits.file_size`` each. Processes of
-the same uid count together against ``limits.processes``. Without root there is no sandbox:
-``mode()`` refuses. The student tree must be world-readable (the sandbox uid reads it).
+the same uid count together against ``limits.processes``. Without root nothing runs (``mode()``
+refuses). The student tree must be world-readable (the sandbox uid reads it).
 """
 import dataclasses
 import functools
@@ -211,8 +212,9 @@ def run(argv, tree, timeout, *, io_dir=None, limits=Limits(), uid=SANDBOX_UID, w
             process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
-            _kill(process, chosen)
-        finally:
+        finally:                                        # a timeout, or the grader interrupted
+            if process.returncode is None:
+                _kill(process, chosen)
             if chosen == "setpriv":
                 _sweep(uid)
         seconds = time.perf_counter() - started
@@ -226,26 +228,13 @@ def _arguments(args, nprocs):
     per_rank = [args or {}] * nprocs if args is None or isinstance(args, dict) else list(args)
     if len(per_rank) != nprocs:
         raise ValueError(f"args: {len(per_rank)} dicts for {nprocs} ranks")
-    checked = []
-    for kwargs in per_rank:
-        arrays = {}
-        for name, value in kwargs.items():
-            if not (isinstance(name, str) and name.isidentifier()):
-                raise ValueError(f"args: {name!r} is not a Python identifier")
-            if not isinstance(value, (np.ndarray, np.generic, bool, int, float, complex, str)) \
-                    or np.asarray(value).dtype.hasobject:
-                raise TypeError(f"args: {name} is a {type(value).__name__}: only arrays, numbers and strings")
-            arrays[name] = np.asarray(value)
-        checked.append(arrays)
-    return checked
-
-
-def _write_npz(path, arrays):
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as archive:
-        for name, array in arrays.items():
-            with archive.open(name + ".npy", "w", force_zip64=True) as entry:
-                np.lib.format.write_array(entry, array, allow_pickle=False)
-    os.chmod(path, 0o644)
+    for name, value in [item for kwargs in per_rank for item in kwargs.items()]:
+        if not (isinstance(name, str) and name.isidentifier()):
+            raise ValueError(f"args: {name!r} is not a Python identifier")
+        if not isinstance(value, (np.ndarray, np.generic, bool, int, float, complex, str)) \
+                or np.asarray(value).dtype.hasobject:
+            raise TypeError(f"args: {name} is a {type(value).__name__}: only arrays, numbers and strings")
+    return [{name: np.asarray(value) for name, value in kwargs.items()} for kwargs in per_rank]
 
 
 def _parse_npy(blob):
@@ -287,9 +276,11 @@ def _read_reply(folder, rank, cap):
     arrays, budget = {}, cap
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            for entry in archive.infolist()[:1001]:
+            if len(archive.infolist()) > 1000:
+                raise ValueError("over 1000 entries")
+            for entry in archive.infolist():
                 key = entry.filename.removesuffix(".npy")
-                if not (entry.filename.endswith(".npy") and NAME.match(key)) or key in arrays or len(arrays) == 1000:
+                if not (entry.filename.endswith(".npy") and NAME.match(key)) or key in arrays:
                     raise ValueError(f"an entry named {entry.filename[:80]!r}")
                 with archive.open(entry) as stream:
                     blob = stream.read(budget + 1)      # decompressed: the header's sizes are claims
@@ -297,9 +288,9 @@ def _read_reply(folder, rank, cap):
                 if budget < 0:
                     raise SandboxError(f"rank {rank}'s reply too large (over {cap} bytes unpacked)")
                 arrays[key] = _parse_npy(blob)
-    except (zipfile.BadZipFile, ValueError, EOFError, OSError, RuntimeError) as error:
-        if isinstance(error, SandboxError):
-            raise
+    except SandboxError:
+        raise
+    except Exception as error:                          # whatever a crafted file makes numpy or zipfile say
         raise SandboxError(f"rank {rank}'s reply is not arrays ({type(error).__name__}: {error}): refused") from None
     return arrays
 
@@ -314,6 +305,8 @@ def call(tree, module, function, args=None, nprocs=1, timeout=60, *, limits=Limi
     rank: ``return`` (a tuple as ``return.0``, ...; a dict as ``return.<key>``) and each array
     argument changed in place, by name. Raises ``SandboxError`` if any rank gives no such reply.
     """
+    if not (isinstance(nprocs, int) and nprocs >= 1):
+        raise ValueError(f"nprocs must be a positive int, not {nprocs!r}")
     per_rank = _arguments(args, nprocs)
     with tempfile.TemporaryDirectory(prefix="minidl-sandbox-") as work:
         work = Path(work)
@@ -321,8 +314,12 @@ def call(tree, module, function, args=None, nprocs=1, timeout=60, *, limits=Limi
         (work / "in").mkdir(mode=0o755)
         (work / "out").mkdir(mode=0o700)
         os.chown(work / "out", uid, uid)
-        for rank, arrays in enumerate(per_rank):
-            _write_npz(work / "in" / f"args.{rank}.npz", arrays)
+        for rank, arrays in enumerate(per_rank):            # np.savez's format; a key may be 'file'
+            with zipfile.ZipFile(work / "in" / f"args.{rank}.npz", "w", zipfile.ZIP_STORED) as archive:
+                for name, array in arrays.items():
+                    with archive.open(name + ".npy", "w", force_zip64=True) as entry:
+                        np.lib.format.write_array(entry, array, allow_pickle=False)
+            os.chmod(work / "in" / f"args.{rank}.npz", 0o644)
         shutil.copyfile(DRIVER, work / "in" / "driver.py")
         os.chmod(work / "in" / "driver.py", 0o644)
         argv = [sys.executable, "-I", "-B", "{io}/in/driver.py", "{tree}", "{io}", module, function, str(nprocs)]
