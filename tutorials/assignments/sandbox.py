@@ -337,7 +337,7 @@ def call(tree, module, function, args=None, nprocs=1, timeout=60, *, limits=Limi
             os.close(folder)
     for rank, reply in replies.items():
         if reply is not None and "__error__" in reply:
-            raise SandboxError(f"rank {rank} of p = {nprocs} raised {str(reply['__error__'])[:2000]}")
+            raise SandboxError(f"rank {rank} of p = {nprocs} raised {str(reply['__error__'])[:2000]}\n{tail}")
     for rank, reply in replies.items():
         if reply is None:
             raise SandboxError(f"rank {rank} of p = {nprocs} exited without a reply (exit status "
