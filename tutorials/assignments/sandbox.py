@@ -41,9 +41,11 @@ refuses). The student tree must be world-readable (the sandbox uid reads it).
 import dataclasses
 import functools
 import io
+import json
 import math
 import os
 import re
+import select
 import shutil
 import signal
 import stat
@@ -153,25 +155,39 @@ def _sweep(uid):
                    capture_output=True)
 
 
-def _kill(process, chosen):
-    """SIGKILL the run. Under bwrap, first its first process inside: the kernel then kills the
-    rest of the PID namespace, and bwrap ends only once they are gone (killing bwrap itself first
-    would return while they are still dying)."""
-    if chosen == "bwrap":
-        try:
-            inside = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()
-        except OSError:
-            inside = []
-        for pid in inside:
-            os.kill(int(pid), signal.SIGKILL)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
+def _first_inside(info, deadline):
+    """A pidfd of bwrap's first process inside (its PID namespace's init), from ``--info-fd``."""
+    data = b""
+    while select.select([info], [], [], max(0.0, deadline - time.perf_counter()))[0]:
+        chunk = os.read(info, 4096)                     # bwrap writes its JSON, then closes
+        if not chunk:
+            break
+        data += chunk
+    os.close(info)
     try:
-        os.killpg(process.pid, signal.SIGKILL)          # setpriv mode: the whole process group
-    except ProcessLookupError:
-        pass
+        return os.pidfd_open(json.loads(data)["child-pid"])
+    except (ValueError, KeyError, OSError):             # bwrap failed, or the run is over already
+        return None
+
+
+def _end(process, init):
+    """SIGKILL what is left of a run, and return once it is gone.
+
+    bwrap exits as soon as the command does, while the kernel may still be killing the rest of the
+    PID namespace (a forked daemon, say). The namespace's init ends only after all of them, so
+    killing it and waiting for it ends the run whole. setpriv mode: the run's process group."""
+    if init is not None:
+        try:
+            signal.pidfd_send_signal(init, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        select.select([init], [], [], 10)               # readable once it has exited
+        os.close(init)
+    if process.poll() is None:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     process.wait()
 
 
@@ -202,19 +218,24 @@ def run(argv, tree, timeout, *, io_dir=None, limits=Limits(), uid=SANDBOX_UID, w
     argv = [part.format(**places) for part in argv]
     env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8",
            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **(env or {})}
+    info, info_out = os.pipe() if chosen == "bwrap" else (None, None)
+    if chosen == "bwrap":
+        prefix[1:1] = ["--info-fd", str(info_out)]
     with tempfile.TemporaryFile() as log:
         started = time.perf_counter()
         process = subprocess.Popen([*prefix, *argv], stdin=subprocess.DEVNULL, stdout=log,
                                    stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                   cwd="/" if chosen == "bwrap" else str(tree))
-        timed_out = False
+                                   cwd="/" if chosen == "bwrap" else str(tree), pass_fds=() if info is None else (info_out,))
+        init, timed_out = None, False
         try:
-            process.wait(timeout=timeout)
+            if chosen == "bwrap":
+                os.close(info_out)
+                init = _first_inside(info, started + timeout)
+            process.wait(timeout=max(0.0, started + timeout - time.perf_counter()))
         except subprocess.TimeoutExpired:
             timed_out = True
-        finally:                                        # a timeout, or the grader interrupted
-            if process.returncode is None:
-                _kill(process, chosen)
+        finally:                                        # done, timed out, or the grader interrupted
+            _end(process, init)
             if chosen == "setpriv":
                 _sweep(uid)
         seconds = time.perf_counter() - started
