@@ -1,43 +1,42 @@
 """A sandbox for untrusted student code: arrays in, one function (or an MPI job of them), arrays out.
 
-    from tutorials.assignments import sandbox
-    reply = sandbox.call("hw3", "collectives.ring", "ring_allgather_in_place", [{"data": x0}, {"data": x1},
-                         {"data": x2}], nprocs=3, timeout=30)   # as root, with bubblewrap installed
+    from tutorials.assignments import sandbox          # as root, with bubblewrap installed
+    reply = sandbox.call("hw3", "collectives.ring", "ring_allgather_in_place",
+                         [{"data": x0}, {"data": x1}, {"data": x2}], nprocs=3, timeout=30)
     reply[2]["data"]                    # rank 2's `data` after the call; "return": what it returned
     sandbox.run(["id", "-u"], "hw3", timeout=10).output         # any command: a Result, with its mode
 
-The grader's checks and expected answers stay in the grader's process; the student's function
-runs elsewhere and can influence only the arrays it hands back. tests/test_sandbox.py attacks it.
+The grader's checks and answers stay in its own process; the student's function runs elsewhere
+and can influence only the arrays it hands back. tests/test_sandbox.py attacks it.
 
-**Mode "bwrap"** (root; bubblewrap, ``apt-get install bubblewrap``; namespaces allowed). The
-command runs under bubblewrap with its own network (loopback only: nothing on the host is
-reachable), PID, IPC and hostname namespaces, in a new session, killed with its parent, as an
-unprivileged uid (``uid``, default 65534) without capabilities or new privileges (``setpriv``
-drops root once bubblewrap has made the mounts; no user namespace, since as root one would map
-the sandbox uid back to root outside). It sees only: the student tree, read-only at
-``/student``; the interpreter (``sys.prefix``, ``sys.base_prefix``, read-only at their own
-paths); ``/usr``; read-only ``/sys``; its own ``/proc`` and ``/dev``; a private ``/tmp`` and
-``/dev/shm`` (``limits.tmp`` bytes each; MPICH needs the latter); for ``call``, its arguments
-read-only at ``/io/in`` and an empty reply folder at ``/io/out``. Nothing else of the grader's
-checkout (tests, hidden tests, answers) exists there. ``Limits``, per process, via ``prlimit``:
-address space (3 GiB), processes of the uid, CPU seconds, file size, no core files; and a
-wall-clock ``timeout`` after which everything is killed (when bubblewrap's first process ends,
-the kernel ends its whole PID namespace: nothing outlives a call, forked daemons included).
-Replies are opened with ``lstat`` and ``O_NOFOLLOW`` (no symlinks, pipes or folders), capped in
-size (packed and unpacked), and parsed as .npy entries whose header must match their size and
-hold no objects (never pickle). ``call`` returns ``{rank: {name: array}}`` or raises ``SandboxError``.
+**Mode "bwrap"** (root, ``apt-get install bubblewrap``, namespaces allowed). bubblewrap gives it
+its own network (loopback only: the host is unreachable), PID, IPC and hostname namespaces, a new
+session, death with its parent; ``setpriv`` drops root for ``uid`` (default 65534), without
+capabilities or new privileges (no user namespace: as root, one maps the uid back to root
+outside). It sees only the student tree (read-only, ``/student``),
+the interpreter (``sys.prefix``, ``sys.base_prefix``, read-only), ``/usr``, read-only ``/sys``,
+its own ``/proc`` and ``/dev``, a private ``/tmp`` and ``/dev/shm`` (MPICH needs it) of
+``limits.tmp`` bytes each, and for ``call`` its arguments (read-only, ``/io/in``) and an empty
+reply folder (``/io/out``): nothing else of the grader's checkout (tests, hidden tests, answers).
+``Limits``, per process, via ``prlimit``: address space (3 GiB), processes of the uid, CPU
+seconds, file size, no core files; after the wall-clock ``timeout`` the whole PID namespace is
+killed, and a call returns only once it is gone (forked daemons included). Replies are opened
+with ``lstat`` and ``O_NOFOLLOW`` (no symlinks, pipes or folders), capped in size (packed and
+unpacked), and parsed as .npy entries whose header must match their size and hold no objects
+(never pickle). ``call`` returns ``{rank: {name: array}}`` or raises ``SandboxError``.
 
 **Mode "setpriv"** (root, namespaces refused, e.g. in some containers): only the uid and the
 limits separate the code from the grader. It sees every world-readable file and has the network,
 so hide the grader's checkout (mode 0700) and give it a uid of its own: every process of that uid
 is killed after each run, so 65534 is refused. ``mode()`` says which mode a call will get.
 
-**Not guaranteed.** No seccomp filter: a kernel exploit escapes. Memory is limited per process,
-so p ranks may use p times ``limits.memory``. The reply folder is on the grader's disk: within
-the timeout a submission can fill it with many files of ``limits.file_size`` each. Processes of
-the same uid count together against ``limits.processes``. Without root nothing runs (``mode()``
-refuses). The student tree must be world-readable (the sandbox uid reads it).
+**Not guaranteed.** No seccomp filter: a kernel exploit escapes. Memory is limited per process
+(p ranks: p times ``limits.memory``). The reply folder is on the grader's disk: within the
+timeout a submission can fill it with files of up to ``limits.file_size``. Processes of the same
+uid count together against ``limits.processes``. Without root nothing runs (``mode()`` refuses).
+The student tree must be world-readable (the sandbox uid reads it).
 """
+import contextlib
 import dataclasses
 import functools
 import io
@@ -58,8 +57,10 @@ from pathlib import Path
 
 import numpy as np
 
+from tutorials.assignments import sandbox_driver
+
 SANDBOX_UID = 65534
-DRIVER = Path(__file__).resolve().with_name("sandbox_driver.py")
+DRIVER = Path(sandbox_driver.__file__).resolve()
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*\Z")
 NAMESPACES = ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
 
@@ -129,9 +130,8 @@ def _bwrap(tree, binds, limits):
     args += ["--proc", "/proc", "--dev", "/dev", "--ro-bind", "/sys", "/sys"]
     for place in ("/tmp", "/dev/shm"):
         args += ["--perms", "1777", "--size", str(limits.tmp), "--tmpfs", place]
-    made = {"/", "/tmp", "/dev"}
-    mounts = [(prefix, prefix, "--ro-bind") for prefix in sorted({sys.prefix, sys.base_prefix})]
-    for source, target, how in [*mounts, (str(tree), "/student", "--ro-bind"), *binds]:
+    made, mounts = {"/", "/tmp", "/dev"}, [(prefix, prefix, "--ro-bind") for prefix in {sys.prefix, sys.base_prefix}]
+    for source, target, how in [*sorted(mounts), (str(tree), "/student", "--ro-bind"), *binds]:
         if any(target == done or target.startswith(done + "/") for done in covered):
             continue                                    # e.g. an interpreter under /usr
         for parent in reversed(Path(target).parents):
@@ -157,11 +157,8 @@ def _sweep(uid):
 
 def _first_inside(info, deadline):
     """A pidfd of bwrap's first process inside (its PID namespace's init), from ``--info-fd``."""
-    data = b""
-    while select.select([info], [], [], max(0.0, deadline - time.perf_counter()))[0]:
-        chunk = os.read(info, 4096)                     # bwrap writes its JSON, then closes
-        if not chunk:
-            break
+    data = b""                                          # bwrap writes its JSON, then closes
+    while select.select([info], [], [], max(0.0, deadline - time.perf_counter()))[0] and (chunk := os.read(info, 4096)):
         data += chunk
     os.close(info)
     try:
@@ -171,23 +168,17 @@ def _first_inside(info, deadline):
 
 
 def _end(process, init):
-    """SIGKILL what is left of a run, and return once it is gone.
-
-    bwrap exits as soon as the command does, while the kernel may still be killing the rest of the
-    PID namespace (a forked daemon, say). The namespace's init ends only after all of them, so
-    killing it and waiting for it ends the run whole. setpriv mode: the run's process group."""
+    """SIGKILL what is left of a run; return once it is gone. bwrap exits with the command, while the
+    kernel may still be killing the rest of its PID namespace (a forked daemon, say); the namespace's
+    init ends after all of them, so this kills and awaits it. setpriv mode: the process group."""
     if init is not None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             signal.pidfd_send_signal(init, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         select.select([init], [], [], 10)               # readable once it has exited
         os.close(init)
     if process.poll() is None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     process.wait()
 
 
@@ -199,11 +190,13 @@ def run(argv, tree, timeout, *, io_dir=None, limits=Limits(), uid=SANDBOX_UID, w
     """
     chosen = mode(wanted)
     tree = Path(tree).resolve()
+    info = info_out = None
     if chosen == "bwrap":
         binds = [] if io_dir is None else [(str(Path(io_dir) / "in"), "/io/in", "--ro-bind"),
                                            (str(Path(io_dir) / "out"), "/io/out", "--bind")]
         places = {"tree": "/student", "io": "/io"}
-        prefix = [*_bwrap(tree, binds, limits), *_drop(uid, limits)]
+        info, info_out = os.pipe()                      # bwrap tells the pid of its init there
+        prefix = ["bwrap", "--info-fd", str(info_out), *_bwrap(tree, binds, limits)[1:], *_drop(uid, limits)]
     else:
         if uid == SANDBOX_UID:
             raise SandboxError(f"setpriv mode kills every process of its uid after a run: give it a uid "
@@ -218,17 +211,14 @@ def run(argv, tree, timeout, *, io_dir=None, limits=Limits(), uid=SANDBOX_UID, w
     argv = [part.format(**places) for part in argv]
     env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8",
            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **(env or {})}
-    info, info_out = os.pipe() if chosen == "bwrap" else (None, None)
-    if chosen == "bwrap":
-        prefix[1:1] = ["--info-fd", str(info_out)]
     with tempfile.TemporaryFile() as log:
         started = time.perf_counter()
         process = subprocess.Popen([*prefix, *argv], stdin=subprocess.DEVNULL, stdout=log,
                                    stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                   cwd="/" if chosen == "bwrap" else str(tree), pass_fds=() if info is None else (info_out,))
+                                   cwd="/" if info else str(tree), pass_fds=(info_out,) if info else ())
         init, timed_out = None, False
         try:
-            if chosen == "bwrap":
+            if info:
                 os.close(info_out)
                 init = _first_inside(info, started + timeout)
             process.wait(timeout=max(0.0, started + timeout - time.perf_counter()))
@@ -262,11 +252,9 @@ def _parse_npy(blob):
     """An array from .npy bytes, after checking that the header is sane and matches the data."""
     stream = io.BytesIO(blob)
     version = np.lib.format.read_magic(stream)
-    read_header = {(1, 0): np.lib.format.read_array_header_1_0,
-                   (2, 0): np.lib.format.read_array_header_2_0}.get(version)
-    if read_header is None:
+    if version not in ((1, 0), (2, 0)):
         raise ValueError(f".npy version {version}")
-    shape, _, dtype = read_header(stream)
+    shape, _, dtype = getattr(np.lib.format, f"read_array_header_{version[0]}_0")(stream)
     if dtype.hasobject:
         raise ValueError("an object array (that would need pickle)")
     if dtype.itemsize * math.prod(shape) != len(blob) - stream.tell():
@@ -282,27 +270,26 @@ def _read_reply(folder, rank, cap):
         info = os.lstat(name, dir_fd=folder)
     except FileNotFoundError:
         return None
+    refused = SandboxError(f"rank {rank}'s reply is not a regular file (a symlink, folder or pipe): refused")
     if not stat.S_ISREG(info.st_mode):
-        raise SandboxError(f"rank {rank}'s reply is not a regular file (a symlink, folder or pipe): refused")
+        raise refused
     if info.st_size > cap:
         raise SandboxError(f"rank {rank}'s reply too large ({info.st_size} bytes > {cap})")
     try:
         handle = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder)
-    except OSError as error:
-        raise SandboxError(f"rank {rank}'s reply is not a regular file ({error.strerror}): refused") from None
+    except OSError:
+        raise refused from None
     with os.fdopen(handle, "rb") as file:
         if not stat.S_ISREG(os.fstat(handle).st_mode):
-            raise SandboxError(f"rank {rank}'s reply is not a regular file: refused")
+            raise refused
         data = file.read(cap + 1)
     arrays, budget = {}, cap
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            if len(archive.infolist()) > 1000:
-                raise ValueError("over 1000 entries")
             for entry in archive.infolist():
                 key = entry.filename.removesuffix(".npy")
-                if not (entry.filename.endswith(".npy") and NAME.match(key)) or key in arrays:
-                    raise ValueError(f"an entry named {entry.filename[:80]!r}")
+                if not (entry.filename.endswith(".npy") and NAME.match(key)) or key in arrays or len(arrays) == 1000:
+                    raise ValueError(f"an entry named {entry.filename[:80]!r} (or the 1001st)")
                 with archive.open(entry) as stream:
                     blob = stream.read(budget + 1)      # decompressed: the header's sizes are claims
                 budget -= len(blob)
@@ -335,14 +322,11 @@ def call(tree, module, function, args=None, nprocs=1, timeout=60, *, limits=Limi
         (work / "in").mkdir(mode=0o755)
         (work / "out").mkdir(mode=0o700)
         os.chown(work / "out", uid, uid)
-        for rank, arrays in enumerate(per_rank):            # np.savez's format; a key may be 'file'
-            with zipfile.ZipFile(work / "in" / f"args.{rank}.npz", "w", zipfile.ZIP_STORED) as archive:
-                for name, array in arrays.items():
-                    with archive.open(name + ".npy", "w", force_zip64=True) as entry:
-                        np.lib.format.write_array(entry, array, allow_pickle=False)
-            os.chmod(work / "in" / f"args.{rank}.npz", 0o644)
+        for rank, arrays in enumerate(per_rank):
+            sandbox_driver.save(str(work / "in" / f"args.{rank}.npz"), arrays)
         shutil.copyfile(DRIVER, work / "in" / "driver.py")
-        os.chmod(work / "in" / "driver.py", 0o644)
+        for path in (work / "in").iterdir():
+            os.chmod(path, 0o644)
         argv = [sys.executable, "-I", "-B", "{io}/in/driver.py", "{tree}", "{io}", module, function, str(nprocs)]
         if nprocs > 1:
             argv = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(nprocs), *argv]
@@ -356,11 +340,10 @@ def call(tree, module, function, args=None, nprocs=1, timeout=60, *, limits=Limi
             replies = {rank: _read_reply(folder, rank, max_reply) for rank in range(nprocs)}
         finally:
             os.close(folder)
-    for rank, reply in replies.items():
-        if reply is not None and "__error__" in reply:
-            raise SandboxError(f"rank {rank} of p = {nprocs} raised {str(reply['__error__'])[:2000]}\n{tail}")
-    for rank, reply in replies.items():
+    for rank, reply in sorted(replies.items(), key=lambda item: item[1] is None):     # why first
         if reply is None:
             raise SandboxError(f"rank {rank} of p = {nprocs} exited without a reply (exit status "
                                f"{result.returncode}, mode {result.mode})\n{tail}")
+        if "__error__" in reply:
+            raise SandboxError(f"rank {rank} of p = {nprocs} raised {str(reply['__error__'])[:2000]}\n{tail}")
     return replies
