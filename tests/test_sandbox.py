@@ -178,15 +178,21 @@ def test_an_object_that_equals_anything_cannot_cross(tmp_path, returned):
 
 
 @needs_bwrap
-@pytest.mark.parametrize("target", ["/etc/shadow", "answers.npz"])
-def test_a_reply_symlinked_to_a_file_of_the_grader_is_refused(tmp_path, target):
+@pytest.mark.parametrize("target", ["/etc/shadow", "answers.npz", "a pipe", "a folder"])
+def test_a_reply_that_is_a_symlink_to_a_graders_file_a_pipe_or_a_folder_is_refused(tmp_path, target):
     answers = tmp_path / "answers.npz"
     np.savez(answers, **{"return": np.arange(3.0)})                # what a right answer would be
     target = str(answers) if target == "answers.npz" else target
     tree = student(tmp_path, """
         import os
         def link(target):
-            os.symlink(target, "/io/out/reply.0.npz")
+            reply = "/io/out/reply.0.npz"
+            if target == "a pipe":
+                os.mkfifo(reply)
+            elif target == "a folder":
+                os.mkdir(reply)
+            else:
+                os.symlink(target, reply)
             os._exit(0)
     """)
     with pytest.raises(SandboxError, match="not a regular file"):
