@@ -168,9 +168,8 @@ def _first_inside(info, deadline):
 
 
 def _end(process, init):
-    """SIGKILL what is left of a run; return once it is gone. bwrap exits with the command, while the
-    kernel may still be killing the rest of its PID namespace (a forked daemon, say); the namespace's
-    init ends after all of them, so this kills and awaits it. setpriv mode: the process group."""
+    """SIGKILL what is left of a run; return once it is gone. bwrap exits with the command while its PID
+    namespace may still be dying (a forked daemon); its init ends last, so kill and await that."""
     if init is not None:
         with contextlib.suppress(ProcessLookupError):
             signal.pidfd_send_signal(init, signal.SIGKILL)
@@ -279,9 +278,10 @@ def _read_reply(folder, rank, cap):
         handle = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder)
     except OSError:
         raise refused from None
+    if not stat.S_ISREG(os.fstat(handle).st_mode):     # before fdopen, which refuses folders itself
+        os.close(handle)
+        raise refused
     with os.fdopen(handle, "rb") as file:
-        if not stat.S_ISREG(os.fstat(handle).st_mode):
-            raise refused
         data = file.read(cap + 1)
     arrays, budget = {}, cap
     try:
