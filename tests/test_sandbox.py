@@ -240,6 +240,21 @@ def test_a_function_that_dies_or_raises_gives_no_reply(tmp_path, how, message):
         sandbox.call(tree, "attack", "answer", timeout=30)
 
 
+@needs_bwrap
+def test_one_rank_of_three_raising_ends_the_job_at_once_and_is_named(tmp_path):
+    tree = student(tmp_path, """
+        import numpy as np
+        def answer(comm):
+            if comm.rank == 1:
+                raise ZeroDivisionError("rank 1 divides by zero")
+            comm.recv(source=1)                                  # would wait forever without the abort
+    """)
+    started = time.perf_counter()
+    with pytest.raises(SandboxError, match="rank 1 of p = 3 raised ZeroDivisionError: rank 1 divides"):
+        sandbox.call(tree, "attack", "answer", nprocs=3, timeout=30)
+    assert time.perf_counter() - started < 20
+
+
 # --- attacks on the grader's machine ----------------------------------------------------------
 
 @needs_bwrap
