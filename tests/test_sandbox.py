@@ -73,7 +73,7 @@ def test_an_honest_function_returns_its_arrays_and_what_it_changed_in_place(tmp_
     """)
     x = np.arange(5.0)
     reply = sandbox.call(tree, "attack", "scale", {"x": x, "factor": 2, "label": "twice"}, timeout=30)
-    assert reply.keys() == {0} and reply[0].keys() == {"return.0", "return.1"}
+    assert reply.mode == "bwrap" and reply.keys() == {0} and reply[0].keys() == {"return.0", "return.1"}
     np.testing.assert_array_equal(reply[0]["return.0"], 2 * x)
     assert reply[0]["return.1"] == 10.0
     reply = sandbox.call(tree, "attack", "double_in_place", {"data": x, "unchanged": x}, timeout=30)
@@ -416,6 +416,7 @@ def test_setpriv_mode_calls_the_function_or_says_what_it_cannot_reach(open_tree)
     except SandboxError as error:                               # e.g. an interpreter under /root (0700)
         assert "cannot reach" in str(error) and not sandbox._reachable(sys.executable)
     else:
+        assert reply.mode == "setpriv"
         np.testing.assert_array_equal(reply[0]["return"], [0.0, 2.0, 4.0])
 
 

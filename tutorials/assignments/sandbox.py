@@ -3,7 +3,7 @@
     from tutorials.assignments import sandbox          # as root, with bubblewrap installed
     reply = sandbox.call("hw3", "collectives.ring", "ring_allgather_in_place",
                          [{"data": x0}, {"data": x1}, {"data": x2}], nprocs=3, timeout=30)
-    reply[2]["data"]                    # rank 2's `data` after the call; "return": what it returned
+    reply[2]["data"], reply.mode        # rank 2's `data` after the call ("return": what it returned)
     sandbox.run(["id", "-u"], "hw3", timeout=10).output         # any command: a Result, with its mode
 
 The grader's checks and answers stay in its own process; the student's function runs elsewhere
@@ -13,17 +13,16 @@ and can influence only the arrays it hands back. tests/test_sandbox.py attacks i
 its own network (loopback only: the host is unreachable), PID, IPC and hostname namespaces, a new
 session, death with its parent; ``setpriv`` drops root for ``uid`` (default 65534), without
 capabilities or new privileges (no user namespace: as root, one maps the uid back to root
-outside). It sees only the student tree (read-only, ``/student``),
-the interpreter (``sys.prefix``, ``sys.base_prefix``, read-only), ``/usr``, read-only ``/sys``,
-its own ``/proc`` and ``/dev``, a private ``/tmp`` and ``/dev/shm`` (MPICH needs it) of
-``limits.tmp`` bytes each, and for ``call`` its arguments (read-only, ``/io/in``) and an empty
-reply folder (``/io/out``): nothing else of the grader's checkout (tests, hidden tests, answers).
-``Limits``, per process, via ``prlimit``: address space (3 GiB), processes of the uid, CPU
-seconds, file size, no core files; after the wall-clock ``timeout`` the whole PID namespace is
-killed, and a call returns only once it is gone (forked daemons included). Replies are opened
-with ``lstat`` and ``O_NOFOLLOW`` (no symlinks, pipes or folders), capped in size (packed and
-unpacked), and parsed as .npy entries whose header must match their size and hold no objects
-(never pickle). ``call`` returns ``{rank: {name: array}}`` or raises ``SandboxError``.
+outside). It sees only the student tree (read-only, ``/student``), the interpreter
+(``sys.prefix``, ``sys.base_prefix``, read-only), ``/usr``, read-only ``/sys``, its own ``/proc``
+and ``/dev``, a private ``/tmp`` and ``/dev/shm`` (MPICH needs it) of ``limits.tmp`` bytes each,
+and for ``call`` its arguments (read-only, ``/io/in``) and an empty reply folder (``/io/out``):
+nothing else of the grader's checkout (tests, hidden tests, answers). ``Limits``, per process,
+via ``prlimit``: address space (3 GiB), processes of the uid, CPU seconds, file size, no core
+files; after the wall-clock ``timeout`` the whole PID namespace is killed, and a call returns
+only once it is gone (forked daemons included). Replies are opened with ``lstat`` and
+``O_NOFOLLOW`` (no symlinks, pipes or folders), capped in size (packed and unpacked), and parsed
+as .npy entries whose header must match their size and hold no objects (never pickle).
 
 **Mode "setpriv"** (root, namespaces refused, e.g. in some containers): only the uid and the
 limits separate the code from the grader. It sees every world-readable file and has the network,
@@ -33,8 +32,8 @@ is killed after each run, so 65534 is refused. ``mode()`` says which mode a call
 **Not guaranteed.** No seccomp filter: a kernel exploit escapes. Memory is limited per process
 (p ranks: p times ``limits.memory``). The reply folder is on the grader's disk: within the
 timeout a submission can fill it with files of up to ``limits.file_size``. Processes of the same
-uid count together against ``limits.processes``. Without root nothing runs (``mode()`` refuses).
-The student tree must be world-readable (the sandbox uid reads it).
+uid count together against ``limits.processes``. Without root nothing runs. The student tree
+must be world-readable (the sandbox uid reads it).
 """
 import contextlib
 import dataclasses
@@ -87,6 +86,11 @@ class Result:
     output: str                     # the last few kB of stdout and stderr together
 
 
+class Replies(dict):
+    """{rank: {name: array}}, and the ``mode`` that ran them."""
+    mode = None
+
+
 @functools.lru_cache(maxsize=None)
 def _bwrap_works():
     bwrap = shutil.which("bwrap")
@@ -97,8 +101,7 @@ def _bwrap_works():
 def mode(wanted=None):
     """The mode a run gets: "bwrap" where bubblewrap and namespaces work, else "setpriv"."""
     if os.geteuid() != 0:
-        raise SandboxError("the sandbox needs root (to drop to its own uid): run the grader as root, "
-                           "e.g. in a container; untrusted code is not run without it")
+        raise SandboxError("the sandbox needs root (to drop to its own uid): run the grader as root")
     if wanted in (None, "bwrap") and _bwrap_works():
         return "bwrap"
     if wanted == "bwrap":
@@ -185,8 +188,7 @@ def run(argv, tree, timeout, *, io_dir=None, limits=Limits(), uid=SANDBOX_UID, w
     """Run ``argv`` in the sandbox; ``{tree}`` and ``{io}`` in it become those folders' paths there.
 
     ``io_dir`` (optional) holds ``in/`` (bound read-only at /io/in) and ``out/`` (writable, at
-    /io/out). Returns a ``Result``; a timeout is reported there (``timed_out``), not raised.
-    """
+    /io/out). Returns a ``Result``; a timeout is reported there (``timed_out``), not raised."""
     chosen = mode(wanted)
     tree = Path(tree).resolve()
     info = info_out = None
@@ -198,13 +200,11 @@ def run(argv, tree, timeout, *, io_dir=None, limits=Limits(), uid=SANDBOX_UID, w
         prefix = ["bwrap", "--info-fd", str(info_out), *_bwrap(tree, binds, limits)[1:], *_drop(uid, limits)]
     else:
         if uid == SANDBOX_UID:
-            raise SandboxError(f"setpriv mode kills every process of its uid after a run: give it a uid "
-                               f"of its own, not {SANDBOX_UID} (nobody)")
+            raise SandboxError(f"setpriv mode kills every process of its uid: give it a uid of its own, not {uid}")
         program = shutil.which(argv[0], path=f"{Path(sys.executable).parent}:/usr/bin:/bin") or argv[0]
         for path in [program, tree] + ([] if io_dir is None else [Path(io_dir) / "in"]):
             if not _reachable(path):
-                raise SandboxError(f"setpriv mode: uid {uid} cannot reach {path} (a folder above it is "
-                                   f"not world-searchable); bwrap mode would bind it instead")
+                raise SandboxError(f"setpriv mode: uid {uid} cannot reach {path}; bwrap mode would bind it")
         places = {"tree": str(tree), "io": str(io_dir)}
         prefix = _drop(uid, limits)
     argv = [part.format(**places) for part in argv]
@@ -311,8 +311,7 @@ def call(tree, module, function, args=None, nprocs=1, timeout=60, *, limits=Limi
     (0-d arrays arrive as Python scalars). With ``nprocs`` > 1 the ranks run under ``mpiexec``
     in the sandbox, and a function that takes ``comm`` gets ``MPI.COMM_WORLD``. The reply of a
     rank: ``return`` (a tuple as ``return.0``, ...; a dict as ``return.<key>``) and each array
-    argument changed in place, by name. Raises ``SandboxError`` if any rank gives no such reply.
-    """
+    argument changed in place, by name. Raises ``SandboxError`` if any rank gives no such reply."""
     if not (isinstance(nprocs, int) and nprocs >= 1):
         raise ValueError(f"nprocs must be a positive int, not {nprocs!r}")
     per_rank = _arguments(args, nprocs)
@@ -337,7 +336,8 @@ def call(tree, module, function, args=None, nprocs=1, timeout=60, *, limits=Limi
             raise SandboxError(f"timed out after {timeout} s at p = {nprocs}: {why}\n{tail}")
         folder = os.open(work / "out", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
-            replies = {rank: _read_reply(folder, rank, max_reply) for rank in range(nprocs)}
+            replies = Replies((rank, _read_reply(folder, rank, max_reply)) for rank in range(nprocs))
+            replies.mode = result.mode
         finally:
             os.close(folder)
     for rank, reply in sorted(replies.items(), key=lambda item: item[1] is None):     # why first
