@@ -9,31 +9,27 @@
 The grader's checks and answers stay in its own process; the student's function runs elsewhere
 and can influence only the arrays it hands back. tests/test_sandbox.py attacks it.
 
-**Mode "bwrap"** (root, ``apt-get install bubblewrap``, namespaces allowed). bubblewrap gives it
-its own network (loopback only: the host is unreachable), PID, IPC and hostname namespaces, a new
-session, death with its parent; ``setpriv`` drops root for ``uid`` (default 65534), without
-capabilities or new privileges (no user namespace: as root, one maps the uid back to root
-outside). It sees only the student tree (read-only, ``/student``), the interpreter
-(``sys.prefix``, ``sys.base_prefix``, read-only), ``/usr``, read-only ``/sys``, its own ``/proc``
-and ``/dev``, a private ``/tmp`` and ``/dev/shm`` (MPICH needs it) of ``limits.tmp`` bytes each,
-and for ``call`` its arguments (read-only, ``/io/in``) and an empty reply folder (``/io/out``):
-nothing else of the grader's checkout (tests, hidden tests, answers). ``Limits``, per process,
-via ``prlimit``: address space (3 GiB), processes of the uid, CPU seconds, file size, no core
-files; after the wall-clock ``timeout`` the whole PID namespace is killed, and a call returns
-only once it is gone (forked daemons included). Replies are opened with ``lstat`` and
+**Mode "bwrap"** (root, ``apt-get install bubblewrap``, namespaces allowed): its own network
+(loopback only), PID, IPC and hostname namespaces, a new session, death with its parent; setpriv
+drops root for ``uid`` (65534) without capabilities or new privileges. It sees only the student
+tree (read-only, ``/student``), the interpreter (``sys.prefix``, ``sys.base_prefix``), ``/usr``,
+``/sys`` (all read-only), its own ``/proc`` and ``/dev``, a private ``/tmp`` and ``/dev/shm``
+(MPICH needs it), and for ``call`` its arguments (``/io/in``, read-only) and an empty reply
+folder (``/io/out``): nothing else of the grader's checkout (tests, hidden tests, answers).
+``Limits`` per process (``prlimit``): address space (3 GiB), processes of the uid, CPU seconds,
+file size, no core files. After the wall-clock ``timeout`` the whole PID namespace is killed; a
+call returns once it is gone (forked daemons included). Replies are opened with ``lstat`` and
 ``O_NOFOLLOW`` (no symlinks, pipes or folders), capped in size (packed and unpacked), and parsed
 as .npy entries whose header must match their size and hold no objects (never pickle).
 
-**Mode "setpriv"** (root, namespaces refused, e.g. in some containers): only the uid and the
-limits separate the code from the grader. It sees every world-readable file and has the network,
-so hide the grader's checkout (mode 0700) and give it a uid of its own: every process of that uid
-is killed after each run, so 65534 is refused. ``mode()`` says which mode a call will get.
+**Mode "setpriv"** (root, namespaces refused): only the uid and the limits separate the code from
+the grader. It sees every world-readable file and has the network, so hide the grader's checkout
+(0700) and give it a uid of its own (every process of that uid is killed after each run).
 
-**Not guaranteed.** No seccomp filter: a kernel exploit escapes. Memory is limited per process
-(p ranks: p times ``limits.memory``). The reply folder is on the grader's disk: within the
-timeout a submission can fill it with files of up to ``limits.file_size``. Processes of the same
-uid count together against ``limits.processes``. Without root nothing runs. The student tree
-must be world-readable (the sandbox uid reads it).
+**Not guaranteed.** No seccomp filter: a kernel exploit escapes. p ranks may use p times
+``limits.memory``. Within the timeout a submission can fill the grader's disk with reply-folder
+files of up to ``limits.file_size``. Processes of one uid share ``limits.processes``. Without
+root nothing runs. The student tree must be world-readable (the sandbox uid reads it).
 """
 import contextlib
 import dataclasses
@@ -59,8 +55,7 @@ import numpy as np
 from tutorials.assignments import sandbox_driver
 
 SANDBOX_UID = 65534
-DRIVER = Path(sandbox_driver.__file__).resolve()
-NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*\Z")
+# No user namespace: bwrap run as root would map the sandbox uid back to root outside.
 NAMESPACES = ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
 
 
@@ -93,9 +88,8 @@ class Replies(dict):
 
 @functools.lru_cache(maxsize=None)
 def _bwrap_works():
-    bwrap = shutil.which("bwrap")
-    return bool(bwrap) and subprocess.run([bwrap, *NAMESPACES, "--ro-bind", "/", "/", "true"],
-                                          capture_output=True).returncode == 0
+    return bool(shutil.which("bwrap")) and subprocess.run(
+        ["bwrap", *NAMESPACES, "--ro-bind", "/", "/", "true"], capture_output=True).returncode == 0
 
 
 def mode(wanted=None):
@@ -113,10 +107,9 @@ def mode(wanted=None):
 
 def _drop(uid, limits):
     """Become ``uid`` with no capabilities, then set the limits (as that uid: NPROC binds it)."""
-    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs",
-            "--inh-caps=-all", "--bounding-set=-all", "--", "prlimit", f"--as={limits.memory}",
-            f"--nproc={limits.processes}", f"--cpu={limits.cpu}", f"--fsize={limits.file_size}",
-            "--core=0", "--"]
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs", "--inh-caps=-all",
+            "--bounding-set=-all", "--", "prlimit", f"--as={limits.memory}", f"--nproc={limits.processes}",
+            f"--cpu={limits.cpu}", f"--fsize={limits.file_size}", "--core=0", "--"]
 
 
 def _bwrap(tree, binds, limits):
@@ -153,9 +146,20 @@ def _reachable(path):
 
 
 def _sweep(uid):
-    """setpriv mode: kill every process of ``uid`` (kill(-1) as that uid reaches exactly those)."""
-    subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "kill", "-9", "-1"],
-                   capture_output=True)
+    """setpriv mode: SIGKILL every process of ``uid`` (kill -1 as that uid) until none is alive."""
+    for _ in range(100):
+        subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "kill", "-9", "-1"],
+                       capture_output=True)
+        if not any(_alive(status, uid) for status in Path("/proc").glob("[0-9]*/status")):
+            return
+        time.sleep(0.05)
+
+
+def _alive(status, uid):
+    with contextlib.suppress(OSError):                  # it may have just gone
+        text = status.read_text()
+        return f"\nUid:\t{uid}\t" in text and "\nState:\tZ" not in text
+    return False
 
 
 def _first_inside(info, deadline):
@@ -164,23 +168,19 @@ def _first_inside(info, deadline):
     while select.select([info], [], [], max(0.0, deadline - time.perf_counter()))[0] and (chunk := os.read(info, 4096)):
         data += chunk
     os.close(info)
-    try:
+    with contextlib.suppress(ValueError, KeyError, OSError):   # none if bwrap failed or the run is over
         return os.pidfd_open(json.loads(data)["child-pid"])
-    except (ValueError, KeyError, OSError):             # bwrap failed, or the run is over already
-        return None
 
 
 def _end(process, init):
-    """SIGKILL what is left of a run; return once it is gone. bwrap exits with the command while its PID
-    namespace may still be dying (a forked daemon); its init ends last, so kill and await that."""
+    """SIGKILL what is left of a run and await the PID namespace's init, which ends last (bwrap does not)."""
     if init is not None:
         with contextlib.suppress(ProcessLookupError):
             signal.pidfd_send_signal(init, signal.SIGKILL)
         select.select([init], [], [], 10)               # readable once it has exited
         os.close(init)
-    if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
     process.wait()
 
 
@@ -236,8 +236,8 @@ def run(argv, tree, timeout, *, io_dir=None, limits=Limits(), uid=SANDBOX_UID, w
 def _arguments(args, nprocs):
     """One {name: array} per rank: ``args`` is one dict for every rank, or a list of nprocs dicts."""
     per_rank = [args or {}] * nprocs if args is None or isinstance(args, dict) else list(args)
-    if len(per_rank) != nprocs:
-        raise ValueError(f"args: {len(per_rank)} dicts for {nprocs} ranks")
+    if not (isinstance(nprocs, int) and nprocs >= 1 and len(per_rank) == nprocs):
+        raise ValueError(f"nprocs = {nprocs!r} with {len(per_rank)} dicts of args: want nprocs >= 1, one dict each")
     for name, value in [item for kwargs in per_rank for item in kwargs.items()]:
         if not (isinstance(name, str) and name.isidentifier()):
             raise ValueError(f"args: {name!r} is not a Python identifier")
@@ -288,7 +288,8 @@ def _read_reply(folder, rank, cap):
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
             for entry in archive.infolist():
                 key = entry.filename.removesuffix(".npy")
-                if not (entry.filename.endswith(".npy") and NAME.match(key)) or key in arrays or len(arrays) == 1000:
+                if key == entry.filename or not re.fullmatch(r"[A-Za-z_][\w.]*", key, re.ASCII) \
+                        or key in arrays or len(arrays) == 1000:
                     raise ValueError(f"an entry named {entry.filename[:80]!r} (or the 1001st)")
                 with archive.open(entry) as stream:
                     blob = stream.read(budget + 1)      # decompressed: the header's sizes are claims
@@ -308,12 +309,10 @@ def call(tree, module, function, args=None, nprocs=1, timeout=60, *, limits=Limi
     """``module.function(**args)`` from the student ``tree`` in the sandbox: {rank: {name: array}}.
 
     ``args``: {name: array, number or string} for every rank, or a list of one such dict per rank
-    (0-d arrays arrive as Python scalars). With ``nprocs`` > 1 the ranks run under ``mpiexec``
-    in the sandbox, and a function that takes ``comm`` gets ``MPI.COMM_WORLD``. The reply of a
-    rank: ``return`` (a tuple as ``return.0``, ...; a dict as ``return.<key>``) and each array
-    argument changed in place, by name. Raises ``SandboxError`` if any rank gives no such reply."""
-    if not (isinstance(nprocs, int) and nprocs >= 1):
-        raise ValueError(f"nprocs must be a positive int, not {nprocs!r}")
+    (0-d arrays arrive as Python scalars). With ``nprocs`` > 1 the ranks run under ``mpiexec`` in
+    the sandbox; a function that takes ``comm`` gets ``MPI.COMM_WORLD``. A rank's reply: ``return``
+    (a tuple as ``return.0``, ...; a dict as ``return.<key>``) and each array argument changed in
+    place, by name; ``.mode`` says which mode ran. ``SandboxError`` if a rank gives no such reply."""
     per_rank = _arguments(args, nprocs)
     with tempfile.TemporaryDirectory(prefix="minidl-sandbox-") as work:
         work = Path(work)
@@ -323,7 +322,7 @@ def call(tree, module, function, args=None, nprocs=1, timeout=60, *, limits=Limi
         os.chown(work / "out", uid, uid)
         for rank, arrays in enumerate(per_rank):
             sandbox_driver.save(str(work / "in" / f"args.{rank}.npz"), arrays)
-        shutil.copyfile(DRIVER, work / "in" / "driver.py")
+        shutil.copyfile(sandbox_driver.__file__, work / "in" / "driver.py")
         for path in (work / "in").iterdir():
             os.chmod(path, 0o644)
         argv = [sys.executable, "-I", "-B", "{io}/in/driver.py", "{tree}", "{io}", module, function, str(nprocs)]
