@@ -398,7 +398,7 @@ def test_setpriv_mode_refuses_the_shared_nobody_uid(open_tree):
 def test_setpriv_mode_runs_as_its_own_uid_and_leaves_no_process_behind(open_tree):
     result = sandbox.run(["id", "-u"], open_tree, 30, uid=OWN_UID, wanted="setpriv")
     assert (result.mode, result.returncode, result.output.strip()) == ("setpriv", 0, str(OWN_UID))
-    daemon = "setsid sleep 600 </dev/null >/dev/null 2>&1 & echo started"
+    daemon = "for i in $(seq 30); do setsid sleep 600 </dev/null >/dev/null 2>&1 & done; echo started"
     result = sandbox.run(["sh", "-c", daemon], open_tree, 30, uid=OWN_UID, wanted="setpriv")
     assert result.output.strip() == "started" and not result.timed_out
     assert processes_of(OWN_UID) == set()
