@@ -115,9 +115,13 @@ def test_a_heart_of_this_repository_runs_in_the_sandbox_on_its_own_tree():
 
 
 @needs_bwrap
-def test_run_drops_to_the_sandbox_uid_in_bwrap_mode(tmp_path):
-    result = sandbox.run(["id", "-u"], student(tmp_path, ""), 30)
-    assert (result.mode, result.returncode, result.output.strip()) == ("bwrap", 0, str(sandbox.SANDBOX_UID))
+def test_run_drops_to_the_sandbox_uid_without_capabilities_in_bwrap_mode(tmp_path):
+    result = sandbox.run(["cat", "/proc/self/status"], student(tmp_path, ""), 30)
+    status = dict(line.split(":\t", 1) for line in result.output.splitlines() if ":\t" in line)
+    assert (result.mode, result.returncode) == ("bwrap", 0)
+    assert status["Uid"].split() == status["Gid"].split() == [str(sandbox.SANDBOX_UID)] * 4
+    assert status["Groups"].strip() == "" and status["NoNewPrivs"] == "1"
+    assert {status[name] for name in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")} == {"0" * 16}
 
 
 # --- attacks on the reply ---------------------------------------------------------------------
