@@ -25,14 +25,14 @@ def grade(*flags, timeout=600):
 
 def test_a_deadlock_is_named_and_stops_its_task_and_results_json_has_gradescopes_fields(tmp_path):
     tree = tmp_path / "tree"
-    assignments.make(tree, ids="3.4,5.4")
+    assignments.make(tree, ids="3.4,9.2")
     task = assignments.select(TASKS, ["3.4"])[0]
     lines, begin, _ = assignments.fence_of(task, tree)
     indent = lines[begin][:len(lines[begin]) - len(lines[begin].lstrip())]
     # every rank waits for a message nobody sends
     assignments.replace_body(task, tree, [f"{indent}comm.Recv(data, source=(comm.Get_rank() + 1) % comm.Get_size())\n"])
     results = tmp_path / "results.json"
-    done = grade("--student", str(tree), "--tasks", "3.4,5.4", "--timeout", "8", "--max-ranks", "2",
+    done = grade("--student", str(tree), "--tasks", "3.4,9.2", "--timeout", "8", "--max-ranks", "2",
                  "--json", str(tmp_path / "g.json"), "--gradescope", str(results))
     assert done.returncode == 0, done.stderr
     rows = {row["id"]: row for row in json.loads((tmp_path / "g.json").read_text())["tasks"]}
@@ -40,10 +40,10 @@ def test_a_deadlock_is_named_and_stops_its_task_and_results_json_has_gradescopes
     timed_out = [test for test in rows["3.4"]["tests"] if "timed out after 8 s at p = 2" in test["message"]]
     assert len(timed_out) == 1 and statuses.count("not run") == len(statuses) - statuses.count("passed") - 1, rows
     assert "timed out after 8 s at p = 2" in done.stdout
-    # 5.4 is the stub: each of its tests says which task is unfinished and where the chapter explains it
-    stubbed = rows["5.4"]["tests"]
-    assert stubbed and all("NotImplementedError" in test["message"] and "Task 5.4" in test["message"]
-                           for test in stubbed if test["status"] == "failed"), stubbed
+    # 9.2 is the stub: each of its tests says which task is unfinished and where the chapter explains it
+    stubbed = rows["9.2"]["tests"]
+    assert stubbed and all(test["status"] == "failed" and "NotImplementedError" in test["message"]
+                           and "Task 9.2" in test["message"] for test in stubbed), stubbed
     found = json.loads(results.read_text())
     assert set(found) >= {"score", "tests"} and all(set(test) >= FIELDS for test in found["tests"])
     assert all(test["status"] in ("passed", "failed") and test["visibility"] in ("visible", "after_published")
@@ -52,7 +52,7 @@ def test_a_deadlock_is_named_and_stops_its_task_and_results_json_has_gradescopes
     assert hidden and all(test["visibility"] == "after_published" for test in hidden)
     assert abs(sum(test["score"] for test in found["tests"]) - found["score"]) < 1e-3
     assert abs(sum(test["max_score"] for test in found["tests"])
-               - sum(task.points for task in TASKS if task.id in ("3.4", "5.4"))) < 1e-3
+               - sum(task.points for task in TASKS if task.id in ("3.4", "9.2"))) < 1e-3
     assert found["score"] == sum(row["points"] for row in rows.values())
 
 
