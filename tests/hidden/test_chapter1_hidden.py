@@ -72,19 +72,20 @@ def output_size(size, kernel, stride, padding=0):
     return (size + 2 * padding - kernel) // stride + 1
 
 
-# (batch, channels, padded height, padded width, kh, kw, stride): non-square kernels and inputs,
-# strides above the kernel (gaps), windows that leave the last rows or columns uncovered, batch 1
+# (batch, channels, padded height, padded width, kh, kw, stride): non-square kernels only (the visible
+# tests draw square ones), non-square inputs, strides above the kernel (gaps), windows that leave the
+# last rows or columns uncovered, a kernel as large as the input, batch 1
 IM2COL_CASES = [
     (1, 1, 5, 7, 2, 3, 1),
     (2, 3, 6, 4, 3, 1, 1),
     (1, 2, 7, 7, 1, 4, 2),
     (3, 1, 8, 5, 3, 2, 2),
-    (1, 3, 9, 6, 2, 2, 3),
-    (2, 2, 5, 9, 1, 1, 3),
+    (1, 3, 9, 6, 2, 3, 3),
+    (2, 2, 5, 9, 1, 2, 3),
     (1, 1, 4, 11, 4, 5, 1),
     (2, 1, 10, 3, 5, 3, 2),
     (1, 4, 6, 8, 2, 4, 4),
-    (1, 2, 3, 3, 3, 3, 1),
+    (1, 2, 3, 4, 3, 4, 1),
     (2, 2, 7, 5, 1, 2, 1),
     (1, 1, 12, 7, 3, 5, 3),
     (1, 3, 5, 6, 4, 1, 1),

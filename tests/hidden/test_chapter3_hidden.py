@@ -201,13 +201,18 @@ def test_reduce_in_place_on_a_root_that_is_not_rank_0():
             parallel_assert(bool(ok), f"rank {comm.rank}: in-place reduce {op} to root {root}: {mine}")
 
 
+# the root as a function of p: the tree is drawn around it (relative ranks), so each is another tree
+ROOTS = {"rank_1": lambda size: 1, "middle": lambda size: size // 2, "last": lambda size: size - 1}
+
+
 @pytest.mark.task("3.2")
 @pytest.mark.parallel(nprocs=AWKWARD_P)
+@pytest.mark.parametrize("root_name", ROOTS)
 @pytest.mark.parametrize("op", BASE_OPS)
-def test_tree_reduce_heart_with_source_leaves_the_input_and_fills_the_roots_data(op):
+def test_tree_reduce_heart_with_source_leaves_the_input_and_fills_the_roots_data(op, root_name):
     comm = MPI.COMM_WORLD
     length = comm.size + 2
-    for root in (0, comm.size - 1, comm.size // 2):
+    for root in (ROOTS[root_name](comm.size), 0):
         source = fill(comm.rank, length, "float64")
         data = garbage(length, "float64")
         tree.tree_reduce_in_place(comm, data, op, root=root, source=source)
