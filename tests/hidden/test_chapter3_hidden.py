@@ -1,8 +1,9 @@
 """Hidden: the collectives of chapter 3 (tasks 3.1-3.9) on awkward rank counts, lengths and dtypes.
 
 The visible tests (tests/test_collectives.py) draw lengths and dtypes at random, mostly on 2 to 5
-ranks. Here every check runs on p = 3, 5, 6 and 7 (not a power of two: the fold-in's pairs, the
-ring's uneven blocks, the binomial tree's missing children), on lengths below p (empty blocks),
+ranks. Here the MPI checks run on p = 3, 5, 6 and 7 (not a power of two: the fold-in's pairs, the
+ring's uneven blocks, the binomial tree's missing children; the butterfly's and Rabenseifner's
+hearts also on p = 4, where they read `source` in their first round), on lengths below p (empty blocks),
 around multiples of p and of the largest power of two, on every dtype collectives.check.DTYPES
 promises, every op, in place and out of place, and with the heart called directly with a
 `source` and a `data` full of garbage.
@@ -236,10 +237,10 @@ def test_broadcast_from_every_root_every_dtype():
     for root in range(comm.size):
         for dtype in DTYPES[root % 3::3]:
             for length in (1, comm.size + root):
-                buf = fill(comm.rank, length, dtype)
+                buf, want = fill(comm.rank, length, dtype), fill(root, length, dtype)
                 collectives.broadcast(comm, buf, root=root, check=False)
-                parallel_assert(np.array_equal(buf, fill(root, length, dtype)),
-                                report(comm, f"broadcast of {length} {dtype} from {root}", buf, fill(root, length, dtype)))
+                parallel_assert(np.array_equal(buf, want),
+                                report(comm, f"broadcast of {length} {dtype} from {root}", buf, want))
 
 
 @pytest.mark.task("3.3")
