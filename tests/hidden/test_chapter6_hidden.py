@@ -26,13 +26,15 @@ F, B = "forward", "backward"
 
 HAND_WORKED = {   # P: {(kind, stage, m): the order, worked out on paper from the schedules' definitions}
     3: {("1f1b", 0, 5): [(F, 0), (F, 1), (F, 2), (B, 0), (F, 3), (B, 1), (F, 4), (B, 2), (B, 3), (B, 4)],
-        ("1f1b", 1, 5): [(F, 0), (F, 1), (B, 0), (F, 2), (B, 1), (F, 3), (B, 2), (F, 4), (B, 3), (B, 4)]},
+        ("1f1b", 1, 5): [(F, 0), (F, 1), (B, 0), (F, 2), (B, 1), (F, 3), (B, 2), (F, 4), (B, 3), (B, 4)],
+        ("1f1b", 0, 1): [(F, 0), (B, 0)]},                                     # m = 1 < P - s - 1
     5: {("1f1b", 0, 2): [(F, 0), (F, 1), (B, 0), (B, 1)],                      # m < P: all warm-up
         ("1f1b", 3, 2): [(F, 0), (F, 1), (B, 0), (B, 1)],                      # warm-up of 1, holds 2
         ("1f1b", 4, 2): [(F, 0), (B, 0), (F, 1), (B, 1)],                      # the last stage
         ("1f1b", 1, 3): [(F, 0), (F, 1), (F, 2), (B, 0), (B, 1), (B, 2)]},     # m = P - s - 1 + 1
     6: {("gpipe", 2, 3): [(F, 0), (F, 1), (F, 2), (B, 2), (B, 1), (B, 0)],
-        ("1f1b", 2, 4): [(F, 0), (F, 1), (F, 2), (F, 3), (B, 0), (B, 1), (B, 2), (B, 3)]},
+        ("1f1b", 2, 4): [(F, 0), (F, 1), (F, 2), (F, 3), (B, 0), (B, 1), (B, 2), (B, 3)],
+        ("1f1b", 1, 2): [(F, 0), (F, 1), (B, 0), (B, 1)]},
     7: {("1f1b", 2, 1): [(F, 0), (B, 0)],                                      # m = 1
         ("gpipe", 6, 1): [(F, 0), (B, 0)],
         ("1f1b", 0, 3): [(F, 0), (F, 1), (F, 2), (B, 0), (B, 1), (B, 2)],
@@ -74,9 +76,9 @@ def check_gpipe(order, m):
 
 @pytest.mark.task("6.1")
 @pytest.mark.parametrize("stages", [3, 5, 6, 7])
-@pytest.mark.parametrize("ms", ["1 to 3", "P - 1", "P and P + 3"])
+@pytest.mark.parametrize("ms", ["1 to 3", "P - 2 and P - 1", "P and P + 3"])
 def test_every_stage_of_both_schedules_follows_the_definition(stages, ms):
-    chosen = {"1 to 3": [1, 2, 3], "P - 1": [stages - 1], "P and P + 3": [stages, stages + 3]}[ms]
+    chosen = {"1 to 3": [1, 2, 3], "P - 2 and P - 1": [stages - 2, stages - 1], "P and P + 3": [stages, stages + 3]}[ms]
     for m in chosen:
         for stage in range(stages):
             check_1f1b(pipeline_parallel.schedule("1f1b", stage, stages, m), stages, stage, m)
