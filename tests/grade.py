@@ -143,12 +143,12 @@ def gradescope(results, seconds):
                                       "message": "; ".join(row["failed"]) or "no tests ran"}]:
             share = row["max_points"] / len(counted) if counted else row["max_points"]
             share = 0.0 if test["status"] == "skipped" else share          # a skipped test (no GPU) counts for nothing
-            tests.append({"name": f"{row['id']} {row['title']}: {test['name']}", "max_score": round(share, 4),
-                          "score": round(share, 4) if test["status"] == "passed" else 0.0,
+            tests.append({"name": f"{row['id']} {row['title']}: {test['name']}", "max_score": round(share, 6),
+                          "score": round(share, 6) if test["status"] == "passed" else 0.0,
                           "status": "passed" if test["status"] in ("passed", "skipped") else "failed",
                           "output": test["message"] or test["status"],
                           "visibility": "after_published" if "tests/hidden/" in test["name"] else "visible"})
-    return {"score": round(sum(row["points"] for row in results), 4), "execution_time": round(seconds, 1),
+    return {"score": round(sum(test["score"] for test in tests), 4), "execution_time": round(seconds, 1),
             "tests": tests}
 
 

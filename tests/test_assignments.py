@@ -293,7 +293,8 @@ def test_a_deadlock_is_named_stops_only_its_task_and_results_json_has_gradescope
     assert abs(sum(test["score"] for test in found["tests"]) - found["score"]) < 1e-3
     assert abs(sum(test["max_score"] for test in found["tests"])
                - sum(task.points for task in TASKS if task.id in ("3.4", "9.2", "5.2"))) < 1e-3
-    assert found["score"] == sum(row["points"] for row in rows.values())
+    # the table rounds each task's points to 0.01; results.json keeps the tests' shares
+    assert abs(found["score"] - sum(row["points"] for row in rows.values())) <= 0.005 * len(rows)
 
 
 @reference_only
