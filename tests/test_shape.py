@@ -179,7 +179,7 @@ HOW_IT_WAS_MADE = re.compile(r"\bissue[- ]?\d+|\bthe issue('s)?\b|\bissue's owne
 
 
 def test_code_tests_and_chapters_name_targets_by_what_they_are_not_by_where_they_came_from():
-    """No "issue 15", "the issue", "stop 24": a reader of the project has never seen the tracker."""
+    """No tracker numbers or "the issue" in the project: a reader of it has never seen the tracker."""
     files = [path for folder in ("minidl", "collectives", "algorithms", "tutorials", "tests")
              for pattern in ("*.py", "*.md") for path in (ROOT / folder).rglob(pattern)]
     files = [path for path in files + [ROOT / "README.md"] if path.name != "test_shape.py"]

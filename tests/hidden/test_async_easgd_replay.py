@@ -56,8 +56,13 @@ def replay(log, problem, workers, seed, alpha):
 @pytest.mark.parallel(nprocs=[3, 4])
 @pytest.mark.parametrize("seed", [0, 7])
 def test_deterministic_async_easgd_equals_a_serial_replay_of_its_log(seed):
+    check_against_its_replay(least_squares(96, 5, np.random.default_rng(3)), seed)
+
+
+def check_against_its_replay(problem, seed):
+    """A deterministic run of async EASGD on every rank of COMM_WORLD (rank 0 the server) ends where a
+    serial replay of its server's log ends, and pushed once per tau steps of every worker."""
     comm = MPI.COMM_WORLD
-    problem = least_squares(96, 5, np.random.default_rng(3))
     report = {}
     center, _ = async_easgd.train(comm, tau=TAU, rho=RHO, problem=problem, epochs=EPOCHS, lr=LR, batch_size=BATCH,
                                   seed=seed, deterministic=True, quiet=True, report=report)
@@ -69,7 +74,7 @@ def test_deterministic_async_easgd_equals_a_serial_replay_of_its_log(seed):
         equal = error <= 1e-12 * max(1.0, float(np.max(np.abs(replayed))))
     except AssertionError as failure:
         equal, message = False, f"the log cannot be replayed: {failure}"
-    parallel_assert(equal, message)
+    parallel_assert(equal, f"p={comm.size}: {message}")
     pushes = sum(1 for event in report["logs"][0] if event[0] == "push")
     per_worker = [-(-len(ps_job.worker_batches(problem.n, seed, 0, w, workers, BATCH)) // TAU) * EPOCHS
                   for w in range(workers)]

@@ -8,12 +8,10 @@ whose shards differ in length.
 """
 import numpy as np
 import pytest
-from mpi4py import MPI
-from pytest_mpi import parallel_assert
 
-from algorithms import async_easgd, ps_job, sandblaster_lbfgs as sandblaster
+from algorithms import sandblaster_lbfgs as sandblaster
 from minidl.data import least_squares
-from tests.hidden.test_async_easgd_replay import BATCH, EPOCHS, LR, RHO, TAU, replay
+from tests.hidden.test_async_easgd_replay import check_against_its_replay
 from tests.test_sandblaster import InProcessShards
 
 
@@ -89,21 +87,4 @@ def test_with_no_pairs_the_direction_is_minus_g_exactly(servers):
 @pytest.mark.parallel(nprocs=[5, 6, 7])
 def test_async_easgd_on_p_ranks_with_uneven_shards_is_its_server_log_replayed():
     # 61 rows over 4, 5 or 6 workers: shards differ by a row, and their last batches are short
-    comm = MPI.COMM_WORLD
-    problem, seed = least_squares(61, 4, np.random.default_rng(5)), 3
-    report = {}
-    center, _ = async_easgd.train(comm, tau=TAU, rho=RHO, problem=problem, epochs=EPOCHS, lr=LR, batch_size=BATCH,
-                                  seed=seed, deterministic=True, quiet=True, report=report)
-    workers = comm.size - 1
-    try:
-        replayed = replay(report["logs"][0], problem, workers, seed, LR * RHO)
-        error = float(np.max(np.abs(center - replayed)))
-        message = f"differs from the replay of its log by {error:.3g}"
-        equal = error <= 1e-12 * max(1.0, float(np.max(np.abs(replayed))))
-    except AssertionError as failure:
-        equal, message = False, f"the log cannot be replayed: {failure}"
-    parallel_assert(equal, f"p={comm.size}: {message}")
-    pushes = sum(1 for event in report["logs"][0] if event[0] == "push")
-    expected = sum(-(-len(ps_job.worker_batches(problem.n, seed, 0, w, workers, BATCH)) // TAU) * EPOCHS
-                   for w in range(workers))
-    parallel_assert(pushes == expected, f"{pushes} pushes, expected {expected} (one per tau steps)")
+    check_against_its_replay(least_squares(61, 4, np.random.default_rng(5)), seed=3)
