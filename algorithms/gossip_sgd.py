@@ -41,12 +41,12 @@ mean model's; spread 0.4%) in 3-5.5 s.
 import numpy
 from mpi4py import MPI
 
-from algorithms import checkpoint, cli, run
+from algorithms import checkpoint, cli, run, tags
 from algorithms.objective import evaluate_at
 from minidl import backend
 
 PAIRINGS = ("ring", "random")
-GOSSIP_TAG = 7201
+GOSSIP_TAG = tags.GOSSIP
 
 
 def partner_of(rank, size, round_number, pairing, seed=0):

@@ -68,7 +68,7 @@ far too small for its layers to be worth splitting; tutorials/06 counts the byte
 import numpy
 from mpi4py import MPI
 
-from algorithms import checkpoint, cli, run
+from algorithms import checkpoint, cli, run, tags
 from algorithms.cli import SettingError
 from algorithms.objective import build_model
 from minidl.data import shard
@@ -77,7 +77,7 @@ from minidl.nn import Conv2d, Flatten, Linear, MaxPool2d, ReLU, Sequential
 from minidl.tensor import Parameter, Tensor
 
 SPLITS = ("output", "input")
-EXCHANGE = 8100                        # the tag of every partition-crossing message
+EXCHANGE = tags.MODEL_PARALLEL         # the tag of every partition-crossing message
 
 
 def exchange(comm, outgoing, incoming):

@@ -70,7 +70,7 @@ import math
 import numpy
 from mpi4py import MPI
 
-from algorithms import checkpoint, cli, run
+from algorithms import checkpoint, cli, run, tags
 from algorithms.allreduce_sgd import data_parallel_step
 from algorithms.cli import SettingError
 from algorithms.objective import Data, evaluate, load_data
@@ -154,11 +154,12 @@ def exploit_and_explore(comm, ranks_per_member, pairs, objective, optimizer, hyp
     outgoing = [loser for loser, winner in pairs if winner == member]
     if outgoing:
         buffer = flat_state(objective, optimizer)
-        requests = [comm.Isend(buffer, dest=loser * ranks_per_member + piece, tag=loser) for loser in outgoing]
+        requests = [comm.Isend(buffer, dest=loser * ranks_per_member + piece, tag=tags.PBT_EXPLOIT + loser)
+                    for loser in outgoing]
     for loser, winner in pairs:
         if loser == member:
             received = numpy.empty(2 * objective.params.size, dtype=backend.to_numpy(objective.params).dtype)
-            comm.Recv(received, source=winner * ranks_per_member + piece, tag=loser)
+            comm.Recv(received, source=winner * ranks_per_member + piece, tag=tags.PBT_EXPLOIT + loser)
             load_flat_state(objective, optimizer, received)
     if outgoing:
         MPI.Request.Waitall(requests)
@@ -203,7 +204,7 @@ def split_validation(data, fraction):
 
 
 def check(size, population, ready, rounds, fraction, search, validation, ready_batch=32):
-    cli.require("--population", population, integer=True, low=2)
+    cli.require("--population", population, integer=True, low=2, high=tags.PBT_MEMBERS)
     if population > size or size % population:
         raise SettingError(f"--population {population} on {size} ranks: each member is a group of ranks, so the "
                            f"member count must divide the rank count (e.g. --population {size})")

@@ -70,7 +70,7 @@ with other jobs on the 2 cores, against 14 s serially: 4 ranks share 2 cores, an
 import numpy
 from mpi4py import MPI
 
-from algorithms import checkpoint, cli, run
+from algorithms import checkpoint, cli, run, tags
 from algorithms.cli import SettingError
 from algorithms.objective import build_model
 from minidl import backend
@@ -80,8 +80,8 @@ from minidl.nn import Sequential
 from minidl.tensor import Tensor, no_grad
 
 SCHEDULES = ("gpipe", "1f1b")
-ACTIVATION, GRADIENT = 8000, 8001       # tags of micro-batch i: ACTIVATION + 2 i and GRADIENT + 2 i
-MAX_MICRO_BATCHES = 10000               # keeps every tag below MPI's guaranteed bound, 32767
+ACTIVATION, GRADIENT = tags.PIPELINE, tags.PIPELINE + 1   # micro-batch i: ACTIVATION + 2 i and GRADIENT + 2 i
+MAX_MICRO_BATCHES = tags.PIPELINE_MICRO_BATCHES       # keeps every tag in the pipeline's range (algorithms.tags)
 
 
 def schedule(kind, stage, stages, micro_batches):

@@ -29,10 +29,12 @@ import dataclasses
 import numpy
 from mpi4py import MPI
 
+from algorithms import tags
 from minidl import backend
 from minidl.data import shard_sizes
 
-REQUEST, GRAD, REPLY, PARAMS, CONTROL, SNAPSHOT, EPOCH = 501, 502, 503, 504, 505, 506, 507
+REQUEST, GRAD, REPLY, PARAMS, CONTROL, SNAPSHOT, EPOCH = (tags.PS_REQUEST, tags.PS_GRAD, tags.PS_REPLY, tags.PS_PARAMS,
+                                                        tags.PS_CONTROL, tags.PS_SNAPSHOT, tags.PS_EPOCH)
 OK, DROPPED, STOP = 0, 1, 2                           # the status of a reply
 POLL_SECONDS = 0.0002                                 # sleep between probes: ranks share cores
 

@@ -80,14 +80,15 @@ import time
 import numpy
 from mpi4py import MPI
 
-from algorithms import checkpoint, cli, run
+from algorithms import checkpoint, cli, run, tags
 from algorithms.objective import evaluate_at
 from algorithms.ps_wire import shard_ranges
 from collectives.trace import CountingComm, TracedComm
 from minidl import backend
 from minidl.data import least_squares
 
-CMD, REPLY, REPORT, WORK, PUSH, PUSH_DATA, FETCH, PARAMS = 601, 602, 603, 604, 605, 606, 607, 608
+CMD, REPLY, REPORT, WORK, PUSH, PUSH_DATA, FETCH, PARAMS = (tags.SB_CMD, tags.SB_REPLY, tags.SB_REPORT, tags.SB_WORK,
+                                                           tags.SB_PUSH, tags.SB_PUSH_DATA, tags.SB_FETCH, tags.SB_PARAMS)
 POLL_SECONDS = 0.0002                    # sleep between probes: ranks share the cores
 CURVATURE = 1e-10                        # minidl.optim.LBFGS keeps (s, y) only if <s, y> > this
 

@@ -53,6 +53,7 @@ import numpy as np       # noqa: E402
 from mpi4py import MPI   # noqa: E402
 
 from . import auto, butterfly, cost, naive, persistent, rabenseifner, ring, tree   # noqa: E402
+from .tags import PING_PONG  # noqa: E402
 
 ALGORITHMS = {"naive": naive.allreduce, "tree": tree.allreduce, "butterfly": butterfly.allreduce,
               "ring": ring.allreduce, "rabenseifner": rabenseifner.allreduce, "auto": auto.allreduce}
@@ -97,11 +98,11 @@ def fit_alpha_beta(comm, min_seconds):
 
         def ping_pong():
             if rank == 0:
-                comm.Send(message, dest=1, tag=1)
-                comm.Recv(message, source=1, tag=1)
+                comm.Send(message, dest=1, tag=PING_PONG)
+                comm.Recv(message, source=1, tag=PING_PONG)
             elif rank == 1:
-                comm.Recv(message, source=0, tag=1)
-                comm.Send(message, dest=0, tag=1)
+                comm.Recv(message, source=0, tag=PING_PONG)
+                comm.Send(message, dest=0, tag=PING_PONG)
         best = min(timed(comm, ping_pong, min_seconds) for _ in range(3))
         points.append((nbytes, best / 2))
     sizes = np.array([p[0] for p in points], dtype=float)

@@ -26,6 +26,7 @@ SPARSE_FOLD_IN = 7131   # sparse allreduce (sparse.py): even rank hands its (ind
 SPARSE_EXCHANGE = 7132  # sparse allreduce: partners swap sparse or dense vectors and merge them
 SPARSE_FOLD_OUT = 7133  # sparse allreduce: odd rank hands the result back
 DIRECT_GATHER = 7134    # sparse.allgather: every rank's block straight to every other rank
+PING_PONG = 7140        # collectives.bench: rank 0 and rank 1 bounce a message to fit alpha and beta
 
 # tag -> (phase name, whether the receiver combines the incoming data into its own)
 PHASES = {
@@ -43,4 +44,5 @@ PHASES = {
     SPARSE_EXCHANGE: ("sparse exchange", True),
     SPARSE_FOLD_OUT: ("sparse fold-out", False),
     DIRECT_GATHER: ("direct allgather", False),
+    PING_PONG: ("ping-pong", False),
 }
