@@ -58,6 +58,20 @@ class InProcessShards(sandblaster.Shards):
         return [shard.command(op, args) for shard in self.shards]
 
 
+def sharded(servers, g, s_history, y_history):
+    """The direction sharded_direction leaves in the shards' d, and the shards' g after it."""
+    d = len(g)
+    roles = sandblaster.Roles(servers + 2, servers, d)
+    shards = [sandblaster.Shard(None, roles, k, np.zeros(d), history_size=10) for k in range(servers)]
+    for shard, (start, stop) in zip(shards, roles.ranges):
+        shard.vectors["g"][...] = g[start:stop]
+        shard.s_history = [s[start:stop].copy() for s in s_history]
+        shard.y_history = [y[start:stop].copy() for y in y_history]
+    sandblaster.sharded_direction(InProcessShards(shards), len(s_history))
+    return (np.concatenate([shard.vectors["d"] for shard in shards]),
+            np.concatenate([shard.vectors["g"] for shard in shards]))
+
+
 @pytest.mark.task("7.1")
 @pytest.mark.parametrize("servers", [1, 2, 3])
 def test_sharded_two_loop_recursion_equals_the_serial_one(servers):
@@ -67,17 +81,10 @@ def test_sharded_two_loop_recursion_equals_the_serial_one(servers):
         s_history = [rng.standard_normal(d) for _ in range(pairs)]
         y_history = [s + 0.3 * rng.standard_normal(d) for s in s_history]     # <s, y> > 0
         g = rng.standard_normal(d)
-        roles = sandblaster.Roles(servers + 2, servers, d)
-        shards = [sandblaster.Shard(None, roles, k, np.zeros(d), history_size=10) for k in range(servers)]
-        for shard, (start, stop) in zip(shards, roles.ranges):
-            shard.vectors["g"][...] = g[start:stop]
-            shard.s_history = [s[start:stop].copy() for s in s_history]
-            shard.y_history = [y[start:stop].copy() for y in y_history]
-        sandblaster.sharded_direction(InProcessShards(shards), pairs)
-        direction = np.concatenate([shard.vectors["d"] for shard in shards])
+        direction, g_after = sharded(servers, g, s_history, y_history)
         expected = two_loop_direction(g, s_history, y_history)
         assert np.allclose(direction, expected, rtol=1e-12, atol=1e-14), (servers, pairs)
-        assert np.array_equal(g, np.concatenate([shard.vectors["g"] for shard in shards]))   # g untouched
+        assert np.array_equal(g, g_after)                                                  # g untouched
 
 
 class NoMessages:

@@ -12,24 +12,10 @@ import pytest
 from algorithms import sandblaster_lbfgs as sandblaster
 from minidl.data import least_squares
 from tests.hidden.test_async_easgd_replay import check_against_its_replay
-from tests.test_sandblaster import InProcessShards
+from tests.test_sandblaster import sharded
 
 
 # ---- 7.1: the sharded two-loop recursion ------------------------------------------------------------
-
-def sharded(servers, g, s_history, y_history):
-    """The direction sharded_direction leaves in the shards' d, and the shards' g after it."""
-    d = len(g)
-    roles = sandblaster.Roles(servers + 2, servers, d)
-    shards = [sandblaster.Shard(None, roles, k, np.zeros(d), history_size=10) for k in range(servers)]
-    for shard, (start, stop) in zip(shards, roles.ranges):
-        shard.vectors["g"][...] = g[start:stop]
-        shard.s_history = [s[start:stop].copy() for s in s_history]
-        shard.y_history = [y[start:stop].copy() for y in y_history]
-    sandblaster.sharded_direction(InProcessShards(shards), len(s_history))
-    return (np.concatenate([shard.vectors["d"] for shard in shards]),
-            np.concatenate([shard.vectors["g"] for shard in shards]))
-
 
 def history(rng, d, pairs):
     s_history = [rng.standard_normal(d) for _ in range(pairs)]
