@@ -3,6 +3,9 @@
     python -m minidl.bench                 conv / pooling / linear layers and two training steps
     python -m minidl.bench conv            the four convolution algorithms, their cost table, the
                                            Winograd channel sweep and the FFT kernel-size crossover
+    python -m minidl.bench sweep           the LeNet-5 and MLP training steps and the 64-channel conv layer
+                                           at batch 16..256, PyTorch beside them, the conv layer's floor
+                                           (its GEMMs and copies timed alone); CuPy rows if a GPU
     python -m minidl.bench layers          Hegde & Usmani 2016, section 4: a conv layer and a fully
                                            connected layer over sizes, NumPy vs CuPy (if a GPU) vs PyTorch
     options: --json PATH  --plot PATH (conv, layers)  --threads N (default 1)  --repeats R  --clock cpu|wall
@@ -110,7 +113,24 @@ def layers_cases(quick):
     return cases
 
 
-SUITES = {"main": main_cases, "conv": conv_cases, "layers": layers_cases}
+SWEEP_BATCHES = (16, 32, 64, 128, 256)
+FLOOR_STAGES = ("GEMM", "im2col copy", "im2col copy (rebuilt)", "col2im", "zero-pad copy")
+
+
+def sweep_cases(quick):
+    """Every batch size: the LeNet-5 and MLP training steps and the 64-channel conv layer (with its floor)."""
+    cases = []
+    for batch in ((2, 4) if quick else SWEEP_BATCHES):
+        conv_shape = (batch,) + ((4, 4, 8, 3, 1, 1) if quick else LARGE_CONV[1:])
+        cases += [{"case": "lenet5 train step", "kind": "step", "model": "lenet5", "batch": batch, "target_ratio": 1.2},
+                  {"case": "mlp 784-256-256-10 train step", "kind": "step", "model": "mlp", "batch": batch,
+                   "target_ratio": 0.9},
+                  {"case": "conv 64->64 32x32", "kind": "conv", "shape": conv_shape, "algorithm": "im2col",
+                   "batch": batch, "target_floor": 1.15}]
+    return cases
+
+
+SUITES = {"main": main_cases, "conv": conv_cases, "layers": layers_cases, "sweep": sweep_cases}
 
 
 def conv_flops(shape):
@@ -148,9 +168,9 @@ def best_ms(step, repeats, sync=lambda: None, warmup=2, clock="wall"):
     return best * 1e3
 
 
-def gemm_gflops(matmul_of, size, repeats, clock):
+def gemm_gflops(matmul_of, size, repeats, clock, sync=lambda: None):
     """GFLOP/s of one size x size float32 matrix product."""
-    seconds = best_ms(matmul_of(size), repeats, clock=clock) / 1e3
+    seconds = best_ms(matmul_of(size), repeats, sync, clock=clock) / 1e3
     return 2 * size ** 3 / seconds / 1e9
 
 
@@ -222,7 +242,12 @@ def minidl_worker(suite, quick, repeats, clock):
     times = {}
     for index, case in enumerate(SUITES[suite](quick)):
         times[index] = best_ms(minidl_step(case, rng), repeats, sync, clock=clock)
-    answer = {"times": times, "gemm_gflops": gemm_gflops(matmul_of, 256 if quick else 2048, repeats, clock)}
+    answer = {"times": times, "gemm_gflops": gemm_gflops(matmul_of, 256 if quick else 2048, repeats, clock, sync)}
+    if suite == "sweep":          # the conv layer's floor: its GEMMs and im2col/col2im copies, each timed alone
+        answer["floors"] = {index: sum(best_ms(fn, repeats, sync, clock=clock) * scale
+                                       for _, stage, fn, _, scale in conv_stages(case["shape"], rng, xp)
+                                       if stage in FLOOR_STAGES)
+                            for index, case in enumerate(SUITES[suite](quick)) if case["kind"] == "conv"}
     if suite == "main" and backend.get_backend() == "numpy":
         answer["breakdown"] = breakdown(quick, repeats, clock, answer["gemm_gflops"])
     return answer
@@ -393,12 +418,12 @@ def breakdown(quick, repeats, clock, gemm):
 
 
 # ---- the PyTorch side (only here, only as a yardstick) ----------------------------------------
-def torch_step(case, torch):
+def torch_step(case, torch, device="cpu"):
     nn_ = torch.nn
     generator = torch.Generator().manual_seed(0)
 
     def array(*shape, grad=False):
-        return torch.randn(*shape, generator=generator).requires_grad_(grad)
+        return torch.randn(*shape, generator=generator).to(device).requires_grad_(grad)
 
     if case["kind"] in ("conv", "pool", "linear"):
         if case["kind"] == "conv":
@@ -410,7 +435,8 @@ def torch_step(case, torch):
         else:
             n, i, o = case["shape"]
             layer, x = nn_.Linear(i, o), array(n, i, grad=True)
-        grad = torch.randn(layer(x).shape, generator=generator)
+        layer = layer.to(device)
+        grad = torch.randn(layer(x).shape, generator=generator).to(device)
 
         def step():
             layer.zero_grad(set_to_none=True)
@@ -424,8 +450,9 @@ def torch_step(case, torch):
     else:
         model = nn_.Sequential(nn_.Flatten(), nn_.Linear(784, 256), nn_.ReLU(), nn_.Linear(256, 256), nn_.ReLU(),
                                nn_.Linear(256, 10))
+    model = model.to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    x, labels = array(case["batch"], 1, 28, 28), torch.randint(0, 10, (case["batch"],), generator=generator)
+    x, labels = array(case["batch"], 1, 28, 28), torch.randint(0, 10, (case["batch"],), generator=generator).to(device)
 
     def step():
         optimizer.zero_grad(set_to_none=True)
@@ -434,37 +461,46 @@ def torch_step(case, torch):
     return step
 
 
-def torch_worker(suite, quick, repeats, threads, clock):
+def torch_worker(suite, quick, repeats, threads, clock, device="cpu"):
+    """PyTorch's times; ``device="cuda"`` is the yardstick for the CuPy rows (wall time, synchronized)."""
     import torch
     torch.set_num_threads(threads)
+    sync = lambda: None                                           # noqa: E731
+    if device == "cuda":
+        sync, clock = torch.cuda.synchronize, "wall"
     times = {}
     for index, case in enumerate(SUITES[suite](quick)):
         if suite == "conv" and case["algorithm"] != "im2col":
             continue              # one PyTorch time per shape (beside the default algorithm's row) is enough
-        times[index] = best_ms(torch_step(case, torch), repeats, clock=clock)
+        times[index] = best_ms(torch_step(case, torch, device), repeats, sync, clock=clock)
 
     def matmul_of(size):
-        a = torch.randn(size, size)
+        a = torch.randn(size, size).to(device)
         return lambda: a @ a
-    return {"times": times, "gemm_gflops": gemm_gflops(matmul_of, 256 if quick else 2048, repeats, clock),
-            "version": torch.__version__}
+    answer = {"times": times, "version": torch.__version__,
+              "gemm_gflops": gemm_gflops(matmul_of, 256 if quick else 2048, repeats, clock, sync)}
+    if device == "cuda":
+        answer["device_name"] = torch.cuda.get_device_name()
+    return answer
 
 
 # ---- running the workers in their own processes -------------------------------------------
-def run_worker(framework, suite, args, backend_name="numpy"):
+def run_worker(framework, suite, args, backend_name="numpy", device="cpu"):
     """Run one worker process and return its JSON answer (None if it could not run)."""
     env = dict(os.environ)
     for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         env[variable] = str(args.threads)
     env["MINIDL_BACKEND"] = backend_name
     command = [sys.executable, "-m", "minidl.bench", suite, "--worker", framework,
-               "--threads", str(args.threads), "--repeats", str(args.repeats), "--clock", args.clock] + (["--quick"] if args.quick else [])
+               "--threads", str(args.threads), "--repeats", str(args.repeats), "--clock", args.clock, "--device", device] + (["--quick"] if args.quick else [])
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         print(f"[bench] the {framework} worker ({backend_name}) failed:\n{done.stderr[-2000:]}", file=sys.stderr)
         return None
     answer = json.loads(done.stdout.strip().splitlines()[-1])
-    answer["times"] = {int(key): value for key, value in answer["times"].items()}
+    for key in ("times", "floors"):               # JSON made the case indices strings
+        if key in answer:
+            answer[key] = {int(index): value for index, value in answer[key].items()}
     return answer
 
 
@@ -475,6 +511,13 @@ def torch_installed():
 def gpu_available():
     from minidl import backend
     return backend.cupy_available()
+
+
+def torch_cuda_available():
+    if not torch_installed():
+        return False
+    import torch
+    return torch.cuda.is_available()
 
 
 def _ratio(a, b):
@@ -489,15 +532,28 @@ def measure(suite, args):
         raise SystemExit("minidl benchmark worker failed")
     torch = run_worker("torch", suite, args) if torch_installed() and not args.no_torch else None
     gpu = run_worker("minidl", suite, args, "cupy") if suite != "main" and gpu_available() else None
+    torch_gpu = (run_worker("torch", suite, args, device="cuda")
+                 if gpu and not args.no_torch and torch_cuda_available() else None)
     rows = []
     for index, case in enumerate(cases):
-        for device, result in (("cpu", minidl), ("gpu", gpu)):
+        for device, result, yardstick in (("cpu", minidl, torch), ("gpu", gpu, torch_gpu)):
             if result is None:
                 continue
-            rows.append(_row(case, result["times"][index], torch["times"].get(index) if torch and device == "cpu" else None,
-                             minidl["gemm_gflops"], device, args.threads))
+            row = _row(case, result["times"][index], yardstick["times"].get(index) if yardstick else None,
+                       result["gemm_gflops"], device, args.threads)
+            if index in result.get("floors", {}):
+                row["floor_ms"] = round(result["floors"][index], 4)
+                row["over_floor"] = round(row["minidl_ms"] / row["floor_ms"], 3)
+                row["target"] = f"<= {case['target_floor']}x floor"
+                row["met"] = row["over_floor"] <= case["target_floor"]
+            if device == "gpu":               # Hegde & Usmani's question: how much faster than the CPU?
+                row["cpu_over_gpu"] = round(minidl["times"][index] / result["times"][index], 2)
+            rows.append(row)
     meta = {"gemm_gflops": minidl["gemm_gflops"], "torch_gemm_gflops": torch["gemm_gflops"] if torch else None,
             "torch_version": torch["version"] if torch else None, "gpu": gpu is not None,
+            "cupy_gemm_gflops": gpu["gemm_gflops"] if gpu else None,
+            "torch_cuda_gemm_gflops": torch_gpu["gemm_gflops"] if torch_gpu else None,
+            "gpu_name": torch_gpu.get("device_name") if torch_gpu else None,
             "breakdown": minidl.get("breakdown")}
     return rows, meta
 
@@ -514,10 +570,12 @@ def _row(case, minidl_ms, torch_ms, gemm, device, threads):
         row["shape"] = list(case["shape"])
     if "sweep" in case:
         row["sweep"], row["x"] = case["sweep"], case["x"]
+    if "batch" in case:
+        row["batch"] = case["batch"]
     if flops:
         row["gflops"] = round(flops / minidl_ms / 1e6, 2)
-        row["gemm_fraction"] = round(row["gflops"] / gemm, 3) if device == "cpu" else None
-    if "target_ratio" in case:
+        row["gemm_fraction"] = round(row["gflops"] / gemm, 3)     # of this device's own GEMM rate
+    if "target_ratio" in case and device == "cpu":       # the targets are the CPU's; the GPU rows are numbers
         row["target"] = f"<= {case['target_ratio']}x torch"
         row["met"] = row["ratio"] <= case["target_ratio"] if row["ratio"] is not None else None
     if "target_gemm_fraction" in case:
@@ -672,7 +730,8 @@ def plot(rows, suite, path):
 MAIN_COLUMNS = ["case", "minidl_ms", "torch_ms", "ratio", "gflops", "gemm_fraction", "target", "met"]
 CONV_COLUMNS = ["case", "algorithm", "device", "minidl_ms", "torch_ms", "ratio", "gflops", "multiplies_fwd_bwd",
                 "extra_elements", "auto_choice", "fastest"]
-LAYERS_COLUMNS = ["case", "device", "minidl_ms", "torch_ms", "ratio", "gflops", "gemm_fraction"]
+SWEEP_COLUMNS = ["case", "batch", "device", "minidl_ms", "torch_ms", "ratio", "floor_ms", "over_floor", "target", "met"]
+LAYERS_COLUMNS = ["case", "device", "minidl_ms", "torch_ms", "ratio", "gflops", "gemm_fraction", "cpu_over_gpu"]
 
 
 def main(argv=None):
@@ -687,12 +746,13 @@ def main(argv=None):
                         help="'wall' time, or this process's 'cpu' time (default: cpu for 1 thread, else wall)")
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
     parser.add_argument("--worker", choices=["minidl", "torch"], help=argparse.SUPPRESS)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.clock = args.clock or ("cpu" if args.threads == 1 else "wall")
 
     if args.worker:                               # inside a worker process: time and answer in JSON
         if args.worker == "torch":
-            answer = torch_worker(args.suite, args.quick, args.repeats, args.threads, args.clock)
+            answer = torch_worker(args.suite, args.quick, args.repeats, args.threads, args.clock, args.device)
         else:
             answer = minidl_worker(args.suite, args.quick, args.repeats, args.clock)
         print(json.dumps(answer))
@@ -703,7 +763,10 @@ def main(argv=None):
           f"NumPy GEMM {meta['gemm_gflops']:.1f} GFLOP/s"
           + (f", PyTorch {meta['torch_version']} GEMM {meta['torch_gemm_gflops']:.1f} GFLOP/s" if meta["torch_version"]
              else ", no PyTorch comparison (not installed or --no-torch)")
-          + ("" if args.suite == "main" else ("; GPU (CuPy) measured" if meta["gpu"] else "; no GPU: CuPy not measured")))
+          + ("" if args.suite == "main" else ("; no GPU: CuPy not measured" if not meta["gpu"] else
+              f"; GPU {meta['gpu_name'] or ''} (wall time): CuPy GEMM {meta['cupy_gemm_gflops']:.0f} GFLOP/s"
+              + (f", PyTorch CUDA GEMM {meta['torch_cuda_gemm_gflops']:.0f} GFLOP/s; 'gpu' rows' torch_ms is PyTorch on"
+                 " the GPU" if meta["torch_cuda_gemm_gflops"] else ""))))
     if os.environ.get("OPENBLAS_CORETYPE"):
         # a forced OpenBLAS kernel (set on some machines for old OpenBLAS bugs) can halve NumPy's GEMM rate
         print(f"note: OPENBLAS_CORETYPE={os.environ['OPENBLAS_CORETYPE']} forces that OpenBLAS kernel; "
@@ -721,10 +784,16 @@ def main(argv=None):
                   f"{item['multiply_ratio']}x fewer multiplications")
         print(f"FFT beats im2col from kernel size {summary['fft_crossover_kernel']} on "
               f"(kernel sweep; None = not within the sizes tried)")
+    elif args.suite == "sweep":
+        print_table(rows, SWEEP_COLUMNS)
     else:
         print_table(rows, LAYERS_COLUMNS)
     if args.json:
-        output = rows + ([{"case": "summary", "kind": "summary", **summary}] if summary else [])
+        machine = {key: meta[key] for key in ("gemm_gflops", "torch_gemm_gflops", "torch_version", "gpu", "gpu_name",
+                                              "cupy_gemm_gflops", "torch_cuda_gemm_gflops")}
+        machine.update(numpy_version=numpy.__version__, threads=args.threads, clock=args.clock, repeats=args.repeats)
+        summary = dict(summary or {}, machine=machine)
+        output = rows + [{"case": "summary", "kind": "summary", **summary}]
         with open(args.json, "w") as file:
             json.dump(output, file, indent=1)
     if args.plot and args.suite != "main":
