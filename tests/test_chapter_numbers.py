@@ -220,3 +220,39 @@ def test_make_02_figures_quick_runs(tmp_path):
     assert all(0 < row["error"] < 5e-6 for row in precision["worst"].values())      # float32 rounding, not 0
     rows = json.loads((tmp_path / "02_workdepth.json").read_text())
     assert {row["algorithm"] for row in rows} == {"direct", "im2col", "fft", "winograd", "GEMM"}
+
+
+def test_chapter_two_gpu_section_quotes_the_gpu_run():
+    """Section 6's GPU half against 02_gpu_numbers.json (make_02_figures.py --only gpu, from the JSON
+    that tutorials/figures/gpu_02.sh wrote on a GPU machine), and its three tables verbatim."""
+    gpu = json.loads((ROOT / "tutorials" / "figures" / "02_gpu_numbers.json").read_text())
+    prose = " ".join(CHAPTER.read_text().split())
+    claims = [
+        (r"([\d.]+) GFLOP/s on one CPU core and at ([\d.]+) GFLOP/s through CuPy",
+         [gpu["cpu_gemm_gflops"], gpu["cupy_gemm_gflops"]]),
+        (r"GPU, (\d+) times faster", [gpu["cupy_gemm_gflops"] / gpu["cpu_gemm_gflops"]]),
+        (r"differ between NumPy and CuPy by at most ([\d.e-]+) relative", [gpu["train_loss_max_relative_difference"]]),
+        (r"runs it ([\d.]+)x faster than one core at 256x256", [gpu["fc_cpu_over_gpu"][0]]),
+        (r"and ([\d.]+)x faster at 4096x4096", [gpu["fc_cpu_over_gpu"][1]]),
+        (r"([\d.]+)-([\d.]+)x its time on the GPU", gpu["fc_gpu_torch_ratio"]),
+        (r"The convolution gains only ([\d.]+)-([\d.]+)x", gpu["conv_cpu_over_gpu"]),
+        (r"takes ([\d.]+)-([\d.]+)x the time of PyTorch's \(cuDNN's\)", gpu["conv_gpu_torch_ratio"]),
+        (r"\(CPU / GPU ([\d.]+)\)", [gpu["lenet_cpu_over_gpu"]["16"]]),
+        (r"up to batch 64 \(([\d.]+)-([\d.]+)\)", [gpu["mlp_cpu_over_gpu"]["16"], gpu["mlp_cpu_over_gpu"]["64"]]),
+        (r"From batch 32 \(LeNet-5, ([\d.]+)x\) and 128 \(MLP, ([\d.]+)x\)",
+         [gpu["lenet_cpu_over_gpu"]["32"], gpu["mlp_cpu_over_gpu"]["128"]]),
+        (r"at batch 256 it is ([\d.]+)x and ([\d.]+)x faster",
+         [gpu["lenet_cpu_over_gpu"]["256"], gpu["mlp_cpu_over_gpu"]["256"]]),
+        (r"FFT is the fastest \(([\d.]+) ms", [gpu["large_gpu_ms"]["fft"]]),
+    ]
+    for pattern, values in claims:
+        found = re.search(pattern, prose)
+        assert found, f"chapter 2 no longer says /{pattern}/"
+        quoted = [float(group) for group in found.groups()]
+        assert all(_near(q, v) for q, v in zip(quoted, values)), f"/{pattern}/ says {quoted}, 02_gpu_numbers.json {values}"
+    assert gpu["large_gpu_fastest"] == "fft" and gpu["large_gpu_auto_choice"] == "im2col", \
+        "the prose says FFT is fastest on the GPU and auto still picks im2col"
+    assert gpu["test_accuracy_equal"], "the prose says both backends reach the same test accuracy"
+    for name in ("02_gpu_layers.md", "02_gpu_sweep.md", "02_gpu_conv.md"):
+        table = (ROOT / "tutorials" / "figures" / name).read_text().strip()
+        assert " ".join(table.split()) in prose, f"chapter 2's copy of {name} is stale"

@@ -24,6 +24,11 @@
    (max |error| / max |reference|, over the output and both gradients) on 300 random shapes and
    two wide layers (no timing: the same numbers on every run of the same NumPy)
    -> 02_precision.json.
+10. gpu: chapter 2's CPU-versus-GPU tables and figure, from the JSON that
+   ``bash tutorials/figures/gpu_02.sh OUTDIR`` wrote on a machine with a GPU (02_layers_gpu.json,
+   02_sweep_gpu.json, 02_conv_gpu.json, copied here; no timing in this part)
+   and its two training runs (02_gpu_train_numpy.jsonl, 02_gpu_train_cupy.jsonl)
+   -> 02_gpu_layers.md, 02_gpu_sweep.md, 02_gpu_conv.md, 02_gpu.png, 02_gpu_numbers.json.
 9. allocator: the LeNet-5 and MLP training steps and the 64-channel layer, minidl and PyTorch, each
    case in a fresh process, with glibc malloc's default thresholds (MINIDL_KEEP_FREED_MEMORY=0) and
    with the ones minidl sets at import (``minidl.backend.keep_freed_memory``): time and minor page
@@ -51,7 +56,7 @@ import numpy as np  # noqa: E402
 from minidl import conv  # noqa: E402
 from minidl.conv import cost, direct  # noqa: E402
 
-PARTS = ("conv", "layers", "main", "memory", "plots", "workdepth", "summary", "precision", "allocator")
+PARTS = ("conv", "layers", "main", "memory", "plots", "workdepth", "summary", "precision", "allocator", "gpu")
 MEMORY_SHAPE = ((32, 64, 32, 32), (64, 64, 3, 3), 1, 1)     # the chapter's "big" layer (section 3)
 COLOURS = {"direct": "tab:red", "fft": "tab:green", "winograd": "tab:purple", "PyTorch": "tab:orange",
            "im2col": "tab:blue"}
@@ -143,6 +148,113 @@ def plot_layers(out):
                     + ("" if gpu else "; no GPU here, so no GPU line"))
     figure.tight_layout()
     figure.savefig(out / "02_layers.png", dpi=110)
+    plt.close(figure)
+
+
+# ---- CPU against GPU: tables from the JSON gpu_02.sh wrote on a GPU machine --------------------
+def _pairs(rows, key):
+    """{key: {"cpu": row, "gpu": row}} for the rows of one GPU-machine suite."""
+    pairs = {}
+    for row in rows:
+        pairs.setdefault(key(row), {})[row["device"]] = row
+    return pairs
+
+
+def _ms(value):
+    return "-" if value is None else f"{value:.3g}"
+
+
+def gpu_tables(out):
+    layers, layers_meta = load(out, "layers_gpu")
+    sweep, _ = load(out, "sweep_gpu")
+    conv_rows, _ = load(out, "conv_gpu")
+    machine = layers_meta["machine"]
+    lines = ["| layer | CPU, 1 core, ms | GPU, ms | CPU / GPU | minidl / PyTorch, CPU | minidl / PyTorch, GPU |",
+             "|---|---|---|---|---|---|"]
+    pairs = _pairs(layers, lambda row: row["case"])
+    for case, pair in pairs.items():
+        cpu, gpu = pair["cpu"], pair["gpu"]
+        lines.append(f"| {case} | {_ms(cpu['minidl_ms'])} | {_ms(gpu['minidl_ms'])} | {gpu['cpu_over_gpu']:.3g} | "
+                     f"{_ms(cpu['ratio'])} | {_ms(gpu['ratio'])} |")
+    (out / "02_gpu_layers.md").write_text("\n".join(lines) + "\n")
+    lines = ["| case | batch | CPU, ms | GPU, ms | CPU / GPU | PyTorch CPU, ms | PyTorch GPU, ms |",
+             "|---|---|---|---|---|---|---|"]
+    for (case, batch), pair in _pairs(sweep, lambda row: (row["case"], row["batch"])).items():
+        cpu, gpu = pair["cpu"], pair["gpu"]
+        lines.append(f"| {case} | {batch} | {_ms(cpu['minidl_ms'])} | {_ms(gpu['minidl_ms'])} | "
+                     f"{gpu['cpu_over_gpu']:.3g} | {_ms(cpu['torch_ms'])} | {_ms(gpu['torch_ms'])} |")
+    (out / "02_gpu_sweep.md").write_text("\n".join(lines) + "\n")
+    lines = ["| algorithm | CPU, 1 core, ms | GPU, ms | CPU / GPU |", "|---|---|---|---|"]
+    large = _pairs([row for row in conv_rows if row["case"] == "large"], lambda row: row["algorithm"])
+    for algorithm, pair in large.items():
+        lines.append(f"| {algorithm} | {_ms(pair['cpu']['minidl_ms'])} | {_ms(pair['gpu']['minidl_ms'])} | "
+                     f"{pair['cpu']['minidl_ms'] / pair['gpu']['minidl_ms']:.3g} |")
+    torch_gpu = next(row["torch_ms"] for row in conv_rows if row["case"] == "large" and row["device"] == "gpu"
+                     and row["algorithm"] == "im2col")
+    lines.append(f"| PyTorch (cuDNN) | - | {_ms(torch_gpu)} | - |")
+    (out / "02_gpu_conv.md").write_text("\n".join(lines) + "\n")
+
+    def span(values):
+        return [round(min(values), 3), round(max(values), 3)]
+    gpu_layers = [row for row in layers if row["device"] == "gpu"]
+    by_sweep = {(row["case"], row["batch"], row["device"]): row for row in sweep}
+    gpu_large = {algorithm: pair["gpu"]["minidl_ms"] for algorithm, pair in large.items()}
+    numbers = {
+        "gpu_name": machine["gpu_name"], "cupy_gemm_gflops": machine["cupy_gemm_gflops"],
+        "cpu_gemm_gflops": machine["gemm_gflops"],
+        "conv_cpu_over_gpu": span([r["cpu_over_gpu"] for r in gpu_layers if r["kind"] == "conv"]),
+        "fc_cpu_over_gpu": span([r["cpu_over_gpu"] for r in gpu_layers if r["kind"] == "linear"]),
+        "conv_gpu_torch_ratio": span([r["ratio"] for r in gpu_layers if r["kind"] == "conv"]),
+        "fc_gpu_torch_ratio": span([r["ratio"] for r in gpu_layers if r["kind"] == "linear"]),
+        "lenet_cpu_over_gpu": {str(b): by_sweep[("lenet5 train step", b, "gpu")]["cpu_over_gpu"]
+                               for b in sorted({r["batch"] for r in sweep})},
+        "mlp_cpu_over_gpu": {str(b): by_sweep[("mlp 784-256-256-10 train step", b, "gpu")]["cpu_over_gpu"]
+                             for b in sorted({r["batch"] for r in sweep})},
+        "large_gpu_ms": gpu_large, "large_gpu_torch_ms": torch_gpu,
+        "large_gpu_fastest": min(gpu_large, key=gpu_large.get),
+        "large_gpu_auto_choice": next(r["auto_choice"] for r in conv_rows if r["case"] == "large"),
+    }
+    runs = {name: [json.loads(line) for line in (out / f"02_gpu_train_{name}.jsonl").read_text().splitlines()]
+            for name in ("numpy", "cupy")}                       # one allreduce-SGD run per backend, same seed
+    numbers["train_loss_max_relative_difference"] = max(
+        abs(a["train_loss"] - b["train_loss"]) / abs(a["train_loss"]) for a, b in zip(runs["numpy"], runs["cupy"]))
+    numbers["test_accuracy_equal"] = all(a["test_accuracy"] == b["test_accuracy"]
+                                         for a, b in zip(runs["numpy"], runs["cupy"]))
+    (out / "02_gpu_numbers.json").write_text(json.dumps(numbers, indent=1))
+    print(json.dumps(numbers, indent=1))
+    return layers, machine
+
+
+def plot_gpu(out):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker  # noqa: F401
+    layers, layers_meta = load(out, "layers_gpu")
+    machine = layers_meta["machine"]
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for axis, sweep, label in [(axes[0], "conv", "channels (in = out); batch 32, 32x32, 3x3, im2col"),
+                               (axes[1], "fc", "width (in = out); batch 128")]:
+        for device, framework, name, colour, style in [
+                ("cpu", "minidl_ms", "minidl, NumPy, 1 CPU core", "tab:blue", "-"),
+                ("cpu", "torch_ms", "PyTorch, 1 CPU core", "tab:orange", "-"),
+                ("gpu", "minidl_ms", "minidl, CuPy, GPU", "tab:blue", "--"),
+                ("gpu", "torch_ms", "PyTorch, GPU", "tab:orange", "--")]:
+            points = sorted((row["x"], row[framework]) for row in layers
+                            if row["sweep"] == sweep and row["device"] == device and row[framework])
+            axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name, color=colour,
+                      linestyle=style)
+        axis.set_xscale("log", base=2)
+        axis.set_yscale("log")
+        axis.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:g}"))
+        axis.set_xlabel(label)
+        axis.set_ylabel("time, fwd + bwd, ms")
+        axis.grid(True, alpha=0.3, which="both")
+        axis.legend(fontsize=8)
+    figure.suptitle(f"Chapter 2 (Hegde & Usmani, section 4): float32, one core of the GPU machine's CPU "
+                    f"against its {machine['gpu_name']}")
+    figure.tight_layout()
+    figure.savefig(out / "02_gpu.png", dpi=110)
     plt.close(figure)
 
 
@@ -398,6 +510,10 @@ def main(argv=None):
         precision(out, args.quick)
     if "allocator" in parts:
         allocator(out, args.quick, repeats, args.no_torch)
+    if "gpu" in parts and (out / "02_layers_gpu.json").exists():
+        gpu_tables(out)
+        if not args.no_plots:
+            plot_gpu(out)
     return 0
 
 
