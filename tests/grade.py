@@ -41,6 +41,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tutorials import assignments  # noqa: E402
+from tutorials.assignments import sandbox  # noqa: E402
+from tutorials.assignments.sandbox import SandboxError  # noqa: E402
 
 def test_files(tree, task):
     """The test files that mark a test for ``task`` (so pytest collects only those: much faster)."""
@@ -62,9 +64,10 @@ def collect(tree, task, env):
         return groups
 
 
-def command(tree, nprocs, selection, timeout):
+def command(tree, nprocs, selection, timeout, proxy=False):
     """The pytest command for ``selection`` (a --task option, or node ids) on ``nprocs`` ranks."""
     pytest = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "tests.grade_record",
+              *(["-p", "tests.grade_proxy"] if proxy else []),
               "-m", f"parallel[{nprocs}]", f"--timeout={timeout}", "-q", "--no-header", "--tb=short", *selection]
     if nprocs == 1:
         return pytest
@@ -76,7 +79,8 @@ def run(tree, nprocs, selection, timeout, count, env):
     """Run and return {node id: ('passed' | 'failed' | 'skipped', message)} for the tests that reported."""
     with tempfile.NamedTemporaryFile("r", suffix=".tsv") as record:
         env = dict(env, MINIDL_GRADE_RECORD=record.name)
-        process = subprocess.Popen(command(tree, nprocs, selection, timeout), cwd=tree, env=env,
+        process = subprocess.Popen(command(tree, nprocs, selection, timeout, "MINIDL_GRADE_PROXY" in env),
+                                   cwd=tree, env=env,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
             process.wait(timeout=timeout * count + 60)
@@ -122,6 +126,19 @@ def grade_task(tree, task, timeout, env, max_ranks=8):
     return outcomes
 
 
+def sandbox_tree(out, student, generator):
+    """A world-readable copy of the student's tree for the sandbox, without the solution-only files
+    (a student tree has none; ``--student .`` on the reference checkout must not hand them over)."""
+    sandbox.mode()                                   # root, and bubblewrap or setpriv: else SandboxError
+    assignments.copy_tree(out, student, leave_out=generator.get("remove", ()))
+    for folder, _, files in os.walk(out):
+        os.chmod(folder, 0o755)
+        for name in files:
+            os.chmod(os.path.join(folder, name), 0o644)
+    os.chmod(Path(out).parent, 0o755)
+    return out
+
+
 def score(task, outcomes):
     """The task's row: points pro rata over its counted tests, and every test's outcome and message."""
     counted = {nodeid: result for nodeid, result in outcomes.items() if result[0] != "skipped"}
@@ -163,7 +180,7 @@ def main(argv=None):
     parser.add_argument("--gradescope", default=None, help="also write Gradescope's results.json here")
     parser.add_argument("--max-ranks", type=int, default=8, help="leave out tests on more ranks (not counted)")
     args = parser.parse_args(argv)
-    tasks, _ = assignments.load()
+    tasks, generator = assignments.load()
     try:
         chosen = assignments.select(tasks, args.tasks)
     except ValueError as error:
@@ -176,25 +193,44 @@ def main(argv=None):
         tree = ROOT
         if args.student:
             student = Path(args.student).resolve()
+            if any(task.sandbox for task in chosen):
+                try:
+                    sandboxed = sandbox_tree(Path(scratch) / "student", student, generator)
+                except (SandboxError, OSError, ValueError) as error:
+                    print(f"error: the sandbox cannot run here ({error}); grading a submission needs it", file=sys.stderr)
+                    return 2
             tree = assignments.copy_tree(Path(scratch) / "tree", ROOT)
-            env["PYTHONPATH"] = str(tree)
         for task in chosen:
             if time.perf_counter() - started > args.time_limit:
                 results.append({**score(task, {}), "failed": [f"not graded: the submission's --time-limit of "
                                                               f"{args.time_limit} s ran out"]})
                 continue
             if args.student:
-                reference = assignments.body(task, tree)
                 try:
-                    assignments.replace_body(task, tree, assignments.body(task, student))
+                    submitted = assignments.body(task, student)
+                    forbidden = assignments.forbidden_calls(task, submitted)
                 except (ValueError, OSError, SyntaxError) as error:
                     results.append({**score(task, {}), "failed": [f"no gradable fence: {error}"]})
                     continue
-            try:
-                results.append(score(task, grade_task(tree, task, args.timeout, env, args.max_ranks)))
-            finally:
-                if args.student:
+                if forbidden:
+                    results.append({**score(task, {}), "failed": [f"not graded: {forbidden}"]})
+                    print(f"{task.id:<5} {task.title[:44]:<44}   0/-   {0:>5g}/{task.points:g}\n      {forbidden}")
+                    continue
+            if args.student and task.sandbox:        # the function alone in the sandbox, the tests here
+                task_env = dict(env, PYTHONPATH=str(ROOT), MINIDL_GRADE_PROXY=task.id,
+                                MINIDL_GRADE_STUDENT=str(sandboxed),
+                                MINIDL_GRADE_CALL_TIMEOUT=str(max(1, int(args.timeout * 0.7))))
+                results.append(score(task, grade_task(ROOT, task, args.timeout, task_env, args.max_ranks)))
+            elif args.student:                       # the student's body in a copy of this tree
+                reference = assignments.body(task, tree)
+                assignments.replace_body(task, tree, submitted)
+                try:
+                    results.append(score(task, grade_task(tree, task, args.timeout, dict(env, PYTHONPATH=str(tree)),
+                                                          args.max_ranks)))
+                finally:
                     assignments.replace_body(task, tree, reference)
+            else:
+                results.append(score(task, grade_task(tree, task, args.timeout, env, args.max_ranks)))
             last = results[-1]
             print(f"{task.id:<5} {task.title[:44]:<44} {last['passed']:>3}/{last['total']:<3} "
                   f"{last['points']:>5g}/{task.points:g}", flush=True)

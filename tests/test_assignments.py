@@ -320,3 +320,60 @@ def test_the_gradescope_zip_builds_and_its_run_autograder_grades_a_submission_fo
     assert found["score"] == points["1.1"], found["score"]
     assert all(set(test) >= FIELDS for test in found["tests"])
     assert {test["name"].split()[0] for test in found["tests"] if test["score"] < test["max_score"]} == {"1.2"}
+
+
+# ---- the sandboxed tasks and the source check -----------------------------------------------------------
+LOOKS_AROUND = """\
+{indent}import glob, os, socket
+{indent}found = [p for p in ("tests/hidden", "tutorials/assignments/answers.md")
+{indent}         if any(os.path.exists(os.path.join(base, p)) for base in ("/student", ".", "/", "{root}"))]
+{indent}found += [p for p in ("{root}/collectives/ring.py", "{root}/tests") if os.path.exists(p)]   # the grader's checkout
+{indent}found += glob.glob("/*/tests/hidden") + glob.glob("/*/*/tests/hidden") + glob.glob("/tmp/*/tree/tests/hidden")
+{indent}try:
+{indent}    socket.create_connection(("1.1.1.1", 53), timeout=2)
+{indent}    found.append("the network")
+{indent}except OSError:
+{indent}    pass
+{indent}if found:
+{indent}    return cols[..., :0]                      # a wrong answer, if anything was found
+"""
+
+
+@reference_only
+@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox drops root to its own uid: it needs root")
+def test_a_sandboxed_task_that_looks_for_answers_or_the_network_finds_nothing_and_scores_full(tmp_path):
+    """Task 1.4 runs alone in the sandbox (tests/grade_proxy.py): a body that returns a wrong answer if it
+    finds hidden tests, the answers, the grader's checkout or the network, and else the reference's,
+    scores full marks; with --student on the reference checkout itself the sandbox gets no solution-only file."""
+    tree = tmp_path / "tree"
+    assignments.make(tree, ids="1.4", solutions=True)
+    task = assignments.select(TASKS, ["1.4"])[0]
+    reference = assignments.body(task)
+    indent = reference[0][:len(reference[0]) - len(reference[0].lstrip())]
+    assignments.replace_body(task, tree, [LOOKS_AROUND.format(indent=indent, root=ROOT), *reference])
+    assert (tree / "tests/hidden").is_dir(), "the submission holds the hidden tests: the grader must leave them out"
+    rows = json.loads(grade("--student", str(tree), "--tasks", "1.4", "--json", str(tmp_path / "g.json")).stdout
+                      and (tmp_path / "g.json").read_text())["tasks"]
+    assert rows[0]["points"] == rows[0]["max_points"] and rows[0]["total"] > 0, rows
+    broken = [*reference[:1], f"{indent}raise RuntimeError('leaked')\n"]
+    assignments.replace_body(task, tree, broken)
+    rows = json.loads(grade("--student", str(tree), "--tasks", "1.4", "--json", str(tmp_path / "g.json")).stdout
+                      and (tmp_path / "g.json").read_text())["tasks"]
+    assert rows[0]["points"] == 0 and all("in the sandbox" in test["message"] and "leaked" in test["message"]
+                                          for test in rows[0]["tests"] if test["status"] == "failed"), rows
+
+
+@reference_only
+def test_a_ring_built_on_comm_allreduce_scores_nothing_and_says_why(tmp_path):
+    tree = tmp_path / "tree"
+    assignments.make(tree, ids="3.4")
+    task = assignments.select(TASKS, ["3.4"])[0]
+    lines, begin, _ = assignments.fence_of(task, tree)
+    indent = lines[begin][:len(lines[begin]) - len(lines[begin].lstrip())]
+    assignments.replace_body(task, tree, [f"{indent}total = data.copy()\n",
+                                          f"{indent}comm.Allreduce(source, total)\n",
+                                          f"{indent}data[...] = total\n"])
+    done = grade("--student", str(tree), "--tasks", "3.4", "--json", str(tmp_path / "g.json"))
+    row = json.loads((tmp_path / "g.json").read_text())["tasks"][0]
+    assert row["points"] == 0 and "calls Allreduce, which it must build from point-to-point messages" in row["failed"][0]
+    assert "calls Allreduce" in done.stdout

@@ -425,7 +425,68 @@ def test_setpriv_mode_calls_the_function_or_says_what_it_cannot_reach(open_tree)
 
 
 def test_arguments_are_arrays_numbers_and_strings_only(tmp_path):
-    with pytest.raises(TypeError, match="only arrays, numbers and strings"):
+    with pytest.raises(TypeError, match="only arrays, numbers, strings and None"):
         sandbox.call(student(tmp_path, ""), "attack", "f", {"x": [1, 2]}, timeout=5)
-    with pytest.raises(TypeError, match="only arrays, numbers and strings"):
+    with pytest.raises(TypeError, match="only arrays, numbers, strings and None"):
         sandbox.call(student(tmp_path, ""), "attack", "f", {"x": np.array([None])}, timeout=5)
+
+
+# ---- a session: one sandboxed job for many calls (the grader's proxy uses it) ------------------
+COUNTER = """
+    import time
+    import numpy as np
+    calls = 0
+
+    def f(x):
+        global calls
+        calls += 1
+        if x < 0:
+            time.sleep(3600)                          # a call that never returns
+        if x == 0:
+            raise ValueError("x is 0")
+        return np.array([calls, x])
+"""
+
+
+@needs_bwrap
+def test_a_session_serves_many_calls_from_one_job_and_a_fresh_one_after_a_timeout(tmp_path):
+    tree = student(tmp_path, COUNTER)
+    with sandbox.Session(tree, "attack", "f") as session:
+        counts = [int(session({"x": value}, timeout=30)[0]["return"][0]) for value in (5, 6, 7)]
+        assert counts == [1, 2, 3], f"one job answers every call (its counter goes on): {counts}"
+        with pytest.raises(sandbox.SandboxError, match="raised ValueError: x is 0"):
+            session({"x": 0}, timeout=30)
+        assert int(session({"x": 8}, timeout=30)[0]["return"][0]) == 5, "on one rank a raise leaves the job serving"
+        started = time.perf_counter()
+        with pytest.raises(sandbox.SandboxError, match="timed out after 2 s at p = 1"):
+            session({"x": -1}, timeout=2)
+        assert time.perf_counter() - started < 15, "the timeout ends the call in bounded time"
+        assert processes_of(sandbox.SANDBOX_UID) == set(), "the timed-out job is gone"
+        assert int(session({"x": 9}, timeout=30)[0]["return"][0]) == 1, "the next call gets a fresh job"
+    assert processes_of(sandbox.SANDBOX_UID) == set(), "closing the session ends its job"
+
+
+@needs_bwrap
+def test_a_session_on_3_ranks_ends_its_job_when_a_rank_raises_and_starts_a_fresh_one(tmp_path):
+    tree = student(tmp_path, """
+        import numpy as np
+        calls = 0
+
+        def f(comm, x):
+            global calls
+            calls += 1
+            if x == 0 and comm.Get_rank() == 1:
+                raise ValueError("rank 1 gave up")
+            total = np.zeros(1)
+            comm.Allreduce(np.array([float(x)]), total)
+            return np.array([calls, total[0]])
+    """)
+    with sandbox.Session(tree, "attack", "f", nprocs=3) as session:
+        first = session([{"x": 1}, {"x": 2}, {"x": 3}], timeout=60)
+        second = session([{"x": 1}, {"x": 1}, {"x": 1}], timeout=60)
+        assert [list(first[rank]["return"]) for rank in range(3)] == [[1, 6]] * 3
+        assert [list(second[rank]["return"]) for rank in range(3)] == [[2, 3]] * 3
+        with pytest.raises(sandbox.SandboxError, match="rank 1 of p = 3 raised ValueError: rank 1 gave up"):
+            session([{"x": 0}, {"x": 0}, {"x": 0}], timeout=60)
+        again = session([{"x": 2}, {"x": 2}, {"x": 2}], timeout=60)
+        assert [list(again[rank]["return"]) for rank in range(3)] == [[1, 6]] * 3, "a fresh job after the failure"

@@ -25,6 +25,7 @@ import dataclasses
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 if sys.version_info >= (3, 11):
@@ -51,6 +52,8 @@ class Task:
     hours: float
     difficulty: str
     requires: tuple
+    sandbox: bool = False       # the grader runs only this function in the sandbox, the tests outside it
+    forbid: tuple = ()          # MPI methods the body may not call (it builds them from point-to-point)
 
     def stub_line(self):
         """The line that replaces the body: it says which task and where the chapter explains it."""
@@ -61,7 +64,8 @@ def load(path=REGISTRY):
     """(tasks ordered by id: chapter, then number; the [generator] table)."""
     with open(path, "rb") as file:
         registry = tomllib.load(file)
-    tasks = [Task(**{**entry, "requires": tuple(entry.get("requires", ()))}) for entry in registry["task"]]
+    tasks = [Task(**{**entry, "requires": tuple(entry.get("requires", ())), "forbid": tuple(entry.get("forbid", ()))})
+             for entry in registry["task"]]
     tasks.sort(key=lambda task: tuple(int(part) for part in task.id.split(".")))
     ids = [task.id for task in tasks]
     if len(set(ids)) != len(ids):
@@ -193,6 +197,25 @@ def body(task, root=ROOT):
     """The lines between the task's markers in the tree at ``root``."""
     lines, begin, end = fence_of(task, root)
     return lines[begin + 1:end]
+
+
+def forbidden_calls(task, lines):
+    """Why a submitted body may not be graded ("" if it may): it calls one of ``task.forbid``
+    (``comm.Allreduce`` in a ring task scores nothing, whatever its tests say). Read from the
+    source, never run, so it catches the plain call (``comm.Allreduce``, ``f = comm.Allreduce``),
+    not one spelled at run time (``getattr(comm, name)``); a body that does not parse is graded
+    (its tests then fail, saying why)."""
+    if not task.forbid:
+        return ""
+    try:
+        tree = ast.parse(textwrap.dedent("\n".join(lines)))
+    except SyntaxError:
+        return ""
+    used = sorted({node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr in task.forbid})
+    if not used:
+        return ""
+    return (f"task {task.id} calls {', '.join(used)}, which it must build from point-to-point messages "
+            f"(Send, Recv, Sendrecv, Isend, Irecv); see {task.section}")
 
 
 def stubbed(task_id, root=ROOT):

@@ -184,11 +184,8 @@ def _end(process, init):
     process.wait()
 
 
-def run(argv, tree, timeout, *, io_dir=None, limits=Limits(), uid=SANDBOX_UID, wanted=None, env=None):
-    """Run ``argv`` in the sandbox; ``{tree}`` and ``{io}`` in it become those folders' paths there.
-
-    ``io_dir`` (optional) holds ``in/`` (bound read-only at /io/in) and ``out/`` (writable, at
-    /io/out). Returns a ``Result``; a timeout is reported there (``timed_out``), not raised."""
+def _start(argv, tree, timeout, io_dir, limits, uid, wanted, env, log):
+    """Start ``argv`` in the sandbox, its output to ``log``: (process, init pidfd or None, mode, started)."""
     chosen = mode(wanted)
     tree = Path(tree).resolve()
     info = info_out = None
@@ -210,27 +207,44 @@ def run(argv, tree, timeout, *, io_dir=None, limits=Limits(), uid=SANDBOX_UID, w
     argv = [part.format(**places) for part in argv]
     env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8",
            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **(env or {})}
+    started = time.perf_counter()
+    process = subprocess.Popen([*prefix, *argv], stdin=subprocess.DEVNULL, stdout=log,
+                               stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                               cwd="/" if info else str(tree), pass_fds=(info_out,) if info else ())
+    init = None
+    if info:
+        os.close(info_out)
+        init = _first_inside(info, started + timeout)
+    return process, init, chosen, started
+
+
+def _stop(process, init, chosen, uid):
+    """End a run and everything it started (the PID namespace; setpriv mode: every process of uid)."""
+    _end(process, init)
+    if chosen == "setpriv":
+        _sweep(uid)
+
+
+def _tail(log, size=4000):
+    log.seek(max(0, log.seek(0, os.SEEK_END) - size))
+    return log.read().decode(errors="replace")
+
+
+def run(argv, tree, timeout, *, io_dir=None, limits=Limits(), uid=SANDBOX_UID, wanted=None, env=None):
+    """Run ``argv`` in the sandbox; ``{tree}`` and ``{io}`` in it become those folders' paths there.
+
+    ``io_dir`` (optional) holds ``in/`` (bound read-only at /io/in) and ``out/`` (writable, at
+    /io/out). Returns a ``Result``; a timeout is reported there (``timed_out``), not raised."""
     with tempfile.TemporaryFile() as log:
-        started = time.perf_counter()
-        process = subprocess.Popen([*prefix, *argv], stdin=subprocess.DEVNULL, stdout=log,
-                                   stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                   cwd="/" if info else str(tree), pass_fds=(info_out,) if info else ())
-        init, timed_out = None, False
+        process, init, chosen, started = _start(argv, tree, timeout, io_dir, limits, uid, wanted, env, log)
+        timed_out = False
         try:
-            if info:
-                os.close(info_out)
-                init = _first_inside(info, started + timeout)
             process.wait(timeout=max(0.0, started + timeout - time.perf_counter()))
         except subprocess.TimeoutExpired:
             timed_out = True
         finally:                                        # done, timed out, or the grader interrupted
-            _end(process, init)
-            if chosen == "setpriv":
-                _sweep(uid)
-        seconds = time.perf_counter() - started
-        log.seek(max(0, log.seek(0, os.SEEK_END) - 4000))
-        output = log.read().decode(errors="replace")
-    return Result(chosen, process.returncode, timed_out, seconds, output)
+            _stop(process, init, chosen, uid)
+        return Result(chosen, process.returncode, timed_out, time.perf_counter() - started, _tail(log))
 
 
 def _arguments(args, nprocs):
@@ -241,10 +255,15 @@ def _arguments(args, nprocs):
     for name, value in [item for kwargs in per_rank for item in kwargs.items()]:
         if not (isinstance(name, str) and name.isidentifier()):
             raise ValueError(f"args: {name!r} is not a Python identifier")
-        if not isinstance(value, (np.ndarray, np.generic, bool, int, float, complex, str)) \
-                or np.asarray(value).dtype.hasobject:
-            raise TypeError(f"args: {name} is a {type(value).__name__}: only arrays, numbers and strings")
-    return [{name: np.asarray(value) for name, value in kwargs.items()} for kwargs in per_rank]
+        if value is not None and (not isinstance(value, (np.ndarray, np.generic, bool, int, float, complex, str))
+                                  or np.asarray(value).dtype.hasobject):
+            raise TypeError(f"args: {name} is a {type(value).__name__}: only arrays, numbers, strings and None")
+    encoded = []
+    for kwargs in per_rank:
+        arrays = {name: np.asarray(value) for name, value in kwargs.items() if value is not None}
+        nones = [name for name, value in kwargs.items() if value is None]
+        encoded.append({**arrays, "__none__": np.array(nones, dtype=str)} if nones else arrays)
+    return encoded
 
 
 def _parse_npy(blob):
@@ -263,7 +282,8 @@ def _parse_npy(blob):
 
 
 def _read_reply(folder, rank, cap):
-    """{name: array} from ``folder``/reply.<rank>.npz, or None if there is none. Never follows links."""
+    """{name: array} from ``folder``/reply.<rank>.npz, or None if there is none. Never follows links.
+    (``rank`` may be "K.<rank>": a session's call K.)"""
     name = f"reply.{rank}.npz"
     try:
         info = os.lstat(name, dir_fd=folder)
@@ -346,3 +366,123 @@ def call(tree, module, function, args=None, nprocs=1, timeout=60, *, limits=Limi
         if "__error__" in reply:
             raise SandboxError(f"rank {rank} of p = {nprocs} raised {str(reply['__error__'])[:2000]}\n{tail}")
     return replies
+
+
+class _Serving(SandboxError):
+    """A one-rank call raised, and the job is still serving (the session stays open)."""
+
+
+class Session:
+    """One sandboxed job kept for many calls of ``module.function`` on ``nprocs`` ranks.
+
+        with sandbox.Session(tree, "collectives.ring", "ring_allgather_in_place", nprocs=3) as ring:
+            replies = ring([{"data": x0}, {"data": x1}, {"data": x2}], timeout=30)
+
+    Starting a sandbox and ``mpiexec`` costs about a second; a call on a running session costs
+    milliseconds. Each call writes ``in/args.K.<rank>.npz`` and waits for every rank's
+    ``out/reply.K.<rank>.npz`` (read as ``call`` reads replies). A call that times out, a rank
+    that raises or a job that dies raises ``SandboxError``. On one rank an exception leaves the
+    job serving; otherwise the session ends and the next call starts a fresh one, so one bad call
+    costs one timeout (or a restart, about a second) and the later calls nothing.
+    """
+
+    def __init__(self, tree, module, function, nprocs=1, *, limits=Limits(), uid=SANDBOX_UID, wanted=None,
+                 max_reply=64 << 20):
+        self.tree, self.module, self.function, self.nprocs = tree, module, function, nprocs
+        self.limits, self.uid, self.wanted, self.max_reply = limits, uid, wanted, max_reply
+        self.job = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _open(self, timeout):
+        work = Path(tempfile.mkdtemp(prefix="minidl-session-"))
+        os.chmod(work, 0o711)
+        (work / "in").mkdir(mode=0o755)
+        (work / "out").mkdir(mode=0o700)
+        os.chown(work / "out", self.uid, self.uid)
+        shutil.copyfile(sandbox_driver.__file__, work / "in" / "driver.py")
+        os.chmod(work / "in" / "driver.py", 0o644)
+        argv = [sys.executable, "-I", "-B", "{io}/in/driver.py", "{tree}", "{io}", self.module, self.function,
+                str(self.nprocs), "serve"]
+        if self.nprocs > 1:
+            argv = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(self.nprocs), *argv]
+        log = tempfile.TemporaryFile()
+        try:
+            process, init, chosen, _ = _start(argv, self.tree, timeout, work, self.limits, self.uid, self.wanted,
+                                              None, log)
+        except BaseException:
+            log.close()
+            shutil.rmtree(work, ignore_errors=True)
+            raise
+        self.job = {"work": work, "log": log, "process": process, "init": init, "mode": chosen, "number": 0}
+
+    def close(self):
+        """End the job (and everything it started) and remove its folder."""
+        job, self.job = self.job, None
+        if job is not None:
+            _stop(job["process"], job["init"], job["mode"], self.uid)
+            job["log"].close()
+            shutil.rmtree(job["work"], ignore_errors=True)
+
+    def _forget(self, folder, number):
+        """Remove call ``number``'s files: its replies and its arguments."""
+        for rank in range(self.nprocs):
+            with contextlib.suppress(OSError):
+                os.unlink(f"reply.{number}.{rank}.npz", dir_fd=folder)
+            (self.job["work"] / "in" / f"args.{number}.{rank}.npz").unlink(missing_ok=True)
+
+    def __call__(self, args=None, timeout=60):
+        """{rank: {name: array}} of one call, as ``call`` returns it."""
+        per_rank = _arguments(args, self.nprocs)
+        if self.job is None:
+            self._open(timeout)
+        job = self.job
+        number, work = job["number"], job["work"]
+        job["number"] += 1
+        for rank, arrays in enumerate(per_rank):
+            part = work / "in" / f".args.{number}.{rank}.npz"
+            sandbox_driver.save(str(part), arrays)
+            os.chmod(part, 0o644)
+            os.replace(part, work / "in" / f"args.{number}.{rank}.npz")
+        deadline, replies = time.perf_counter() + timeout, Replies()
+        replies.mode = job["mode"]
+        folder = os.open(work / "out", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            pause = 0.0005
+            while len(replies) < self.nprocs:
+                for rank in range(self.nprocs):
+                    if rank not in replies:
+                        reply = _read_reply(folder, f"{number}.{rank}", self.max_reply)
+                        if reply is not None:
+                            replies[rank] = reply
+                            if "__error__" in reply:
+                                if self.nprocs == 1 and job["process"].poll() is None:
+                                    self._forget(folder, number)     # the job serves on
+                                    raise _Serving(f"rank 0 of p = 1 raised {str(reply['__error__'])[:2000]}\n"
+                                                   f"{_tail(job['log'], 1500)}")
+                                raise SandboxError(f"rank {rank} of p = {self.nprocs} raised "
+                                                   f"{str(reply['__error__'])[:2000]}\n{_tail(job['log'], 1500)}")
+                if len(replies) == self.nprocs:
+                    self._forget(folder, number)
+                    break
+                if job["process"].poll() is not None:
+                    raise SandboxError(f"the job ended (exit status {job['process'].returncode}) before every "
+                                       f"rank of p = {self.nprocs} replied\n{_tail(job['log'], 1500)}")
+                if time.perf_counter() > deadline:
+                    why = "probably a send without a matching receive" if self.nprocs > 1 else "an endless loop or a wait"
+                    raise SandboxError(f"timed out after {timeout} s at p = {self.nprocs}: {why}\n"
+                                       f"{_tail(job['log'], 1500)}")
+                time.sleep(pause)
+                pause = min(2 * pause, 0.005)
+        except _Serving as error:
+            raise SandboxError(str(error)) from None
+        except BaseException:
+            self.close()                                # a fresh job for the next call
+            raise
+        finally:
+            os.close(folder)
+        return replies

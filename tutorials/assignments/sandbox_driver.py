@@ -1,21 +1,26 @@
 """The trusted driver that tutorials/assignments/sandbox.py runs inside the sandbox, once per rank.
 
-    python sandbox_driver.py TREE IO MODULE FUNCTION NPROCS
+    python sandbox_driver.py TREE IO MODULE FUNCTION NPROCS [serve]
 
 It loads this rank's arguments from ``IO/in/args.<rank>.npz`` (0-d arrays become Python scalars
-and strings), imports MODULE from TREE, calls ``FUNCTION(**args)`` (with ``comm=MPI.COMM_WORLD``
+and strings; the names listed in ``__none__`` become None), imports MODULE from TREE, calls ``FUNCTION(**args)`` (with ``comm=MPI.COMM_WORLD``
 if the function takes a ``comm``), and writes ``IO/out/reply.<rank>.npz``: the return value
 (``return``; a tuple as ``return.0``, ``return.1``, ...; a dict as ``return.<key>``) and every
 array argument the call changed in place, under its own name. An exception is written as
 ``__error__`` (its type and message); on several ranks the job is then aborted.
+
+``serve`` keeps the job for many calls (``sandbox.Session``): call number K reads
+``IO/in/args.K.<rank>.npz`` once it appears and writes ``IO/out/reply.K.<rank>.npz``.
 
 "Trusted" means only that the grader wrote it: it runs in the same process as the student's code,
 which can rewrite any of this. That is why sandbox.py trusts nothing it reads back except arrays.
 """
 import importlib
 import inspect
+import itertools
 import os
 import sys
+import time
 import traceback
 import zipfile
 
@@ -25,7 +30,9 @@ import numpy as np
 def load(path):
     with np.load(path, allow_pickle=False) as archive:
         arrays = {name: archive[name] for name in archive.files}
-    return {name: array.item() if array.ndim == 0 else array for name, array in arrays.items()}
+    nones = [str(name) for name in arrays.pop("__none__", [])]
+    values = {name: array.item() if array.ndim == 0 else array for name, array in arrays.items()}
+    return {**values, **{name: None for name in nones}}
 
 
 def save(path, arrays):
@@ -57,34 +64,58 @@ def only_arrays(arrays):
     return arrays
 
 
-def main(tree, io, module, function, nprocs):
-    comm, rank = None, 0
+def call_once(target, comm, arguments, reply):
+    kwargs = load(arguments)
+    before = {name: value.copy() for name, value in kwargs.items() if isinstance(value, np.ndarray)}
+    if comm is not None:
+        kwargs["comm"] = comm
+    arrays = flatten(target(**kwargs))
+    arrays.update({name: kwargs[name] for name, old in before.items()
+                   if kwargs[name].tobytes() != old.tobytes()})
+    save(reply, only_arrays(arrays))
+
+
+def wait_for(path):
+    """Until ``path`` exists (the grader writes each call's arguments and renames them into place)."""
+    pause = 0.0005
+    while not os.path.exists(path):
+        time.sleep(pause)
+        pause = min(2 * pause, 0.005)
+
+
+def main(tree, io, module, function, nprocs, serve=""):
+    world, comm, rank = None, None, 0
     if int(nprocs) > 1:
         from mpi4py import MPI
-        comm = MPI.COMM_WORLD
-        rank = comm.Get_rank()
-    kwargs = load(f"{io}/in/args.{rank}.npz")
-    before = {name: value.copy() for name, value in kwargs.items() if isinstance(value, np.ndarray)}
+        world = MPI.COMM_WORLD
+        rank = world.Get_rank()
     reply = f"{io}/out/reply.{rank}.npz"
     try:
         sys.path.insert(0, tree)
         target = getattr(importlib.import_module(module), function)
         if "comm" in inspect.signature(target).parameters:
-            if comm is None:
-                from mpi4py import MPI
-                comm = MPI.COMM_WORLD
-            kwargs["comm"] = comm
-        arrays = flatten(target(**kwargs))
-        arrays.update({name: kwargs[name] for name, old in before.items()
-                       if kwargs[name].tobytes() != old.tobytes()})
-        save(reply, only_arrays(arrays))
+            from mpi4py import MPI
+            comm = MPI.COMM_WORLD
+        if not serve:
+            call_once(target, comm, f"{io}/in/args.{rank}.npz", reply)
+            return
+        for number in itertools.count():
+            reply = f"{io}/out/reply.{number}.{rank}.npz"
+            wait_for(f"{io}/in/args.{number}.{rank}.npz")
+            try:
+                call_once(target, comm, f"{io}/in/args.{number}.{rank}.npz", reply)
+            except Exception as error:
+                if world is not None:                   # the other ranks may wait for this one: end the job
+                    raise
+                traceback.print_exc()                   # one rank: say why, and serve the next call
+                save(reply, {"__error__": f"{type(error).__name__}: {error}"[:2000]})
     except BaseException as error:                      # SystemExit too: say why, then end the job
         traceback.print_exc()
         save(reply, {"__error__": f"{type(error).__name__}: {error}"[:2000]})
-        if comm is not None and comm.Get_size() > 1:
-            comm.Abort(1)
+        if world is not None:
+            world.Abort(1)
         sys.exit(1)
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:6])
+    main(*sys.argv[1:7])
