@@ -477,7 +477,7 @@ class Session:
                     raise SandboxError(f"timed out after {timeout} s at p = {self.nprocs}: {why}\n"
                                        f"{_tail(job['log'], 1500)}")
                 time.sleep(pause)
-                pause = min(2 * pause, 0.005)
+                pause = min(2 * pause, 0.001)
         except _Serving as error:
             raise SandboxError(str(error)) from None
         except BaseException:

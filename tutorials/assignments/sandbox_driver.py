@@ -64,14 +64,35 @@ def only_arrays(arrays):
     return arrays
 
 
+def recorder(comm):
+    """``comm`` wrapped so that every point-to-point call is kept as a row (sent peer, bytes, tag,
+    received peer, bytes, tag; -1 where there is none): the grader replays them into its own
+    watched communicator (collectives.trace.WatchedComm), whose tests count the messages."""
+    from collectives.trace import WatchedComm
+
+    class Recorder(WatchedComm):
+        def __init__(self, comm):
+            super().__init__(comm)
+            self.rows = []
+
+        def watch(self, start, end, sent=None, received=None):
+            self.rows.append([*(sent or (-1, -1, -1)), *(received or (-1, -1, -1))])
+    return Recorder(comm)
+
+
 def call_once(target, comm, arguments, reply):
     kwargs = load(arguments)
+    watched = None
+    if kwargs.pop("__watch__", False) and comm is not None:
+        comm = watched = recorder(comm)
     before = {name: value.copy() for name, value in kwargs.items() if isinstance(value, np.ndarray)}
     if comm is not None:
         kwargs["comm"] = comm
     arrays = flatten(target(**kwargs))
     arrays.update({name: kwargs[name] for name, old in before.items()
                    if kwargs[name].tobytes() != old.tobytes()})
+    if watched is not None:
+        arrays["__messages__"] = np.array(watched.rows, dtype=np.int64).reshape(-1, 6)
     save(reply, only_arrays(arrays))
 
 
@@ -80,7 +101,7 @@ def wait_for(path):
     pause = 0.0005
     while not os.path.exists(path):
         time.sleep(pause)
-        pause = min(2 * pause, 0.005)
+        pause = min(2 * pause, 0.002)
 
 
 def main(tree, io, module, function, nprocs, serve=""):
