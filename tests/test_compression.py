@@ -13,7 +13,6 @@ Run: python tests/run.py --max-ranks 3 -- tests/test_compression.py
   compressor would ignore, stop every rank before the first message.
 """
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,8 +23,7 @@ from pytest_mpi import parallel_assert
 from algorithms import allreduce_sgd, compressed_sgd
 from algorithms.cli import SettingError
 from collectives import compress
-from tests.test_error_contract import assert_stopped, launch
-from tests.test_sync_sgd import EQUAL_UP_TO_ROUNDING, float64_mlp, relative_error, tiny_digits
+from tests.helpers import EQUAL_UP_TO_ROUNDING, assert_stopped, float64_mlp, launch, relative_error, tiny_digits
 
 
 

@@ -19,8 +19,10 @@ import pytest
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
+from tutorials import assignments
+
 ROOT = Path(__file__).resolve().parent.parent
-BEGIN, END = "# BEGIN SOLUTION", "# END SOLUTION"
+BEGIN, END = assignments.BEGIN, assignments.END
 
 
 def python_files(package):
@@ -28,21 +30,11 @@ def python_files(package):
 
 
 def fences(path):
-    """[(begin line, end line)] of the fenced regions of ``path`` (1-based), checked to pair up."""
-    pairs, begin = [], None
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        text = line.strip()
-        if text == BEGIN:
-            assert begin is None, f"{path.name}:{number}: BEGIN SOLUTION inside another fence"
-            begin = number
-        elif text == END:
-            assert begin is not None, f"{path.name}:{number}: END SOLUTION without a BEGIN"
-            pairs.append((begin, number))
-            begin = None
-        elif text.startswith((BEGIN, END)):
-            raise AssertionError(f"{path.name}:{number}: a fence marker must stand alone on its line")
-    assert begin is None, f"{path.name}:{begin}: BEGIN SOLUTION never ends"
-    return pairs
+    """[(begin line, end line)] of the fenced regions of ``path`` (1-based), by the assignment tool's parser."""
+    try:
+        return [(begin + 1, end + 1) for begin, end in assignments.fences(path.read_text())]
+    except ValueError as error:
+        raise AssertionError(f"{path.name}: {error}") from None
 
 
 def enclosing_functions(tree, lines, first, last):
@@ -66,12 +58,14 @@ FENCED = [path for package in ("algorithms", "collectives", "minidl") for path i
 
 def test_fence_parser_rejects_broken_fences(tmp_path):
     broken = tmp_path / "broken.py"
-    broken.write_text(f"def f():\n    {BEGIN}\n    return 1\n")
-    with pytest.raises(AssertionError, match="never ends"):
-        fences(broken)
-    broken.write_text(f"def f():\n    {END}\n")
-    with pytest.raises(AssertionError, match="without a BEGIN"):
-        fences(broken)
+    for text, complaint in [(f"def f():\n    {BEGIN}\n    return 1\n", "line 2: # BEGIN SOLUTION never ends"),
+                            (f"def f():\n    {END}\n", "line 2: # END SOLUTION without a # BEGIN SOLUTION"),
+                            (f"def f():\n    {BEGIN}\n    {BEGIN}\n", "line 3: # BEGIN SOLUTION inside another fence"),
+                            (f"def f():\n    {BEGIN}  # mine\n    return 1\n    {END}\n",
+                             "line 2: a fence marker must stand alone on its line")]:
+        broken.write_text(text)
+        with pytest.raises(AssertionError, match=f"^broken.py: {re.escape(complaint)}$"):
+            fences(broken)
 
 
 @pytest.mark.parametrize("path", FENCED, ids=[str(path.relative_to(ROOT)) for path in FENCED])

@@ -9,7 +9,7 @@ from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
 from algorithms import allreduce_sgd, sufficient_factors
-from tests.test_sync_sgd import float64_mlp, relative_error, tiny_digits
+from tests.helpers import float64_mlp, relative_error, tiny_digits
 
 LAYERS = [(64, 16), (16, 10)]                                  # float64_mlp's Linear layers (in, out)
 BIASES = 16 + 10

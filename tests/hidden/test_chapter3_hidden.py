@@ -25,6 +25,7 @@ from collectives.buffers import block_counts, block_offsets
 from collectives.check import DTYPES, MismatchError
 from collectives.fold import fold_in, fold_out, largest_power_of_two
 from collectives.tags import CHECK
+from tests.helpers import same_on_every_rank
 
 AWKWARD_P = [3, 5, 6, 7]
 REAL = [name for name in DTYPES if not name.startswith("complex")]
@@ -76,10 +77,6 @@ def garbage(length, dtype):
     if np.dtype(dtype).kind in "fc":
         return np.full(length, np.nan, dtype=dtype)
     return np.full(length, 99, dtype=dtype)
-
-
-def same_on_every_rank(comm, array):
-    return all(other == array.tobytes() for other in comm.allgather(array.tobytes()))
 
 
 def report(comm, what, got, want):

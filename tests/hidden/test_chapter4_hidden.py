@@ -17,7 +17,7 @@ from algorithms.objective import NetworkObjective
 from minidl.data import rank_batches
 from minidl.data.sharding import Batch
 from minidl.optim import SGD
-from tests.test_sync_sgd import float64_mlp, relative_error, serial_reference, tiny_digits
+from tests.helpers import float64_mlp, relative_error, serial_reference, tiny_digits
 
 ODD_RANKS = [3, 5, 6, 7]
 SUM = run.allreduce_function("mpi")

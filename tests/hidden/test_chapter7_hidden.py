@@ -9,10 +9,9 @@ whose shards differ in length.
 import numpy as np
 import pytest
 
-from algorithms import sandblaster_lbfgs as sandblaster
 from minidl.data import least_squares
-from tests.hidden.test_async_easgd_replay import check_against_its_replay
-from tests.test_sandblaster import sharded
+from tests.helpers import sharded
+from tests.hidden.easgd_replay import check_against_its_replay
 
 
 # ---- 7.1: the sharded two-loop recursion ------------------------------------------------------------

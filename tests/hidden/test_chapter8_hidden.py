@@ -8,7 +8,6 @@ visible tests do not draw: every rank empty, one rank alone, one entry per rank,
 factored updates on 3 to 7 ranks, with a rank without rows, momentum on and off, and a three-layer
 MLP whose layers have three different owners, against serial SGD.
 """
-import math
 
 import numpy as np
 import pytest
@@ -22,7 +21,7 @@ from collectives.compress import Sparse
 from minidl.data import epoch_order, rank_batches
 from minidl.nn import Flatten, Linear, ReLU, Sequential
 from minidl.optim import SGD
-from tests.test_sync_sgd import float64_mlp, relative_error, serial_reference, tiny_digits
+from tests.helpers import float64_mlp, relative_error, serial_reference, tiny_digits
 
 ODD_RANKS = [3, 5, 6, 7]
 CLOSE = 1e-10
