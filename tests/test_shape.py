@@ -4,7 +4,8 @@
   (otter-grader / nbgrader syntax) inside exactly one function, with the docstring and signature
   outside the fence, and every algorithm module has one.
 - ``minidl`` never imports MPI, ``collectives`` or ``algorithms``; ``collectives`` never imports
-  ``minidl`` or ``algorithms``; ``algorithms`` imports ``collectives`` by name (no string import).
+  ``minidl`` or ``algorithms``; ``algorithms`` imports ``collectives`` by name: no string import of
+  any kind, and no module reaches collectives through another module (``run.collectives``).
 - The README's main job and serial SGD give the same bits as before algorithms/ was reshaped
   around one training loop (the hashes were taken from the code before that change).
 """
@@ -96,7 +97,12 @@ def test_every_algorithm_module_fences_its_heart(path):
     assert fences(path), f"{path.name} has no # BEGIN SOLUTION / # END SOLUTION heart"
 
 
+STRING_IMPORTERS = {"importlib", "runpy", "pkgutil"}       # modules whose only job here would be importing by string
+
+
 def imported_packages(path):
+    """The top-level packages ``path`` imports by name, and "<string import>" if it imports anything by
+    a string: ``importlib`` / ``runpy`` / ``pkgutil`` used at all, ``__import__(...)``, ``sys.modules[...]``."""
     tree = ast.parse(path.read_text())
     names = set()
     for node in ast.walk(tree):
@@ -104,8 +110,13 @@ def imported_packages(path):
             names.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module.split(".")[0])
-        elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module":
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "__import__":
             names.add("<string import>")
+        elif isinstance(node, ast.Attribute) and node.attr in ("modules", "__import__", "import_module") \
+                and not (node.attr == "modules" and not (isinstance(node.value, ast.Name) and node.value.id == "sys")):
+            names.add("<string import>")
+    if names & STRING_IMPORTERS:
+        names.add("<string import>")
     return names
 
 
@@ -118,9 +129,57 @@ def test_packages_import_only_downwards(package, forbidden):
     assert not bad, f"imports against the one-way arrows of the design: {bad}"
 
 
+@pytest.mark.parametrize("source, string_import", [
+    ("import importlib\nring = importlib.import_module('collectives.ring')\n", True),
+    ("from importlib import import_module\nring = import_module(f'collectives.{name}')\n", True),
+    ("ring = __import__('collectives.ring')\n", True),
+    ("import sys\nring = sys.modules['collectives.ring']\n", True),
+    ("import runpy\nrunpy.run_module('collectives.ring')\n", True),
+    ("import collectives\nfrom collectives import ring\ncollectives.allreduce(comm, data, algorithm='ring')\n", False),
+])
+def test_every_kind_of_string_import_is_seen(tmp_path, source, string_import):
+    path = tmp_path / "module.py"
+    path.write_text(source)
+    assert ("<string import>" in imported_packages(path)) == string_import, source
+
+
+def collectives_reached_otherwise(path):
+    """Where ``path`` reaches collectives without importing the package itself: the name ``collectives``
+    used but never bound by ``import collectives``, taken from another module (``from x import
+    collectives``), or reached through one (``run.collectives``)."""
+    tree = ast.parse(path.read_text())
+    imports_it = any(isinstance(node, ast.Import) and any(alias.name.split(".")[0] == "collectives"
+                                                          and alias.asname is None for alias in node.names)
+                     for node in ast.walk(tree))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id == "collectives" and not imports_it:
+            found.append(f"line {node.lineno}: collectives used, never imported")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] != "collectives" \
+                and any(alias.name == "collectives" for alias in node.names):
+            found.append(f"line {node.lineno}: collectives taken from {node.module}")
+        elif isinstance(node, ast.Attribute) and node.attr == "collectives":
+            found.append(f"line {node.lineno}: collectives reached through {ast.unparse(node.value)}")
+    return found
+
+
 def test_algorithms_import_collectives_by_name():
     users = [path.name for path in python_files("algorithms") if "collectives" in imported_packages(path)]
     assert users, "no module of algorithms/ imports collectives"
+    bad = {str(path.relative_to(ROOT)): collectives_reached_otherwise(path) for path in python_files("algorithms")
+           if collectives_reached_otherwise(path)}
+    assert not bad, f"modules that use collectives without importing it by name: {bad}"
+
+
+def test_a_module_that_reaches_collectives_through_another_is_seen(tmp_path):
+    path = tmp_path / "module.py"
+    for source in ("from algorithms import run\nrun.collectives.allreduce(comm, data)\n",
+                   "from algorithms.run import collectives\ncollectives.allreduce(comm, data)\n",
+                   "collectives.allreduce(comm, data)\n"):
+        path.write_text(source)
+        assert collectives_reached_otherwise(path), source
+    path.write_text("import collectives\nfrom collectives.trace import CountingComm\ncollectives.allreduce(comm, data)\n")
+    assert not collectives_reached_otherwise(path)
 
 
 # ---- results pinned across the reshaping --------------------------------------------------------
