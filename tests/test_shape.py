@@ -8,6 +8,8 @@
   any kind, and no module reaches collectives through another module (``run.collectives``).
 - The README's main job and serial SGD give the same bits as before algorithms/ was reshaped
   around one training loop (the hashes were taken from the code before that change).
+- What the tests share is defined once: ``tiny_digits`` in tests/helpers.py, the fence parser in
+  tutorials/assignments/ (a parser is any function that compares a line with a marker).
 """
 import ast
 import hashlib
@@ -24,13 +26,14 @@ from tutorials import assignments
 
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = assignments.BEGIN, assignments.END
+MARKERS = (BEGIN, END)
 
 
 def python_files(package):
     return sorted((ROOT / package).rglob("*.py"))
 
 
-def fences(path):
+def fenced_lines(path):
     """[(begin line, end line)] of the fenced regions of ``path`` (1-based), by the assignment tool's parser."""
     try:
         return [(begin + 1, end + 1) for begin, end in assignments.fences(path.read_text())]
@@ -54,7 +57,7 @@ def enclosing_functions(tree, lines, first, last):
 
 
 FENCED = [path for package in ("algorithms", "collectives", "minidl") for path in python_files(package)
-          if fences(path)]
+          if fenced_lines(path)]
 
 
 def test_fence_parser_rejects_broken_fences(tmp_path):
@@ -66,14 +69,14 @@ def test_fence_parser_rejects_broken_fences(tmp_path):
                              "line 2: a fence marker must stand alone on its line")]:
         broken.write_text(text)
         with pytest.raises(AssertionError, match=f"^broken.py: {re.escape(complaint)}$"):
-            fences(broken)
+            fenced_lines(broken)
 
 
 @pytest.mark.parametrize("path", FENCED, ids=[str(path.relative_to(ROOT)) for path in FENCED])
 def test_each_fenced_heart_sits_inside_one_function_below_its_docstring(path):
     text = path.read_text()
     tree, lines = ast.parse(text), text.splitlines()
-    for begin, end in fences(path):
+    for begin, end in fenced_lines(path):
         functions = enclosing_functions(tree, lines, begin, end)
         assert functions, f"{path.name}:{begin}: the fence is not inside a function"
         function = functions[-1]
@@ -94,7 +97,7 @@ ALGORITHM_MODULES = [path for path in python_files("algorithms")
 
 @pytest.mark.parametrize("path", ALGORITHM_MODULES, ids=[path.stem for path in ALGORITHM_MODULES])
 def test_every_algorithm_module_fences_its_heart(path):
-    assert fences(path), f"{path.name} has no # BEGIN SOLUTION / # END SOLUTION heart"
+    assert fenced_lines(path), f"{path.name} has no # BEGIN SOLUTION / # END SOLUTION heart"
 
 
 STRING_IMPORTERS = {"importlib", "runpy", "pkgutil"}       # modules whose only job here would be importing by string
@@ -239,3 +242,72 @@ def test_code_tests_and_chapters_name_targets_by_what_they_are_not_by_where_they
     found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}" for path in files
              for number, line in enumerate(path.read_text().splitlines(), 1) if HOW_IT_WAS_MADE.search(line)]
     assert not found, "\n".join(found[:20])
+
+
+# ---- what the tests share is defined once -----------------------------------------------------------
+
+def repository_python_files():
+    return sorted(path for folder in ("minidl", "collectives", "algorithms", "tutorials", "tests")
+                  for path in (ROOT / folder).rglob("*.py"))
+
+
+def definitions_of(name, path):
+    """Line numbers where ``path`` defines ``name`` (a def, a class or an assignment to the name)."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            lines.append(node.lineno)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            lines += [node.lineno for target in targets if isinstance(target, ast.Name) and target.id == name]
+    return lines
+
+
+def is_a_marker(node):
+    """``node`` stands for a fence marker: the string itself, or a name (or attribute) BEGIN / END."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value.strip() in MARKERS
+    return (isinstance(node, ast.Name) and node.id in ("BEGIN", "END")) or \
+        (isinstance(node, ast.Attribute) and node.attr in ("BEGIN", "END"))
+
+
+def parses_fences(function):
+    """True if ``function`` compares a line with a fence marker (``== BEGIN``, ``.startswith(END)``,
+    ``in (BEGIN, END)``): it is a fence parser, whatever its name."""
+    for node in ast.walk(function):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            sides += [item for side in sides if isinstance(side, (ast.Tuple, ast.List, ast.Set)) for item in side.elts]
+            if any(is_a_marker(side) for side in sides):
+                return True
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") in ("startswith", "endswith") and node.args:
+            argument = node.args[0]
+            items = argument.elts if isinstance(argument, (ast.Tuple, ast.List)) else [argument]
+            if any(is_a_marker(item) for item in items):
+                return True
+    return False
+
+
+def fence_parsers(path):
+    return [f"{path.relative_to(ROOT)}:{node.lineno} {node.name}" for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and parses_fences(node)]
+
+
+def test_tiny_digits_and_the_fence_parser_are_each_defined_once():
+    files = repository_python_files()
+    tiny = [f"{path.relative_to(ROOT)}:{line}" for path in files for line in definitions_of("tiny_digits", path)]
+    assert tiny == ["tests/helpers.py:" + str(definitions_of("tiny_digits", ROOT / "tests" / "helpers.py")[0])], \
+        f"tiny_digits is defined more than once, or not in tests/helpers.py: {tiny}"
+    parsers = [found for path in files for found in fence_parsers(path)]
+    assert [found.split(":")[0] + " " + found.split(" ")[1] for found in parsers] == \
+        ["tutorials/assignments/__init__.py fences"], f"fence parsers: {parsers} (the one is tutorials.assignments.fences)"
+
+
+def test_a_second_fence_parser_is_seen_whatever_its_name():
+    copies = ["def markers(text):\n    return [i for i, line in enumerate(text.splitlines()) if line.strip() == BEGIN]\n",
+              "def markers(text):\n    return [line for line in text.splitlines() if '# END SOLUTION' in (line.strip(),)]\n",
+              "def markers(lines):\n    return [line for line in lines if line.lstrip().startswith(('# BEGIN SOLUTION', 'x'))]\n",
+              "def markers(lines):\n    return [line for line in lines if line.strip() == assignments.END]\n"]
+    for copy in copies:
+        assert parses_fences(ast.parse(copy).body[0]), copy
+    assert not parses_fences(ast.parse("def stub(task):\n    return f'{BEGIN} {task}'\n").body[0])
