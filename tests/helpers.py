@@ -4,8 +4,9 @@
 - the error contract: ``assert_stopped`` (a command stopped every rank with ``error: ...`` and exit
                      status 2), ``expect_error_on_every_rank`` (the same, in process, on every rank)
 - data and models:   ``tiny_digits``, ``small_data``, the float64 MLPs, Hogwild!'s sparse problem
-- references:        serial SGD written out (``serial_reference``), ``relative_error`` and the
-                     tolerance ``EQUAL_UP_TO_ROUNDING``, a naive convolution, rank-dependent fill values
+- references:        serial SGD written out (``serial_reference``), ``relative_error``,
+                     ``parallel_assert_close`` and the tolerance ``EQUAL_UP_TO_ROUNDING``, a naive
+                     convolution, rank-dependent fill values
 - shared checks:     the checks that a visible test file and a hidden one both run
 
 The fence parser (``# BEGIN SOLUTION`` / ``# END SOLUTION``) is the assignment tool's,
@@ -53,7 +54,7 @@ def launch(module, *flags, ranks=3, timeout=60):
 def assert_stopped(done, message, ranks=3, before_training=True):
     """``done`` stopped the way the error contract says: exit status 2, no traceback, and one line
     ``error: <what>`` (argparse's ``prog: error: <what>`` for a flag it cannot parse) from each of
-    ``ranks`` ranks (None: from at least one), each ``<what>`` saying ``message``: a string it
+    ``ranks`` ranks, each ``<what>`` saying ``message``: a string it
     contains, or a compiled pattern found in it (``^`` anchors at the start of ``<what>``). With
     ``before_training``, no epoch was printed."""
     shown = f"exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
@@ -61,8 +62,7 @@ def assert_stopped(done, message, ranks=3, before_training=True):
     assert "Traceback" not in done.stderr, shown
     said = re.findall(r"^(?:[\w.]+: )?error: (.*)$", done.stderr, re.M)
     assert said and done.stderr.count("error: ") == len(said), f"an 'error: ' not at the start of a line:\n{shown}"
-    if ranks is not None:
-        assert len(said) == ranks, f"{len(said)} error lines, expected one from each of {ranks} ranks:\n{shown}"
+    assert len(said) == ranks, f"{len(said)} error lines, expected one from each of {ranks} ranks:\n{shown}"
     saying = [what for what in said if (message.search(what) if isinstance(message, re.Pattern) else message in what)]
     assert len(saying) == len(said), f"not every error line says {message!r}:\n{shown}"
     if before_training:
@@ -147,6 +147,12 @@ EQUAL_UP_TO_ROUNDING = 1e-10
 def relative_error(a, b):
     """max |a - b| over max |b| (kept off zero)."""
     return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-300))
+
+
+def parallel_assert_close(actual, expected, tolerance, where):
+    """On every rank: ``relative_error(actual, expected) < tolerance``; a failure says ``where`` and the error."""
+    error = relative_error(actual, expected)
+    parallel_assert(error < tolerance, f"{where}: relative error {error:.2e} (tolerance {tolerance:.0e})")
 
 
 def serial_reference(data, epochs, lr, momentum, batch_size, seed=0, model=float64_mlp):

@@ -23,7 +23,8 @@ from algorithms.objective import NetworkObjective
 from algorithms.schedule import Schedule
 from minidl.data import epoch_order
 from minidl.optim import SGD
-from tests.helpers import EQUAL_UP_TO_ROUNDING, assert_stopped, float64_mlp, launch, relative_error, tiny_digits
+from tests.helpers import (EQUAL_UP_TO_ROUNDING, assert_stopped, float64_mlp, launch, parallel_assert_close,
+                           tiny_digits)
 
 
 @pytest.mark.task("9.1")
@@ -129,8 +130,7 @@ def test_the_loop_applies_the_schedule_like_a_serial_loop_with_the_closed_form(b
                                           allreduce="mpi", quiet=True, **flags)
     schedule = Schedule.of(run.Settings(**flags), comm.size)
     serial = scheduled_serial(data, 3, schedule)
-    error = relative_error(params, serial)
-    parallel_assert(error < EQUAL_UP_TO_ROUNDING, f"p={comm.size}: relative error {error:.2e}")
+    parallel_assert_close(params, serial, EQUAL_UP_TO_ROUNDING, f"p={comm.size}")
     batches = [record["global_batch"] for record in history]
     grown = [2 * comm.size, 2 * comm.size, 4 * comm.size] if batch_schedule else [2 * comm.size] * 3
     parallel_assert(batches == grown, f"logged global batches {batches}, expected {grown}")

@@ -20,7 +20,7 @@ from algorithms import admm_sgd, allreduce_sgd, cli, easgd, ensemble, gossip_sgd
 from algorithms.objective import Data, NetworkObjective
 from minidl.data import least_squares, rank_batches
 from tests.helpers import (EQUAL_UP_TO_ROUNDING, assert_stopped, expect_error_on_every_rank, float64_mlp, launch,
-                           relative_error, same_on_every_rank, serial_reference, tiny_digits)
+                           parallel_assert_close, same_on_every_rank, serial_reference, tiny_digits)
 
 ALL_RANKS = [1, 2, 3, 4]
 
@@ -35,8 +35,7 @@ def test_sync_sgd_on_p_ranks_equals_serial_sgd_on_p_times_batch(algorithm, momen
     params, _ = allreduce_sgd.train(comm, model=float64_mlp, data=data, epochs=2, lr=0.1, momentum=momentum,
                                     batch_size=batch, allreduce=algorithm, quiet=True)
     serial = serial_reference(data, epochs=2, lr=0.1, momentum=momentum, batch_size=comm.size * batch)
-    error = relative_error(params, serial)
-    parallel_assert(error < EQUAL_UP_TO_ROUNDING, f"{algorithm}, p={comm.size}: relative error {error:.2e}")
+    parallel_assert_close(params, serial, EQUAL_UP_TO_ROUNDING, f"{algorithm}, p={comm.size}")
     parallel_assert(same_on_every_rank(comm, params), f"{algorithm}: replicas differ across ranks")
 
 
@@ -59,8 +58,7 @@ def test_model_averaging_every_step_equals_sync_sgd(momentum):
                                         momentum=momentum, batch_size=2, partition="global", allreduce="mpi",
                                         quiet=True)
     synchronous = serial_reference(data, epochs=2, lr=0.1, momentum=momentum, batch_size=comm.size * 2)
-    error = relative_error(averaged, synchronous)
-    parallel_assert(error < EQUAL_UP_TO_ROUNDING, f"H = 1, p={comm.size}: relative error {error:.2e}")
+    parallel_assert_close(averaged, synchronous, EQUAL_UP_TO_ROUNDING, f"H = 1, p={comm.size}")
 
 
 @pytest.mark.task("4.2")
