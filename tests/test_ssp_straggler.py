@@ -2,7 +2,8 @@
 
 The straggler only sleeps before its steps; the bound is enforced by the servers as always. With one
 worker slow, the fast workers run ahead until the bound stops them, so this is where a broken gate
-would show: the servers' logs are recomputed by ``clock_staleness_at_each_read`` (tests/test_ssp.py).
+would show: the servers' logs are recomputed by ``clock_staleness_at_each_read`` (tests/helpers.py,
+tested in tests/test_ssp.py).
 """
 import pytest
 from mpi4py import MPI
