@@ -181,7 +181,8 @@ def test_a_module_that_reaches_collectives_through_another_is_seen(tmp_path):
                    "collectives.allreduce(comm, data)\n"):
         path.write_text(source)
         assert collectives_reached_otherwise(path), source
-    path.write_text("import collectives\nfrom collectives.trace import CountingComm\ncollectives.allreduce(comm, data)\n")
+    path.write_text("import collectives\nfrom collectives.trace import CountingComm\n"
+                    "collectives.allreduce(comm, data)\n")
     assert not collectives_reached_otherwise(path)
 
 
@@ -300,13 +301,15 @@ def test_tiny_digits_and_the_fence_parser_are_each_defined_once():
         f"tiny_digits is defined more than once, or not in tests/helpers.py: {tiny}"
     parsers = [found for path in files for found in fence_parsers(path)]
     assert [(found.split(":")[0], found.split(" ")[1]) for found in parsers] == \
-        [("tutorials/assignments/__init__.py", "fences")], f"fence parsers: {parsers} (the one: tutorials.assignments.fences)"
+        [("tutorials/assignments/__init__.py", "fences")], f"fence parsers: {parsers} (the one: assignments.fences)"
 
 
 def test_a_second_fence_parser_is_seen_whatever_its_name():
-    copies = ["def markers(text):\n    return [i for i, line in enumerate(text.splitlines()) if line.strip() == BEGIN]\n",
+    copies = ["def markers(text):\n    return [i for i, line in enumerate(text.splitlines())\n"
+              "            if line.strip() == BEGIN]\n",
               "def markers(text):\n    return [line for line in text.splitlines() if '# END SOLUTION' in (line.strip(),)]\n",
-              "def markers(lines):\n    return [line for line in lines if line.lstrip().startswith(('# BEGIN SOLUTION', 'x'))]\n",
+              "def markers(lines):\n    return [line for line in lines\n"
+              "            if line.lstrip().startswith(('# BEGIN SOLUTION', 'x'))]\n",
               "def markers(lines):\n    return [line for line in lines if line.strip() == assignments.END]\n"]
     for copy in copies:
         assert parses_fences(ast.parse(copy).body[0]), copy
