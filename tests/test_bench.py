@@ -1,4 +1,5 @@
 """A smoke run of ``python -m minidl.bench`` at tiny sizes: it runs, and its JSON has the promised fields."""
+import importlib
 import importlib.util
 import json
 import subprocess
@@ -32,6 +33,8 @@ def test_main_bench_writes_case_minidl_torch_ratio_and_gflops(tmp_path):
         assert row["minidl_ms"] > 0
         if have_torch:
             assert row["torch_ms"] > 0 and row["ratio"] == pytest.approx(row["minidl_ms"] / row["torch_ms"], rel=1e-2)
+        else:                                            # no yardstick: no ratio and no verdict on the target
+            assert row["torch_ms"] is None and row["ratio"] is None and row.get("met") is None, row
         if row["kind"] in ("conv", "linear"):
             assert row["gflops"] > 0
     assert "GEMM" in stdout and "minidl_ms" in stdout
@@ -47,3 +50,22 @@ def test_conv_bench_has_every_algorithm_a_cost_and_a_summary(tmp_path):
     summary = rows[-1]
     assert summary["case"] == "summary" and summary["winograd_vs_im2col"] and "fft_crossover_kernel" in summary
     assert plot.stat().st_size > 1000 and "FFT beats im2col" in stdout
+
+
+def row_of(case, minidl_ms, torch_ms):
+    """The JSON row the bench builds for ``case`` from measured times (CPU, one thread, GEMM rate 100
+    GFLOP/s): ``minidl.bench._row``, or ``minidl.bench.measure._row`` where the bench is a package."""
+    bench = importlib.import_module("minidl.bench")
+    build = getattr(bench, "_row", None) or importlib.import_module("minidl.bench.measure")._row
+    return build(case, minidl_ms, torch_ms, 100.0, "cpu", 1)
+
+
+def test_the_ratio_is_minidls_time_over_pytorchs_and_decides_the_target():
+    """On times written here, so it runs where PyTorch is missing too: 3 ms against 2 ms is 1.5x."""
+    case = {"case": "lenet5 train step", "kind": "step", "model": "lenet5", "batch": 64, "target_ratio": 1.2}
+    slower = row_of(case, minidl_ms=3.0, torch_ms=2.0)
+    assert (slower["minidl_ms"], slower["torch_ms"], slower["ratio"], slower["met"]) == (3.0, 2.0, 1.5, False)
+    faster = row_of(case, minidl_ms=2.0, torch_ms=4.0)
+    assert (faster["ratio"], faster["met"]) == (0.5, True)
+    alone = row_of(case, minidl_ms=2.0, torch_ms=None)
+    assert (alone["torch_ms"], alone["ratio"], alone["met"]) == (None, None, None)

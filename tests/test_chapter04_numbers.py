@@ -18,7 +18,7 @@ import pytest
 
 from collectives.cost import predict
 from collectives.nonblocking import overlap_prediction
-from tests.test_downpour import mpiexec
+from tests.helpers import mpiexec
 
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES = ROOT / "tutorials" / "figures"

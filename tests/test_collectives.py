@@ -29,6 +29,7 @@ from collectives import bench, cost, trace
 from collectives.buffers import block_counts, block_offsets
 from collectives.fold import fold_in, fold_out, largest_power_of_two, world_rank
 from tests import strategies
+from tests.helpers import fill, same_on_every_rank
 
 ALGORITHMS = collectives.ALGORITHMS                    # naive, tree, butterfly, ring, rabenseifner, auto
 TRACED = cost.ALGORITHMS                               # the five with a cost formula
@@ -50,12 +51,6 @@ BY_ALGORITHM = [
 assert [getattr(param, "values", (param,))[0] for param in BY_ALGORITHM] == list(ALGORITHMS)
 
 
-def fill(rank, length, dtype):
-    """Rank-dependent small integers (negative ones too), exact in every dtype tested."""
-    index = np.arange(length)
-    return (((index * 7 + 3 * rank) % 11) - 5 + rank).astype(dtype)
-
-
 def expected_allreduce(size, length, dtype, op):
     """The exact result, from every rank's fill values stacked: numpy, not collectives."""
     stacked = np.stack([fill(rank, length, dtype) for rank in range(size)]) if length else \
@@ -67,11 +62,6 @@ def expected_allreduce(size, length, dtype, op):
         else:
             result /= size
     return result
-
-
-def same_on_every_rank(comm, array):
-    """True on every rank if every rank holds the same bytes."""
-    return all(other == array.tobytes() for other in comm.allgather(array.tobytes()))
 
 
 def run_allreduce(comm, algorithm, length, dtype, op, in_place, check=True):

@@ -15,6 +15,7 @@ from pytest_mpi import parallel_assert
 import collectives
 from collectives import trace
 from collectives.check import MismatchError
+from tests.helpers import only_check_messages
 
 ALGORITHMS = collectives.ALGORITHMS
 
@@ -22,11 +23,6 @@ ALGORITHMS = collectives.ALGORITHMS
 def read_only(array):
     array.flags.writeable = False
     return array
-
-
-def only_check_messages(traced):
-    """True if nothing but the agreement check was sent: the error came before any data."""
-    return all(message.phase == "check" for message in traced.messages)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,7 +13,6 @@ Run: python tests/run.py --max-ranks 3 -- tests/test_compression.py
   compressor would ignore, stop every rank before the first message.
 """
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,8 +23,8 @@ from pytest_mpi import parallel_assert
 from algorithms import allreduce_sgd, compressed_sgd
 from algorithms.cli import SettingError
 from collectives import compress
-from tests.test_error_contract import assert_stopped, launch
-from tests.test_sync_sgd import EQUAL_UP_TO_ROUNDING, float64_mlp, relative_error, tiny_digits
+from tests.helpers import (EQUAL_UP_TO_ROUNDING, assert_stopped, float64_mlp, launch, parallel_assert_close,
+                           tiny_digits)
 
 
 
@@ -283,8 +282,7 @@ def test_top_k_at_density_one_is_allreduce_sgd_and_the_log_counts_the_wire_formu
     common = dict(model=float64_mlp, data=data, epochs=1, lr=0.1, momentum=0.9, batch_size=3, quiet=True)
     plain, _ = allreduce_sgd.train(comm, allreduce="mpi", **common)
     everything, _ = compressed_sgd.train(comm, compressor="topk", density=1.0, **common)
-    error = relative_error(everything, plain)
-    parallel_assert(error < EQUAL_UP_TO_ROUNDING, f"top-k at density 1: relative error {error:.2e}")
+    parallel_assert_close(everything, plain, EQUAL_UP_TO_ROUNDING, f"top-k at density 1")
     # rounding, 4 bits: each step every rank sends its message to the p - 1 others; the 8-byte non-finite
     # check runs after every step and once more at the epoch's end
     quantized, history = compressed_sgd.train(comm, compressor="rounding", bits=4, **common)

@@ -4,9 +4,6 @@ That any deterministic run is its log replayed is checked by tests/hidden/test_p
 replay is a solution of tasks 5.1 and 5.3).
 """
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -14,24 +11,11 @@ from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
 from algorithms import downpour_sgd, objective, serial_sgd
+from tests.helpers import assert_stopped, launch, mpiexec, small_data
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # NO_DROPS: the tests of the workers' step (task 5.3) run without a silence timeout (timeout=None), so
 # server 0 never looks for silent workers: no worker is dropped on a slow machine, and dropping one
 # (task 5.6, tested with the failure tests below) takes no part.
-ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-
-
-def small_data(n_train=96, n_test=60):
-    """A slice of the digits: enough for a few steps per worker, cheap enough for hypothesis."""
-    data = objective.load_data("digits", seed=0)
-    return objective.Data(data.x_train[:n_train], data.y_train[:n_train], data.x_test[:n_test], data.y_test[:n_test])
-
-
-def mpiexec(n, *args, timeout=120):
-    return subprocess.run([os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", str(n),
-                           sys.executable, *args], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                          timeout=timeout)
 
 
 @pytest.mark.task("5.3")
@@ -147,9 +131,7 @@ def test_command_line_default_run_reaches_90_percent_and_logs_staleness(tmp_path
 
 
 def test_command_line_bad_input_prints_error_and_exits_2_on_every_rank():
-    done = mpiexec(3, "-m", "algorithms.downpour_sgd", "--servers", "3")
-    assert done.returncode == 2
-    assert done.stderr.count("error:") == 3 and "cannot hold 3 server(s)" in done.stderr
+    assert_stopped(launch("downpour_sgd", "--servers", "3", timeout=120), "cannot hold 3 server(s)")
 
 
 @pytest.mark.task("5.6")

@@ -4,44 +4,23 @@ One replica of k ranks against serial SGD and serial Adagrad written out here; t
 against two one-rank workers under the same deterministic schedule; each replica rank pushes and
 fetches its own parameters only; bad settings stop every rank.
 """
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
 from algorithms import downpour_sgd, objective
-from algorithms.objective import Data, load_data
 from minidl.data import batches, epoch_order
-from minidl.nn import Flatten, Linear, ReLU, Sequential
+from minidl.nn import Flatten, Linear, Sequential
 from minidl.optim import SGD, Adagrad
+from tests.helpers import EQUAL_UP_TO_ROUNDING, assert_stopped, launch, tiny_digits, uneven_mlp
 
-ROOT = Path(__file__).resolve().parent.parent
-ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONPATH=str(ROOT))
 WIDTHS = [64, 7, 5, 10]               # uneven for k = 2 and 3: 7 = 4+3 = 3+2+2, 5 = 3+2 = 2+2+1
-EQUAL_UP_TO_ROUNDING = 1e-10          # model_parallel regroups the sums of the backward pass: a few ulps a step
-
-
-def uneven_mlp():
-    rng = np.random.default_rng(5)
-    return Sequential(Flatten(), Linear(64, 7, rng=rng, dtype="float64"), ReLU(),
-                      Linear(7, 5, rng=rng, dtype="float64"), ReLU(),
-                      Linear(5, 10, rng=rng, init="glorot", dtype="float64"))
-
-
-def tiny_digits(n_train=40, n_test=20):
-    data = load_data("digits", seed=0)
-    return Data(data.x_train[:n_train].astype(np.float64), data.y_train[:n_train],
-                data.x_test[:n_test].astype(np.float64), data.y_test[:n_test])
 
 
 def serial(optimizer, epochs, batch_size, lr, seed=0):
     """Serial SGD or Adagrad over the whole training set, in the epochs' orders: one replica's run."""
-    model = objective.build(uneven_mlp, data=tiny_digits(), seed=seed)
+    model = objective.build(uneven_mlp, data=tiny_digits(n_train=40), seed=seed)
     step = (SGD if optimizer == "sgd" else Adagrad)([model.flat.as_parameter()], lr=lr)
     for epoch in range(epochs):
         order = epoch_order(model.n, seed, epoch)
@@ -68,7 +47,7 @@ def test_one_replica_of_k_ranks_is_serial_sgd_and_serial_adagrad_and_moves_only_
     steps = epochs * -(-40 // batch_size)            # 40 rows in batches of 8: 5 steps an epoch
     for optimizer in ("sgd", "adagrad"):
         report = {}
-        params, _ = downpour_sgd.train(comm, model=uneven_mlp, data=tiny_digits(), epochs=epochs,
+        params, _ = downpour_sgd.train(comm, model=uneven_mlp, data=tiny_digits(n_train=40), epochs=epochs,
                                        batch_size=batch_size, lr=lr, server_optimizer=optimizer, servers=servers,
                                        replica_size=2, timeout=None, quiet=True, report=report)
         expected = serial(optimizer, epochs, batch_size, lr)
@@ -90,7 +69,7 @@ def test_one_replica_of_k_ranks_is_serial_sgd_and_serial_adagrad_and_moves_only_
 def test_two_replicas_of_two_equal_two_one_rank_workers_under_the_same_deterministic_schedule():
     # ranks 0-4: 1 server + replicas {1, 2}, {3, 4}; then ranks 0-2 alone: 1 server + workers 1, 2
     comm = MPI.COMM_WORLD
-    settings = dict(model=uneven_mlp, data=tiny_digits(), epochs=2, batch_size=4, lr=0.05, n_push=2, n_fetch=3,
+    settings = dict(model=uneven_mlp, data=tiny_digits(n_train=40), epochs=2, batch_size=4, lr=0.05, n_push=2, n_fetch=3,
                     deterministic=True, seed=4, quiet=True)
     report = {}
     params, _ = downpour_sgd.train(comm, replica_size=2, report=report, **settings)
@@ -120,7 +99,7 @@ def narrow():
 def test_bad_replica_settings_raise_the_same_error_on_every_rank_before_training(settings, message):
     settings = {"model": uneven_mlp, **settings}
     try:
-        downpour_sgd.train(MPI.COMM_WORLD, quiet=True, data=tiny_digits(), **settings)
+        downpour_sgd.train(MPI.COMM_WORLD, quiet=True, data=tiny_digits(n_train=40), **settings)
         raised = None
     except ValueError as error:
         raised = str(error)
@@ -128,9 +107,5 @@ def test_bad_replica_settings_raise_the_same_error_on_every_rank_before_training
 
 
 def test_command_line_replica_size_not_dividing_the_workers_prints_error_and_exits_2_on_every_rank():
-    done = subprocess.run([str(Path(sys.executable).parent / "mpiexec"), "-n", "4", sys.executable, "-m",
-                           "algorithms.downpour_sgd", "--replica-size", "2"], capture_output=True, text=True,
-                          timeout=60, env=ENV, cwd=ROOT)
-    assert done.returncode == 2, done.stderr
-    assert "Traceback" not in done.stderr, done.stderr
-    assert done.stderr.count("error: --replica-size 2 does not divide the 3 worker ranks") == 4, done.stderr
+    assert_stopped(launch("downpour_sgd", "--replica-size", "2", ranks=4),
+                   "--replica-size 2 does not divide the 3 worker ranks", ranks=4)

@@ -5,11 +5,7 @@ status 2: no traceback for anything a user can cause, no hang. Each case runs ``
 a timeout (a hang fails the test) and says, above it, the rule it checks. Settings are checked on
 every rank before the first message, so no training output may appear before the error.
 """
-import os
-import subprocess
-import sys
 import zipfile
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,27 +16,9 @@ from algorithms import admm_sgd, checkpoint, easgd, ensemble, gossip_sgd, model_
 from algorithms.cli import SettingError
 from algorithms.objective import load_data
 from collectives.cost import per_rank
+from tests.helpers import assert_stopped, launch, mpiexec
 
-ROOT = Path(__file__).resolve().parent.parent
-MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
-ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONPATH=str(ROOT))
 RANKS = 3
-
-
-def launch(module, *flags, ranks=RANKS, timeout=60):
-    return subprocess.run([MPIEXEC, "-n", str(ranks), sys.executable, "-m", f"algorithms.{module}", *flags],
-                          capture_output=True, text=True, timeout=timeout, env=ENV, cwd=ROOT)
-
-
-def assert_stopped(done, message, every_rank=True, before_training=True):
-    assert done.returncode == 2, f"exit {done.returncode}\n{done.stdout}\n{done.stderr}"
-    assert "Traceback" not in done.stderr, done.stderr
-    errors = done.stderr.count("error: ")
-    assert errors and done.stderr.count(message) >= errors, done.stderr
-    if every_rank:
-        assert errors == RANKS, f"expected an error line from each of {RANKS} ranks:\n{done.stderr}"
-    if before_training:
-        assert "epoch" not in done.stdout, f"trained before the error:\n{done.stdout}"
 
 
 # output paths are checked on every rank before any training
@@ -55,9 +33,7 @@ def test_an_output_path_that_is_a_folder_is_refused(tmp_path):
 
 
 def test_compare_checks_its_png_path_before_training():
-    done = subprocess.run([MPIEXEC, "-n", str(RANKS), sys.executable, "-m", "algorithms.compare", "--epochs", "1",
-                           "--out", "/nonexistent-folder/c.png"], capture_output=True, text=True, timeout=60,
-                          env=ENV, cwd=ROOT)
+    done = mpiexec(RANKS, "-m", "algorithms.compare", "--epochs", "1", "--out", "/nonexistent-folder/c.png", timeout=60)
     assert_stopped(done, "--out /nonexistent-folder/c.png")
 
 
@@ -124,8 +100,7 @@ def test_an_exception_on_one_rank_only_aborts_every_rank(tmp_path):
         "        raise KeyError('only on rank 1')\n"
         "    comm.Barrier()                     # the others wait for rank 1 here\n"
         "cli.run_main(train, cli.parser('test').parse_args([]))\n")
-    done = subprocess.run([MPIEXEC, "-n", str(RANKS), sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=60, env=ENV, cwd=ROOT)
+    done = mpiexec(RANKS, str(script), timeout=60)
     assert done.returncode == 2, (done.returncode, done.stderr)
     assert "error: 'only on rank 1' (KeyError on rank 1, at" in done.stderr and "Traceback" not in done.stderr
 

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from tests.test_downpour import mpiexec
+from tests.helpers import mpiexec
 
 SCRIPT = os.path.join("tutorials", "figures", "make_05_figures.py")
 T_975 = {2: 4.303, 4: 2.776}           # t's 97.5% point for 3 and 5 seeds

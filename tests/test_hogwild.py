@@ -13,16 +13,7 @@ from algorithms import hogwild, serial_sgd
 from algorithms.cli import SettingError
 from algorithms.objective import load_data
 from minidl.data import sparse_logistic_regression
-
-# Plain serial SGD on small_problem(), one sample at a time in serial SGD's epoch order (seed 0),
-# from w = 0 with lr 0.5 decaying by 0.8 per epoch: after `epochs` epochs,
-# (F(w), F(w) - F(w*), ||w - w*|| / ||w*||, ||w||).
-SERIAL_SGD = {3: (0.5340748255420451, 0.043440929937440975, 0.41477462029599915, 10.96116177829786),
-              15: (0.4907126861431884, 7.879053858428353e-05, 0.018937636617328647, 9.611621989025247)}
-
-
-def small_problem():
-    return sparse_logistic_regression(2000, 200, 5, np.random.default_rng(0), l2=1e-3)
+from tests.helpers import SERIAL_SGD, small_problem
 
 
 def logistic_gradient(x, y, w, l2):

@@ -1,28 +1,14 @@
 """Layers: each kernel against a slow, obviously-correct loop version, and against finite differences."""
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, strategies as st
 
 from minidl import Tensor, backend, functional as F, gradcheck, nn
 from tests import strategies
+from tests.helpers import naive_conv2d
 
 
-# ---- slow references: the formulas, one output element at a time ----------------------------
-def naive_conv2d(x, weight, stride, padding):
-    n, c, h, w = x.shape
-    f, _, kh, kw = weight.shape
-    x_pad = np.pad(x, ((0, 0), (0, 0), (padding, padding), (padding, padding)))
-    out_h, out_w = (h + 2 * padding - kh) // stride + 1, (w + 2 * padding - kw) // stride + 1
-    out = np.zeros((n, f, out_h, out_w))
-    for b in range(n):
-        for k in range(f):
-            for i in range(out_h):
-                for j in range(out_w):
-                    window = x_pad[b, :, i * stride:i * stride + kh, j * stride:j * stride + kw]
-                    out[b, k, i, j] = np.sum(window * weight[k])
-    return out
-
-
+# ---- slow references: the formulas, one output element at a time (naive_conv2d: tests/helpers.py) ----
 def naive_pool(x, k, stride, padding, reduce):
     n, c, h, w = x.shape
     fill = -np.inf if reduce is np.max else 0.0

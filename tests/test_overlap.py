@@ -7,9 +7,6 @@ The claim tested: ``--buckets MB`` gives bitwise the parameters of ``--allreduce
 without it, for every bucket size and p (including p = 3, the fold-in), because every element is
 summed by the same additions; and the bucketed sum of integer-valued vectors equals the exact sum.
 """
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -21,8 +18,7 @@ from collectives.nonblocking import BucketedAllreduce, overlap_prediction
 from minidl.flat import flatten
 from minidl.nn import Linear, ReLU, Sequential
 from minidl.tensor import Tensor
-from tests.test_error_contract import ENV, MPIEXEC, ROOT, assert_stopped
-from tests.test_sync_sgd import expect_error_on_every_rank, float64_mlp, tiny_digits
+from tests.helpers import assert_stopped, expect_error_on_every_rank, float64_mlp, launch, tiny_digits
 
 
 def test_buckets_cover_the_gradient_in_reverse_layer_order_with_whole_parameters():
@@ -113,10 +109,7 @@ def test_buckets_give_bitwise_the_parameters_of_the_blocking_butterfly():
 @pytest.mark.parametrize("value, message", [("0", "--buckets must be a finite number > 0, got 0.0"),
                                             ("abc", "argument --buckets: invalid float value: 'abc'")])
 def test_a_bad_buckets_value_stops_every_rank(value, message):
-    done = subprocess.run([MPIEXEC, "-n", "3", sys.executable, "-m", "algorithms.allreduce_sgd", "--allreduce",
-                           "butterfly", "--buckets", value], capture_output=True, text=True, timeout=60, env=ENV,
-                          cwd=ROOT)
-    assert_stopped(done, message)
+    assert_stopped(launch("allreduce_sgd", "--allreduce", "butterfly", "--buckets", value), message)
 
 
 @pytest.mark.parallel(nprocs=[2, 3])

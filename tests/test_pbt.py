@@ -15,9 +15,6 @@ Run: python tests/run.py --max-ranks 4 -- tests/test_pbt.py
 import json
 import math
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,9 +26,7 @@ from algorithms.cli import SettingError
 from minidl.flat import FlatParameters
 from minidl.optim import SGD
 from minidl.tensor import Parameter
-from tests.test_sync_sgd import float64_mlp, tiny_digits
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import assert_stopped, float64_mlp, launch, tiny_digits
 
 
 @pytest.mark.task("9.2")
@@ -155,10 +150,6 @@ def test_bad_population_fraction_and_rank_counts_are_refused():
 
 
 def test_a_population_that_does_not_divide_the_ranks_stops_every_rank_with_exit_2():
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    done = subprocess.run([str(Path(sys.executable).parent / "mpiexec"), "-n", "3", sys.executable, "-m",
-                           "algorithms.pbt", "--population", "2"],
-                          capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
-    assert done.returncode == 2, done.stderr
-    assert "Traceback" not in done.stderr and done.stderr.count("error: --population 2 on 3 ranks") == 3, done.stderr
+    done = launch("pbt", "--population", "2")
+    assert_stopped(done, "--population 2 on 3 ranks")
     assert "round" not in done.stdout

@@ -15,8 +15,7 @@ import collectives
 from collectives import persistent, trace
 from collectives.check import MismatchError
 from tests import strategies
-from tests.test_collectives import fill, same_on_every_rank
-from tests.test_collectives_errors import only_check_messages
+from tests.helpers import fill, only_check_messages, same_on_every_rank
 
 
 def expected(size, length, dtype, op, step):

@@ -7,11 +7,7 @@ P = 4 stages hold 2, 2, 1, 1 layers. The schedule each stage followed is read fr
 it sent and received (a traced communicator), not from the module's own bookkeeping, and checked
 against the schedules' definitions written here in another form (a greedy rule for 1F1B).
 """
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,39 +16,14 @@ from pytest_mpi import parallel_assert
 
 from algorithms import pipeline_parallel
 from algorithms.cli import SettingError
-from algorithms.objective import Data, NetworkObjective, load_data
+from algorithms.objective import NetworkObjective
 from collectives.trace import TracedComm, WatchedComm
-from minidl.data import Batch, epoch_order
+from minidl.data import Batch
 from minidl.nn import Flatten, Linear, ReLU, Sequential
-from minidl.optim import SGD
+from tests.helpers import (EQUAL_UP_TO_ROUNDING, assert_stopped, launch, parallel_assert_close, serial_reference,
+                           six_layer_mlp, tiny_digits)
 
-ROOT = Path(__file__).resolve().parent.parent
 WIDTHS = [64, 64, 16, 16, 12, 12, 10]          # features entering layer k (k = 0..5) and leaving the last
-EQUAL_UP_TO_ROUNDING = 1e-10                   # see tests/test_sync_sgd.py; measured here: ~3e-16
-
-
-def six_layer_mlp():
-    rng = np.random.default_rng(3)
-    return Sequential(Flatten(), Linear(64, 16, rng=rng, dtype="float64"), ReLU(),
-                      Linear(16, 12, rng=rng, dtype="float64"), ReLU(),
-                      Linear(12, 10, rng=rng, init="glorot", dtype="float64"))
-
-
-def tiny_digits(n_train=50, n_test=20):
-    data = load_data("digits", seed=0)
-    return Data(data.x_train[:n_train].astype(np.float64), data.y_train[:n_train],
-                data.x_test[:n_test].astype(np.float64), data.y_test[:n_test])
-
-
-def serial_sgd(data, epochs, lr, momentum, batch_size, seed=0):
-    objective = NetworkObjective(six_layer_mlp(), data)
-    optimizer = SGD([objective.flat.as_parameter()], lr=lr, momentum=momentum)
-    for epoch in range(epochs):
-        order = epoch_order(objective.n, seed, epoch)
-        for start in range(0, len(order), batch_size):
-            objective.loss_and_grad(order[start:start + batch_size])
-            optimizer.step()
-    return objective.params.copy()
 
 
 @pytest.mark.task("6.1")
@@ -60,14 +31,13 @@ def serial_sgd(data, epochs, lr, momentum, batch_size, seed=0):
 def test_pipeline_with_m_micro_batches_equals_serial_sgd_at_the_same_global_batch():
     # 50 rows at batch 9: five full batches and a last one of 5 rows (fewer rows than m = 2P+1 = 9 at P = 4)
     comm, data = MPI.COMM_WORLD, tiny_digits()
-    serial = serial_sgd(data, epochs=1, lr=0.1, momentum=0.9, batch_size=9)
+    serial = serial_reference(data, epochs=1, lr=0.1, momentum=0.9, batch_size=9, model=six_layer_mlp)
     for kind in ("gpipe", "1f1b"):
         for m in sorted({1, comm.size, 2 * comm.size + 1}):
             params, _ = pipeline_parallel.train(comm, schedule=kind, micro_batches=m, model=six_layer_mlp,
                                                 data=data, epochs=1, lr=0.1, momentum=0.9, batch_size=9,
                                                 quiet=True)
-            error = float(np.max(np.abs(params - serial)) / np.max(np.abs(serial)))
-            parallel_assert(error < EQUAL_UP_TO_ROUNDING, f"{kind}, P={comm.size}, m={m}: relative error {error:.2e}")
+            parallel_assert_close(params, serial, EQUAL_UP_TO_ROUNDING, f"{kind}, P={comm.size}, m={m}")
 
 
 class TracedWithIsend(TracedComm):
@@ -207,10 +177,5 @@ def test_more_stages_than_layers_is_refused_on_every_rank():
 
 
 def test_more_micro_batches_than_rows_stops_every_rank_with_an_error():
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    done = subprocess.run([str(Path(sys.executable).parent / "mpiexec"), "-n", "2", sys.executable, "-m",
-                           "algorithms.pipeline_parallel", "--batch-size", "8", "--micro-batches", "9"],
-                          capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
-    assert done.returncode == 2, f"exit {done.returncode}\n{done.stdout}\n{done.stderr}"
-    assert "Traceback" not in done.stderr and "epoch" not in done.stdout, done.stderr
-    assert done.stderr.count("error: --micro-batches 9 is more than --batch-size 8") == 2, done.stderr
+    done = launch("pipeline_parallel", "--batch-size", "8", "--micro-batches", "9", ranks=2)
+    assert_stopped(done, "--micro-batches 9 is more than --batch-size 8", ranks=2)

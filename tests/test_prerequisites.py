@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from tests.task_calls import UNWATCHED, install
-from tests.test_tutorials import needs
+from tests.helpers import needs
 from tutorials import assignments
 from tutorials.block import blocks, chapter_file, ranks_of
 

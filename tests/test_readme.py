@@ -1,13 +1,16 @@
 """The README's commands are the ones CI runs, and its tables name modules that exist."""
+import ast
 import importlib
 import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+RUN_LINE = r"^(?:mpiexec -n \d+ )?python -m algorithms\.{name}(?: |$)"
 
 
 def readme_commands():
-    return re.findall(r"^```bash\n(.*?)\n```", (ROOT / "README.md").read_text(), re.S | re.M)
+    return re.findall(r"^```bash\n(.*?)\n```", README.read_text(), re.S | re.M)
 
 
 def test_ci_runs_the_readme_test_command_verbatim():
@@ -16,8 +19,15 @@ def test_ci_runs_the_readme_test_command_verbatim():
     assert test_command in (ROOT / ".ci" / "run").read_text()
 
 
+def run_line(path):
+    """The first line of the header's second paragraph (where the command that runs the module stands)."""
+    header = ast.get_docstring(ast.parse(path.read_text())) or ""
+    paragraphs = header.split("\n\n")
+    return paragraphs[1].strip().splitlines()[0].strip() if len(paragraphs) > 1 and paragraphs[1].strip() else ""
+
+
 def test_the_readmes_algorithm_table_and_the_runnable_modules_are_the_same_and_each_shows_its_run_line():
-    readme = (ROOT / "README.md").read_text()
+    readme = README.read_text()
     listed = re.findall(r"^\| `algorithms\.(\w+)`", readme, re.M)
     runnable = sorted(path.stem for path in (ROOT / "algorithms").glob("*.py")
                       if re.search(r"^def main\(", path.read_text(), re.M))
@@ -25,4 +35,37 @@ def test_the_readmes_algorithm_table_and_the_runnable_modules_are_the_same_and_e
     assert "python -m algorithms.evaluate" in readme
     for name in runnable:                          # each header opens with the command that runs it
         module = importlib.import_module(f"algorithms.{name}")
-        assert callable(module.main) and f"-m algorithms.{name}" in module.__doc__.split("\n\n")[1], name
+        assert callable(module.main), name
+        line = run_line(ROOT / "algorithms" / f"{name}.py")
+        assert re.match(RUN_LINE.format(name=name), line), \
+            f"algorithms/{name}.py: the header's second paragraph should open with its run line, not {line!r}"
+
+
+def test_a_header_that_only_mentions_its_command_in_prose_has_no_run_line(tmp_path):
+    path = tmp_path / "module.py"
+    path.write_text('"""Title.\n\nRun it with python -m algorithms.x under mpiexec.\n"""\n')
+    assert not re.match(RUN_LINE.format(name="x"), run_line(path))
+    path.write_text('"""Title.\n\n    mpiexec -n 4 python -m algorithms.x [--flag]\n"""\n')
+    assert re.match(RUN_LINE.format(name="x"), run_line(path))
+    assert not re.match(RUN_LINE.format(name="x"), "python -m algorithms.xy")
+
+
+def named_files(readme):
+    """Each file or folder the README's tables name: (where the table says it is, the name)."""
+    named = []
+    for row in re.findall(r"^\|.*\|$", readme, re.M):
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        package = re.fullmatch(r"`(\w+)/`", cells[0])
+        for token in re.findall(r"`([^`\s]+)`", " | ".join(cells[1:])):
+            if re.fullmatch(r"[\w./]+/[\w.]+\.py|[\w./]+/", token) and "/" in token.rstrip("/"):
+                named.append((ROOT, token))                          # a path from the repository root
+            elif package and re.fullmatch(r"\w+\.py|\w+/", token):
+                named.append((ROOT / package.group(1), token))       # a file of the row's package
+    return named
+
+
+def test_the_readmes_tables_name_files_that_exist():
+    named = named_files(README.read_text())
+    assert len(named) >= 15, f"the tables name only {named}: is the parsing broken?"
+    missing = [str((where / name).relative_to(ROOT)) for where, name in named if not (where / name).exists()]
+    assert not missing, f"README's tables name files that do not exist: {missing}"

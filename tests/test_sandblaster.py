@@ -38,38 +38,10 @@ from algorithms import run, sandblaster_lbfgs as sandblaster
 from algorithms.objective import ConvexObjective, build as build_objective, evaluate_at
 from minidl.data import least_squares
 from minidl.optim import LBFGS, two_loop_direction
-from tests.test_error_contract import ENV, MPIEXEC, ROOT, launch
+from tests.helpers import ENV, InProcessShards, MPIEXEC, ROOT, assert_stopped, launch, sharded
 
 TOLERANCE = 1e-10
 D = 64                               # parameters: one shard's slice is >= 256 bytes at S <= 2
-
-
-class InProcessShards(sandblaster.Shards):
-    """The coordinator's handle on real ``Shard`` objects in this process (no messages)."""
-
-    def __init__(self, shards):
-        self.shards = shards
-
-    def order(self, op, **args):
-        for shard in self.shards:
-            shard.command(op, args)
-
-    def ask(self, op, **args):
-        return [shard.command(op, args) for shard in self.shards]
-
-
-def sharded(servers, g, s_history, y_history):
-    """The direction sharded_direction leaves in the shards' d, and the shards' g after it."""
-    d = len(g)
-    roles = sandblaster.Roles(servers + 2, servers, d)
-    shards = [sandblaster.Shard(None, roles, k, np.zeros(d), history_size=10) for k in range(servers)]
-    for shard, (start, stop) in zip(shards, roles.ranges):
-        shard.vectors["g"][...] = g[start:stop]
-        shard.s_history = [s[start:stop].copy() for s in s_history]
-        shard.y_history = [y[start:stop].copy() for y in y_history]
-    sandblaster.sharded_direction(InProcessShards(shards), len(s_history))
-    return (np.concatenate([shard.vectors["d"] for shard in shards]),
-            np.concatenate([shard.vectors["g"] for shard in shards]))
 
 
 @pytest.mark.task("7.1")
@@ -238,11 +210,7 @@ def test_sandblaster_equals_serial_lbfgs_with_and_without_backup_tasks():
 ])
 def test_bad_flags_stop_every_rank(module, flags, ranks, message):
     extra = ["--problem", "least-squares"] if module == "sandblaster_lbfgs" else []
-    done = launch(module, *extra, "--epochs", "1", *flags, ranks=ranks)
-    assert done.returncode == 2, done.stderr
-    assert "Traceback" not in done.stderr, done.stderr
-    assert done.stderr.count("error: ") == ranks and done.stderr.count(message) == ranks, done.stderr
-    assert "epoch" not in done.stdout
+    assert_stopped(launch(module, *extra, "--epochs", "1", *flags, ranks=ranks), message, ranks=ranks)
 
 
 def timed_run(*flags, ranks=4, timeout=90):

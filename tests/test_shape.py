@@ -4,9 +4,12 @@
   (otter-grader / nbgrader syntax) inside exactly one function, with the docstring and signature
   outside the fence, and every algorithm module has one.
 - ``minidl`` never imports MPI, ``collectives`` or ``algorithms``; ``collectives`` never imports
-  ``minidl`` or ``algorithms``; ``algorithms`` imports ``collectives`` by name (no string import).
+  ``minidl`` or ``algorithms``; ``algorithms`` imports ``collectives`` by name: no string import of
+  any kind, and no module reaches collectives through another module (``run.collectives``).
 - The README's main job and serial SGD give the same bits as before algorithms/ was reshaped
   around one training loop (the hashes were taken from the code before that change).
+- What the tests share is defined once: ``tiny_digits`` in tests/helpers.py, the fence parser in
+  tutorials/assignments/ (a parser is any function that compares a line with a marker).
 """
 import ast
 import hashlib
@@ -19,30 +22,23 @@ import pytest
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
+from tutorials import assignments
+
 ROOT = Path(__file__).resolve().parent.parent
-BEGIN, END = "# BEGIN SOLUTION", "# END SOLUTION"
+BEGIN, END = assignments.BEGIN, assignments.END
+MARKERS = (BEGIN, END)
 
 
 def python_files(package):
     return sorted((ROOT / package).rglob("*.py"))
 
 
-def fences(path):
-    """[(begin line, end line)] of the fenced regions of ``path`` (1-based), checked to pair up."""
-    pairs, begin = [], None
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        text = line.strip()
-        if text == BEGIN:
-            assert begin is None, f"{path.name}:{number}: BEGIN SOLUTION inside another fence"
-            begin = number
-        elif text == END:
-            assert begin is not None, f"{path.name}:{number}: END SOLUTION without a BEGIN"
-            pairs.append((begin, number))
-            begin = None
-        elif text.startswith((BEGIN, END)):
-            raise AssertionError(f"{path.name}:{number}: a fence marker must stand alone on its line")
-    assert begin is None, f"{path.name}:{begin}: BEGIN SOLUTION never ends"
-    return pairs
+def fenced_lines(path):
+    """[(begin line, end line)] of the fenced regions of ``path`` (1-based), by the assignment tool's parser."""
+    try:
+        return [(begin + 1, end + 1) for begin, end in assignments.fences(path.read_text())]
+    except ValueError as error:
+        raise AssertionError(f"{path.name}: {error}") from None
 
 
 def enclosing_functions(tree, lines, first, last):
@@ -61,24 +57,26 @@ def enclosing_functions(tree, lines, first, last):
 
 
 FENCED = [path for package in ("algorithms", "collectives", "minidl") for path in python_files(package)
-          if fences(path)]
+          if fenced_lines(path)]
 
 
 def test_fence_parser_rejects_broken_fences(tmp_path):
     broken = tmp_path / "broken.py"
-    broken.write_text(f"def f():\n    {BEGIN}\n    return 1\n")
-    with pytest.raises(AssertionError, match="never ends"):
-        fences(broken)
-    broken.write_text(f"def f():\n    {END}\n")
-    with pytest.raises(AssertionError, match="without a BEGIN"):
-        fences(broken)
+    for text, complaint in [(f"def f():\n    {BEGIN}\n    return 1\n", "line 2: # BEGIN SOLUTION never ends"),
+                            (f"def f():\n    {END}\n", "line 2: # END SOLUTION without a # BEGIN SOLUTION"),
+                            (f"def f():\n    {BEGIN}\n    {BEGIN}\n", "line 3: # BEGIN SOLUTION inside another fence"),
+                            (f"def f():\n    {BEGIN}  # mine\n    return 1\n    {END}\n",
+                             "line 2: a fence marker must stand alone on its line")]:
+        broken.write_text(text)
+        with pytest.raises(AssertionError, match=f"^broken.py: {re.escape(complaint)}$"):
+            fenced_lines(broken)
 
 
 @pytest.mark.parametrize("path", FENCED, ids=[str(path.relative_to(ROOT)) for path in FENCED])
 def test_each_fenced_heart_sits_inside_one_function_below_its_docstring(path):
     text = path.read_text()
     tree, lines = ast.parse(text), text.splitlines()
-    for begin, end in fences(path):
+    for begin, end in fenced_lines(path):
         functions = enclosing_functions(tree, lines, begin, end)
         assert functions, f"{path.name}:{begin}: the fence is not inside a function"
         function = functions[-1]
@@ -99,10 +97,15 @@ ALGORITHM_MODULES = [path for path in python_files("algorithms")
 
 @pytest.mark.parametrize("path", ALGORITHM_MODULES, ids=[path.stem for path in ALGORITHM_MODULES])
 def test_every_algorithm_module_fences_its_heart(path):
-    assert fences(path), f"{path.name} has no # BEGIN SOLUTION / # END SOLUTION heart"
+    assert fenced_lines(path), f"{path.name} has no # BEGIN SOLUTION / # END SOLUTION heart"
+
+
+STRING_IMPORTERS = {"importlib", "runpy", "pkgutil"}       # modules whose only job here would be importing by string
 
 
 def imported_packages(path):
+    """The top-level packages ``path`` imports by name, and "<string import>" if it imports anything by
+    a string: ``importlib`` / ``runpy`` / ``pkgutil`` used at all, ``__import__(...)``, ``sys.modules[...]``."""
     tree = ast.parse(path.read_text())
     names = set()
     for node in ast.walk(tree):
@@ -110,8 +113,13 @@ def imported_packages(path):
             names.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module.split(".")[0])
-        elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module":
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "__import__":
             names.add("<string import>")
+        elif isinstance(node, ast.Attribute) and node.attr in ("modules", "__import__", "import_module") \
+                and not (node.attr == "modules" and not (isinstance(node.value, ast.Name) and node.value.id == "sys")):
+            names.add("<string import>")
+    if names & STRING_IMPORTERS:
+        names.add("<string import>")
     return names
 
 
@@ -124,9 +132,58 @@ def test_packages_import_only_downwards(package, forbidden):
     assert not bad, f"imports against the one-way arrows of the design: {bad}"
 
 
+@pytest.mark.parametrize("source, string_import", [
+    ("import importlib\nring = importlib.import_module('collectives.ring')\n", True),
+    ("from importlib import import_module\nring = import_module(f'collectives.{name}')\n", True),
+    ("ring = __import__('collectives.ring')\n", True),
+    ("import sys\nring = sys.modules['collectives.ring']\n", True),
+    ("import runpy\nrunpy.run_module('collectives.ring')\n", True),
+    ("import collectives\nfrom collectives import ring\ncollectives.allreduce(comm, data, algorithm='ring')\n", False),
+])
+def test_every_kind_of_string_import_is_seen(tmp_path, source, string_import):
+    path = tmp_path / "module.py"
+    path.write_text(source)
+    assert ("<string import>" in imported_packages(path)) == string_import, source
+
+
+def collectives_reached_otherwise(path):
+    """Where ``path`` reaches collectives without importing the package itself: the name ``collectives``
+    used but never bound by ``import collectives``, taken from another module (``from x import
+    collectives``), or reached through one (``run.collectives``)."""
+    tree = ast.parse(path.read_text())
+    imports_it = any(isinstance(node, ast.Import) and any(alias.name.split(".")[0] == "collectives"
+                                                          and alias.asname is None for alias in node.names)
+                     for node in ast.walk(tree))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id == "collectives" and not imports_it:
+            found.append(f"line {node.lineno}: collectives used, never imported")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] != "collectives" \
+                and any(alias.name == "collectives" for alias in node.names):
+            found.append(f"line {node.lineno}: collectives taken from {node.module}")
+        elif isinstance(node, ast.Attribute) and node.attr == "collectives":
+            found.append(f"line {node.lineno}: collectives reached through {ast.unparse(node.value)}")
+    return found
+
+
 def test_algorithms_import_collectives_by_name():
     users = [path.name for path in python_files("algorithms") if "collectives" in imported_packages(path)]
     assert users, "no module of algorithms/ imports collectives"
+    bad = {str(path.relative_to(ROOT)): collectives_reached_otherwise(path) for path in python_files("algorithms")
+           if collectives_reached_otherwise(path)}
+    assert not bad, f"modules that use collectives without importing it by name: {bad}"
+
+
+def test_a_module_that_reaches_collectives_through_another_is_seen(tmp_path):
+    path = tmp_path / "module.py"
+    for source in ("from algorithms import run\nrun.collectives.allreduce(comm, data)\n",
+                   "from algorithms.run import collectives\ncollectives.allreduce(comm, data)\n",
+                   "collectives.allreduce(comm, data)\n"):
+        path.write_text(source)
+        assert collectives_reached_otherwise(path), source
+    path.write_text("import collectives\nfrom collectives.trace import CountingComm\n"
+                    "collectives.allreduce(comm, data)\n")
+    assert not collectives_reached_otherwise(path)
 
 
 # ---- results pinned across the reshaping --------------------------------------------------------
@@ -186,3 +243,74 @@ def test_code_tests_and_chapters_name_targets_by_what_they_are_not_by_where_they
     found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}" for path in files
              for number, line in enumerate(path.read_text().splitlines(), 1) if HOW_IT_WAS_MADE.search(line)]
     assert not found, "\n".join(found[:20])
+
+
+# ---- what the tests share is defined once -----------------------------------------------------------
+
+def repository_python_files():
+    return sorted(path for folder in ("minidl", "collectives", "algorithms", "tutorials", "tests")
+                  for path in (ROOT / folder).rglob("*.py"))
+
+
+def definitions_of(name, path):
+    """Line numbers where ``path`` defines ``name`` (a def, a class or an assignment to the name)."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            lines.append(node.lineno)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            lines += [node.lineno for target in targets if isinstance(target, ast.Name) and target.id == name]
+    return lines
+
+
+def is_a_marker(node):
+    """``node`` stands for a fence marker: the string itself, or a name (or attribute) BEGIN / END."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value.strip() in MARKERS
+    return (isinstance(node, ast.Name) and node.id in ("BEGIN", "END")) or \
+        (isinstance(node, ast.Attribute) and node.attr in ("BEGIN", "END"))
+
+
+def parses_fences(function):
+    """True if ``function`` compares a line with a fence marker (``== BEGIN``, ``.startswith(END)``,
+    ``in (BEGIN, END)``): it is a fence parser, whatever its name."""
+    for node in ast.walk(function):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            sides += [item for side in sides if isinstance(side, (ast.Tuple, ast.List, ast.Set)) for item in side.elts]
+            if any(is_a_marker(side) for side in sides):
+                return True
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") in ("startswith", "endswith") and node.args:
+            argument = node.args[0]
+            items = argument.elts if isinstance(argument, (ast.Tuple, ast.List)) else [argument]
+            if any(is_a_marker(item) for item in items):
+                return True
+    return False
+
+
+def fence_parsers(path):
+    return [f"{path.relative_to(ROOT)}:{node.lineno} {node.name}" for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and parses_fences(node)]
+
+
+def test_tiny_digits_and_the_fence_parser_are_each_defined_once():
+    files = repository_python_files()
+    tiny = [(str(path.relative_to(ROOT)), line) for path in files for line in definitions_of("tiny_digits", path)]
+    assert [path for path, _ in tiny] == ["tests/helpers.py"], \
+        f"tiny_digits is defined more than once, or not in tests/helpers.py: {tiny}"
+    parsers = [found for path in files for found in fence_parsers(path)]
+    assert [(found.split(":")[0], found.split(" ")[1]) for found in parsers] == \
+        [("tutorials/assignments/__init__.py", "fences")], f"fence parsers: {parsers} (the one: assignments.fences)"
+
+
+def test_a_second_fence_parser_is_seen_whatever_its_name():
+    copies = ["def markers(text):\n    return [i for i, line in enumerate(text.splitlines())\n"
+              "            if line.strip() == BEGIN]\n",
+              "def markers(text):\n    return [line for line in text.splitlines() if '# END SOLUTION' in (line.strip(),)]\n",
+              "def markers(lines):\n    return [line for line in lines\n"
+              "            if line.lstrip().startswith(('# BEGIN SOLUTION', 'x'))]\n",
+              "def markers(lines):\n    return [line for line in lines if line.strip() == assignments.END]\n"]
+    for copy in copies:
+        assert parses_fences(ast.parse(copy).body[0]), copy
+    assert not parses_fences(ast.parse("def stub(task):\n    return f'{BEGIN} {task}'\n").body[0])

@@ -14,27 +14,7 @@ from algorithms import objective, ps_job, ssp_sgd
 from minidl.flat import flatten
 from minidl.optim import SGD
 from minidl.tensor import Parameter
-from tests.test_downpour import mpiexec, small_data
-
-
-def clock_staleness_at_each_read(log, workers):
-    """Recompute, from one server's log alone, c - min_j clock_j at each fetch it answered, per worker.
-
-    A worker's clock c is the number of its pushes the log shows applied so far (0 for all at the
-    start); a worker leaves the minimum at its logged goodbye (or drop). The server's own counters
-    play no part.
-    """
-    clocks, gone, reads = dict.fromkeys(range(workers), 0), set(), {}
-    for event in log:
-        kind, worker = event[0], (event[1].worker if event[0] == "push" else event[1])
-        if kind == "push":
-            clocks[worker] += 1
-        elif kind in ("goodbye", "drop"):
-            gone.add(worker)
-        else:
-            slowest = min(c for w, c in clocks.items() if w not in gone)
-            reads.setdefault(worker, []).append(clocks[worker] - slowest)
-    return reads
+from tests.helpers import assert_stopped, clock_staleness_at_each_read, launch, mpiexec, small_data
 
 
 def test_the_recomputation_sees_a_read_that_broke_the_bound():
@@ -142,5 +122,5 @@ def test_ssp_with_a_failed_worker_is_not_stalled_after_the_timeout():
 
 
 def test_negative_staleness_is_refused_on_every_rank():
-    done = mpiexec(2, "-m", "algorithms.ssp_sgd", "--staleness", "-1")
-    assert done.returncode == 2 and done.stderr.count("error: --staleness must be an integer >= 0") == 2
+    assert_stopped(launch("ssp_sgd", "--staleness", "-1", ranks=2, timeout=120), "--staleness must be an integer >= 0",
+                   ranks=2)

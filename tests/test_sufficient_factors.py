@@ -9,7 +9,7 @@ from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
 from algorithms import allreduce_sgd, sufficient_factors
-from tests.test_sync_sgd import float64_mlp, relative_error, tiny_digits
+from tests.helpers import float64_mlp, parallel_assert_close, tiny_digits
 
 LAYERS = [(64, 16), (16, 10)]                                  # float64_mlp's Linear layers (in, out)
 BIASES = 16 + 10
@@ -24,8 +24,7 @@ def test_factors_give_the_full_gradient_update_and_send_the_formula_bytes():
                   batch_size=3, allreduce="mpi", quiet=True)
     full, _ = allreduce_sgd.train(comm, **common)
     factored, history = sufficient_factors.train(comm, factors="always", **common)
-    error = relative_error(factored, full)
-    parallel_assert(error < 1e-12, f"p={p}: factors vs full gradient, relative error {error:.2e}")
+    parallel_assert_close(factored, full, 1e-12, f"p={p}: factors vs full gradient")
     # over all ranks: each rank's rows x (in + out) of every layer to p - 1 peers; the biases (26
     # numbers) by MPI's Allreduce (CountingComm's estimate 2 (p-1)/p n per rank); the 8-byte check twice
     factors = (p - 1) * rows * sum(i + o for i, o in LAYERS) * 8
@@ -44,8 +43,7 @@ def test_the_sharded_server_gives_the_full_gradient_update_and_moves_the_formula
                   batch_size=3, allreduce="mpi", quiet=True)
     full, _ = allreduce_sgd.train(comm, **common)
     served, history = sufficient_factors.train(comm, factors="always", exchange="server", **common)
-    error = relative_error(served, full)
-    parallel_assert(error < 1e-12, f"p={p}: server factors vs full gradient, relative error {error:.2e}")
+    parallel_assert_close(served, full, 1e-12, f"p={p}: server factors vs full gradient")
     # each layer: the p - 1 ranks but its owner push 3 (in + out) numbers, the owner sends in out to each
     pushes = sum((p - 1) * 3 * (i + o) * 8 for i, o in LAYERS)
     pulls = sum((p - 1) * i * o * 8 for i, o in LAYERS)
@@ -129,8 +127,7 @@ def test_a_growing_batch_gives_allreduce_sgds_run_and_the_choice_follows_the_bat
         # X^T D adds the rows in another order than the allreduce of per-rank x_r^T d_r: a few ulps a
         # step, so over these 13 to 24 momentum steps the parameters agree far below 1e-12 (measured:
         # at most 3.1e-16), while a step whose gradient misses a rank's rows is off by more than 1e-3
-        error = relative_error(params, full)
-        parallel_assert(error < 1e-12, f"p={p}, {exchange}, {factors}: relative error {error:.2e}")
+        parallel_assert_close(params, full, 1e-12, f"p={p}, {exchange}, {factors}")
         expected = [[[i, o] for i, o in LAYERS if factors == "always" or pays(exchange, batch_at(e), i, o, p)]
                     for e in range(3)]
         parallel_assert([record["factored"] for record in history] == expected,

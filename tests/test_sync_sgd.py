@@ -17,54 +17,12 @@ from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
 from algorithms import admm_sgd, allreduce_sgd, cli, easgd, ensemble, gossip_sgd, model_averaging, run, serial_sgd
-from algorithms.objective import Data, NetworkObjective, load_data
-from minidl.data import epoch_order, least_squares, rank_batches
-from minidl.nn import Flatten, Linear, ReLU, Sequential
-from minidl.optim import SGD
+from algorithms.objective import Data, NetworkObjective
+from minidl.data import least_squares, rank_batches
+from tests.helpers import (EQUAL_UP_TO_ROUNDING, assert_stopped, expect_error_on_every_rank, float64_mlp, launch,
+                           parallel_assert_close, same_on_every_rank, serial_reference, tiny_digits)
 
 ALL_RANKS = [1, 2, 3, 4]
-
-
-def float64_mlp():
-    """64 -> 16 -> 10, float64, the same weights on every rank."""
-    rng = np.random.default_rng(7)
-    return Sequential(Flatten(), Linear(64, 16, rng=rng, dtype="float64"), ReLU(),
-                      Linear(16, 10, rng=rng, init="glorot", dtype="float64"))
-
-
-def tiny_digits(n_train=50, n_test=30):
-    data = load_data("digits", seed=0)
-    return Data(data.x_train[:n_train].astype(np.float64), data.y_train[:n_train],
-                       data.x_test[:n_test].astype(np.float64), data.y_test[:n_test])
-
-
-def serial_reference(data, epochs, lr, momentum, batch_size, seed=0):
-    """Serial SGD exactly as algorithms.serial_sgd runs it, on the float64 MLP."""
-    objective = NetworkObjective(float64_mlp(), data)
-    optimizer = SGD([objective.flat.as_parameter()], lr=lr, momentum=momentum)
-    for epoch in range(epochs):
-        order = epoch_order(objective.n, seed, epoch)
-        for start in range(0, len(order), batch_size):
-            objective.loss_and_grad(order[start:start + batch_size])
-            optimizer.step()
-    return objective.params.copy()
-
-
-def relative_error(a, b):
-    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
-
-
-def same_on_every_rank(comm, params):
-    first = comm.bcast(params if comm.rank == 0 else None, root=0)
-    return bool(np.array_equal(params, first))
-
-
-# Tolerance for "equal up to the order of additions". One step's gradient is a mean over at most
-# p b = 12 rows; regrouping it into p partial sums changes it by a few ulps (~1e-15 relative). Over
-# the 2 epochs x 17 steps here such differences are carried forward by the training map, whose
-# step-to-step amplification for lr 0.1 on this MLP is below 2, so they stay far below 1e-10
-# (measured: about 2e-16). A wrong sharding, weighting or momentum moves the parameters by > 1e-3.
-EQUAL_UP_TO_ROUNDING = 1e-10
 
 
 @pytest.mark.parallel(nprocs=ALL_RANKS)
@@ -77,8 +35,7 @@ def test_sync_sgd_on_p_ranks_equals_serial_sgd_on_p_times_batch(algorithm, momen
     params, _ = allreduce_sgd.train(comm, model=float64_mlp, data=data, epochs=2, lr=0.1, momentum=momentum,
                                     batch_size=batch, allreduce=algorithm, quiet=True)
     serial = serial_reference(data, epochs=2, lr=0.1, momentum=momentum, batch_size=comm.size * batch)
-    error = relative_error(params, serial)
-    parallel_assert(error < EQUAL_UP_TO_ROUNDING, f"{algorithm}, p={comm.size}: relative error {error:.2e}")
+    parallel_assert_close(params, serial, EQUAL_UP_TO_ROUNDING, f"{algorithm}, p={comm.size}")
     parallel_assert(same_on_every_rank(comm, params), f"{algorithm}: replicas differ across ranks")
 
 
@@ -101,8 +58,7 @@ def test_model_averaging_every_step_equals_sync_sgd(momentum):
                                         momentum=momentum, batch_size=2, partition="global", allreduce="mpi",
                                         quiet=True)
     synchronous = serial_reference(data, epochs=2, lr=0.1, momentum=momentum, batch_size=comm.size * 2)
-    error = relative_error(averaged, synchronous)
-    parallel_assert(error < EQUAL_UP_TO_ROUNDING, f"H = 1, p={comm.size}: relative error {error:.2e}")
+    parallel_assert_close(averaged, synchronous, EQUAL_UP_TO_ROUNDING, f"H = 1, p={comm.size}")
 
 
 @pytest.mark.task("4.2")
@@ -270,15 +226,6 @@ def test_same_seed_same_command_gives_identical_parameters_bit_for_bit(name):
     parallel_assert(history[-1]["test_accuracy"] > 0.5, f"{name}: did not learn ({history[-1]})")
 
 
-def expect_error_on_every_rank(run, match):
-    try:
-        run()
-    except (ValueError, FloatingPointError) as error:
-        parallel_assert(match in str(error), f"wrong message: {error}")
-        return str(error)
-    parallel_assert(False, f"no error (expected one containing {match!r})")
-
-
 @pytest.mark.parallel(nprocs=ALL_RANKS)
 def test_impossible_settings_are_refused_on_every_rank_before_training():
     comm = MPI.COMM_WORLD
@@ -322,16 +269,9 @@ def test_a_nan_loss_stops_every_rank_naming_the_step_and_rank_where_it_appeared(
 
 def test_command_lines_print_bytes_write_logs_and_refuse_bad_flags(tmp_path):
     import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    mpiexec = str(Path(sys.executable).parent / "mpiexec")
     log = tmp_path / "run.jsonl"
-    done = subprocess.run([mpiexec, "-n", "2", sys.executable, "-m", "algorithms.allreduce_sgd", "--epochs", "2",
-                           "--model", "mlp", "--allreduce", "tree", "--log", str(log)],
-                          capture_output=True, text=True, timeout=120, env=env)
+    done = launch("allreduce_sgd", "--epochs", "2", "--model", "mlp", "--allreduce", "tree", "--log", str(log),
+                  ranks=2, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("test_accuracy") == 2 and "bytes" in done.stdout     # rank 0 only
     records = [json.loads(line) for line in log.read_text().splitlines()]
@@ -344,9 +284,7 @@ def test_command_lines_print_bytes_write_logs_and_refuse_bad_flags(tmp_path):
                                    ("admm_sgd", ["--rho", "-1"], "--rho must be"),
                                    ("easgd", ["--tau", "0"], "--tau must be"),
                                    ("allreduce_sgd", ["--allreduce", "hypercube"], "invalid choice")]:
-        bad = subprocess.run([mpiexec, "-n", "2", sys.executable, "-m", f"algorithms.{module}", *flags],
-                             capture_output=True, text=True, timeout=120, env=env)
-        assert bad.returncode == 2 and bad.stderr.count(message) == 2, (module, bad.stderr)   # both ranks
+        assert_stopped(launch(module, *flags, ranks=2, timeout=120), message, ranks=2)      # both ranks
 
 
 def test_compare_draws_one_png_with_every_algorithm(tmp_path):

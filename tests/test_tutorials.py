@@ -19,28 +19,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import MPI_LINE, NEEDS_LINE, needs
 from tutorials.assignments import load, stubbed
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = sorted((ROOT / "tutorials").glob("[0-9][0-9]_*.md"))      # not references.md and the like
 BLOCK = re.compile(r"^```python[^\n]*\n(.*?)^```", re.S | re.M)
-MPI_LINE = re.compile(r"#\s*mpiexec\s+-n\s+(\d+)")
-NEEDS_LINE = re.compile(r"#\s*needs:\s*(.*)$")
 
 
 def python_blocks(path):
     return BLOCK.findall(path.read_text())
-
-
-def needs(code):
-    """The task ids of the block's ``# needs:`` line (first line, or second after ``# mpiexec -n N``)."""
-    lines = code.lstrip().splitlines()
-    head = lines[:2] if lines and MPI_LINE.match(lines[0]) else lines[:1]
-    for line in head:
-        match = NEEDS_LINE.match(line.strip())
-        if match:
-            return [task for task in re.split(r"[,\s]+", match.group(1)) if task]
-    return []
 
 
 def test_readme_links_every_chapter_and_every_chapter_has_code_that_runs_here():

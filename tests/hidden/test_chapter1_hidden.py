@@ -7,8 +7,9 @@ gradient other than 1; im2col and col2im on their own against index loops, with 
 kernels, non-square inputs, strides larger than the kernel and windows that leave the last rows
 of the padded input uncovered; and one SGD step against its closed form.
 
-Oracles are written here: index loops (im2col, col2im, convolution and its gradients), numpy
-formulas (the softmax, the matmul gradients) or finite differences (minidl.gradcheck).
+Oracles are index loops (im2col and col2im here; the convolution in tests/helpers.py, its gradients
+in tests/hidden/conv_oracle.py), numpy formulas (the softmax, the matmul gradients) or finite
+differences (minidl.gradcheck).
 """
 import types
 
@@ -20,7 +21,8 @@ from algorithms.objective import NetworkObjective
 from minidl import Tensor, functional as F, gradcheck, optim
 from minidl.conv import im2col as im2col_module
 from minidl.nn import Flatten, Linear, Sequential
-from tests.test_sync_sgd import tiny_digits
+from tests.helpers import naive_conv2d, tiny_digits
+from tests.hidden.conv_oracle import naive_conv2d_gradients
 
 
 # ---- oracles ----------------------------------------------------------------------------------
@@ -40,32 +42,6 @@ def naive_col2im(cols, padded_shape, stride):
     for b, ch, i, j, ho, wo in np.ndindex(cols.shape):
         x_pad[b, ch, ho * stride + i, wo * stride + j] += cols[b, ch, i, j, ho, wo]
     return x_pad
-
-
-def naive_conv2d(x, weight, stride, padding):
-    """Cross-correlation by loops, for any kernel (kh, kw)."""
-    n, c, h, w = x.shape
-    f, _, kh, kw = weight.shape
-    x_pad = np.pad(x, ((0, 0), (0, 0), (padding, padding), (padding, padding)))
-    out_h, out_w = (h + 2 * padding - kh) // stride + 1, (w + 2 * padding - kw) // stride + 1
-    out = np.zeros((n, f, out_h, out_w), dtype=np.float64)
-    for b, k, i, j in np.ndindex(out.shape):
-        out[b, k, i, j] = np.sum(x_pad[b, :, i * stride:i * stride + kh, j * stride:j * stride + kw] * weight[k])
-    return out
-
-
-def naive_conv2d_gradients(x, weight, grad_out, stride, padding):
-    """(grad_x, grad_weight) of naive_conv2d by the chain rule, window by window."""
-    n, c, h, w = x.shape
-    f, _, kh, kw = weight.shape
-    x_pad = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (padding, padding), (padding, padding)))
-    grad_x_pad = np.zeros_like(x_pad)
-    grad_weight = np.zeros(weight.shape, dtype=np.float64)
-    for b, k, i, j in np.ndindex(grad_out.shape):
-        window = (b, slice(None), slice(i * stride, i * stride + kh), slice(j * stride, j * stride + kw))
-        grad_x_pad[window] += grad_out[b, k, i, j] * weight[k]
-        grad_weight[k] += grad_out[b, k, i, j] * x_pad[window]
-    return grad_x_pad[:, :, padding:padding + h, padding:padding + w], grad_weight
 
 
 def output_size(size, kernel, stride, padding=0):

@@ -1,7 +1,7 @@
 """Hidden: FFT and Winograd convolution (tasks 2.1-2.3) on shapes the visible tests do not draw.
 
 The visible tests draw square kernels and compare with ``direct``. Here the oracle is an index
-loop written in tests/hidden/test_chapter1_hidden.py (forward and both gradients, any kernel),
+loop (forward: tests/helpers.py; both gradients: tests/hidden/conv_oracle.py; any kernel),
 and the shapes are the edges of each algorithm: for FFT non-square kernels, strides that skip
 the last rows, a kernel as large as the padded input (one output), transform sizes that are not
 2-3-5-smooth; for Winograd odd output sizes (the last 2x2 tile hangs over and is cropped), one
@@ -13,7 +13,8 @@ import pytest
 
 from minidl import Tensor, functional as F, gradcheck
 from minidl.conv import fft, winograd
-from tests.hidden.test_chapter1_hidden import naive_conv2d, naive_conv2d_gradients
+from tests.helpers import naive_conv2d
+from tests.hidden.conv_oracle import naive_conv2d_gradients
 
 FLOAT64_TOL = 1e-11
 FLOAT32_TOL = 5e-6

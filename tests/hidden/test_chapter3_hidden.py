@@ -25,6 +25,7 @@ from collectives.buffers import block_counts, block_offsets
 from collectives.check import DTYPES, MismatchError
 from collectives.fold import fold_in, fold_out, largest_power_of_two
 from collectives.tags import CHECK
+from tests.helpers import same_on_every_rank
 
 AWKWARD_P = [3, 5, 6, 7]
 REAL = [name for name in DTYPES if not name.startswith("complex")]
@@ -76,10 +77,6 @@ def garbage(length, dtype):
     if np.dtype(dtype).kind in "fc":
         return np.full(length, np.nan, dtype=dtype)
     return np.full(length, 99, dtype=dtype)
-
-
-def same_on_every_rank(comm, array):
-    return all(other == array.tobytes() for other in comm.allgather(array.tobytes()))
 
 
 def report(comm, what, got, want):
@@ -144,19 +141,27 @@ def check_random_floats_identical_bits(algorithm, length):
                     f"rank {comm.rank}: {algorithm} sum {result[:6]}")
 
 
+# ---- every allreduce of a task, on rank counts that are not powers of two ---------------------
+
+def of_task(*names_and_tasks):
+    return [pytest.param(name, marks=pytest.mark.task(task)) for name, task in names_and_tasks]
+
+
+@pytest.mark.parallel(nprocs=AWKWARD_P)
+@pytest.mark.parametrize("algorithm", of_task(("naive", "3.1"), ("tree", "3.2"), ("ring", "3.4"),
+                                              ("butterfly", "3.7"), ("rabenseifner", "3.8")))
+def test_allreduce_every_dtype_and_op(algorithm):
+    check_allreduce_every_dtype_and_op(algorithm)
+
+
+@pytest.mark.parallel(nprocs=AWKWARD_P)
+@pytest.mark.parametrize("algorithm", of_task(("naive", "3.1"), ("ring", "3.4"), ("butterfly", "3.7"),
+                                              ("rabenseifner", "3.8")))
+def test_allreduce_in_place_same_array_and_allocated(algorithm):
+    check_allreduce_in_place_modes(algorithm)
+
+
 # ---- 3.1 naive ------------------------------------------------------------------------------
-
-@pytest.mark.task("3.1")
-@pytest.mark.parallel(nprocs=AWKWARD_P)
-def test_naive_allreduce_every_dtype_and_op():
-    check_allreduce_every_dtype_and_op("naive")
-
-
-@pytest.mark.task("3.1")
-@pytest.mark.parallel(nprocs=AWKWARD_P)
-def test_naive_allreduce_in_place_same_array_and_allocated():
-    check_allreduce_in_place_modes("naive")
-
 
 @pytest.mark.task("3.1")
 @pytest.mark.parallel(nprocs=AWKWARD_P)
@@ -222,12 +227,6 @@ def test_tree_reduce_heart_with_source_leaves_the_input_and_fills_the_roots_data
         if comm.rank == root:
             ok = ok and np.array_equal(data, want)
         parallel_assert(bool(ok), report(comm, f"tree_reduce_in_place({op}, root={root}, source=...)", data, want))
-
-
-@pytest.mark.task("3.2")
-@pytest.mark.parallel(nprocs=AWKWARD_P)
-def test_tree_allreduce_every_dtype_and_op():
-    check_allreduce_every_dtype_and_op("tree")
 
 
 @pytest.mark.task("3.3")
@@ -311,18 +310,6 @@ def test_reduce_scatter_heart_with_source_and_in_place_gives_block_rank(op):
                         and np.array_equal(source, fill(comm.rank, length, "float64")),
                         f"rank {comm.rank} of {comm.size}, {op} of {length}: block {counts[comm.rank]} at {start}: "
                         f"out of place {data[mine]}, in place {in_place[mine]}, expected {want}")
-
-
-@pytest.mark.task("3.4")
-@pytest.mark.parallel(nprocs=AWKWARD_P)
-def test_ring_allreduce_every_dtype_and_op():
-    check_allreduce_every_dtype_and_op("ring")
-
-
-@pytest.mark.task("3.4")
-@pytest.mark.parallel(nprocs=AWKWARD_P)
-def test_ring_allreduce_in_place_same_array_and_allocated():
-    check_allreduce_in_place_modes("ring")
 
 
 @pytest.mark.task("3.4")
@@ -466,20 +453,7 @@ def test_butterfly_and_rabenseifner_need_the_fold_in(algorithm):
 
 HEARTS = {"butterfly": butterfly.butterfly_allreduce_in_place,
           "rabenseifner": rabenseifner.rabenseifner_allreduce_in_place}
-BUTTERFLY_AND_RABENSEIFNER = [pytest.param("butterfly", marks=pytest.mark.task("3.7")),
-                              pytest.param("rabenseifner", marks=pytest.mark.task("3.8"))]
-
-
-@pytest.mark.parallel(nprocs=AWKWARD_P)
-@pytest.mark.parametrize("algorithm", BUTTERFLY_AND_RABENSEIFNER)
-def test_every_dtype_and_op_on_ranks_that_are_not_a_power_of_two(algorithm):
-    check_allreduce_every_dtype_and_op(algorithm)
-
-
-@pytest.mark.parallel(nprocs=AWKWARD_P)
-@pytest.mark.parametrize("algorithm", BUTTERFLY_AND_RABENSEIFNER)
-def test_in_place_same_array_and_allocated_on_ranks_that_are_not_a_power_of_two(algorithm):
-    check_allreduce_in_place_modes(algorithm)
+BUTTERFLY_AND_RABENSEIFNER = of_task(("butterfly", "3.7"), ("rabenseifner", "3.8"))
 
 
 @pytest.mark.parallel(nprocs=[3, 4, 5, 6, 7])

@@ -17,7 +17,7 @@ from algorithms.objective import NetworkObjective
 from minidl.data import rank_batches
 from minidl.data.sharding import Batch
 from minidl.optim import SGD
-from tests.test_sync_sgd import float64_mlp, relative_error, serial_reference, tiny_digits
+from tests.helpers import float64_mlp, parallel_assert_close, relative_error, serial_reference, tiny_digits
 
 ODD_RANKS = [3, 5, 6, 7]
 SUM = run.allreduce_function("mpi")
@@ -36,6 +36,13 @@ def awkward_rows(size):
     return 4 * size + 2
 
 
+def shard_steps(data, size, epochs=1):
+    """Every rank's batches of 2 rows of its own shard (seed 0), epoch after epoch: [rank][step]."""
+    return [[piece for epoch in range(epochs)
+             for piece in rank_batches(len(data.y_train), 2, rank, size, seed=0, epoch=epoch, partition="shards")]
+            for rank in range(size)]
+
+
 # ---- 4.1: the weighted data-parallel step ----------------------------------------------------------
 
 @pytest.mark.task("4.1")
@@ -52,8 +59,7 @@ def test_sync_steps_with_an_uneven_last_batch_and_idle_ranks_equal_serial_sgd(mo
     for piece in pieces:
         allreduce_sgd.data_parallel_step(comm, objective, optimizer, piece, SUM)
     serial = serial_reference(data, epochs=1, lr=0.1, momentum=momentum, batch_size=comm.size * batch)
-    error = relative_error(objective.params, serial)
-    parallel_assert(error < CLOSE, f"p={comm.size}, momentum {momentum}: relative error {error:.2e} from serial SGD")
+    parallel_assert_close(objective.params, serial, CLOSE, f"p={comm.size}, momentum {momentum} from serial SGD")
 
 
 @pytest.mark.task("4.1")
@@ -68,8 +74,7 @@ def test_one_step_in_which_only_the_last_rank_has_rows_is_serial_sgd_on_those_ro
     serial, serial_optimizer = replica(data, lr=0.2)
     serial.loss_and_grad(rows)
     serial_optimizer.step()
-    error = relative_error(objective.params, serial.params)
-    parallel_assert(error < 1e-13, f"p={comm.size}: relative error {error:.2e} from one serial step on 3 rows")
+    parallel_assert_close(objective.params, serial.params, 1e-13, f"p={comm.size} from one serial step on 3 rows")
     parallel_assert(comm.rank == comm.size - 1 or loss == 0.0, f"an idle rank reported loss {loss}")
 
 
@@ -97,15 +102,12 @@ def simulated_local_sgd(data, size, steps_of, period, momentum):
 def test_local_sgd_on_uneven_shards_averages_exactly_every_h_steps(period, momentum):
     comm = MPI.COMM_WORLD
     data = tiny_digits(n_train=awkward_rows(comm.size))
-    steps_of = [rank_batches(len(data.y_train), 2, rank, comm.size, seed=0, epoch=0, partition="shards") +
-                rank_batches(len(data.y_train), 2, rank, comm.size, seed=0, epoch=1, partition="shards")
-                for rank in range(comm.size)]
+    steps_of = shard_steps(data, comm.size, epochs=2)
     objective, optimizer = replica(data, momentum=momentum)
     for step, piece in enumerate(steps_of[comm.rank]):
         model_averaging.parallel_sgd_step(comm, objective, optimizer, piece, step, period, SUM)
     expected = simulated_local_sgd(data, comm.size, steps_of, period, momentum)[comm.rank]
-    error = relative_error(objective.params, expected)
-    parallel_assert(error < CLOSE, f"H={period}, p={comm.size}: relative error {error:.2e} from the simulation")
+    parallel_assert_close(objective.params, expected, CLOSE, f"H={period}, p={comm.size} from the simulation")
 
 
 @pytest.mark.task("4.2")
@@ -114,8 +116,7 @@ def test_without_a_period_the_ranks_never_average_and_drift_apart():
     # period None is --period end: no average inside the loop (the one after training is not this step's)
     comm = MPI.COMM_WORLD
     data = tiny_digits(n_train=awkward_rows(comm.size))
-    steps_of = [rank_batches(len(data.y_train), 2, rank, comm.size, seed=0, epoch=0, partition="shards")
-                for rank in range(comm.size)]
+    steps_of = shard_steps(data, comm.size)
     objective, optimizer = replica(data, momentum=0.9)
     for step, piece in enumerate(steps_of[comm.rank]):
         model_averaging.parallel_sgd_step(comm, objective, optimizer, piece, step, None, SUM)
@@ -134,8 +135,7 @@ def test_two_admm_rounds_with_an_empty_local_step_equal_the_hand_written_rounds(
     comm = MPI.COMM_WORLD
     size, rho = comm.size, 0.7
     data = tiny_digits(n_train=awkward_rows(size))
-    steps_of = [rank_batches(len(data.y_train), 2, rank, size, seed=0, epoch=0, partition="shards")
-                for rank in range(size)]
+    steps_of = shard_steps(data, size)
     objective, optimizer = replica(data, momentum=momentum)
     z = objective.params.copy()
     u = np.zeros_like(z)
@@ -189,8 +189,7 @@ def test_easgd_steps_with_empty_pieces_equal_the_hand_written_spring(tau, moment
     comm = MPI.COMM_WORLD
     size, alpha = comm.size, 0.9 / (comm.size * 1.5)
     data = tiny_digits(n_train=awkward_rows(size))
-    steps_of = [rank_batches(len(data.y_train), 2, rank, size, seed=0, epoch=0, partition="shards")
-                for rank in range(size)]
+    steps_of = shard_steps(data, size)
     objective, optimizer = replica(data, momentum=momentum)
     objective.params[...] += 0.05 * np.random.default_rng([9, comm.rank]).standard_normal(objective.params.size)
     start = comm.allgather(objective.params.copy())

@@ -20,7 +20,7 @@ from minidl.flat import flatten
 from minidl.optim import SGD, Adagrad
 from minidl.tensor import Parameter
 from tests.hidden import ps_replay
-from tests.test_downpour import small_data
+from tests.helpers import small_data
 
 
 # ---- 5.1: the server's update ------------------------------------------------------------------------

@@ -16,8 +16,8 @@ from algorithms.objective import NetworkObjective
 from minidl.data import Batch, epoch_order
 from minidl.nn import Conv2d, Flatten, Linear, MaxPool2d, ReLU, Sequential
 from minidl.optim import SGD
-from tests.test_model_parallel import check_partitioned_equals_whole
-from tests.test_pipeline_parallel import EQUAL_UP_TO_ROUNDING, serial_sgd, six_layer_mlp, tiny_digits
+from tests.helpers import (EQUAL_UP_TO_ROUNDING, check_partitioned_equals_whole, float64_mlp_of,
+                           parallel_assert_close, serial_reference, six_layer_mlp, tiny_digits)
 
 F, B = "forward", "backward"
 
@@ -87,11 +87,7 @@ def test_every_stage_of_both_schedules_follows_the_definition(stages, ms):
 
 def eight_layer_mlp():
     """64 -> 16 -> 12 -> 12 -> 10 in 8 layers, float64: enough layers for 7 stages."""
-    rng = np.random.default_rng(8)
-    return Sequential(Flatten(), Linear(64, 16, rng=rng, dtype="float64"), ReLU(),
-                      Linear(16, 12, rng=rng, dtype="float64"), ReLU(),
-                      Linear(12, 12, rng=rng, dtype="float64"), ReLU(),
-                      Linear(12, 10, rng=rng, init="glorot", dtype="float64"))
+    return float64_mlp_of([64, 16, 12, 12, 10], seed=8)
 
 
 def serial_steps(data, lr, momentum, batch_size):
@@ -115,8 +111,7 @@ def test_pipelines_with_fewer_micro_batches_than_stages_train_as_serial_sgd_and_
         for m in sorted({1, 2, P - 1}):
             params, _ = pipeline_parallel.train(comm, schedule=kind, micro_batches=m, model=eight_layer_mlp,
                                                 data=data, epochs=1, lr=0.1, momentum=0.9, batch_size=6, quiet=True)
-            error = float(np.max(np.abs(params - serial)) / np.max(np.abs(serial)))
-            parallel_assert(error < EQUAL_UP_TO_ROUNDING, f"{kind}, P={P}, m={m}: relative error {error:.2e}")
+            parallel_assert_close(params, serial, EQUAL_UP_TO_ROUNDING, f"{kind}, P={P}, m={m}")
             net = eight_layer_mlp()
             objective = NetworkObjective(net, data)
             stage = pipeline_parallel.Stage(net, s, P, data.x_train[:1])
@@ -130,10 +125,7 @@ def test_pipelines_with_fewer_micro_batches_than_stages_train_as_serial_sgd_and_
 
 def wide_uneven_mlp():
     """64 -> 13 -> 9 -> 10, float64: every layer at least 7 wide, split unevenly over 3, 5, 6, 7 ranks."""
-    rng = np.random.default_rng(12)
-    return Sequential(Flatten(), Linear(64, 13, rng=rng, dtype="float64"), ReLU(),
-                      Linear(13, 9, rng=rng, dtype="float64"), ReLU(),
-                      Linear(9, 10, rng=rng, init="glorot", dtype="float64"))
+    return float64_mlp_of([64, 13, 9, 10], seed=12)
 
 
 def seven_channel_cnn():
@@ -174,10 +166,10 @@ def test_hybrid_grid_with_an_empty_replica_in_the_last_batch_equals_serial_sgd(m
     how = dict(schedule=variant, micro_batches=2) if group == "pipeline" else dict(split=variant)
     params, _ = hybrid_parallel.train(comm, stages=stages, group=group, **how, allreduce="mpi", model=six_layer_mlp,
                                       data=data, epochs=1, lr=0.1, momentum=momentum, batch_size=3, quiet=True)
-    serial = serial_sgd(data, epochs=1, lr=0.1, momentum=momentum, batch_size=replicas * 3)
-    error = float(np.max(np.abs(params - serial)) / np.max(np.abs(serial)))
-    parallel_assert(error < EQUAL_UP_TO_ROUNDING,
-                    f"{replicas} replicas x {group} {stages} ({variant}), momentum {momentum}: relative error {error:.2e}")
+    serial = serial_reference(data, epochs=1, lr=0.1, momentum=momentum, batch_size=replicas * 3,
+                              model=six_layer_mlp)
+    parallel_assert_close(params, serial, EQUAL_UP_TO_ROUNDING,
+                          f"{replicas} replicas x {group} {stages} ({variant}), momentum {momentum}")
 
 
 @pytest.mark.task("6.3")
@@ -187,6 +179,5 @@ def test_two_replicas_of_a_three_stage_pipeline_equal_serial_sgd():
     params, _ = hybrid_parallel.train(comm, stages=3, group="pipeline", schedule="1f1b", micro_batches=2,
                                       allreduce="mpi", model=six_layer_mlp, data=data, epochs=1, lr=0.1, momentum=0.9,
                                       batch_size=4, quiet=True)
-    serial = serial_sgd(data, epochs=1, lr=0.1, momentum=0.9, batch_size=8)
-    error = float(np.max(np.abs(params - serial)) / np.max(np.abs(serial)))
-    parallel_assert(error < EQUAL_UP_TO_ROUNDING, f"2 replicas x pipeline 3: relative error {error:.2e}")
+    serial = serial_reference(data, epochs=1, lr=0.1, momentum=0.9, batch_size=8, model=six_layer_mlp)
+    parallel_assert_close(params, serial, EQUAL_UP_TO_ROUNDING, f"2 replicas x pipeline 3")

@@ -3,16 +3,15 @@
 7.1: the sharded two-loop recursion on 4, 5 and 7 shards of uneven length, against the BFGS
 matrix recursion written out (H <- V^T H V + rho s s^T from gamma I: the same direction, computed
 with no loop of the recursion's shape) and against the secant condition H y = s of the newest
-pair. 7.2: the server log replay of tests/hidden/test_async_easgd_replay.py on 4 to 6 workers
+pair. 7.2: the server log replay of tests/hidden/easgd_replay.py on 4 to 6 workers
 whose shards differ in length.
 """
 import numpy as np
 import pytest
 
-from algorithms import sandblaster_lbfgs as sandblaster
 from minidl.data import least_squares
-from tests.hidden.test_async_easgd_replay import check_against_its_replay
-from tests.test_sandblaster import sharded
+from tests.helpers import sharded
+from tests.hidden.easgd_replay import check_against_its_replay
 
 
 # ---- 7.1: the sharded two-loop recursion ------------------------------------------------------------

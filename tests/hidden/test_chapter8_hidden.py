@@ -8,8 +8,6 @@ visible tests do not draw: every rank empty, one rank alone, one entry per rank,
 factored updates on 3 to 7 ranks, with a rank without rows, momentum on and off, and a three-layer
 MLP whose layers have three different owners, against serial SGD.
 """
-import math
-
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -19,10 +17,8 @@ from algorithms import compressed_sgd, sufficient_factors
 from algorithms.objective import NetworkObjective
 from collectives import compress, sparse
 from collectives.compress import Sparse
-from minidl.data import epoch_order, rank_batches
-from minidl.nn import Flatten, Linear, ReLU, Sequential
-from minidl.optim import SGD
-from tests.test_sync_sgd import float64_mlp, relative_error, serial_reference, tiny_digits
+from minidl.data import rank_batches
+from tests.helpers import float64_mlp, float64_mlp_of, parallel_assert_close, serial_reference, tiny_digits
 
 ODD_RANKS = [3, 5, 6, 7]
 CLOSE = 1e-10
@@ -89,8 +85,7 @@ def test_uncompressed_steps_with_idle_ranks_in_the_last_batch_equal_serial_sgd(m
     params, _ = compressed_sgd.train(comm, compressor="none", allreduce="mpi", model=float64_mlp, data=data,
                                      epochs=1, lr=0.1, momentum=momentum, batch_size=2, quiet=True)
     serial = serial_reference(data, epochs=1, lr=0.1, momentum=momentum, batch_size=2 * comm.size)
-    error = relative_error(params, serial)
-    parallel_assert(error < CLOSE, f"p={comm.size}, momentum {momentum}: relative error {error:.2e}")
+    parallel_assert_close(params, serial, CLOSE, f"p={comm.size}, momentum {momentum}")
 
 
 def top_k(vector, k):
@@ -129,8 +124,7 @@ def test_top_k_with_error_feedback_follows_the_serial_simulation_of_every_ranks_
             residuals[rank] = corrected - sent
             total += sent
         w = w - lr * total
-    error = relative_error(params, w)
-    parallel_assert(error < CLOSE, f"p={size}: top-{k} with error feedback, relative error {error:.2e}")
+    parallel_assert_close(params, w, CLOSE, f"p={size}: top-{k} with error feedback")
 
 
 # ---- 8.3: the sparse allreduce by recursive doubling -----------------------------------------------------
@@ -175,20 +169,8 @@ def test_sparse_allreduce_on_p_ranks_for_hand_made_supports(case):
 # ---- 8.4 and 8.5: sufficient factors -------------------------------------------------------------------
 
 def three_layer_mlp():
-    rng = np.random.default_rng(21)
-    return Sequential(Flatten(), Linear(64, 12, rng=rng, dtype="float64"), ReLU(),
-                      Linear(12, 11, rng=rng, dtype="float64"), ReLU(),
-                      Linear(11, 10, rng=rng, init="glorot", dtype="float64"))
-
-
-def serial(model, data, lr, momentum, batch_size):
-    objective = NetworkObjective(model(), data)
-    optimizer = SGD([objective.flat.as_parameter()], lr=lr, momentum=momentum)
-    order = epoch_order(objective.n, 0, 0)
-    for start in range(0, len(order), batch_size):
-        objective.loss_and_grad(order[start:start + batch_size])
-        optimizer.step()
-    return objective.params.copy()
+    """64 -> 12 -> 11 -> 10, float64."""
+    return float64_mlp_of([64, 12, 11, 10], seed=21)
 
 
 def check_factored(exchange, momentum):
@@ -197,9 +179,9 @@ def check_factored(exchange, momentum):
     params, history = sufficient_factors.train(comm, factors="always", exchange=exchange, allreduce="mpi",
                                                model=three_layer_mlp, data=data, epochs=1, lr=0.1,
                                                momentum=momentum, batch_size=2, quiet=True)
-    expected = serial(three_layer_mlp, data, 0.1, momentum, 2 * comm.size)
-    error = relative_error(params, expected)
-    parallel_assert(error < CLOSE, f"{exchange}, p={comm.size}, momentum {momentum}: relative error {error:.2e}")
+    expected = serial_reference(data, epochs=1, lr=0.1, momentum=momentum, batch_size=2 * comm.size,
+                                model=three_layer_mlp)
+    parallel_assert_close(params, expected, CLOSE, f"{exchange}, p={comm.size}, momentum {momentum}")
     parallel_assert(len(history[-1]["factored"]) == 3, f"factored {history[-1]['factored']}, expected 3 layers")
 
 

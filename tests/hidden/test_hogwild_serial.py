@@ -10,7 +10,7 @@ from mpi4py import MPI
 
 from algorithms import hogwild
 from minidl.data import epoch_order
-from tests.test_hogwild import SERIAL_SGD, small_problem
+from tests.helpers import SERIAL_SGD, small_problem
 
 
 def serial_sparse_sgd(problem, epochs, lr, decay, seed):

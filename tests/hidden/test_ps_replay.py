@@ -13,7 +13,7 @@ from pytest_mpi import parallel_assert
 from algorithms import downpour_sgd, objective, ssp_sgd
 from minidl.flat import flatten
 from tests.hidden import ps_replay
-from tests.test_downpour import small_data
+from tests.helpers import small_data
 
 
 @pytest.mark.task("5.3")

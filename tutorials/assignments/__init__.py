@@ -124,7 +124,8 @@ def syllabus(root=ROOT):
 # ---- fences -----------------------------------------------------------------------------------------
 
 def fences(text):
-    """[(begin, end)] 0-based line numbers of the markers in ``text``, checked to pair up."""
+    """[(begin, end)] 0-based line numbers of the markers in ``text``, checked to pair up and to stand
+    alone on their lines. The one fence parser: the generator, the grader and tests/test_shape.py use it."""
     pairs, begin = [], None
     for number, line in enumerate(text.splitlines()):
         stripped = line.strip()
@@ -137,6 +138,8 @@ def fences(text):
                 raise ValueError(f"line {number + 1}: {END} without a {BEGIN}")
             pairs.append((begin, number))
             begin = None
+        elif stripped.startswith((BEGIN, END)):
+            raise ValueError(f"line {number + 1}: a fence marker must stand alone on its line")
     if begin is not None:
         raise ValueError(f"line {begin + 1}: {BEGIN} never ends")
     return pairs
