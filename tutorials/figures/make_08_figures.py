@@ -186,12 +186,12 @@ def measure(sizes, out):
     from mpi4py import MPI
 
     import collectives
-    from collectives import bench, compress, cost, sparse
+    from collectives import calibrate, compress, cost, sparse
     from collectives.trace import CountingComm
     comm = MPI.COMM_WORLD
     p, rank = comm.Get_size(), comm.Get_rank()
-    alpha, beta, _ = bench.fit_alpha_beta(comm, 0.02)
-    gamma = bench.fit_gamma(comm, 0.02)
+    alpha, beta, _ = calibrate.fit_alpha_beta(comm, 0.02)
+    gamma = calibrate.fit_gamma(comm, 0.02)
     records = []
     for n in sizes:
         grad = np.random.default_rng([n, rank]).normal(size=n).astype(np.float32)
@@ -215,9 +215,9 @@ def measure(sizes, out):
             counting = CountingComm(comm)
             call(counting)
             sent[name] = comm.allreduce(counting.bytes_sent, op=MPI.MAX)
-        measured = {name: min(bench.timed(comm, call, 0.05) for _ in range(3)) for name, call in calls.items()}
-        compress_topk = min(bench.timed(comm, lambda: topk.compress(grad), 0.02) for _ in range(2))
-        compress_qsgd = min(bench.timed(comm, lambda: qsgd.pack(qsgd.compress(grad, rng)), 0.02) for _ in range(2))
+        measured = {name: min(calibrate.timed(comm, call, 0.05) for _ in range(3)) for name, call in calls.items()}
+        compress_topk = min(calibrate.timed(comm, lambda: topk.compress(grad), 0.02) for _ in range(2))
+        compress_qsgd = min(calibrate.timed(comm, lambda: qsgd.pack(qsgd.compress(grad, rng)), 0.02) for _ in range(2))
         wire = qsgd.wire_bytes(n)
         model = {"dense ring": cost.predict("ring", p, 4 * n, alpha, beta, gamma),
                  "topk 1% + sparse": compress_topk + sparse.expected_cost(p, n, 0.01, 4, alpha, beta, gamma),
