@@ -1,6 +1,6 @@
 """Regenerate the space-time diagrams of tutorials/03_collectives.md from real traced runs.
 
-    mpiexec -n 4 python -m collectives.figures [DIRECTORY]      # default tutorials/figures
+    mpiexec -n 4 python -m collectives.figures [DIRECTORY]      # default tutorials/figures/out
     mpiexec -n 6 python -m collectives.figures [DIRECTORY]
 
 Ranks 0-3 trace every algorithm at p = 4 (16 float64 elements, check=False) and draw it with
@@ -85,7 +85,7 @@ def wall_clock(comm, out, length=1 << 17, repeats=5):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    out = Path(argv[0] if argv else "tutorials/figures")
+    out = Path(argv[0] if argv else "tutorials/figures/out")
     world = MPI.COMM_WORLD
     four = world.Split(0 if world.Get_rank() < 4 else MPI.UNDEFINED, world.Get_rank())
     if four != MPI.COMM_NULL:

@@ -14,7 +14,7 @@ alpha-beta-gamma model's prediction with one core per rank (about 3 minutes on 2
    collectives.calibrate's ping-pong fit and gamma from its add fit (measured in the p = 2 run), and
    ``collectives.nonblocking.overlap_prediction`` gives the step's forward + backward + sum
    without and with overlap, as if every rank had its own core.
-Writes 04_overlap.json and 04_overlap.md to --out (default tutorials/figures). --quick: runs in
+Writes 04_overlap.json and 04_overlap.md to --out (default tutorials/figures/out). --quick: runs in
 this process's ranks (`mpiexec -n 2 python tutorials/figures/make_04_overlap.py --quick`), one
 short repeat, output to a temporary folder: a check that the script runs, not numbers to quote.
 """
@@ -30,6 +30,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
+OUT = HERE / "out"                   # what the figure scripts write; the scripts themselves stay in HERE
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(ROOT))
 MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
 sys.path.insert(0, str(ROOT))
@@ -157,7 +158,7 @@ def main(argv=None):
             return
         out = Path(args.out or tempfile.mkdtemp())
     else:
-        out = Path(args.out or HERE)
+        out = Path(args.out or OUT)
         measured = []
         load = [os.getloadavg()[0]]
         for p in (2, 4):

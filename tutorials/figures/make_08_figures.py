@@ -34,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(ROOT))
 MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
-OUT = HERE                                            # --quick writes to a temporary folder instead
+OUT = HERE / "out"                                    # --quick writes to a temporary folder instead
 RANKS, BATCH, TRAIN_ROWS = 4, 32, 1438                 # the digits split: 1438 training images
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447}   # Student t, two-sided 95%, by d.o.f.
 SEEDS, REPEATS = [0, 1, 2, 3, 4], 5
@@ -305,7 +305,7 @@ def main():
     parser.add_argument("--sizes", default="1024,16384,262144,1048576")
     parser.add_argument("--part", default="all", choices=["all", "training", "tables", "pays"],
                         help="tables: 08_table.md, 08_comparisons.md, 08_feedback.png again from 08_training.json")
-    parser.add_argument("--out", default=None, help="output folder (default: beside this script; --quick: a "
+    parser.add_argument("--out", default=None, help="output folder (default: tutorials/figures/out; --quick: a "
                         "temporary folder)")
     args = parser.parse_args()
     sizes = [int(size) for size in args.sizes.split(",")]
