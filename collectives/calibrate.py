@@ -35,6 +35,7 @@ from mpi4py import MPI
 from . import cost
 from .tags import PING_PONG
 
+
 def timed(comm, call, min_seconds, rounds_done=None):
     """Seconds per call: slowest rank's mean over a batch lasting >= min_seconds."""
     comm.Barrier()

@@ -4,8 +4,8 @@
     ring.allreduce(traced, grad, total)
     messages = trace.gather(traced)              # every rank's records, on rank 0 (None elsewhere)
     if messages is not None:
-        plot_spacetime(messages, "ring.png")                 # the wall clock, in microseconds
-        plot_spacetime(messages, "ring.png", clock="steps")  # the schedule, one column per step
+        plot_spacetime(messages, "ring.png")                       # the wall clock, in microseconds
+        plot_spacetime(messages, "ring_steps.png", clock="steps")  # the schedule, one column per step
 
 collectives.trace records the messages (and pairs each send with its receive, trace.match);
 this module only draws them. The wall clock shows what a run took, noise and all; the logical
@@ -15,6 +15,7 @@ and a message one slot, so a rank waits exactly where the algorithm makes it wai
     mpiexec -n 4 python -m collectives.ring --png ring.png       # one traced allreduce, drawn
 """
 from .trace import match
+
 
 def logical_times(messages):
     """Start slot of each call when every call takes one slot and a message takes one slot.

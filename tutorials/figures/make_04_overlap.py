@@ -30,7 +30,6 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-OUT = HERE / "out"                   # what the figure scripts write; the scripts themselves stay in HERE
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(ROOT))
 MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
 sys.path.insert(0, str(ROOT))
@@ -43,6 +42,7 @@ from algorithms.objective import build, load_data  # noqa: E402
 from collectives import calibrate  # noqa: E402
 from collectives.nonblocking import overlap_prediction  # noqa: E402
 
+OUT = HERE / "out"                   # what the figure scripts write; the scripts themselves stay in HERE
 MODELS = ("cnn", "mlp")
 MEGABYTES = 0.004
 BATCH = 32
