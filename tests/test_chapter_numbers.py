@@ -225,7 +225,7 @@ def test_make_02_figures_quick_runs(tmp_path):
 def test_chapter_two_gpu_section_quotes_the_gpu_run():
     """Section 6's GPU half against 02_gpu_numbers.json (make_02_figures.py --only gpu, from the JSON
     that tutorials/figures/gpu_02.sh wrote on a GPU machine), and its three tables verbatim."""
-    gpu = json.loads((ROOT / "tutorials" / "figures" / "02_gpu_numbers.json").read_text())
+    gpu = json.loads((ROOT / "tutorials" / "figures" / "out" / "02_gpu_numbers.json").read_text())
     prose = " ".join(CHAPTER.read_text().split())
     claims = [
         (r"([\d.]+) GFLOP/s on one CPU core and at ([\d.]+) GFLOP/s through CuPy",
@@ -254,5 +254,5 @@ def test_chapter_two_gpu_section_quotes_the_gpu_run():
         "the prose says FFT is fastest on the GPU and auto still picks im2col"
     assert gpu["test_accuracy_equal"], "the prose says both backends reach the same test accuracy"
     for name in ("02_gpu_layers.md", "02_gpu_sweep.md", "02_gpu_conv.md"):
-        table = (ROOT / "tutorials" / "figures" / name).read_text().strip()
+        table = (ROOT / "tutorials" / "figures" / "out" / name).read_text().strip()
         assert " ".join(table.split()) in prose, f"chapter 2's copy of {name} is stale"
