@@ -98,9 +98,8 @@ def auto_allreduce_in_place(comm, data, op, source=None):
 
 
 def allreduce(comm, sendbuf, recvbuf=None, op="sum", check=True):
-    """recvbuf <- op over ranks of sendbuf, by the algorithm `choose` picks. See the module docstring."""
-    return run_allreduce(auto_allreduce_in_place, comm, sendbuf, recvbuf, op, check, "auto allreduce",
-                         reads_source=True)
+    """recvbuf <- op over ranks of sendbuf, by the algorithm `choose` picks (arguments: buffers.run_allreduce)."""
+    return run_allreduce(auto_allreduce_in_place, comm, sendbuf, recvbuf, op, check, "auto allreduce")
 
 
 if __name__ == "__main__":

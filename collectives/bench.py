@@ -5,31 +5,22 @@
     mpiexec -n 4 python -m collectives.bench --sizes 4K,1M,64M --algorithms ring,auto
     mpiexec -n 4 python -m collectives.bench --sizes 4K,16K,64K --persistent   # + allreduce_init rows
 
-1. alpha and beta from a ping-pong between ranks 0 and 1 (half the round trip, 8 B .. 64 MiB),
-   fitted as t = alpha + beta m by least squares on relative error, so the small messages fix
-   alpha and the large ones beta;
-2. gamma: the time per byte of numpy's element-wise add into a float32 vector (out=), timed on
-   every rank at once, as in an allreduce;
-3. for each size (float32 vectors, 4 KiB .. 64 MiB by default) and each algorithm, the time
+1. the machine's rates, from micro-benchmarks that are not allreduces (collectives.calibrate):
+   alpha and beta from a ping-pong between ranks 0 and 1, gamma from numpy's element-wise add
+   into a float32 vector, every rank at once;
+2. for each size (float32 vectors, 4 KiB .. 64 MiB by default) and each algorithm, the time
    of one call, check=False (no agreement check), compared with comm.Allreduce on the same
-   buffers, and with cost.predict(...) at the fitted alpha, beta, gamma.
-
-4. the refined model (cost.predict_refined), its rates measured at each size n (per-byte rates
-   change as the footprint leaves the cache), each micro-benchmark cycling through three n-byte
-   vectors (an allreduce's sendbuf, recvbuf and scratch): a pairwise Sendrecv of n bytes
-   (r <-> r xor 1, every rank at once) for beta_x, a one-way Send (r even -> r + 1, every pair at
-   once) for beta_1 and from rank 0 to rank 1 alone for beta_solo, every other rank sending to
-   rank 0 (received in rank order) for beta_gather and rank 0 sending to each in turn for
-   beta_scatter (the naive root's two phases), a ring shift of n/p-byte blocks (r -> r + 1,
-   every rank at once) for beta_ring, np.add in place, np.add into a third vector and np.copyto
-   on n-byte vectors (every rank at once) for gamma_m, gamma_3 and copy, and
-   share = max(1, p / cores); none of these is an allreduce;
-5. the performance targets, a column per row with "met" or "NO": auto <= 1.5x MPI at every size;
+   buffers, and with cost.predict(...) at the fitted alpha, beta, gamma;
+3. the refined model (cost.predict_refined) at the rates calibrate.fit_rates measures at that
+   size (pairwise, one-way, lone, gather, send-back and ring-shift sends; in-place add, add into
+   a third vector, copy; each on the allreduce's three-vector footprint, since per-byte rates
+   change as it leaves the cache);
+4. the performance targets, a column per row with "met" or "NO": auto <= 1.5x MPI at every size;
    ring and Rabenseifner <= 1.0x MPI from 1 MiB; refined model / measured within 25% for every
    algorithm from 1 MiB. And auto's table: at each size, the point-to-point algorithm measured
    fastest; --write-selection stores it for this p in collectives/selection.json, which
    collectives.auto reads (so auto's row is only as good as the last such run on this machine).
-6. with --persistent, two more rows: MPI's persistent Allreduce_init (Start + Wait per call, "mpi_init")
+5. with --persistent, two more rows: MPI's persistent Allreduce_init (Start + Wait per call, "mpi_init")
    and collectives.persistent's auto (allreduce_init once, start() per call, "auto_init"), whose
    ratio and <= 1.5x target are against mpi_init: both sides check their arguments once.
 
@@ -47,13 +38,12 @@ for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse          # noqa: E402  (after the thread pinning on purpose)
 import json              # noqa: E402
-import time              # noqa: E402
 
 import numpy as np       # noqa: E402
 from mpi4py import MPI   # noqa: E402
 
 from . import auto, butterfly, cost, naive, persistent, rabenseifner, ring, tree   # noqa: E402
-from .tags import PING_PONG  # noqa: E402
+from .calibrate import cores, fit_alpha_beta, fit_gamma, fit_rates, timed   # noqa: E402
 
 ALGORITHMS = {"naive": naive.allreduce, "tree": tree.allreduce, "butterfly": butterfly.allreduce,
               "ring": ring.allreduce, "rabenseifner": rabenseifner.allreduce, "auto": auto.allreduce}
@@ -72,173 +62,6 @@ def human(nbytes):
         if nbytes >= scale:
             return f"{nbytes / scale:g} {unit}"
     return f"{nbytes} B"
-
-
-def timed(comm, call, min_seconds, rounds_done=None):
-    """Seconds per call: slowest rank's mean over a batch lasting >= min_seconds."""
-    comm.Barrier()
-    start = time.perf_counter()
-    call()
-    first = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
-    repeats = max(1, min(10000, int(min_seconds / max(first, 1e-7))))
-    comm.Barrier()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        call()
-    mine = (time.perf_counter() - start) / repeats
-    return comm.allreduce(mine, op=MPI.MAX)
-
-
-def fit_alpha_beta(comm, min_seconds):
-    """Ping-pong between ranks 0 and 1; returns (alpha, beta, [(bytes, seconds)])."""
-    rank = comm.Get_rank()
-    points = []
-    for nbytes in [8 << (2 * k) for k in range(12)] + [64 << 20]:
-        message = np.zeros(nbytes, dtype=np.uint8)
-
-        def ping_pong():
-            if rank == 0:
-                comm.Send(message, dest=1, tag=PING_PONG)
-                comm.Recv(message, source=1, tag=PING_PONG)
-            elif rank == 1:
-                comm.Recv(message, source=0, tag=PING_PONG)
-                comm.Send(message, dest=0, tag=PING_PONG)
-        best = min(timed(comm, ping_pong, min_seconds) for _ in range(3))
-        points.append((nbytes, best / 2))
-    sizes = np.array([p[0] for p in points], dtype=float)
-    seconds = np.array([p[1] for p in points])
-    # least squares on relative error: minimise sum ((alpha + beta m - t) / t)^2
-    design = np.stack([1 / seconds, sizes / seconds], axis=1)
-    (alpha, beta), *_ = np.linalg.lstsq(design, np.ones_like(seconds), rcond=None)
-    return float(alpha), float(beta), points
-
-
-def fit_gamma(comm, min_seconds, nbytes=4 << 20):
-    """Seconds per byte of an element-wise float32 add, all ranks at once."""
-    into = np.ones(nbytes // 4, dtype=np.float32)
-    incoming = np.ones_like(into)
-    return min(timed(comm, lambda: np.add(into, incoming, out=into), min_seconds) for _ in range(3)) / nbytes
-
-
-FOOTPRINT = 3       # an allreduce of n bytes touches sendbuf, recvbuf and a scratch vector: 3 n bytes
-
-
-def rotating_pairs(nbytes, dtype):
-    """A function that hands out (this, next) pairs of FOOTPRINT n-byte vectors in turn, so that a
-    micro-benchmark touches the allreduce's footprint rather than one vector that stays in cache."""
-    vectors = [np.zeros(max(nbytes // np.dtype(dtype).itemsize, 1), dtype=dtype) for _ in range(FOOTPRINT)]
-    turn = [0]
-
-    def next_pair():
-        k = turn[0] = (turn[0] + 1) % FOOTPRINT
-        return vectors[k], vectors[(k + 1) % FOOTPRINT]
-    return next_pair
-
-
-def fit_memory(comm, min_seconds, nbytes, rounds=3):
-    """(gamma_m, gamma_3, copy): seconds per byte of np.add(a, b, out=a), np.add(a, b, out=c)
-    and np.copyto(a, b) on n-byte float32 vectors, all ranks at once, cycling through FOOTPRINT
-    vectors (the out-of-place add uses all three at every call, each in every role in turn)."""
-    next_pair = rotating_pairs(nbytes, np.float32)
-
-    def add():
-        into, incoming = next_pair()
-        np.add(into, incoming, out=into)
-
-    def add3():
-        first, second = next_pair()
-        into = next_pair()[1]                  # the third vector: (k, k + 1) then (k + 1, k + 2)
-        np.add(first, second, out=into)
-
-    def copy():
-        into, source = next_pair()
-        np.copyto(into, source)
-    add_seconds = min(timed(comm, add, min_seconds) for _ in range(rounds))
-    add3_seconds = min(timed(comm, add3, min_seconds) for _ in range(rounds))
-    copy_seconds = min(timed(comm, copy, min_seconds) for _ in range(rounds))
-    return add_seconds / nbytes, add3_seconds / nbytes, copy_seconds / nbytes
-
-
-def fit_rates(comm, min_seconds, nbytes, alpha, rounds=3):
-    """cost.Rates for vectors of `nbytes` bytes, from micro-benchmarks at that size (none an
-    allreduce), each cycling through FOOTPRINT vectors of n bytes as the allreduce does: per-byte
-    rates depend on whether the footprint fits in cache, so each size gets its own.
-    beta_x: a pairwise Sendrecv of n bytes (r <-> r xor 1), every rank at once, over n;
-    beta_1: a one-way Send of n bytes (r even -> r + 1), every pair at once, over n;
-    beta_ring: a ring shift of n/p-byte blocks (send to r + 1, receive from r - 1), every rank at
-    once, over the block's bytes: the ring's step;
-    gamma_m, gamma_3, copy: np.add in place / into a third vector and np.copyto on n-byte float32
-    vectors, every rank at once."""
-    rank, size = comm.Get_rank(), comm.Get_size()
-    partner = rank ^ 1
-    next_pair = rotating_pairs(nbytes, np.uint8)
-
-    def exchange():
-        out, into = next_pair()
-        if partner < size:
-            comm.Sendrecv(out, partner, 3, into, partner, 3)
-
-    def one_way():
-        out, into = next_pair()
-        if partner < size:
-            if rank % 2 == 0:
-                comm.Send(out, partner, 4)
-            else:
-                comm.Recv(into, partner, 4)
-
-    block = max(nbytes // size, 1)
-    shifts = [0]
-
-    def ring_shift():                    # block k of the vectors at the k-th call: the whole footprint
-        out, into = next_pair()
-        start = block * (shifts[0] % size)
-        shifts[0] += 1
-        comm.Sendrecv(out[start:start + block], (rank + 1) % size, 6,
-                      into[start:start + block], (rank - 1) % size, 6)
-
-    def solo():
-        out, into = next_pair()
-        if rank == 0:
-            comm.Send(out, 1, 5)
-        elif rank == 1:
-            comm.Recv(into, 0, 5)
-
-    def root_phase(to_root, tag):
-        """The naive root's gather (every other rank -> rank 0, received in rank order) or its
-        send-back (rank 0 -> every other rank, in turn)."""
-        def phase():
-            out, into = next_pair()
-            if rank == 0:
-                for other in range(1, size):
-                    if to_root:
-                        comm.Recv(into, other, tag)
-                    else:
-                        comm.Send(out, other, tag)
-            elif to_root:
-                comm.Send(out, 0, tag)
-            else:
-                comm.Recv(into, 0, tag)
-        return phase
-    gather, scatter = root_phase(True, 7), root_phase(False, 8)
-    beta_x = beta_1 = beta_solo = beta_ring = beta_gather = beta_scatter = 0.0
-    if size > 1:
-        beta_ring = min(timed(comm, ring_shift, min_seconds) for _ in range(rounds)) / block
-        beta_x = min(timed(comm, exchange, min_seconds) for _ in range(rounds)) / nbytes
-        beta_1 = min(timed(comm, one_way, min_seconds) for _ in range(rounds)) / nbytes
-        beta_solo = min(timed(comm, solo, min_seconds) for _ in range(rounds)) / nbytes
-        beta_gather = min(timed(comm, gather, min_seconds) for _ in range(rounds)) / ((size - 1) * nbytes)
-        beta_scatter = min(timed(comm, scatter, min_seconds) for _ in range(rounds)) / ((size - 1) * nbytes)
-    gamma_m, gamma_3, copy = fit_memory(comm, min_seconds, nbytes, rounds)
-    return cost.Rates(alpha, beta_x, gamma_m, copy, max(1.0, size / cores()), beta_1, beta_solo, beta_ring,
-                      gamma_3, beta_gather, beta_scatter)
-
-
-def cores():
-    """CPU cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 def target(name, nbytes, ratio, refined_ratio):

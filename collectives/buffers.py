@@ -30,7 +30,7 @@ and length, recvbuf writable; the dtype's verdict cached) and fall back to the f
 
 No copy-in. Every allreduce heart reads its input in its first steps and writes every element
 of the result, so an out-of-place call hands it sendbuf as `source` and skips step 3's copy
-(run_allreduce's reads_source): the first sends go out from sendbuf, and the first reduction,
+(in run_allreduce): the first sends go out from sendbuf, and the first reduction,
 `combine(into, incoming, op, source)`, reads its left operand there, with the same operand
 order and so the same bits. (Rabenseifner and the butterfly still copy first when p is not a
 power of two: their fold-in reads `data`.) MPICH's Allreduce copies sendbuf into recvbuf
@@ -217,13 +217,14 @@ def allreduce_arguments(comm, name, sendbuf, recvbuf, op, check, root=0):
     return in_place
 
 
-def run_allreduce(heart, comm, sendbuf, recvbuf, op="sum", check=True, name="allreduce",
-                  reads_source=False):
+def run_allreduce(heart, comm, sendbuf, recvbuf, op="sum", check=True, name="allreduce"):
     """Steps 1-6 around `heart(comm, data, base_op)`; returns recvbuf.
 
-    recvbuf=None allocates the result (sendbuf must then be an array). reads_source: the heart
-    also takes `source=sendbuf` and reads the input there, so step 3's copy is left out for two
-    numpy buffers (ring and Rabenseifner: see the header).
+    These are the arguments of every module's allreduce: sendbuf may be MPI.IN_PLACE (or
+    recvbuf itself); op is "sum", "max", "min" or "mean"; check=False skips the agreement across
+    ranks (collectives.check) and trusts the caller; recvbuf=None allocates the result (sendbuf
+    must then be an array). For two numpy buffers out of place the heart also takes
+    `source=sendbuf` and reads the input there, so step 3's copy is left out ("No copy-in" above).
     """
     if recvbuf is None and hasattr(sendbuf, "dtype"):
         recvbuf = array_module(sendbuf).empty_like(sendbuf)
@@ -234,7 +235,7 @@ def run_allreduce(heart, comm, sendbuf, recvbuf, op="sum", check=True, name="all
     size = comm.Get_size()
     source = None
     if not in_place:
-        if reads_source and size > 1 and type(sendbuf) is np.ndarray and type(recvbuf) is np.ndarray:
+        if size > 1 and type(sendbuf) is np.ndarray and type(recvbuf) is np.ndarray:
             source = sendbuf
         else:
             recvbuf[...] = sendbuf

@@ -13,7 +13,7 @@ import argparse
 import numpy as np
 from mpi4py import MPI
 
-from . import cost, trace
+from . import cost, spacetime, trace
 from .ops import OPS
 
 MPI_OPS = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "mean": MPI.SUM}
@@ -55,7 +55,7 @@ def demo(allreduce, comm, name, argv=None):
         print("same bits as MPI_Allreduce on every rank" if all(same) else
               f"DIFFERENT from MPI_Allreduce on ranks {[r for r, ok in enumerate(same) if not ok]}")
         if args.png:
-            print("space-time diagram:", trace.plot_spacetime(messages, args.png, f"{name} allreduce"))
+            print("space-time diagram:", spacetime.plot_spacetime(messages, args.png, f"{name} allreduce"))
     if not all(same):
         raise SystemExit(1)
     return result

@@ -1,10 +1,10 @@
 """Regenerate the space-time diagrams of tutorials/03_collectives.md from real traced runs.
 
-    mpiexec -n 4 python -m collectives.figures [DIRECTORY]      # default tutorials/figures
+    mpiexec -n 4 python -m collectives.figures [DIRECTORY]      # default tutorials/figures/out
     mpiexec -n 6 python -m collectives.figures [DIRECTORY]
 
 Ranks 0-3 trace every algorithm at p = 4 (16 float64 elements, check=False) and draw it with
-the logical clock (trace.logical_times: one column per step, free of timing noise). At p = 4
+the logical clock (spacetime.logical_times: one column per step, free of timing noise). At p = 4
 the ring is also drawn on the wall clock (1 MiB, after a warm-up call and a barrier), and the
 span and start skew of that call, of a cold first call and of the same call at p = 2 go to
 03_spacetime_wall.json (only at p = 4: idle extra ranks would poll on the same cores). At a p
@@ -18,7 +18,7 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives
-from collectives import cost, trace
+from collectives import cost, spacetime, trace
 
 
 def draw(comm, algorithm, path, title, clock="steps", length=16, warm=True):
@@ -33,7 +33,7 @@ def draw(comm, algorithm, path, title, clock="steps", length=16, warm=True):
     collectives.allreduce(traced, np.ones(length), algorithm=algorithm, check=False)
     messages = trace.gather(traced)
     if messages is not None and path is not None:
-        trace.plot_spacetime(messages, path, title, clock=clock, full=8 * length)
+        spacetime.plot_spacetime(messages, path, title, clock=clock, full=8 * length)
     return messages
 
 
@@ -85,7 +85,7 @@ def wall_clock(comm, out, length=1 << 17, repeats=5):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    out = Path(argv[0] if argv else "tutorials/figures")
+    out = Path(argv[0] if argv else "tutorials/figures/out")
     world = MPI.COMM_WORLD
     four = world.Split(0 if world.Get_rank() < 4 else MPI.UNDEFINED, world.Get_rank())
     if four != MPI.COMM_NULL:

@@ -38,7 +38,7 @@ def worker(nbytes, repeats, ours="ring"):
     from mpi4py import MPI
 
     import collectives
-    from .bench import timed
+    from .calibrate import timed
     comm = MPI.COMM_WORLD
     send = np.full(nbytes // 4, comm.rank + 1, dtype=np.float32)
     receive = np.empty_like(send)

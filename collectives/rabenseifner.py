@@ -104,13 +104,8 @@ def rabenseifner_allreduce_in_place(comm, data, op, source=None):
 
 
 def allreduce(comm, sendbuf, recvbuf=None, op="sum", check=True):
-    """recvbuf <- op over ranks of sendbuf, by Rabenseifner's algorithm. See the module docstring.
-
-    sendbuf may be MPI.IN_PLACE (or recvbuf itself); op is "sum", "max", "min" or "mean";
-    check=False skips the agreement across ranks (collectives.check) and trusts the caller.
-    """
-    return run_allreduce(rabenseifner_allreduce_in_place, comm, sendbuf, recvbuf, op, check,
-                         "rabenseifner allreduce", reads_source=True)
+    """recvbuf <- op over ranks of sendbuf, by Rabenseifner's algorithm (arguments: buffers.run_allreduce)."""
+    return run_allreduce(rabenseifner_allreduce_in_place, comm, sendbuf, recvbuf, op, check, "rabenseifner allreduce")
 
 
 if __name__ == "__main__":

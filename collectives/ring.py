@@ -114,13 +114,8 @@ def ring_allreduce_in_place(comm, data, op, source=None):
 
 
 def allreduce(comm, sendbuf, recvbuf=None, op="sum", check=True):
-    """recvbuf <- op over ranks of sendbuf, by the ring. See the module docstring.
-
-    sendbuf may be MPI.IN_PLACE (or recvbuf itself); op is "sum", "max", "min" or "mean";
-    check=False skips the agreement across ranks (collectives.check) and trusts the caller.
-    """
-    return run_allreduce(ring_allreduce_in_place, comm, sendbuf, recvbuf, op, check, "ring allreduce",
-                         reads_source=True)
+    """recvbuf <- op over ranks of sendbuf, by the ring (arguments: buffers.run_allreduce)."""
+    return run_allreduce(ring_allreduce_in_place, comm, sendbuf, recvbuf, op, check, "ring allreduce")
 
 
 def reduce_scatter(comm, sendbuf, recvbuf=None, op="sum", check=True):

@@ -93,13 +93,8 @@ def tree_allreduce_in_place(comm, data, op, source=None):
 
 
 def allreduce(comm, sendbuf, recvbuf=None, op="sum", check=True):
-    """recvbuf <- op over ranks of sendbuf, by binomial reduce + broadcast. See the module docstring.
-
-    sendbuf may be MPI.IN_PLACE (or recvbuf itself); op is "sum", "max", "min" or "mean";
-    check=False skips the agreement across ranks (collectives.check) and trusts the caller.
-    """
-    return run_allreduce(tree_allreduce_in_place, comm, sendbuf, recvbuf, op, check, "tree allreduce",
-                         reads_source=True)
+    """recvbuf <- op over ranks of sendbuf, by binomial reduce + broadcast (arguments: buffers.run_allreduce)."""
+    return run_allreduce(tree_allreduce_in_place, comm, sendbuf, recvbuf, op, check, "tree allreduce")
 
 
 def reduce(comm, sendbuf, recvbuf=None, op="sum", root=0, check=True):

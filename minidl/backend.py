@@ -95,7 +95,7 @@ def keep_freed_memory():
     with mmap and unmaps it when it is freed, and gives the top of its heap back to the kernel when
     more than twice that threshold lies free there. So every step touches fresh pages, and each
     4 KiB page costs a page fault (the kernel zeroes it): a LeNet-5 step at batch 64 on one core
-    faulted about 1200 times and took 7.9 ms instead of 6.6 (chapter 2, ``figures/02_allocator.md``). glibc
+    faulted about 1200 times and took 7.9 ms instead of 6.6 (chapter 2, ``figures/out/02_allocator.md``). glibc
     raises the threshold by itself after it frees a large mapped block, so a process that once ran
     a bigger layer is fast and one that did not is slow. Fixing both thresholds (arrays up to 32 MiB
     come from the heap, up to 64 MiB of free heap is kept) makes every process the fast one; what

@@ -21,7 +21,7 @@ from collectives.nonblocking import overlap_prediction
 from tests.helpers import mpiexec
 
 ROOT = Path(__file__).resolve().parent.parent
-FIGURES = ROOT / "tutorials" / "figures"
+FIGURES = ROOT / "tutorials" / "figures" / "out"       # what the figure scripts wrote
 T_975 = {2: 4.303, 4: 2.776}           # t's 97.5% point for n - 1 = 2 and 4 degrees of freedom (3 and 5 seeds)
 
 

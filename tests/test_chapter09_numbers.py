@@ -33,6 +33,7 @@ from tutorials import assignments
 
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES = ROOT / "tutorials" / "figures"
+OUT = FIGURES / "out"                    # what the figure scripts wrote
 SCRIPT = FIGURES / "make_09_figures.py"
 
 
@@ -48,7 +49,7 @@ def flat(path):
 
 
 def results(name):
-    return json.loads((FIGURES / f"09_{name}.json").read_text())
+    return json.loads((OUT / f"09_{name}.json").read_text())
 
 
 def seeds_of(found):
@@ -66,7 +67,7 @@ def test_the_search_tables_are_what_the_script_makes_of_the_json_and_the_chapter
     for name in make.SEARCHES:
         found = results(name)
         table = "\n".join(make.search_table(found, seeds_of(found))) + "\n"
-        assert table == (FIGURES / f"09_table_{name}.md").read_text(), f"09_table_{name}.md is not its JSON's table"
+        assert table == (OUT / f"09_table_{name}.md").read_text(), f"09_table_{name}.md is not its JSON's table"
         assert " ".join(table.split()) in chapter, f"chapter 9's copy of 09_table_{name}.md is stale"
 
 
@@ -110,7 +111,7 @@ def test_the_batch_sweeps_paired_gains_and_their_verdicts_follow_from_the_json()
     interval, "outside the noise" exactly where the interval excludes 0."""
     make = script()
     chapter = flat(ROOT / "tutorials" / "09_large_batch_and_search.md")
-    stored = json.loads((FIGURES / "09_batch.json").read_text())["accuracy"]
+    stored = json.loads((OUT / "09_batch.json").read_text())["accuracy"]
     gains, outside = {}, []
     for multiple in (2, 4, 8, 16):
         base, scaled = stored[f"{multiple}x|base lr"], stored[f"{multiple}x|linear scaling + 2-epoch warm-up"]
@@ -171,7 +172,7 @@ def test_the_verdict_and_every_number_quoted_about_it_follow_from_the_json():
         text, explored_p, _ = summary(paired(results(name)), make)
         assert f"{text}" in header and f"{budget} (p = {explored_p:.3f})" in header, name
     # the protocol's power figures
-    power = json.loads((FIGURES / "09_power.json").read_text())
+    power = json.loads((OUT / "09_power.json").read_text())
     assert (f"(mean / sd {power['effect']:.2f}), the test below would find it with 16 pairs only "
             f"{power['power']['16'] * 100:.0f}% of the time, with 32 pairs {power['power']['32'] * 100:.0f}%") in chapter
 

@@ -1,11 +1,11 @@
 """Chapters 1-2: the numbers in the prose are the numbers the figure script wrote, and the script runs.
 
-tutorials/figures/make_02_figures.py writes tutorials/figures/02_numbers.json (and the tables the
+tutorials/figures/make_02_figures.py writes tutorials/figures/out/02_numbers.json (and the tables the
 chapter includes); each sentence of chapter 2 that quotes a measured number is matched here by a
 pattern and compared with that JSON within a stated tolerance (TOLERANCE: the prose rounds to two
 or three significant figures). Chapter 1 has no figure and its blocks print their own numbers;
 its one measured sentence (serial SGD from a shell: seconds and accuracy) is checked against
-tutorials/figures/01_serial.json from make_01_figures.py. Chapter 2's float32 errors are checked
+tutorials/figures/out/01_serial.json from make_01_figures.py. Chapter 2's float32 errors are checked
 against 02_precision.json (make_02_figures.py --only precision), its GEMM shares against the main
 suite's breakdown (02_main.json).
 Also: ``cost.work_depth`` against hand-computed values.
@@ -24,7 +24,7 @@ from minidl.conv import cost
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTER_1 = ROOT / "tutorials" / "01_autograd_and_layers.md"
 CHAPTER = ROOT / "tutorials" / "02_convolution.md"
-NUMBERS = ROOT / "tutorials" / "figures" / "02_numbers.json"
+NUMBERS = ROOT / "tutorials" / "figures" / "out" / "02_numbers.json"
 TOLERANCE = 0.03             # relative: "1.49x" stands for anything within 3% of the JSON's 1.486
 
 
@@ -101,7 +101,7 @@ def test_chapter_two_quotes_the_numbers_its_script_wrote():
         assert all(_near(q, v) for q, v in zip(quoted, values)), f"/{pattern}/ says {quoted}, 02_numbers.json {values}"
     # the tables the chapter includes are the generated ones, verbatim
     for name in ("02_workdepth.md", "02_gemm.md", "02_memory.md", "02_conv.txt", "02_layers.txt", "02_allocator.md"):
-        table = (ROOT / "tutorials" / "figures" / name).read_text().strip()
+        table = (ROOT / "tutorials" / "figures" / "out" / name).read_text().strip()
         assert " ".join(table.split()) in prose, f"chapter 2's copy of {name} is stale"
     # auto's disagreements with the measured fastest are named in the text
     for case in numbers["auto_disagrees"]:
@@ -111,7 +111,7 @@ def test_chapter_two_quotes_the_numbers_its_script_wrote():
 def test_chapter_two_quotes_the_gemm_breakdown_of_the_main_suite():
     """Section 5's GEMM paragraph and the summary against 02_main.json (the main suite's breakdown):
     the 64-channel layer's GEMMs as a fraction of the square-GEMM rate and of the layer's time."""
-    summary = json.loads((ROOT / "tutorials" / "figures" / "02_main.json").read_text())[-1]
+    summary = json.loads((ROOT / "tutorials" / "figures" / "out" / "02_main.json").read_text())[-1]
     gemms = [s for s in summary["stages"] if s["layer"] == "conv2d large" and s["stage"] == "GEMM"]
     layer = next(item for item in summary["layers"] if item["layer"] == "conv2d large fwd+bwd")
     fractions = [min(s["gemm_fraction"] for s in gemms), max(s["gemm_fraction"] for s in gemms)]
@@ -130,7 +130,7 @@ def test_chapter_two_quotes_the_gemm_breakdown_of_the_main_suite():
 def test_chapter_two_quotes_the_main_suites_target_rows():
     """Section 5's targets bullet against 02_main.json's rows (ratios to two decimals, as the bench
     prints them to three), and PyTorch's time for the 64-channel layer across the three suites."""
-    rows = {row["case"]: row for row in json.loads((ROOT / "tutorials" / "figures" / "02_main.json").read_text())[:-1]}
+    rows = {row["case"]: row for row in json.loads((ROOT / "tutorials" / "figures" / "out" / "02_main.json").read_text())[:-1]}
     layer, auto = rows["conv2d large fwd+bwd"], rows["conv2d large fwd+bwd (auto)"]
     lenet, mlp = rows["lenet5 train step"], rows["mlp 784-256-256-10 train step"]
     met = [row["met"] for row in rows.values() if row.get("met") is not None]
@@ -141,7 +141,7 @@ def test_chapter_two_quotes_the_main_suites_target_rows():
     assert quoted in prose, quoted
     torch = [layer["torch_ms"]]
     for name, case in (("02_conv.json", "large"), ("02_layers.json", "conv 64->64 32x32")):
-        found = json.loads((ROOT / "tutorials" / "figures" / name).read_text())
+        found = json.loads((ROOT / "tutorials" / "figures" / "out" / name).read_text())
         torch += [row["torch_ms"] for row in found if row.get("case") == case and row.get("torch_ms")]
     assert f"({min(torch):.1f}-{max(torch):.1f} ms for this layer in the three suites' runs" in prose
 
@@ -149,7 +149,7 @@ def test_chapter_two_quotes_the_main_suites_target_rows():
 def test_chapter_two_quotes_the_allocator_table():
     """Section 5's allocator sentences against 02_allocator.json (make_02_figures.py --only allocator)."""
     rows = {(row["case"], row["library"]): row for row in
-            json.loads((ROOT / "tutorials" / "figures" / "02_allocator.json").read_text())}
+            json.loads((ROOT / "tutorials" / "figures" / "out" / "02_allocator.json").read_text())}
     lenet, conv = rows[("lenet5 train step", "minidl")], rows[("conv2d large fwd+bwd", "torch")]
     ours = rows[("conv2d large fwd+bwd", "minidl")]
     default, kept = "glibc defaults", "minidl's thresholds"
@@ -167,7 +167,7 @@ def test_chapter_two_quotes_the_allocator_table():
 def test_chapter_two_quotes_the_float32_errors_its_script_measured():
     """Section 4's precision sentences against 02_precision.json (make_02_figures.py --only precision),
     to the two significant figures printed."""
-    measured = json.loads((ROOT / "tutorials" / "figures" / "02_precision.json").read_text())
+    measured = json.loads((ROOT / "tutorials" / "figures" / "out" / "02_precision.json").read_text())
     worst, ratio = measured["worst"], measured["largest_ratio_to_im2col"]
     prose = " ".join(CHAPTER.read_text().split())
 
@@ -185,7 +185,7 @@ def test_chapter_two_quotes_the_float32_errors_its_script_measured():
 
 
 def test_chapter_one_quotes_the_serial_run_its_script_measured():
-    measured = json.loads((ROOT / "tutorials" / "figures" / "01_serial.json").read_text())
+    measured = json.loads((ROOT / "tutorials" / "figures" / "out" / "01_serial.json").read_text())
     prose = " ".join(CHAPTER_1.read_text().split())
     found = re.search(r"10 epochs: ([\d.]+)-([\d.]+) s of CPU time .* and ([\d.]+)-([\d.]+)% test accuracy", prose)
     assert found, "chapter 1 no longer quotes the serial run"
@@ -225,7 +225,7 @@ def test_make_02_figures_quick_runs(tmp_path):
 def test_chapter_two_gpu_section_quotes_the_gpu_run():
     """Section 6's GPU half against 02_gpu_numbers.json (make_02_figures.py --only gpu, from the JSON
     that tutorials/figures/gpu_02.sh wrote on a GPU machine), and its three tables verbatim."""
-    gpu = json.loads((ROOT / "tutorials" / "figures" / "02_gpu_numbers.json").read_text())
+    gpu = json.loads((ROOT / "tutorials" / "figures" / "out" / "02_gpu_numbers.json").read_text())
     prose = " ".join(CHAPTER.read_text().split())
     claims = [
         (r"([\d.]+) GFLOP/s on one CPU core and at ([\d.]+) GFLOP/s through CuPy",
@@ -254,5 +254,5 @@ def test_chapter_two_gpu_section_quotes_the_gpu_run():
         "the prose says FFT is fastest on the GPU and auto still picks im2col"
     assert gpu["test_accuracy_equal"], "the prose says both backends reach the same test accuracy"
     for name in ("02_gpu_layers.md", "02_gpu_sweep.md", "02_gpu_conv.md"):
-        table = (ROOT / "tutorials" / "figures" / name).read_text().strip()
+        table = (ROOT / "tutorials" / "figures" / "out" / name).read_text().strip()
         assert " ".join(table.split()) in prose, f"chapter 2's copy of {name} is stale"

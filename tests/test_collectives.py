@@ -25,7 +25,7 @@ from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
 import collectives
-from collectives import bench, cost, trace
+from collectives import bench, cost, spacetime, trace
 from collectives.buffers import block_counts, block_offsets
 from collectives.fold import fold_in, fold_out, largest_power_of_two, world_rank
 from tests import strategies
@@ -237,7 +237,7 @@ def test_every_rank_holds_identical_bytes_with_signed_zeros_and_nans(algorithm, 
 @example(length=3, dtype="float32", op="min", seed=1, codes=ZEROS_BY_PARITY)
 def test_out_of_place_reads_sendbuf_and_gives_the_in_place_bytes(algorithm, length, dtype, op, seed, codes):
     """Every heart reads an out-of-place input in sendbuf itself, instead of copying it into
-    recvbuf first (buffers.run_allreduce, reads_source). Random floats round differently in
+    recvbuf first (buffers.run_allreduce's source). Random floats round differently in
     every order, signed zeros and NaNs fill the first elements: the result must be the same bytes
     as in place, sendbuf untouched, and recvbuf's old contents (NaN) must not leak in."""
     comm = MPI.COMM_WORLD
@@ -544,9 +544,9 @@ def test_trace_prints_as_text_and_draws_a_spacetime_png(tmp_path_factory):
         ok = "0 -> 1" in text and "reduce-scatter 2" in text and "allgather 0" in text
         for clock in ("wall", "steps"):
             path = tmp_path_factory.mktemp("trace") / f"ring_{clock}.png"
-            trace.plot_spacetime(messages, path, "ring", clock=clock)
+            spacetime.plot_spacetime(messages, path, "ring", clock=clock)
             ok = ok and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-        slots = trace.logical_times(messages)
+        slots = spacetime.logical_times(messages)
         ok = ok and max(slots.values()) == 2 * (comm.size - 1) - 1   # 6 steps, one after another
     parallel_assert(bool(ok), "trace text or picture wrong")
 

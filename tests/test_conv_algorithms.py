@@ -11,7 +11,7 @@ Tolerances, as max|algorithm - reference| <= tol * max|reference| per array:
 - float32 (against the float64 ``direct``): 5e-6, about 40 float32 epsilons. The same norm is
   measured by ``tutorials/figures/make_02_figures.py --only precision`` on 300 random shapes and
   two wide layers (64 channels 3x3, 16 channels 11x11) and written to
-  tutorials/figures/02_precision.json (chapter 2, section 4, quotes it), with the largest ratio,
+  tutorials/figures/out/02_precision.json (chapter 2, section 4, quotes it), with the largest ratio,
   shape by shape, of Winograd's and FFT's errors to im2col's. There the worst case of all three is
   im2col's, about a third of the bound, which leaves headroom for other BLAS/FFT libraries and sums
   up to a few thousand terms; tests/test_chapter_numbers.py checks that every worst case in that

@@ -1,5 +1,5 @@
 """Chapter 3's figure script runs (``--quick``, so it never rots), and the chapter quotes the
-wall-clock numbers it wrote (tutorials/figures/03_spacetime_wall.json), to the digits quoted."""
+wall-clock numbers it wrote (tutorials/figures/out/03_spacetime_wall.json), to the digits quoted."""
 import json
 import os
 import subprocess
@@ -39,7 +39,7 @@ def test_make_03_figures_quick_writes_every_figure_and_its_json(tmp_path):
 
 def test_chapter_3_quotes_the_wall_clock_numbers_its_script_wrote():
     """Tolerance: each number as the chapter prints it, rounded to 0.1 ms from the JSON's microseconds."""
-    wall = json.loads((ROOT / "tutorials" / "figures" / "03_spacetime_wall.json").read_text())
+    wall = json.loads((ROOT / "tutorials" / "figures" / "out" / "03_spacetime_wall.json").read_text())
     text = " ".join((ROOT / "tutorials" / "03_collectives.md").read_text().split())
 
     def ms(us):
@@ -69,10 +69,10 @@ def script():
 
 
 def first_launches():
-    """{p: the first launch's records} from figures/03_bench_pP.json (what the excerpt is made of)."""
+    """{p: the first launch's records} from figures/out/03_bench_pP.json (what the excerpt is made of)."""
     found = {}
     for p in (2, 4):
-        runs = json.loads((ROOT / "tutorials" / "figures" / f"03_bench_p{p}.json").read_text())
+        runs = json.loads((ROOT / "tutorials" / "figures" / "out" / f"03_bench_p{p}.json").read_text())
         found[p] = runs[0] if isinstance(runs[0], list) else runs
     return found
 
@@ -81,7 +81,7 @@ def test_the_excerpt_is_the_scripts_and_the_chapter_prints_it_verbatim():
     make = script()
     runs = {p: [records] for p, records in first_launches().items()}
     text = make.excerpt(runs)
-    assert text == (ROOT / "tutorials" / "figures" / "03_bench_excerpt.txt").read_text()
+    assert text == (ROOT / "tutorials" / "figures" / "out" / "03_bench_excerpt.txt").read_text()
     assert "```text\n" + text + "```" in (ROOT / "tutorials" / "03_collectives.md").read_text()
 
 
@@ -90,7 +90,7 @@ def test_chapter_3_sentences_about_the_bench_agree_with_its_json():
     name (two decimals, as printed); 'this launch' and the excerpt are the first of the three."""
     text = " ".join((ROOT / "tutorials" / "03_collectives.md").read_text().split())
     first = first_launches()
-    every = {p: json.loads((ROOT / "tutorials" / "figures" / f"03_bench_p{p}.json").read_text()) for p in (2, 4)}
+    every = {p: json.loads((ROOT / "tutorials" / "figures" / "out" / f"03_bench_p{p}.json").read_text()) for p in (2, 4)}
     mib = 1 << 20
 
     def span(values):
@@ -153,9 +153,9 @@ def test_chapter_3_sentences_about_the_bench_agree_with_its_json():
 
 
 def test_chapter_3_quotes_mpichs_forced_algorithms_at_p4():
-    """The p = 4 comparisons in section 5 against figures/03_mpich_p4_*.json (mpich_choice)."""
+    """The p = 4 comparisons in section 5 against figures/out/03_mpich_p4_*.json (mpich_choice)."""
     text = " ".join((ROOT / "tutorials" / "03_collectives.md").read_text().split())
-    figures = ROOT / "tutorials" / "figures"
+    figures = ROOT / "tutorials" / "figures" / "out"
     large = {run["setting"]: run for run in json.loads((figures / "03_mpich_p4_1M.json").read_text())}
     assert (f"MPICH's default took {large['default (auto)']['mpi_seconds'] * 1e3:.2f} ms and its reduce_scatter_allgather, "
             f"Rabenseifner's algorithm in C, {large['reduce_scatter_allgather']['mpi_seconds'] * 1e3:.2f} ms, against "
@@ -170,9 +170,9 @@ def test_chapter_3_quotes_mpichs_forced_algorithms_at_p4():
 
 
 def test_chapter_3_quotes_the_mpich_measurement_its_script_wrote():
-    """Section 5's MPICH paragraph against figures/03_mpich_p2.json (collectives.mpich_choice), in ms
+    """Section 5's MPICH paragraph against figures/out/03_mpich_p2.json (collectives.mpich_choice), in ms
     to one decimal as printed; the differences are taken before rounding."""
-    runs = {run["setting"]: run for run in json.loads((ROOT / "tutorials" / "figures" / "03_mpich_p2.json").read_text())}
+    runs = {run["setting"]: run for run in json.loads((ROOT / "tutorials" / "figures" / "out" / "03_mpich_p2.json").read_text())}
     text = " ".join((ROOT / "tutorials" / "03_collectives.md").read_text().split())
 
     def ms(seconds):

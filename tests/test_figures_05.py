@@ -35,7 +35,7 @@ def test_make_05_figures_quick_writes_every_part_and_the_figures(tmp_path):
 def test_chapter_5_quotes_the_numbers_its_script_wrote():
     """Every measured number in chapter 5's tables and sentences, formatted from 05_measurements.json."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with open(os.path.join(root, "tutorials", "figures", "05_measurements.json")) as file:
+    with open(os.path.join(root, "tutorials", "figures", "out", "05_measurements.json")) as file:
         m = json.load(file)
     with open(os.path.join(root, "tutorials", "05_parameter_servers.md")) as file:
         text = file.read()

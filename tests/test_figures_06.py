@@ -11,7 +11,7 @@ from pathlib import Path
 from tests.quoting import assert_quoted
 
 ROOT = Path(__file__).resolve().parents[1]
-FIGURES = ROOT / "tutorials" / "figures"
+FIGURES = ROOT / "tutorials" / "figures" / "out"       # what the figure scripts wrote
 
 
 def chapter():

@@ -18,6 +18,7 @@ from tests.quoting import assert_quoted
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ROOT / "tutorials" / "figures"
+OUT = FIGURES / "out"                    # what the figure scripts wrote
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MPLBACKEND="Agg")
 
 
@@ -44,11 +45,11 @@ def test_make_07_figures_quick_writes_every_part(tmp_path):
 def test_the_tables_are_the_generated_ones():
     text = chapter()
     for name in ("07_straggler.md", "07_easgd.md", "07_hierarchy.md"):
-        assert " ".join((FIGURES / name).read_text().split()) in text, f"chapter 7's copy of {name} is stale"
+        assert " ".join((OUT / name).read_text().split()) in text, f"chapter 7's copy of {name} is stale"
 
 
 def test_section_2_quotes_the_straggler_runs():
-    runs = json.loads((FIGURES / "07_straggler.json").read_text())
+    runs = json.loads((OUT / "07_straggler.json").read_text())
 
     def ms(label):
         return [row["mean_batch_seconds"] * 1000 for row in runs[label]]
@@ -81,7 +82,7 @@ def test_section_2_quotes_the_straggler_runs():
 
 
 def test_section_3_claims_hold_on_the_runs():
-    easgd = json.loads((FIGURES / "07_easgd.json").read_text())
+    easgd = json.loads((OUT / "07_easgd.json").read_text())
     sync, async_ = (easgd[label] for label in easgd)
     accuracy = [[run["test_accuracy"] for run in runs] for runs in (sync, async_)]
     assert min(accuracy[0]) <= max(accuracy[1]) and min(accuracy[1]) <= max(accuracy[0])   # ranges overlap
@@ -95,7 +96,7 @@ def interval(accuracies):
 
 
 def test_section_5_quotes_the_hierarchy_runs_and_its_claims_hold():
-    hierarchy = json.loads((FIGURES / "07_hierarchy.json").read_text())
+    hierarchy = json.loads((OUT / "07_hierarchy.json").read_text())
     assert set(hierarchy) == {"sgd", "adagrad"}
     quoted = []
     for optimizer, phrase in (("sgd", "and the grouped runs reach {g} against {f} flat"),
@@ -112,7 +113,7 @@ def test_section_5_quotes_the_hierarchy_runs_and_its_claims_hold():
 
 
 def test_section_4_quotes_the_comparison():
-    result = json.loads((FIGURES / "07_compare.json").read_text())
+    result = json.loads((OUT / "07_compare.json").read_text())
     serial, sandblaster, downpour = (result["runs"][label] for label in
                                      ("serial L-BFGS (1 rank)", "Sandblaster L-BFGS (-n 4)", "Downpour SGD (-n 4, sgd)"))
     seeds = [str(seed) for seed in result["seeds"]]

@@ -19,6 +19,7 @@ from tests.quoting import assert_quoted
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ROOT / "tutorials" / "figures"
+OUT = FIGURES / "out"                    # what the figure scripts wrote
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MPLBACKEND="Agg")
 STEPS_PER_EPOCH = math.ceil(1438 / (4 * 32))          # the digits' 1438 training images, p = 4, batch 32
 
@@ -41,14 +42,14 @@ def test_make_08_figures_quick_writes_both_parts(tmp_path):
 def test_the_tables_are_the_generated_ones():
     text = chapter()
     for name in ("08_table.md", "08_comparisons.md", "08_pays.md"):
-        assert " ".join((FIGURES / name).read_text().split()) in text, f"chapter 8's copy of {name} is stale"
+        assert " ".join((OUT / name).read_text().split()) in text, f"chapter 8's copy of {name} is stale"
 
 
 T_4 = 2.776                                            # Student t, two-sided 95%, 4 degrees of freedom
 
 
 def training_runs():
-    training = json.loads((FIGURES / "08_training.json").read_text())
+    training = json.loads((OUT / "08_training.json").read_text())
     assert training["seeds"] == [0, 1, 2, 3, 4] and training["epochs"] == 20
     return training
 
@@ -65,7 +66,7 @@ def paired(training, a, b):
 
 def test_the_comparisons_are_the_paired_differences_and_their_verdicts():
     training = training_runs()
-    rows = [line.split(" | ") for line in (FIGURES / "08_comparisons.md").read_text().splitlines()[2:]]
+    rows = [line.split(" | ") for line in (OUT / "08_comparisons.md").read_text().splitlines()[2:]]
     assert len(rows) >= 15
     for a, b, shown, verdict in ((r[0].strip("| "), r[1], r[2], r[3].strip(" |")) for r in rows):
         mean, half = paired(training, a, b)
@@ -163,7 +164,7 @@ def test_sections_2_4_and_the_summary_quote_the_training_runs():
 
 
 def test_section_5_quotes_the_bytes_and_the_timings():
-    result = json.loads((FIGURES / "08_pays.json").read_text())
+    result = json.loads((OUT / "08_pays.json").read_text())
     two, four = result["2"], result["4"]
     assert two["launches"] == four["launches"] == 5
     biggest, biggest4 = two["records"][-1], four["records"][-1]

@@ -62,6 +62,19 @@ def test_every_needs_line_names_known_tasks_where_it_is_read():
                                                           "must be the first line (the second after '# mpiexec -n N')")
 
 
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s#]+)[^)]*\)")        # [text](target) and ![alt](target), anchors dropped
+
+
+def test_every_link_and_image_of_the_readme_and_the_tutorials_points_at_a_file_that_exists():
+    # the figures the chapters show live in tutorials/figures/out/, apart from the scripts that write them
+    pages = [ROOT / "README.md", *sorted(path for path in (ROOT / "tutorials").rglob("*.md")
+                                         if "out" not in path.relative_to(ROOT / "tutorials").parts)]
+    for page in pages:
+        for target in LINK.findall(page.read_text()):
+            if not re.match(r"[a-z]+:", target):          # not https:, mailto:
+                assert (page.parent / target).exists(), f"{page.relative_to(ROOT)} links {target}: no such file"
+
+
 def test_the_assignments_readme_plans_with_the_registrys_numbers():
     # tutorials/assignments/README.md quotes the task count and each chapter's points and hours; README.md the count
     tasks = load()[0]

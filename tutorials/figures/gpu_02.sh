@@ -6,7 +6,7 @@
 # allreduce-SGD run on each backend, same seed) and OUTDIR/02_<suite>_gpu.json for each
 # suite in $SUITES (default "layers sweep conv"; python -m minidl.bench <suite>: CPU rows on one
 # thread, GPU rows on CuPy, each beside PyTorch on the same device). Copy the JSON files to
-# tutorials/figures/ and run make_02_figures.py --only gpu to render chapter 2's GPU tables from them.
+# tutorials/figures/out/ and run make_02_figures.py --only gpu to render chapter 2's GPU tables from them.
 set -u -o pipefail
 out=${1:?usage: bash tutorials/figures/gpu_02.sh OUTDIR}
 mkdir -p "$out"

@@ -6,7 +6,7 @@ Chapter 1 has no figure, and its blocks print their own results. The one measure
 section 6's "From a shell: `python -m algorithms.serial_sgd` (about N seconds on 2 cores, about
 A% test accuracy)": this script runs ``serial_sgd.train`` with the command line's defaults
 (10 epochs) for seeds 0, 1, 2, timing each run in this process's CPU time (one BLAS thread), and
-writes 01_serial.json (per seed: seconds, final test accuracy; and their mean, min and max).
+writes out/01_serial.json (per seed: seconds, final test accuracy; and their mean, min and max).
 tests/test_chapter_numbers.py checks the sentence against that JSON. --quick: 1 epoch, one seed,
 written to /tmp/minidl_01_quick unless --out is given.
 """
@@ -19,6 +19,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
+OUT = HERE / "out"                   # what the figure scripts write; the scripts themselves stay in HERE
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -29,9 +30,9 @@ from algorithms import serial_sgd  # noqa: E402
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1 epoch, 1 seed, for CI")
-    parser.add_argument("--out", help="output folder (default: tutorials/figures, or /tmp/minidl_01_quick with --quick)")
+    parser.add_argument("--out", help="output folder (default: tutorials/figures/out, or /tmp/minidl_01_quick with --quick)")
     args = parser.parse_args(argv)
-    out = Path(args.out or ("/tmp/minidl_01_quick" if args.quick else HERE))
+    out = Path(args.out or ("/tmp/minidl_01_quick" if args.quick else OUT))
     out.mkdir(parents=True, exist_ok=True)
     epochs, seeds = (1, (0,)) if args.quick else (10, (0, 1, 2))
     runs = []

@@ -478,7 +478,7 @@ def numbers(out):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny cases, for CI")
-    parser.add_argument("--out", help="output folder (default: tutorials/figures, or /tmp/minidl_02_quick with --quick)")
+    parser.add_argument("--out", help="output folder (default: tutorials/figures/out, or /tmp/minidl_02_quick with --quick)")
     parser.add_argument("--only", choices=PARTS, action="append", help="run only this part (repeatable)")
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per case (default 7; --quick 2)")
     parser.add_argument("--no-torch", action="store_true", help="leave PyTorch out (its columns stay empty)")
@@ -489,7 +489,7 @@ def main(argv=None):
     if args.allocator_worker:
         allocator_worker(*args.allocator_worker, args.quick, repeats)
         return 0
-    out = Path(args.out or ("/tmp/minidl_02_quick" if args.quick else HERE))
+    out = Path(args.out or ("/tmp/minidl_02_quick" if args.quick else HERE / "out"))
     out.mkdir(parents=True, exist_ok=True)
     parts = args.only or PARTS
     for suite in ("conv", "layers", "main"):

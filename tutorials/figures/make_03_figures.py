@@ -174,7 +174,8 @@ def bench(out, quick, keep, repeats):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="cheap settings for CI")
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parent))
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "out"),
+                        help="output folder (default: tutorials/figures/out)")
     parser.add_argument("--only", choices=["spacetime", "select", "bench"], default=None)
     parser.add_argument("--keep", action="store_true", help="bench: redraw from the JSON in OUT, no rerun")
     parser.add_argument("--repeats", type=int, default=None, help="bench launches per p (default 3; --quick 1)")

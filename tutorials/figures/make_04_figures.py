@@ -34,6 +34,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
+OUT = HERE / "out"                   # what the figure scripts write; the scripts themselves stay in HERE
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(ROOT))
 MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
 sys.path.insert(0, str(ROOT))
@@ -252,14 +253,14 @@ def main(argv=None):
     parser.add_argument("--seeds", default=None, help="comma-separated seeds for both parts "
                         "(default 0,1,2,3,4 for compare and 0,1,2 for noniid; quick 0,1)")
     parser.add_argument("--out", default=None,
-                        help="output folder (default: beside this script; quick: a temporary one)")
+                        help="output folder (default: tutorials/figures/out; quick: a temporary one)")
     parser.add_argument("--only", choices=["compare", "noniid"], default=None, help="one part only")
     parser.add_argument("--render", action="store_true",
                         help="write the tables and figures again from 04_compare.json and 04_noniid.json (in --out, "
-                             "default beside this script): no training")
+                             "default tutorials/figures/out): no training")
     args = parser.parse_args(argv)
     if args.render:
-        render(Path(args.out) if args.out else HERE, args.only)
+        render(Path(args.out) if args.out else OUT, args.only)
         return
     try:
         seeds = [int(seed) for seed in (args.seeds or ("0,1" if args.quick else "0,1,2,3,4")).split(",")]
@@ -269,7 +270,7 @@ def main(argv=None):
     if MPI.COMM_WORLD.size > 1 and not args.quick:
         parser.error("run the full script as one process: it starts its own mpiexec runs "
                      "(--quick uses these ranks)")
-    out = Path(args.out) if args.out else Path(tempfile.mkdtemp()) if args.quick else HERE
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp()) if args.quick else OUT
     out.mkdir(parents=True, exist_ok=True)
     epochs = 1 if args.quick else 20
     if args.only in (None, "compare"):

@@ -11,10 +11,10 @@ alpha-beta-gamma model's prediction with one core per rank (about 3 minutes on 2
    A repeat's figure is the median step; the table gives the minimum and the median over repeats.
 2. model: forward + backward of one rank's batch is timed in this process (one rank, median of
    30), with the time from each bucket's hook to the end of backward; alpha and beta come from
-   collectives.bench's ping-pong fit and gamma from its add fit (measured in the p = 2 run), and
+   collectives.calibrate's ping-pong fit and gamma from its add fit (measured in the p = 2 run), and
    ``collectives.nonblocking.overlap_prediction`` gives the step's forward + backward + sum
    without and with overlap, as if every rank had its own core.
-Writes 04_overlap.json and 04_overlap.md to --out (default tutorials/figures). --quick: runs in
+Writes 04_overlap.json and 04_overlap.md to --out (default tutorials/figures/out). --quick: runs in
 this process's ranks (`mpiexec -n 2 python tutorials/figures/make_04_overlap.py --quick`), one
 short repeat, output to a temporary folder: a check that the script runs, not numbers to quote.
 """
@@ -39,9 +39,10 @@ from mpi4py import MPI  # noqa: E402
 
 from algorithms import allreduce_sgd, checkpoint, run  # noqa: E402
 from algorithms.objective import build, load_data  # noqa: E402
-from collectives import bench  # noqa: E402
+from collectives import calibrate  # noqa: E402
 from collectives.nonblocking import overlap_prediction  # noqa: E402
 
+OUT = HERE / "out"                   # what the figure scripts write; the scripts themselves stay in HERE
 MODELS = ("cnn", "mlp")
 MEGABYTES = 0.004
 BATCH = 32
@@ -115,8 +116,8 @@ def worker(args):
     comm = MPI.COMM_WORLD
     result = {"p": comm.size, "steps": measure(comm, args.repeats, args.epochs)}
     if comm.size >= 2:
-        alpha, beta, _ = bench.fit_alpha_beta(comm, 0.002 if args.quick else 0.02)
-        gamma = bench.fit_gamma(comm, 0.002 if args.quick else 0.02)
+        alpha, beta, _ = calibrate.fit_alpha_beta(comm, 0.002 if args.quick else 0.02)
+        gamma = calibrate.fit_gamma(comm, 0.002 if args.quick else 0.02)
         result.update(alpha=alpha, beta=beta, gamma=gamma)
     if comm.rank == 0 and args.worker:
         Path(args.worker).write_text(json.dumps(result))
@@ -157,7 +158,7 @@ def main(argv=None):
             return
         out = Path(args.out or tempfile.mkdtemp())
     else:
-        out = Path(args.out or HERE)
+        out = Path(args.out or OUT)
         measured = []
         load = [os.getloadavg()[0]]
         for p in (2, 4):

@@ -18,7 +18,7 @@ hogwild    Hogwild on 1, 2 and 4 processes (the first p ranks), sparse and CNN, 
            (examples) per second in all and per process, the seconds to a target (loss gap 1e-3, test
            accuracy 90%)                                                         -> 05_hogwild.png
 
-Everything is written to 05_measurements.json (one key per part; --only replaces that key and
+Everything is written to out/05_measurements.json (one key per part; --only replaces that key and
 keeps the others; "meta" says, per part, the seeds, the command and the machine's load average
 before it ran) and 05_table.md; the prose of tutorials/05_parameter_servers.md quotes them.
 --replot redraws the figures from the JSON. --quick (for CI, about 10 s): one seed, one epoch,
@@ -37,6 +37,7 @@ from mpi4py import MPI
 from algorithms import downpour_sgd, hogwild, objective, serial_sgd, ssp_sgd
 
 comm = MPI.COMM_WORLD
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out")   # what the figure scripts write
 PARTS = ("downpour", "warmstart", "nfetch", "ssp", "hogwild")
 LR = 0.05
 TARGET_ACCURACY, TARGET_GAP = 0.90, 1e-3
@@ -341,12 +342,12 @@ def main(argv=None):
     parser.add_argument("--only", choices=PARTS, default=None, help="measure one part only")
     parser.add_argument("--replot", action="store_true",
                         help="rewrite 05_table.md and redraw the figures from the JSON, measure nothing")
-    parser.add_argument("--out", default=None, help="output folder (default: beside this script; --quick: a temp folder)")
+    parser.add_argument("--out", default=None, help="output folder (default: tutorials/figures/out; --quick: a temp folder)")
     args = parser.parse_args(argv)
     if comm.size != 4:
         raise SystemExit("error: run on 4 ranks: mpiexec -n 4 python tutorials/figures/make_05_figures.py")
     out = args.out or (comm.bcast(tempfile.mkdtemp(prefix="make05-") if comm.rank == 0 else None)
-                       if args.quick else os.path.dirname(os.path.abspath(__file__)))
+                       if args.quick else OUT)
     if args.replot:
         if comm.rank == 0:
             with open(os.path.join(out, "05_measurements.json")) as file:

@@ -44,9 +44,10 @@ comm = MPI.COMM_WORLD
 P = comm.size
 FORWARD_SECONDS, BACKWARD_SECONDS = 0.010, 0.020
 HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(HERE, "out")      # what the figure scripts write (chapter 3's bench JSON among it)
 
 
-def chapter3_fit(path=os.path.join(HERE, "03_bench_p2.json")):
+def chapter3_fit(path=os.path.join(OUT, "03_bench_p2.json")):
     """(alpha, beta): chapter 3's ping-pong fit on this machine (p = 2, the first bench launch that
     make_03_figures.py kept), so that both chapters use one measurement."""
     with open(path) as handle:
@@ -335,7 +336,7 @@ def replicas_table(replicas):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer points, one repeat, no figures")
-    parser.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
+    parser.add_argument("--out", default=OUT, help="output folder (default: tutorials/figures/out)")
     parser.add_argument("--part", choices=["replicas", "predicted"], default=None,
                         help="only section 5's Downpour replicas (06_replicas.json), or only the predicted "
                              "seconds from chapter 3's alpha and beta (no timing)")

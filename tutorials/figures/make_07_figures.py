@@ -1,6 +1,6 @@
 """Regenerate chapter 7's figures and tables (about 5 minutes on 2 shared cores; --quick: under a minute).
 
-    python tutorials/figures/make_07_figures.py                 # everything, 3 seeds, into tutorials/figures/
+    python tutorials/figures/make_07_figures.py                 # everything, 3 seeds, into tutorials/figures/out/
     python tutorials/figures/make_07_figures.py --quick         # 1 seed, few epochs, into a temporary folder
     python tutorials/figures/make_07_figures.py --quick --out DIR
     python tutorials/figures/make_07_figures.py --part straggler
@@ -37,6 +37,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
+OUT = HERE / "out"                      # what the figure scripts write; the scripts themselves stay in HERE
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(ROOT))
 MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
 SLOW_FACTOR = 100.0                     # the straggler's compute time, times this
@@ -249,13 +250,13 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="1 seed, few epochs, into a temporary folder")
     parser.add_argument("--part", choices=["compare", "straggler", "easgd", "hierarchy"], default=None)
     parser.add_argument("--job", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--out", default=None, help="output folder (default: beside this script; --quick: a "
+    parser.add_argument("--out", default=None, help="output folder (default: tutorials/figures/out; --quick: a "
                         "temporary folder); with --job, the job's JSON file")
     parser.add_argument("--kwargs", default="{}", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.job:
         return run_job(args.job, args.out, json.loads(args.kwargs))
-    out = Path(args.out) if args.out else Path(tempfile.mkdtemp()) if args.quick else HERE
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp()) if args.quick else OUT
     out.mkdir(parents=True, exist_ok=True)
     parts = {"compare": compare, "straggler": straggler, "easgd": easgd_comparison, "hierarchy": hierarchy}
     for name, part in parts.items():

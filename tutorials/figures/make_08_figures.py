@@ -34,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(ROOT))
 MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
-OUT = HERE                                            # --quick writes to a temporary folder instead
+OUT = HERE / "out"                                    # --quick writes to a temporary folder instead
 RANKS, BATCH, TRAIN_ROWS = 4, 32, 1438                 # the digits split: 1438 training images
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447}   # Student t, two-sided 95%, by d.o.f.
 SEEDS, REPEATS = [0, 1, 2, 3, 4], 5
@@ -186,12 +186,12 @@ def measure(sizes, out):
     from mpi4py import MPI
 
     import collectives
-    from collectives import bench, compress, cost, sparse
+    from collectives import calibrate, compress, cost, sparse
     from collectives.trace import CountingComm
     comm = MPI.COMM_WORLD
     p, rank = comm.Get_size(), comm.Get_rank()
-    alpha, beta, _ = bench.fit_alpha_beta(comm, 0.02)
-    gamma = bench.fit_gamma(comm, 0.02)
+    alpha, beta, _ = calibrate.fit_alpha_beta(comm, 0.02)
+    gamma = calibrate.fit_gamma(comm, 0.02)
     records = []
     for n in sizes:
         grad = np.random.default_rng([n, rank]).normal(size=n).astype(np.float32)
@@ -215,9 +215,9 @@ def measure(sizes, out):
             counting = CountingComm(comm)
             call(counting)
             sent[name] = comm.allreduce(counting.bytes_sent, op=MPI.MAX)
-        measured = {name: min(bench.timed(comm, call, 0.05) for _ in range(3)) for name, call in calls.items()}
-        compress_topk = min(bench.timed(comm, lambda: topk.compress(grad), 0.02) for _ in range(2))
-        compress_qsgd = min(bench.timed(comm, lambda: qsgd.pack(qsgd.compress(grad, rng)), 0.02) for _ in range(2))
+        measured = {name: min(calibrate.timed(comm, call, 0.05) for _ in range(3)) for name, call in calls.items()}
+        compress_topk = min(calibrate.timed(comm, lambda: topk.compress(grad), 0.02) for _ in range(2))
+        compress_qsgd = min(calibrate.timed(comm, lambda: qsgd.pack(qsgd.compress(grad, rng)), 0.02) for _ in range(2))
         wire = qsgd.wire_bytes(n)
         model = {"dense ring": cost.predict("ring", p, 4 * n, alpha, beta, gamma),
                  "topk 1% + sparse": compress_topk + sparse.expected_cost(p, n, 0.01, 4, alpha, beta, gamma),
@@ -305,7 +305,7 @@ def main():
     parser.add_argument("--sizes", default="1024,16384,262144,1048576")
     parser.add_argument("--part", default="all", choices=["all", "training", "tables", "pays"],
                         help="tables: 08_table.md, 08_comparisons.md, 08_feedback.png again from 08_training.json")
-    parser.add_argument("--out", default=None, help="output folder (default: beside this script; --quick: a "
+    parser.add_argument("--out", default=None, help="output folder (default: tutorials/figures/out; --quick: a "
                         "temporary folder)")
     args = parser.parse_args()
     sizes = [int(size) for size in args.sizes.split(",")]

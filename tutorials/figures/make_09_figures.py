@@ -28,7 +28,8 @@ Every ± this script writes is the mean ± the half-width of the 95% t interval 
 (t with n - 1 degrees of freedom times s / sqrt n), as in every chapter.
 Every search run passes its budget flags explicitly, so a JSON does not depend on pbt's defaults.
 Runs 1 and 2 are serial (one process trains the global batch; chapter 4 shows that p ranks at
-batch b are serial SGD at p b up to rounding). --quick shrinks every part and writes to /tmp.
+batch b are serial SGD at p b up to rounding). Outputs go to tutorials/figures/out; --quick shrinks
+every part and writes to /tmp.
 """
 import argparse
 import json
@@ -41,6 +42,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
+OUT = HERE / "out"                   # what the figure scripts write; the scripts themselves stay in HERE
 sys.path.insert(0, str(ROOT))
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(ROOT))
 MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
@@ -330,7 +332,7 @@ def power(out, quick, experiments=2000, pairs=(16, 32)):
     search_short's size (its PBT - random test-accuracy differences' mean / sd) with n pairs, the
     differences drawn normal: ``experiments`` simulated experiments per n, Generator(0)."""
     import numpy
-    results = json.loads((HERE / "09_search_short.json").read_text())
+    results = json.loads((OUT / "09_search_short.json").read_text())
     seeds = sorted({int(key.split("|")[1]) for key in results})
     differences = [results[f"pbt|{s}"]["final"]["test_accuracy"] - results[f"random|{s}"]["final"]["test_accuracy"]
                    for s in seeds]
@@ -370,7 +372,7 @@ def main():
     args = parser.parse_args()
     global KEEP, SEEDS
     KEEP, SEEDS = args.keep, args.seeds
-    out = Path("/tmp/make_09_quick") if args.quick else HERE
+    out = Path("/tmp/make_09_quick") if args.quick else OUT
     out.mkdir(exist_ok=True)
     if args.only in ("lineage", "search-table"):        # redrawn from the JSON, no training
         results = json.loads((out / "09_search_long.json").read_text())
