@@ -49,7 +49,7 @@ tutorials/04_data_parallelism.md.
 """
 from mpi4py import MPI
 
-from algorithms import checkpoint, cli, run
+from algorithms.core import checkpoint, cli, run
 from collectives.nonblocking import BucketedAllreduce
 
 

@@ -34,7 +34,7 @@ Default run (small CNN, embedded digits, 10 epochs, batch 32, lr 0.05, momentum 
 """
 from mpi4py import MPI
 
-from algorithms import checkpoint, cli, run
+from algorithms.core import checkpoint, cli, run
 from algorithms.serial_sgd import sgd_step
 from minidl import backend
 

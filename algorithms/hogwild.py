@@ -43,9 +43,9 @@ import types
 import numpy
 from mpi4py import MPI
 
-from algorithms import checkpoint, cli, run
-from algorithms.cli import SettingError
-from algorithms.objective import build as build_objective, evaluate_at
+from algorithms.core import checkpoint, cli, run
+from algorithms.core.cli import SettingError
+from algorithms.core.objective import build as build_objective, evaluate_at
 from minidl import backend
 from minidl.data import batches, epoch_order, shard, sparse_logistic_regression
 

@@ -50,8 +50,9 @@ batch 32 R; measured at 4 ranks (2 x 2): 97.8% test accuracy, as ``serial_sgd --
 """
 from mpi4py import MPI
 
-from algorithms import checkpoint, cli, model_parallel, pipeline_parallel, run
-from algorithms.cli import SettingError
+from algorithms import model_parallel, pipeline_parallel
+from algorithms.core import checkpoint, cli, run
+from algorithms.core.cli import SettingError
 from collectives.trace import CountingComm
 
 GROUPS = ("pipeline", "model")

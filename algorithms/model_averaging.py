@@ -41,8 +41,8 @@ iid shards, ring), measured on 2 shared cores: p = 4 reaches 98.1% test accuracy
 """
 from mpi4py import MPI
 
-from algorithms import checkpoint, cli, run
-from algorithms.objective import evaluate_at
+from algorithms.core import checkpoint, cli, run
+from algorithms.core.objective import evaluate_at
 
 
 def parallel_sgd_step(comm, objective, optimizer, batch, step, period, allreduce):

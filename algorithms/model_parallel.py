@@ -68,9 +68,9 @@ far too small for its layers to be worth splitting; tutorials/06 counts the byte
 import numpy
 from mpi4py import MPI
 
-from algorithms import checkpoint, cli, run, tags
-from algorithms.cli import SettingError
-from algorithms.objective import build_model
+from algorithms.core import checkpoint, cli, run, tags
+from algorithms.core.cli import SettingError
+from algorithms.core.objective import build_model
 from minidl.data import shard
 from minidl.flat import FlatParameters
 from minidl.nn import Conv2d, Flatten, Linear, MaxPool2d, ReLU, Sequential

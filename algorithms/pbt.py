@@ -70,10 +70,10 @@ import math
 import numpy
 from mpi4py import MPI
 
-from algorithms import checkpoint, cli, run, tags
+from algorithms.core import checkpoint, cli, run, tags
 from algorithms.allreduce_sgd import data_parallel_step
-from algorithms.cli import SettingError
-from algorithms.objective import Data, evaluate, load_data
+from algorithms.core.cli import SettingError
+from algorithms.core.objective import Data, evaluate, load_data
 from collectives.trace import CountingComm
 from minidl import backend
 from minidl.data import Batch, shard

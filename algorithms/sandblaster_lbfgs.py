@@ -80,9 +80,9 @@ import time
 import numpy
 from mpi4py import MPI
 
-from algorithms import checkpoint, cli, run, tags
-from algorithms.objective import evaluate_at
-from algorithms.ps_wire import shard_ranges
+from algorithms.core import checkpoint, cli, run, tags
+from algorithms.core.objective import evaluate_at
+from algorithms.ps.wire import shard_ranges
 from collectives.trace import CountingComm, TracedComm
 from minidl import backend
 from minidl.data import least_squares

@@ -22,7 +22,7 @@ from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
 from algorithms import allreduce_sgd, compressed_sgd
-from algorithms.cli import SettingError
+from algorithms.core.cli import SettingError
 from collectives import compress
 from tests.test_error_contract import assert_stopped, launch
 from tests.test_sync_sgd import EQUAL_UP_TO_ROUNDING, float64_mlp, relative_error, tiny_digits

@@ -12,7 +12,7 @@ from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
 from algorithms import hybrid_parallel
-from algorithms.cli import SettingError
+from algorithms.core.cli import SettingError
 from tests.test_pipeline_parallel import EQUAL_UP_TO_ROUNDING, serial_sgd, six_layer_mlp, tiny_digits
 
 

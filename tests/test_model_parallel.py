@@ -20,8 +20,8 @@ from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
 from algorithms import model_parallel
-from algorithms.cli import SettingError
-from algorithms.objective import Data, NetworkObjective, load_data
+from algorithms.core.cli import SettingError
+from algorithms.core.objective import Data, NetworkObjective, load_data
 from collectives.trace import TracedComm
 from minidl.data import epoch_order
 from minidl.nn import Conv2d, Flatten, Linear, MaxPool2d, ReLU, Sequential

@@ -19,8 +19,8 @@ from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
 from algorithms import pipeline_parallel
-from algorithms.cli import SettingError
-from algorithms.objective import Data, NetworkObjective, load_data
+from algorithms.core.cli import SettingError
+from algorithms.core.objective import Data, NetworkObjective, load_data
 from collectives.trace import TracedComm, WatchedComm
 from minidl.data import Batch, epoch_order
 from minidl.nn import Flatten, Linear, ReLU, Sequential

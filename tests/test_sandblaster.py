@@ -34,8 +34,9 @@ import pytest
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
-from algorithms import run, sandblaster_lbfgs as sandblaster
-from algorithms.objective import ConvexObjective, build as build_objective, evaluate_at
+from algorithms import sandblaster_lbfgs as sandblaster
+from algorithms.core import run
+from algorithms.core.objective import ConvexObjective, build as build_objective, evaluate_at
 from minidl.data import least_squares
 from minidl.optim import LBFGS, two_loop_direction
 from tests.test_error_contract import ENV, MPIEXEC, ROOT, launch
@@ -283,7 +284,7 @@ def test_a_straggler_with_backup_tasks_does_not_hold_the_jobs_end(tmp_path):
 
 
 def test_the_log_ends_with_the_test_metrics_every_algorithm_logs(tmp_path):
-    # the keys of allreduce_sgd's per-epoch record (algorithms.run's loop) are in sandblaster's last one, and
+    # the keys of allreduce_sgd's per-epoch record (algorithms.core.run's loop) are in sandblaster's last one, and
     # its test accuracy is that of the saved parameters, evaluated here
     done = launch("allreduce_sgd", "--model", "mlp", "--epochs", "1", "--log", str(tmp_path / "sgd.jsonl"), ranks=3)
     assert done.returncode == 0, done.stderr
@@ -300,7 +301,8 @@ def test_the_log_ends_with_the_test_metrics_every_algorithm_logs(tmp_path):
 
 
 PLANTED = """
-from algorithms import run, sandblaster_lbfgs as sandblaster
+from algorithms import sandblaster_lbfgs as sandblaster
+from algorithms.core import run
 command = sandblaster.Shard.command
 def failing(self, op, args):
     if op == "accept":

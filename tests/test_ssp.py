@@ -10,7 +10,9 @@ from hypothesis import given, settings, strategies as st
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
-from algorithms import objective, ps_job, ssp_sgd
+from algorithms import ssp_sgd
+from algorithms.core import objective
+from algorithms.ps import job as ps_job
 from minidl.flat import flatten
 from minidl.optim import SGD
 from minidl.tensor import Parameter

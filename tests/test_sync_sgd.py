@@ -16,8 +16,9 @@ from hypothesis import given, settings, strategies as st
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
-from algorithms import admm_sgd, allreduce_sgd, cli, easgd, ensemble, gossip_sgd, model_averaging, run, serial_sgd
-from algorithms.objective import Data, NetworkObjective, load_data
+from algorithms import admm_sgd, allreduce_sgd, easgd, ensemble, gossip_sgd, model_averaging, serial_sgd
+from algorithms.core import cli, run
+from algorithms.core.objective import Data, NetworkObjective, load_data
 from minidl.data import epoch_order, least_squares, rank_batches
 from minidl.nn import Flatten, Linear, ReLU, Sequential
 from minidl.optim import SGD
@@ -357,7 +358,7 @@ def test_compare_draws_one_png_with_every_algorithm(tmp_path):
     from pathlib import Path
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     mpiexec = str(Path(sys.executable).parent / "mpiexec")
-    done = subprocess.run([mpiexec, "-n", "2", sys.executable, "-m", "algorithms.compare", "--epochs", "1",
+    done = subprocess.run([mpiexec, "-n", "2", sys.executable, "-m", "algorithms.core.compare", "--epochs", "1",
                            "--model", "mlp", "--out", str(tmp_path / "c.png"), "--json", str(tmp_path / "c.json")],
                           capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr

@@ -15,7 +15,8 @@ applied in the logged order", which is what an asynchronous run claims to be.
 """
 import numpy as np
 
-from algorithms import objective, ps_job
+from algorithms.core import objective
+from algorithms.ps import job as ps_job
 from minidl.flat import flatten
 from minidl.optim import SGD, Adagrad
 from minidl.tensor import Parameter

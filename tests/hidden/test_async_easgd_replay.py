@@ -11,7 +11,8 @@ import pytest
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
-from algorithms import async_easgd, ps_job
+from algorithms import async_easgd
+from algorithms.ps import job as ps_job
 from minidl.data import least_squares
 
 LR, RHO, TAU, BATCH, EPOCHS = 0.05, 2.0, 3, 8, 2

@@ -33,7 +33,7 @@ import numpy as np
 from mpi4py import MPI
 
 from algorithms import downpour_sgd, model_parallel, pipeline_parallel
-from algorithms.objective import Data, NetworkObjective, load_data
+from algorithms.core.objective import Data, NetworkObjective, load_data
 from collectives import allreduce
 from collectives.trace import CountingComm, WatchedComm
 from minidl.data import Batch

@@ -47,7 +47,8 @@ MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
 
 from mpi4py import MPI  # noqa: E402
 
-from algorithms import allreduce_sgd, run  # noqa: E402
+from algorithms import allreduce_sgd  # noqa: E402
+from algorithms.core import run  # noqa: E402
 
 BASE_BATCH, BASE_LR, MOMENTUM = 16, 0.02, 0.9
 METHODS = ("pbt", "random", "evolution")

@@ -5,7 +5,7 @@
     request = receive_request(comm, rank, grad_buffer)  # a server's side of one request
     outbox.reply(rank, version, min_clock, status, shard)
 
-``parameter_server`` holds what a server decides; this module only moves it. The messages:
+``ps.server`` holds what a server decides; this module only moves it. The messages:
 
     tag       from -> to                 what
     REQUEST   worker -> every server     a small pickled dict: push?, fetch?, steps, the version and
@@ -29,7 +29,7 @@ import dataclasses
 import numpy
 from mpi4py import MPI
 
-from algorithms import tags
+from algorithms.core import tags
 from minidl import backend
 from minidl.data import shard_sizes
 
@@ -60,7 +60,7 @@ def shard_ranges(n, servers):
 class Layout:
     """Ranks 0 .. servers-1 serve ``ranges``; the rest are workers (worker index = rank - servers).
 
-    ``replica_size`` k > 1: a worker is a model-parallel replica of k consecutive ranks (``ps_replica``);
+    ``replica_size`` k > 1: a worker is a model-parallel replica of k consecutive ranks (``ps.replica``);
     worker w is ranks servers + w k .. servers + w k + k - 1, and ``rank_of(w)`` the first of them.
     """
     size: int
@@ -109,10 +109,10 @@ class ServerShards:
     """A worker's handle on the S servers: ``push`` gradients and ``fetch`` parameters.
 
     ``server_ranks``: the ranks of the servers (default 0 .. S-1; a hierarchical job's workers talk
-    to their group server instead, ``ps_job.relay``). ``slices``: for each server, the (start, stop)
+    to their group server instead, ``ps.job.relay``). ``slices``: for each server, the (start, stop)
     of this rank's vector that it holds (default ``layout.ranges``: the whole vector, cut as the
     servers cut it). A rank of a model-parallel replica holds only its own parameters, and talks only
-    to the servers whose slice is not empty (``ps_replica``). ``values_pushed`` and
+    to the servers whose slice is not empty (``ps.replica``). ``values_pushed`` and
     ``values_fetched`` count the gradient and parameter values this rank has sent and received.
 
     ``versions[k]`` / ``min_clocks[k]`` are what server k reported at the last fetch; ``basis`` is

@@ -8,7 +8,7 @@
 ``start`` checks the settings, builds the objective and the optimizer, reads ``--resume`` and opens
 ``--log`` on every rank, then agrees on the outcome in one small message, so a bad setting, a file
 only one rank cannot read, or an unwritable output stops every rank before any training (the
-error contract, ``algorithms.cli``). ``loop`` is the only epoch loop of the family:
+error contract, ``algorithms.core.cli``). ``loop`` is the only epoch loop of the family:
 
     for each epoch:
         for each of this rank's batches (minidl.data.rank_batches):
@@ -18,7 +18,7 @@ error contract, ``algorithms.cli``). ``loop`` is the only epoch loop of the fami
         log {epoch, train_loss, evaluate(), bytes}
     --save
 
-Checkpoints (``--save`` / ``--resume``) are ``algorithms.checkpoint``'s; ``Run.keep`` registers an
+Checkpoints (``--save`` / ``--resume``) are ``algorithms.core.checkpoint``'s; ``Run.keep`` registers an
 algorithm's own per-rank state (EASGD's centre, ADMM's z and u) so they resume bit for bit too.
 """
 import dataclasses
@@ -30,9 +30,9 @@ import numpy
 from mpi4py import MPI
 
 import collectives
-from algorithms import checkpoint, cli
-from algorithms.cli import SettingError
-from algorithms.objective import build as build_objective
+from algorithms.core import checkpoint, cli
+from algorithms.core.cli import SettingError
+from algorithms.core.objective import build as build_objective
 from algorithms.schedule import Schedule
 from minidl import backend
 from minidl.data import rank_batches

@@ -60,7 +60,7 @@ def parser(description, epochs=10, lr=0.05, batch_size=32, model="cnn", momentum
     if files:
         p.add_argument("--log", default=None, help="write one JSON object per epoch to this file")
         p.add_argument("--save", default=None, help="write final parameters and optimizer state (a .npz "
-                       "file at exactly this path; see algorithms.checkpoint)")
+                       "file at exactly this path; see algorithms.core.checkpoint)")
         p.add_argument("--resume", default=None, help="start from a file written by --save")
     p.add_argument("--quiet", action="store_true", help="no per-epoch output")
     if partition is not None:

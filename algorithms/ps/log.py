@@ -1,7 +1,7 @@
 """Rank 0's per-epoch log of a parameter-server job: not the servers' algorithm, it watches them.
 
 A worker pushes at the end of each of its epochs (Downpour's flush), so worker w's epoch e ends
-with its push number ``ends[w, e]``, known in advance (``ps_job.epoch_ends``). Each server
+with its push number ``ends[w, e]``, known in advance (``ps.job.epoch_ends``). Each server
 snapshots its shard right after the last of the live workers' epoch-e pushes (``watch``, called
 by the server between requests) and sends it to rank 0 on its own tag; rank 0 joins the S
 snapshots, evaluates them and logs epoch e with the mean training loss the workers report at
@@ -14,7 +14,8 @@ import time
 
 import numpy
 
-from algorithms import objective as objectives, ps_wire as wire, run
+from algorithms.core import objective as objectives, run
+from algorithms.ps import wire
 from minidl import backend
 
 

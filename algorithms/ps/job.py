@@ -1,11 +1,11 @@
-"""Running a parameter-server job: start, serve or work, collect (rank 0's per-epoch log: ``ps_log``).
+"""Running a parameter-server job: start, serve or work, collect (rank 0's per-epoch log: ``ps.log``).
 
 Downpour SGD (``downpour_sgd``) and stale-synchronous SGD (``ssp_sgd``) share everything here and
 differ only in the worker's step (``worker_step``) and the servers' staleness bound:
 
     start     every rank, before any message: check every setting, build the model and data, read
               --resume, open --log, check --save; then one allgather: every rank goes on, or every
-              rank stops with the same ``error: ...`` (the contract of ``algorithms.cli``)
+              rank stops with the same ``error: ...`` (the contract of ``algorithms.core.cli``)
     serve     ranks 0 .. S-1: ShardServer(...).serve(), with the epoch log (``EpochLog``) beside it
     work      ranks S .. p-1: for each step: worker_step(replica, rows, ...)  (pushes and fetches inside)
     collect   every rank: one allgather of the shards, the servers' logs and any error; then either
@@ -17,7 +17,7 @@ contiguous blocks (``minidl.data.shard``) and worker w trains on block w in batc
 
 Epochs: a worker pushes at the end of each of its epochs (Downpour's flush); rank 0 logs epoch e
 once every server has snapshotted its shard after the last live worker's epoch-e push
-(``ps_log.EpochLog``, which watches the servers and has its own messages).
+(``ps.log.EpochLog``, which watches the servers and has its own messages).
 
 Errors: a worker whose loss is not finite stops the job (its goodbye carries the reason to every
 server, which then answers every worker's next fetch with STOP); rank 0 stops it the same way
@@ -34,7 +34,7 @@ fetched. To the root a group server is one worker, so the root receives one push
 steps: its bytes drop by the group size. Inside a group the workers are synchronous (the sum of k
 gradients at the same parameters); across groups they are as asynchronous as Downpour's.
 
-Model-parallel replicas (``replica_size`` k > 1, ``ps_replica``): the worker ranks form replicas
+Model-parallel replicas (``replica_size`` k > 1, ``ps.replica``): the worker ranks form replicas
 of k consecutive ranks, each with its own communicator (one ``comm.Split`` by every rank in
 ``run_job``). A replica trains on its share of the data as one worker does; each of its ranks runs
 the worker's step on its own pieces and pushes and fetches only its own parameters; its first
@@ -56,10 +56,11 @@ import time
 import numpy
 from mpi4py import MPI
 
-from algorithms import (checkpoint, cli, model_parallel, objective as objectives, parameter_server, ps_replica,
-                        ps_wire as wire, run)
-from algorithms.ps_log import EpochLog
-from algorithms.cli import SettingError
+from algorithms import model_parallel
+from algorithms.core import checkpoint, cli, objective as objectives, run
+from algorithms.core.cli import SettingError
+from algorithms.ps import replica as ps_replica, server as parameter_server, wire
+from algorithms.ps.log import EpochLog
 from minidl import backend, data as datasets
 from minidl.data import epoch_order
 
@@ -86,7 +87,7 @@ class Settings:
     fail_step: int = None
     timeout: float = 10.0              # seconds of silence before server 0 drops a worker (DEFAULT_TIMEOUT)
     groups: int = None                 # a hierarchical server with this many group servers; None: flat
-    replica_size: int = 1              # ranks per worker: a model-parallel replica (ps_replica) when > 1
+    replica_size: int = 1              # ranks per worker: a model-parallel replica (ps.replica) when > 1
 
     @property
     def hierarchical(self):
@@ -247,7 +248,7 @@ def serve(job):
     if ps.hierarchical:                            # the epoch reports come from the workers, not the group servers
         epoch_log.reporters = range(job.comm.Get_size() - ps.servers - ps.groups)
     replica_indices = None
-    if ps.replica_size > 1:                        # who owns what in every replica (ps_replica)
+    if ps.replica_size > 1:                        # who owns what in every replica (ps.replica)
         replica_indices = [ps_replica.owned_indices(job.objective, ps.replica_size, j) for j in range(ps.replica_size)]
     warm_start_steps = ps.warm_start_steps if job.first_epoch == 0 else 0     # the run's start, not a resumed one's
     server = parameter_server.ShardServer(
@@ -290,7 +291,7 @@ class Replica:
 def work(job, worker_step, replica_comm=None):
     """This rank's worker: train its share, then wait for every rank; returns how it ended.
 
-    ``replica_comm``: the communicator of this rank's model-parallel replica (``ps_replica``), or None."""
+    ``replica_comm``: the communicator of this rank's model-parallel replica (``ps.replica``), or None."""
     dtype = backend.to_numpy(job.objective.params).dtype
     objective = job.objective
     if replica_comm is not None:                   # my pieces of the replica; my indices, to their shards
