@@ -57,6 +57,7 @@ Defaults (small CNN, embedded digits, 1 server + 3 workers at -n 4, Adagrad lr 0
 worker, 10 epochs): measured on 2 shared cores, 96.7% to 98.9% test accuracy over five runs (the
 order of updates, hence the result, varies from run to run), about 3 seconds; the test checks >= 90%.
 """
+from algorithms import model_parallel
 from algorithms.core import checkpoint, cli, run
 from algorithms.ps import job as ps_job
 
@@ -99,7 +100,8 @@ def train(comm=None, servers=1, n_fetch=1, n_push=1, server_optimizer="adagrad",
                          groups=groups, replica_size=replica_size)
     writer = checkpoint.Writer("downpour_sgd", checkpoint.SERVER_FAMILY, state={"--server-optimizer": server_optimizer},
                                layout={"servers": servers, "groups": groups, "replica_size": replica_size})
-    return ps_job.run_job(comm, downpour_step, settings, ps, name="downpour", writer=writer, report=report)
+    return ps_job.run_job(comm, downpour_step, settings, ps, name="downpour", writer=writer, report=report,
+                          replica_gradient=model_parallel.model_parallel_gradient)
 
 
 def add_server_flags(parser):

@@ -20,6 +20,7 @@ from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
 from algorithms import model_parallel
+from algorithms.core import partition
 from algorithms.core.cli import SettingError
 from algorithms.core.objective import Data, NetworkObjective, load_data
 from collectives.trace import TracedComm
@@ -92,8 +93,8 @@ def check_partitioned_equals_whole(model, features, splits):
         serial.loss_and_grad(order[start:start + 5])
         optimizer.step()
     for split in splits:
-        pieces = [model_parallel.Piece(block, comm.rank, comm.size, split)
-                  for block in model_parallel.blocks_of(model())]
+        pieces = [partition.Piece(block, comm.rank, comm.size, split)
+                  for block in partition.blocks_of(model())]
         for piece in pieces:
             for parameter in piece.parameters():
                 parameter.grad = np.zeros_like(parameter.data)
@@ -126,7 +127,7 @@ def check_partitioned_equals_whole(model, features, splits):
 @pytest.mark.task("6.2")
 @pytest.mark.parallel(nprocs=[1, 2, 3, 4])
 def test_partitioned_mlp_forward_backward_and_ten_steps_equal_the_unpartitioned_model():
-    check_partitioned_equals_whole(uneven_mlp, WIDTHS, model_parallel.SPLITS)
+    check_partitioned_equals_whole(uneven_mlp, WIDTHS, partition.SPLITS)
 
 
 @pytest.mark.task("6.2")

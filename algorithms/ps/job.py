@@ -56,8 +56,7 @@ import time
 import numpy
 from mpi4py import MPI
 
-from algorithms import model_parallel
-from algorithms.core import checkpoint, cli, objective as objectives, run
+from algorithms.core import checkpoint, cli, objective as objectives, partition, run
 from algorithms.core.cli import SettingError
 from algorithms.ps import replica as ps_replica, server as parameter_server, wire
 from algorithms.ps.log import EpochLog
@@ -208,9 +207,9 @@ def start(comm, settings, ps, writer):
         meta = writer.meta(settings, size)
         objective = objectives.build(settings.model, settings.dataset, settings.seed, settings.data,
                                      settings.data_dir, settings.problem)
-        if ps.replica_size > 1:                    # the model's widths: model_parallel's own check
-            model_parallel.check(dataclasses.replace(settings, save=None, resume=None), ps.replica_size,
-                                 ps_replica.SPLIT)
+        if ps.replica_size > 1:                    # the model's widths: model parallelism's own check
+            partition.check(dataclasses.replace(settings, save=None, resume=None), ps.replica_size,
+                            ps_replica.SPLIT)
         if ps.hierarchical:                        # the root's view: the G group servers are its workers
             workers = size - ps.servers - ps.groups
             if workers < ps.groups or workers % ps.groups:
@@ -288,14 +287,15 @@ class Replica:
         self.accrued = backend.xp().zeros_like(self.objective.grad)
 
 
-def work(job, worker_step, replica_comm=None):
+def work(job, worker_step, replica_comm=None, replica_gradient=None):
     """This rank's worker: train its share, then wait for every rank; returns how it ended.
 
-    ``replica_comm``: the communicator of this rank's model-parallel replica (``ps.replica``), or None."""
+    ``replica_comm``: the communicator of this rank's model-parallel replica (``ps.replica``), or None;
+    ``replica_gradient``: the replica's forward and backward pass (see ``run_job``)."""
     dtype = backend.to_numpy(job.objective.params).dtype
     objective = job.objective
     if replica_comm is not None:                   # my pieces of the replica; my indices, to their shards
-        objective = ps_replica.ReplicaPart(job.objective, replica_comm)
+        objective = ps_replica.ReplicaPart(job.objective, replica_comm, replica_gradient)
         servers = wire.ServerShards(job.comm, job.layout, dtype, slices=ps_replica.slices(objective.owned,
                                                                                           job.layout.ranges))
     elif job.ps.hierarchical:                        # talk to the group server; index and count among the workers
@@ -452,15 +452,20 @@ def collect(job, mine, name, report=None):
     return params, history
 
 
-def run_job(comm, worker_step, settings, ps, name, writer, report=None):
+def run_job(comm, worker_step, settings, ps, name, writer, report=None, replica_gradient=None):
     """One parameter-server job on ``comm``; returns (final flat parameters, per-epoch history) on every rank.
 
     ``report``, if a dict, is filled on every rank with the servers' logs (``logs[k]``: server k's
     events in the order it handled them, see ``ShardServer``), the lost workers, the layout, what
     each worker rank ended as, and per worker rank the values it pushed and fetched (``values``) and
     the bytes it sent inside its model-parallel replica (``replica_bytes``). ``writer``: the
-    algorithm's ``checkpoint.Writer``.
+    algorithm's ``checkpoint.Writer``. ``replica_gradient``: with ``ps.replica_size`` > 1, the
+    forward and backward pass of a model-parallel replica, ``(comm, pieces, x, labels, split) -> mean
+    loss`` (Downpour hands in ``model_parallel.model_parallel_gradient``: the machinery here imports
+    no algorithm module).
     """
+    if ps.replica_size > 1 and replica_gradient is None:
+        raise ValueError("a job of model-parallel replicas (replica_size > 1) needs their replica_gradient")
     comm = comm if comm is not None else MPI.COMM_WORLD
     job = start(comm, settings, ps, writer)
     replica_comm = None
@@ -474,7 +479,7 @@ def run_job(comm, worker_step, settings, ps, name, writer, report=None):
     elif ps.hierarchical and comm.Get_rank() < job.layout.size:
         mine = relay(job)
     else:
-        mine = work(job, worker_step, replica_comm)
+        mine = work(job, worker_step, replica_comm, replica_gradient)
     if replica_comm is not None and replica_comm != MPI.COMM_NULL:
         replica_comm.Free()
     return collect(job, mine, name, report)
