@@ -1,4 +1,5 @@
-"""Sandblaster L-BFGS (algorithms/sandblaster_lbfgs.py), tied to serial full-batch L-BFGS.
+"""Sandblaster L-BFGS (algorithms/sandblaster_lbfgs.py, its roles in algorithms/sandblaster/), tied to serial
+full-batch L-BFGS.
 
 Run: python tests/run.py --max-ranks 4 -- tests/test_sandblaster.py
 
@@ -37,6 +38,10 @@ from pytest_mpi import parallel_assert
 from algorithms import sandblaster_lbfgs as sandblaster
 from algorithms.core import run
 from algorithms.core.objective import ConvexObjective, build as build_objective, evaluate_at
+from algorithms.sandblaster import wire
+from algorithms.sandblaster.batch import Batch
+from algorithms.sandblaster.coordinator import Coordinator, Shards
+from algorithms.sandblaster.shard import Shard
 from minidl.data import least_squares
 from minidl.optim import LBFGS, two_loop_direction
 from tests.test_error_contract import ENV, MPIEXEC, ROOT, launch
@@ -45,7 +50,7 @@ TOLERANCE = 1e-10
 D = 64                               # parameters: one shard's slice is >= 256 bytes at S <= 2
 
 
-class InProcessShards(sandblaster.Shards):
+class InProcessShards(Shards):
     """The coordinator's handle on real ``Shard`` objects in this process (no messages)."""
 
     def __init__(self, shards):
@@ -62,8 +67,8 @@ class InProcessShards(sandblaster.Shards):
 def sharded(servers, g, s_history, y_history):
     """The direction sharded_direction leaves in the shards' d, and the shards' g after it."""
     d = len(g)
-    roles = sandblaster.Roles(servers + 2, servers, d)
-    shards = [sandblaster.Shard(None, roles, k, np.zeros(d), history_size=10) for k in range(servers)]
+    roles = wire.Roles(servers + 2, servers, d)
+    shards = [Shard(None, roles, k, np.zeros(d), history_size=10) for k in range(servers)]
     for shard, (start, stop) in zip(shards, roles.ranges):
         shard.vectors["g"][...] = g[start:stop]
         shard.s_history = [s[start:stop].copy() for s in s_history]
@@ -92,12 +97,12 @@ class NoMessages:
     bytes_sent = 0
 
 
-class InProcessCoordinator(sandblaster.Coordinator):
+class InProcessCoordinator(Coordinator):
     """The real coordinator on in-process shards; a batch is f and g of ``function`` at the trial point."""
 
     def __init__(self, roles, w, function, **options):
-        super().__init__(NoMessages(), roles, options, run.Log(quiet=True))
-        self.shards = InProcessShards([sandblaster.Shard(NoMessages(), roles, k, w, history_size=options["history"])
+        super().__init__(NoMessages(), roles, options, run.Log(quiet=True), sandblaster.sharded_direction)
+        self.shards = InProcessShards([Shard(NoMessages(), roles, k, w, history_size=options["history"])
                                        for k in range(roles.servers)])
         self.function, self.trials = function, []
 
@@ -118,7 +123,7 @@ def test_the_coordinator_takes_the_last_evaluated_step_when_every_backtrack_fail
     # w = -2, f = 2 (under the divergence bound, 100 x max(f(1), 1) = 100)
     options = dict(lr=3.0 * 2 ** (k - 1), max_iter=1, max_backtracks=k, history=10, tolerance_grad=1e-7,
                    tolerance_change=1e-12)
-    coordinator = InProcessCoordinator(sandblaster.Roles(3, 1, 1), np.array([1.0]),
+    coordinator = InProcessCoordinator(wire.Roles(3, 1, 1), np.array([1.0]),
                                        lambda w: (0.5 * float(w[0]) ** 2, w.copy()), **options)
     coordinator.lbfgs(epochs=1)
     assert [float(trial[0]) for trial in coordinator.trials] == [1.0] + [1.0 - 3.0 * 2 ** j
@@ -133,7 +138,7 @@ def drive(batch, order):
 
 
 def test_deterministic_portions_go_to_worker_i_mod_w_and_are_pushed_once():
-    batch = sandblaster.Batch(1, portions=7, workers=3, threshold=1.0, push_every=2, deterministic=True)
+    batch = Batch(1, portions=7, workers=3, threshold=1.0, push_every=2, deterministic=True)
     given = {w: [] for w in range(3)}
     for _ in range(3):
         for w in range(3):
@@ -146,7 +151,7 @@ def test_deterministic_portions_go_to_worker_i_mod_w_and_are_pushed_once():
 
 
 def test_a_straggler_is_backed_up_and_the_first_push_wins():
-    batch = sandblaster.Batch(1, portions=4, workers=2, threshold=0.5, push_every=4, deterministic=False)
+    batch = Batch(1, portions=4, workers=2, threshold=0.5, push_every=4, deterministic=False)
     assert batch.next_for(1) == 0                           # worker 1: the straggler, stuck on portion 0
     pushes = []
     for portion in (1, 2, 3):
@@ -163,7 +168,7 @@ def test_a_straggler_is_backed_up_and_the_first_push_wins():
 
 
 def test_an_accumulator_holding_a_portion_pushed_by_another_is_dropped():
-    batch = sandblaster.Batch(1, portions=3, workers=2, threshold=0.5, push_every=3, deterministic=False)
+    batch = Batch(1, portions=3, workers=2, threshold=0.5, push_every=3, deterministic=False)
     assert batch.next_for(1) == 0
     assert batch.report(1, 0, 1.0) == (True, False, 0)      # the straggler holds portion 0, unpushed
     assert batch.next_for(1) == 1                           # ... and is slow on portion 1
@@ -204,7 +209,7 @@ def test_sandblaster_equals_serial_lbfgs_with_and_without_backup_tasks():
         sizes = [message.nbytes for message in report["messages"]]
         checks[f"coordinator messages small, S={servers}"] = sizes and max(sizes) < min(200, slice_bytes)
         checks[f"coordinator tags, S={servers}"] = {m.tag for m in report["messages"]} <= {
-            sandblaster.CMD, sandblaster.REPLY, sandblaster.REPORT, sandblaster.WORK}
+            wire.CMD, wire.REPLY, wire.REPORT, wire.WORK}
     if comm.size == 4:                          # 2 workers: one straggler, backups from the other
         report = {}
         params, _ = sandblaster.train(comm, servers=1, portions=12, push_every=2, backup_threshold=0.5,
@@ -302,13 +307,13 @@ def test_the_log_ends_with_the_test_metrics_every_algorithm_logs(tmp_path):
 
 PLANTED = """
 from algorithms import sandblaster_lbfgs as sandblaster
-from algorithms.core import run
-command = sandblaster.Shard.command
+from algorithms.sandblaster.shard import Shard
+command = Shard.command
 def failing(self, op, args):
     if op == "accept":
         raise RuntimeError("planted failure")
     return command(self, op, args)
-sandblaster.Shard.command = failing
+Shard.command = failing
 sandblaster.main(["--problem", "least-squares", "--epochs", "1"])
 """
 

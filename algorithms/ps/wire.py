@@ -4,6 +4,7 @@
     servers = ServerShards(comm, layout, dtype)         # a worker's side: push, fetch, goodbye
     request = receive_request(comm, rank, grad_buffer)  # a server's side of one request
     outbox.reply(rank, version, min_clock, status, shard)
+    wait_for(comm, source, tag)                         # probe until it is there, sleeping POLL_SECONDS between
 
 ``ps.server`` holds what a server decides; this module only moves it. The messages:
 
@@ -25,6 +26,7 @@ a server keeps answering late requests while it waits (``ShardServer.serve``), s
 that turns out to be alive finds each request answered and no message is left unmatched.
 """
 import dataclasses
+import time
 
 import numpy
 from mpi4py import MPI
@@ -37,6 +39,14 @@ REQUEST, GRAD, REPLY, PARAMS, CONTROL, SNAPSHOT, EPOCH = (tags.PS_REQUEST, tags.
                                                         tags.PS_CONTROL, tags.PS_SNAPSHOT, tags.PS_EPOCH)
 OK, DROPPED, STOP = 0, 1, 2                           # the status of a reply
 POLL_SECONDS = 0.0002                                 # sleep between probes: ranks share cores
+
+
+def wait_for(comm, source, tag):
+    """Probe until a message from ``source`` with ``tag`` is there (sleeping, not spinning); its source."""
+    status = MPI.Status()
+    while not comm.Iprobe(source=source, tag=tag, status=status):
+        time.sleep(POLL_SECONDS)
+    return status.Get_source()
 
 
 # ---- who is what ---------------------------------------------------------------------------------
