@@ -37,7 +37,7 @@ resumed (--resume) after epoch e is the longer run bit for bit (``ps.server``).
 ``--fail-worker R --fail-step K``: rank R goes silent at its step K; server 0 drops it after
 ``--timeout`` seconds and the others finish (``ps.job`` explains how the crash is simulated).
 ``--groups G``: a hierarchical server; ranks S .. S+G-1 are group servers that sum one step of each
-of their workers and push it to the root shards as one push (``ps.job.relay``; needs n_fetch =
+of their workers and push it to the root shards as one push (``ps.relay``; needs n_fetch =
 n_push = 1 and G dividing the p - S - G workers).
 ``--replica-size k``: each model replica is k consecutive ranks, as in DistBelief (a
 communicator per replica, ``comm.Split``): rank j of a replica holds piece j of every layer

@@ -66,7 +66,7 @@ Restrictions: p >= S + 2; S <= n; W <= --portions <= training examples; 0 < --ba
 (>= 1) only together; --model and --dataset not with --problem; --batch-size is refused (a batch
 is the training set); --resume is refused (the history would have to be saved too).
 Errors: a bad flag stops every rank before the first message (``run.start``); a non-finite loss,
-or one 100 x the first (``run.check_divergence``), makes the coordinator stop every worker and
+or one 100 x the first (``divergence.check_divergence``), makes the coordinator stop every worker and
 shard and every rank raise the same error; an exception in any role prints ``error: ...`` and
 aborts the job (``MPI.Abort(2)``): the other roles would wait for that rank's messages forever.
 
@@ -80,7 +80,7 @@ make_07_figures.py --part compare; chapter 7 has the comparison with Downpour an
 import numpy
 from mpi4py import MPI
 
-from algorithms.core import checkpoint, cli, run
+from algorithms.core import checkpoint, cli, divergence, run
 from algorithms.core.objective import evaluate_at
 from algorithms.sandblaster.coordinator import Coordinator
 from algorithms.sandblaster.shard import Shard
@@ -224,7 +224,7 @@ def collect(comm, job, roles, mine, report):
     gathered = comm.allgather(mine)
     if gathered[0]["failure"] is not None:       # a non-finite loss: the same error on every rank
         job.logger.close()
-        raise run.Diverged(gathered[0]["failure"])
+        raise divergence.Diverged(gathered[0]["failure"])
     params = numpy.concatenate([gathered[rank]["shard"] for rank in roles.server_ranks])
     job.logger.history = comm.bcast(job.logger.history, root=0)
     final = dict(gathered[0]["final"])           # the last epoch, with the test metrics of the joined parameters

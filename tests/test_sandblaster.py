@@ -227,7 +227,7 @@ def test_sandblaster_equals_serial_lbfgs_with_and_without_backup_tasks():
     ("sandblaster_lbfgs", ["--batch-size", "8"], 3, "--batch-size is not used by sandblaster_lbfgs"),
     ("async_easgd", ["--tau", "0"], 3, "--tau must be an integer >= 1, got 0"),
     ("sandblaster_lbfgs", ["--lr", "1e300"], 3, "at L-BFGS iteration 0; lower --lr"),
-    # a diverged run (loss > 100 x the start's, run.check_divergence) stops every rank, as elsewhere
+    # a diverged run (loss > 100 x the start's, divergence.check_divergence) stops every rank, as elsewhere
     ("sandblaster_lbfgs", ["--lr", "1e10", "--max-iter", "3"], 3, "the run diverged: L-BFGS iteration"),
     # flags accepted but ignored in some combination are refused in it
     ("sandblaster_lbfgs", ["--slow-factor", "5"], 4, "--slow-worker R and --slow-factor X come together (worker R "

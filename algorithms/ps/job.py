@@ -7,13 +7,13 @@ differ only in the worker's step (``worker_step``) and the servers' staleness bo
               --resume, open --log, check --save; then one allgather: every rank goes on, or every
               rank stops with the same ``error: ...`` (the contract of ``algorithms.core.cli``)
     serve     ranks 0 .. S-1: ShardServer(...).serve(), with the epoch log (``EpochLog``) beside it
-    work      ranks S .. p-1: for each step: worker_step(replica, rows, ...)  (pushes and fetches inside)
+    work      ranks S .. p-1: for each step: worker_step(replica, rows, ...)  (``ps.worker``; pushes
+              and fetches inside)
+    relay     ranks S .. S+G-1 of a hierarchical server: a group server (``ps.relay``)
     collect   every rank: one allgather of the shards, the servers' logs and any error; then either
               the same error on every rank, or rank 0 prints the summary and writes --save
 
-Data: in each epoch the permutation ``minidl.data.epoch_order(n, seed, epoch)`` is cut into W
-contiguous blocks (``minidl.data.shard``) and worker w trains on block w in batches of
-``batch_size``. With one worker this is exactly serial SGD's order.
+Data: worker w trains on block w of each epoch's permutation (``ps.worker.worker_batches``).
 
 Epochs: a worker pushes at the end of each of its epochs (Downpour's flush); rank 0 logs epoch e
 once every server has snapshotted its shard after the last live worker's epoch-e push
@@ -22,17 +22,11 @@ once every server has snapshotted its shard after the last live worker's epoch-e
 Errors: a worker whose loss is not finite stops the job (its goodbye carries the reason to every
 server, which then answers every worker's next fetch with STOP); rank 0 stops it the same way
 when an epoch's mean training loss is more than 100x the loss at the start
-(``run.check_divergence``; the start is the mean loss of the workers' first steps). Losing every
+(``divergence.check_divergence``; the start is the mean loss of the workers' first steps). Losing every
 worker is an error too. Every rank then raises the same error in ``collect``: exit 2 everywhere.
 
-A hierarchical server (``groups`` G, >= 1; Ben-Nun & Hoefler's hierarchical parameter server):
-ranks 0 .. S-1 are the root shards, ranks S .. S+G-1 group servers, the rest workers, cut into G
-groups of equal size k in rank order. A group server (``relay``) collects one request from each
-of its workers (a round: with n_fetch = n_push = 1 each carries one step's gradient), pushes their
-sum to the root shards as one push and answers every worker of the group with the parameters it
-fetched. To the root a group server is one worker, so the root receives one push per k worker
-steps: its bytes drop by the group size. Inside a group the workers are synchronous (the sum of k
-gradients at the same parameters); across groups they are as asynchronous as Downpour's.
+A hierarchical server (``groups`` G): ranks S .. S+G-1 are group servers between the workers and
+the root shards (``ps.relay``).
 
 Model-parallel replicas (``replica_size`` k > 1, ``ps.replica``): the worker ranks form replicas
 of k consecutive ranks, each with its own communicator (one ``comm.Split`` by every rank in
@@ -40,28 +34,21 @@ of k consecutive ranks, each with its own communicator (one ``comm.Split`` by ev
 the worker's step on its own pieces and pushes and fetches only its own parameters; its first
 rank reports the epochs. The servers count a replica as one worker (``Layout.worker_of``).
 
-A simulated worker failure (``fail_worker`` rank R, ``fail_step`` K): at the start of its step K
-worker R completes what it has already sent and then goes silent: no more pushes, no fetch,
-no goodbye. The servers notice nothing but silence; after ``timeout`` seconds server 0 drops it
-and the others train on. Why the process does not really die: MPICH (like MPI without the ULFM
-fault-tolerance extension) aborts the whole job when one rank exits early, so a real crash would
-take every rank down, not test the server. The "crashed" rank therefore sits silent until the
-others finish and only then joins the final barrier, so that MPI can shut down and every rank
-exits 0. From the servers' side it is indistinguishable from a hung or cut-off machine.
+A simulated worker failure (``fail_worker`` rank R, ``fail_step`` K): ``ps.worker`` explains it.
 """
 import dataclasses
 import math
-import time
 
 import numpy
 from mpi4py import MPI
 
-from algorithms.core import checkpoint, cli, objective as objectives, partition, run
+from algorithms.core import checkpoint, cli, divergence, objective as objectives, partition, run
 from algorithms.core.cli import SettingError
 from algorithms.ps import replica as ps_replica, server as parameter_server, wire
 from algorithms.ps.log import EpochLog
-from minidl import backend, data as datasets
-from minidl.data import epoch_order
+from algorithms.ps.relay import relay
+from algorithms.ps.worker import steps_per_epoch, work
+from minidl import backend
 
 
 class JobFailed(RuntimeError):
@@ -147,16 +134,6 @@ class Settings:
             if not isinstance(self.fail_step, int) or not 0 <= self.fail_step < steps:
                 raise SettingError(f"--fail-step must lie in [0, {steps}) (rank {self.fail_worker}'s steps), "
                                    f"got {self.fail_step!r}")
-
-
-def worker_batches(n, seed, epoch, worker, workers, batch_size):
-    """Worker ``worker``'s batches in ``epoch``: block ``worker`` of the epoch's permutation."""
-    mine = epoch_order(n, seed, epoch)[datasets.shard(n, worker, workers)]
-    return [mine[batch] for batch in datasets.batches(len(mine), batch_size)]
-
-
-def steps_per_epoch(n, batch_size, worker, workers):
-    return math.ceil(len(datasets.shard(n, worker, workers)) / batch_size)
 
 
 def epoch_ends(job):
@@ -261,152 +238,13 @@ def serve(job):
     if server.failure is not None:               # the algorithm raised: every rank raises it (collect)
         error = server.failure
     elif server.stopping is not None:
-        error = run.Diverged(server.stopping)
+        error = divergence.Diverged(server.stopping)
     elif server.index == 0 and not server.finished:
         silent = ", ".join(f"rank {layout.rank_of(w)} after {steps} steps" for w, (steps, _) in server.dropped.items())
         error = JobFailed(f"every worker was lost ({silent}, each silent for more than --timeout {ps.timeout} s); "
                           "no worker finished, so there is no result")
     return {"shard": backend.to_numpy(server.param.data), "state": server.optimizer.state_dict(),
             "log": server.log, "dropped": server.dropped, "error": error}
-
-
-# ---- work: ranks S .. p-1 ---------------------------------------------------------------------------
-
-@dataclasses.dataclass
-class Replica:
-    """What a worker's step works on: its model copy, its handle on the servers, its accrued gradient."""
-    objective: object                  # params, grad, loss_and_grad(rows)
-    servers: wire.ServerShards
-    lr: float
-    n_fetch: int
-    n_push: int
-    accrued: object = None             # gradient summed since the last push
-    accrued_steps: int = 0
-
-    def __post_init__(self):
-        self.accrued = backend.xp().zeros_like(self.objective.grad)
-
-
-def work(job, worker_step, replica_comm=None, replica_gradient=None):
-    """This rank's worker: train its share, then wait for every rank; returns how it ended.
-
-    ``replica_comm``: the communicator of this rank's model-parallel replica (``ps.replica``), or None;
-    ``replica_gradient``: the replica's forward and backward pass (see ``run_job``)."""
-    dtype = backend.to_numpy(job.objective.params).dtype
-    objective = job.objective
-    if replica_comm is not None:                   # my pieces of the replica; my indices, to their shards
-        objective = ps_replica.ReplicaPart(job.objective, replica_comm, replica_gradient)
-        servers = wire.ServerShards(job.comm, job.layout, dtype, slices=ps_replica.slices(objective.owned,
-                                                                                          job.layout.ranges))
-    elif job.ps.hierarchical:                        # talk to the group server; index and count among the workers
-        size, first = job.comm.Get_size(), job.ps.servers + job.ps.groups
-        group = (job.comm.Get_rank() - first) // ((size - first) // job.ps.groups)
-        whole = wire.Layout(size, 1, ((0, job.objective.params.size),))
-        servers = wire.ServerShards(job.comm, whole, dtype, server_ranks=[job.ps.servers + group])
-        job = dataclasses.replace(job, layout=wire.Layout(size, first, job.layout.ranges))
-    else:
-        servers = wire.ServerShards(job.comm, job.layout, dtype)
-    replica = Replica(objective, servers, job.settings.lr, job.ps.n_fetch, job.ps.n_push)
-    try:
-        ending, error = train_share(job, replica, worker_step)
-    except wire.WorkerDropped:
-        ending, error = "dropped", None
-    except wire.Stopped:
-        ending, error = "stopped", None
-    except Exception as failure:                 # noqa: BLE001 - the step raised: stop the job, raise everywhere
-        ending, error = "stopped", failure
-    if ending != "crashed":
-        servers.goodbye(stop=None if error is None else str(error))
-    run.wait_together(job.comm)
-    return {"ending": ending, "error": error, "values": (servers.values_pushed, servers.values_fetched),
-            "replica_bytes": objective.group.bytes_sent if replica_comm is not None else 0}
-
-
-def train_share(job, replica, worker_step):
-    """The worker's epochs; returns (ending, error): 'finished', 'crashed' (simulated) or 'stopped'."""
-    s, rank, layout = job.settings, job.comm.Get_rank(), job.layout
-    worker, n = layout.worker_of(rank), job.objective.n
-    plan = [(epoch, worker_batches(n, s.seed, epoch, worker, layout.workers, s.batch_size))
-            for epoch in range(job.first_epoch, s.epochs)]
-    total = sum(len(batches) for _, batches in plan)
-    step, first_loss = 0, None
-    for epoch, batches in plan:
-        loss_sum = 0.0
-        for i, rows in enumerate(batches):
-            if rank == job.ps.fail_worker and step == job.ps.fail_step:
-                replica.servers.wait()           # what was sent arrives; then silence, no goodbye
-                return "crashed", None
-            if step == 0:
-                replica.servers.fetch(replica.objective.params)       # w <- the servers' w_0
-            loss = worker_step(replica, rows, i, end_of_epoch=i == len(batches) - 1, last_step=step == total - 1)
-            if not math.isfinite(loss):          # the goodbye tells every server: the job stops
-                return "stopped", run.Diverged(f"loss became {'nan' if math.isnan(loss) else 'inf'} at step "
-                                               f"{step} on rank {rank}; lower --lr or check the data")
-            first_loss = loss if first_loss is None else first_loss
-            loss_sum += loss
-            step += 1
-        if rank == layout.rank_of(worker):     # one report per replica
-            replica.servers.report_epoch(worker=worker, epoch=epoch, loss_sum=loss_sum, batches=len(batches),
-                                         first_loss=first_loss)
-    return "finished", None
-
-
-# ---- relay: ranks S .. S+G-1 of a hierarchical server ----------------------------------------------
-
-def relay(job):
-    """A group server: one push to the root per round of its workers' steps, the answer to all of them."""
-    comm, ps = job.comm, job.ps
-    size, first = comm.Get_size(), ps.servers + ps.groups
-    group_size = (size - first) // ps.groups
-    group = comm.Get_rank() - ps.servers
-    members = list(range(first + group * group_size, first + (group + 1) * group_size))
-    dtype = backend.to_numpy(job.objective.params).dtype
-    root = wire.ServerShards(comm, job.layout, dtype)          # to the root, this rank is one worker
-    grad = numpy.empty(job.objective.params.size, dtype=dtype)
-    total, params = numpy.zeros_like(grad), numpy.zeros_like(grad)
-    pushed = {rank: numpy.zeros_like(grad) for rank in members}      # each worker's gradient in this round
-    outbox = wire.Outbox(comm, job.layout)
-    live, waiting, steps, stop, status = set(members), set(), 0, None, wire.OK
-    while live or steps:
-        for rank in sorted(live - waiting):      # the next request of each worker not yet in this round
-            if wire.waiting_request(comm, rank) is None:
-                continue
-            request = wire.receive_request(comm, rank, grad)
-            stop = stop or request["stop"]
-            if request["push"]:
-                pushed[rank] += grad
-                steps += request["steps"]
-            if request["goodbye"]:
-                live.discard(rank)
-            elif request["fetch"]:
-                waiting.add(rank)
-        if live and not live <= waiting:
-            time.sleep(wire.POLL_SECONDS)
-            continue
-        # a round: every worker still training has asked; one push (and fetch) for all of them. The sum
-        # is taken in rank order, not in the order the requests came: floating-point addition is not
-        # associative, and arrival order would make the same seed give different bits.
-        for rank in members:
-            total += pushed[rank]
-            pushed[rank][...] = 0
-        if status == wire.OK and stop is None:
-            try:
-                if steps:
-                    root.push(total, steps, fetch_into=params if waiting else None)
-                elif waiting:
-                    root.fetch(params)
-            except wire.Stopped:
-                status = wire.STOP
-        elif stop is not None:
-            status = wire.STOP
-        total[...], steps = 0, 0
-        for rank in sorted(waiting):
-            outbox.reply(rank, int(root.versions[0]), int(root.min_clocks[0]), status, params.copy())
-        waiting = set()
-    root.goodbye(stop=stop)                      # a worker's stop reason reaches the root shards
-    run.wait_together(comm)
-    outbox.complete()
-    return {"ending": "relayed", "error": None}
 
 
 # ---- collect: every rank -----------------------------------------------------------------------------
@@ -416,7 +254,7 @@ def collect(job, mine, name, report=None):
     comm, layout, s = job.comm, job.layout, job.settings
     gathered = comm.allgather(mine)
     errors = [part["error"] for part in gathered if part["error"] is not None]
-    errors.sort(key=lambda error: isinstance(error, (run.Diverged, JobFailed)))   # a raised exception first
+    errors.sort(key=lambda error: isinstance(error, (divergence.Diverged, JobFailed)))   # a raised exception first
     if errors:                                   # else the lowest rank's: server 0 heard the first reason
         job.logger.close()
         raise errors[0]

@@ -119,7 +119,7 @@ class ServerShards:
     """A worker's handle on the S servers: ``push`` gradients and ``fetch`` parameters.
 
     ``server_ranks``: the ranks of the servers (default 0 .. S-1; a hierarchical job's workers talk
-    to their group server instead, ``ps.job.relay``). ``slices``: for each server, the (start, stop)
+    to their group server instead, ``ps.relay``). ``slices``: for each server, the (start, stop)
     of this rank's vector that it holds (default ``layout.ranges``: the whole vector, cut as the
     servers cut it). A rank of a model-parallel replica holds only its own parameters, and talks only
     to the servers whose slice is not empty (``ps.replica``). ``values_pushed`` and

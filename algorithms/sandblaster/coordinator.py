@@ -12,7 +12,7 @@ import time
 
 from mpi4py import MPI
 
-from algorithms.core import run
+from algorithms.core import divergence
 from algorithms.ps.wire import wait_for
 from algorithms.sandblaster.batch import Batch
 from algorithms.sandblaster.wire import CMD, REPLY, REPORT, WORK
@@ -134,17 +134,17 @@ class Coordinator:
         """L-BFGS for ``epochs``; then every worker and shard is told to stop, also after a non-finite loss."""
         try:
             self.lbfgs(epochs)
-        except run.Diverged as diverged:         # raised on every rank after the stop (collect)
+        except divergence.Diverged as diverged:         # raised on every rank after the stop (collect)
             self.failure = str(diverged)
         self.stop()
 
     def check(self, loss, iteration):
-        """Diverged on a nan or inf loss, or on one more than 100 x the start's (``run.check_divergence``)."""
+        """Diverged on a nan or inf loss, or on one more than 100 x the start's (``divergence.check_divergence``)."""
         if not math.isfinite(loss):
-            raise run.Diverged(f"loss became {'nan' if math.isnan(loss) else 'inf'} at L-BFGS iteration "
+            raise divergence.Diverged(f"loss became {'nan' if math.isnan(loss) else 'inf'} at L-BFGS iteration "
                                f"{iteration}; lower --lr or check the data")
         self.reference = loss if self.reference is None else self.reference
-        run.check_divergence(loss, self.reference, f"L-BFGS iteration {iteration}'s")
+        divergence.check_divergence(loss, self.reference, f"L-BFGS iteration {iteration}'s")
 
     def lbfgs(self, epochs):
         o, shards = self.options, self.shards
