@@ -2,16 +2,32 @@
 
     finite = FiniteCheck(comm, every)          # each step: finite(loss, step); agrees every ``every`` steps
     check_divergence(loss, reference, where)   # on numbers every rank holds: a hundredfold loss stops the run
+    kind = nonfinite(loss)                     # "nan", "inf" or None: the one test of a loss ...
+    raise loss_became(kind, where)             # ... and the one message, whichever loop meets it
 
 Two ways a run fails numerically, both raised as ``Diverged`` on every rank at once (a rank that
 raised alone would leave the others waiting in their next message; ``cli.run_main`` prints
 ``error: ...`` and exits 2 everywhere): a loss that is not finite (nan or inf), and a finite loss
-more than ``DIVERGED_FACTOR`` times the loss at the start.
+more than ``DIVERGED_FACTOR`` times the loss at the start. Every loop that meets a non-finite loss
+(the epoch loop's ``FiniteCheck``, a parameter-server worker, Sandblaster's coordinator) tests it
+with ``nonfinite`` and reports it with ``loss_became``, so the message reads the same everywhere.
 """
 import math
 
 import numpy
 from mpi4py import MPI
+
+
+def nonfinite(loss):
+    """The kind of a non-finite ``loss``, "nan" or "inf"; None if it is a finite number."""
+    if math.isfinite(loss):
+        return None
+    return "nan" if math.isnan(loss) else "inf"
+
+
+def loss_became(kind, where):
+    """The error of a loss that became ``kind`` ("nan" or "inf") at ``where`` ("step 7 on rank 2")."""
+    return Diverged(f"loss became {kind} at {where}; lower --lr or check the data")
 
 
 class FiniteCheck:
@@ -32,8 +48,8 @@ class FiniteCheck:
         self.first = None                       # (step, 'nan' or 'inf') on this rank
 
     def __call__(self, loss, step):
-        if self.first is None and not math.isfinite(loss):
-            self.first = (step, "nan" if math.isnan(loss) else "inf")
+        if self.first is None and nonfinite(loss):
+            self.first = (step, nonfinite(loss))
         if self.every and (step + 1) % self.every == 0:
             self.agree()
 
@@ -47,8 +63,7 @@ class FiniteCheck:
         if code[0] != self.NONE:
             step_rank, is_inf = divmod(int(code[0]), 2)
             step, bad_rank = divmod(step_rank, size)
-            raise Diverged(f"loss became {'inf' if is_inf else 'nan'} at step {step} on rank {bad_rank}; "
-                           "lower --lr or check the data")
+            raise loss_became("inf" if is_inf else "nan", f"step {step} on rank {bad_rank}")
 
 
 class Diverged(FloatingPointError):

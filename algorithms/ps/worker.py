@@ -106,9 +106,8 @@ def train_share(job, replica, worker_step):
             if step == 0:
                 replica.servers.fetch(replica.objective.params)       # w <- the servers' w_0
             loss = worker_step(replica, rows, i, end_of_epoch=i == len(batches) - 1, last_step=step == total - 1)
-            if not math.isfinite(loss):          # the goodbye tells every server: the job stops
-                return "stopped", divergence.Diverged(f"loss became {'nan' if math.isnan(loss) else 'inf'} at step "
-                                               f"{step} on rank {rank}; lower --lr or check the data")
+            if divergence.nonfinite(loss):       # the goodbye tells every server: the job stops
+                return "stopped", divergence.loss_became(divergence.nonfinite(loss), f"step {step} on rank {rank}")
             first_loss = loss if first_loss is None else first_loss
             loss_sum += loss
             step += 1

@@ -7,7 +7,6 @@ direction from the two-loop recursion it is given, ``sharded_direction``); ``Coo
 is one batch, f and g at a trial point, cut into portions that the workers ask for one at a time
 (``Batch``: load balancing and backup tasks). algorithms/sandblaster_lbfgs.py explains both.
 """
-import math
 import time
 
 from mpi4py import MPI
@@ -140,9 +139,8 @@ class Coordinator:
 
     def check(self, loss, iteration):
         """Diverged on a nan or inf loss, or on one more than 100 x the start's (``divergence.check_divergence``)."""
-        if not math.isfinite(loss):
-            raise divergence.Diverged(f"loss became {'nan' if math.isnan(loss) else 'inf'} at L-BFGS iteration "
-                               f"{iteration}; lower --lr or check the data")
+        if divergence.nonfinite(loss):
+            raise divergence.loss_became(divergence.nonfinite(loss), f"L-BFGS iteration {iteration}")
         self.reference = loss if self.reference is None else self.reference
         divergence.check_divergence(loss, self.reference, f"L-BFGS iteration {iteration}'s")
 
