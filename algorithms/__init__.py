@@ -6,14 +6,26 @@
 Every algorithm module reads the same way: a header (the paper, the update in the code's names,
 the cost, the run command), the heart (one function, fenced ``# BEGIN SOLUTION`` /
 ``# END SOLUTION``, the paper's steps as phase comments), a short ``train()`` and ``main()``.
-What they share lives once, split by concern:
+The papers sit at the top of the package; the machinery they share lives once, split by concern,
+in two sub-packages:
 
-    cli.py        the shared flags, the one validation helper, run_main (the error contract)
-    objective.py  the network or convex problem one rank trains, as one flat parameter vector
-    run.py        the agreed set-up, the one epoch loop, the log, checkpoints, the nan check
+    core/   cli.py        the shared flags, the one validation helper, run_main (the error contract)
+            objective.py  the network or convex problem one rank trains, as one flat parameter vector
+            run.py        the agreed set-up, the one epoch loop, the log, checkpoints
+            divergence.py a nan, inf or hundredfold loss stops every rank together, one message
+            checkpoint.py what --save writes and --resume reads (layout-free)
+            tags.py       the MPI tags of every family, in one registry
+            evaluate.py   python -m algorithms.core.evaluate FILE: any checkpoint's test loss and accuracy
+            compare.py    python -m algorithms.core.compare: several algorithms on the same data, one PNG
+            partition.py  a model cut into pieces across ranks (model parallelism, its hybrids and replicas)
+    ps/     server.py     the sharded server's algorithm      wire.py      requests, replies, the layout
+            job.py        start, serve or work, collect       worker.py    a worker's share, steps, failure
+            relay.py      --groups: a group server            log.py       rank 0's per-epoch log
+            replica.py    model-parallel replicas as workers  schedule.py  --deterministic's order
+
+Sandblaster L-BFGS keeps its roles' code beside it, in ``sandblaster/`` (wire, coordinator, shard,
+batch, worker); ``sandblaster_lbfgs.py`` holds the header, the heart and ``train``.
 
 Rank sharding and batching are data (``minidl.data.rank_batches``); collectives come from
-``collectives``. The parameter-server family also shares ``parameter_server`` (the server's
-algorithm), ``ps_wire`` (tags, requests and replies, the layout), ``ps_job`` (start, serve or
-work, collect) and ``ps_log`` (rank 0's per-epoch log). The README lists the modules with their papers.
+``collectives``. The README lists the modules with their papers.
 """

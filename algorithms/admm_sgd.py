@@ -41,8 +41,8 @@ K = 8, iid shards, ring), measured on 2 shared cores: p = 4 reaches 97.8% test a
 """
 from mpi4py import MPI
 
-from algorithms import checkpoint, cli, run
-from algorithms.objective import evaluate_at
+from algorithms.core import checkpoint, cli, run
+from algorithms.core.objective import evaluate_at
 
 
 def admm_round(comm, objective, optimizer, batches, z, u, rho, allreduce):

@@ -24,9 +24,9 @@ epoch, whose pieces differ in size.
 
 Communication per step: one allreduce of the n-element gradient: for the ring
 2 (p-1) alpha + 2 (p-1)/p n beta + (p-1)/p n gamma (see collectives/cost.py for the others),
-plus one 8-byte Allreduce(MIN) for the non-finite-loss check (run.FiniteCheck; every
---check-every steps, counted in the log's bytes). The CNN has n = 6090 float32 parameters, 24 KB: on one node the latency
-terms dominate, which is why the log-p algorithms beat the ring here.
+plus one 8-byte Allreduce(MIN) for the non-finite-loss check (divergence.FiniteCheck; every
+--check-every steps, counted in the log's bytes). The CNN has n = 6090 float32 parameters, 24 KB:
+on one node the latency terms dominate, which is why the log-p algorithms beat the ring here.
 
 Overlap (``--buckets MB``, with ``--allreduce butterfly``; ``bucketed_step``): as PyTorch DDP
 (Li et al. 2020) and Horovod, the flat gradient is cut into buckets of about MB megabytes in
@@ -49,7 +49,7 @@ tutorials/04_data_parallelism.md.
 """
 from mpi4py import MPI
 
-from algorithms import checkpoint, cli, run
+from algorithms.core import checkpoint, cli, run
 from collectives.nonblocking import BucketedAllreduce
 
 

@@ -5,7 +5,7 @@
 
 Zhang, Choromanska & LeCun, "Deep Learning with Elastic Averaging SGD", NIPS 2015, algorithm 2
 (asynchronous EASGD) with its communication period tau. The centre x~ lives on the parameter
-server shards (ranks 0 .. S-1, ``parameter_server``); each worker i (ranks S .. p-1) keeps its own
+server shards (ranks 0 .. S-1, ``ps.server``); each worker i (ranks S .. p-1) keeps its own
 x_i and, in the code's names (``async_easgd_step``), at step i of each of its epochs:
 
     grad    = gradient of the worker's batch at x_i               (before the spring moves x_i)
@@ -43,7 +43,9 @@ import functools
 
 from mpi4py import MPI
 
-from algorithms import checkpoint, cli, easgd, ps_job, run
+from algorithms import easgd
+from algorithms.core import checkpoint, cli, run
+from algorithms.ps import job as ps_job
 from minidl import backend
 
 

@@ -66,8 +66,8 @@ import argparse
 import numpy
 from mpi4py import MPI
 
-from algorithms import checkpoint, cli, run
-from algorithms.cli import SettingError
+from algorithms.core import checkpoint, cli, run
+from algorithms.core.cli import SettingError
 from collectives import compress, sparse
 from minidl import backend
 

@@ -7,7 +7,7 @@
 
 J. Dean et al., *Large Scale Distributed Deep Networks*, NIPS 2012, section 4.1 (and figure 2):
 each worker (model replica) trains on its own share of the data and talks only to the parameter
-server shards (``parameter_server``); nobody waits for anybody. A worker's step i of an epoch of
+server shards (``ps.server``); nobody waits for anybody. A worker's step i of an epoch of
 m steps, in this code's names (``downpour_step``; the DownpourSGDClient of the paper's
 supplementary material):
 
@@ -33,17 +33,17 @@ replica). Warm start: worker 0 (rank S) trains alone for ``--warm-start-steps`` 
 servers answer anyone else's first fetch (at the run's start; a resumed run has none).
 ``--deterministic``: the servers serve workers in an order drawn from Generator((seed, epoch)),
 an epoch's end is a barrier for every worker, and the run can be replayed from its log; a run
-resumed (--resume) after epoch e is the longer run bit for bit (``parameter_server``).
+resumed (--resume) after epoch e is the longer run bit for bit (``ps.server``).
 ``--fail-worker R --fail-step K``: rank R goes silent at its step K; server 0 drops it after
-``--timeout`` seconds and the others finish (``ps_job`` explains how the crash is simulated).
+``--timeout`` seconds and the others finish (``ps.job`` explains how the crash is simulated).
 ``--groups G``: a hierarchical server; ranks S .. S+G-1 are group servers that sum one step of each
-of their workers and push it to the root shards as one push (``ps_job.relay``; needs n_fetch =
+of their workers and push it to the root shards as one push (``ps.relay``; needs n_fetch =
 n_push = 1 and G dividing the p - S - G workers).
 ``--replica-size k``: each model replica is k consecutive ranks, as in DistBelief (a
 communicator per replica, ``comm.Split``): rank j of a replica holds piece j of every layer
 (``model_parallel``, split by output neurons or channels), the replica computes its gradient with
 ``model_parallel_gradient``, and every rank runs ``downpour_step`` on its own parameters, pushing
-and fetching only those, to and from the shards that hold them (``ps_replica``: an index map).
+and fetching only those, to and from the shards that hold them (``ps.replica``: an index map).
 To the servers a replica is one worker. Not with --groups or --fail-worker; k must divide p - S
 and fit the model's narrowest layer.
 
@@ -57,7 +57,9 @@ Defaults (small CNN, embedded digits, 1 server + 3 workers at -n 4, Adagrad lr 0
 worker, 10 epochs): measured on 2 shared cores, 96.7% to 98.9% test accuracy over five runs (the
 order of updates, hence the result, varies from run to run), about 3 seconds; the test checks >= 90%.
 """
-from algorithms import checkpoint, cli, ps_job, run
+from algorithms import model_parallel
+from algorithms.core import checkpoint, cli, run
+from algorithms.ps import job as ps_job
 
 
 def downpour_step(replica, rows, i, end_of_epoch, last_step):
@@ -89,7 +91,7 @@ def train(comm=None, servers=1, n_fetch=1, n_push=1, server_optimizer="adagrad",
     """Downpour SGD on ``comm``; returns (final flat parameters as NumPy, per-epoch history) on every rank.
 
     ``settings`` are ``run.Settings`` (the shared flags). ``report`` (a dict) receives the servers'
-    update logs and the lost workers (see ``ps_job.run_job``).
+    update logs and the lost workers (see ``ps.job.run_job``).
     """
     settings = run.Settings.of(settings, epochs=10, lr=0.05, momentum=0.0)
     ps = ps_job.Settings(servers=servers, n_fetch=n_fetch, n_push=n_push, staleness=None,
@@ -98,7 +100,8 @@ def train(comm=None, servers=1, n_fetch=1, n_push=1, server_optimizer="adagrad",
                          groups=groups, replica_size=replica_size)
     writer = checkpoint.Writer("downpour_sgd", checkpoint.SERVER_FAMILY, state={"--server-optimizer": server_optimizer},
                                layout={"servers": servers, "groups": groups, "replica_size": replica_size})
-    return ps_job.run_job(comm, downpour_step, settings, ps, name="downpour", writer=writer, report=report)
+    return ps_job.run_job(comm, downpour_step, settings, ps, name="downpour", writer=writer, report=report,
+                          replica_gradient=model_parallel.model_parallel_gradient)
 
 
 def add_server_flags(parser):

@@ -39,8 +39,8 @@ import math
 
 from mpi4py import MPI
 
-from algorithms import checkpoint, cli, run
-from algorithms.objective import evaluate_at
+from algorithms.core import checkpoint, cli, run
+from algorithms.core.objective import evaluate_at
 
 
 def easgd_step(comm, objective, optimizer, batch, center, step, tau, alpha, allreduce):

@@ -20,7 +20,7 @@ between the members' weights: networks from different initialisations are far ap
 space and their parameter average is useless, but their averaged outputs are usually better than
 any one of them.
 
-Communication: none between epoch ends (the non-finite-loss agreement, run.FiniteCheck, runs
+Communication: none between epoch ends (the non-finite-loss agreement, divergence.FiniteCheck, runs
 once per epoch here: --check-every 0); at each epoch's end one 8-byte agreement and one allreduce
 of len(x) * classes floats for the evaluation (the 359 test images x 10 classes: 14 KB in
 float32), both counted in ``bytes``. The log reports the
@@ -34,7 +34,7 @@ Default run (small CNN, embedded digits, 10 epochs, batch 32, lr 0.05, momentum 
 """
 from mpi4py import MPI
 
-from algorithms import checkpoint, cli, run
+from algorithms.core import checkpoint, cli, run
 from algorithms.serial_sgd import sgd_step
 from minidl import backend
 

@@ -41,8 +41,8 @@ mean model's; spread 0.4%) in 3-5.5 s.
 import numpy
 from mpi4py import MPI
 
-from algorithms import checkpoint, cli, run, tags
-from algorithms.objective import evaluate_at
+from algorithms.core import checkpoint, cli, run, tags
+from algorithms.core.objective import evaluate_at
 from minidl import backend
 
 PAIRINGS = ("ring", "random")

@@ -30,7 +30,7 @@ epoch, as in the paper's experiments; there is no momentum (a nonzero ``--moment
 Restrictions: every rank on one machine (shared memory); p <= the number of samples.
 Communication: none per step (loads and stores); per epoch one small allgather of the counts
 (which also waits for every rank's last write) and a barrier. A diverged run stops every rank at
-the end of the epoch (``run.check_divergence`` on numbers every rank holds).
+the end of the epoch (``divergence.check_divergence`` on numbers every rank holds).
 
 Defaults (5000 samples, 500 features, 10 nonzeros each, lr 0.5 decaying by 0.8, 15 epochs, one
 sample per update), measured on 2 shared cores at -n 4: F(w) - F(w*) = 3.3e-4 to 3.7e-4 and
@@ -43,9 +43,9 @@ import types
 import numpy
 from mpi4py import MPI
 
-from algorithms import checkpoint, cli, run
-from algorithms.cli import SettingError
-from algorithms.objective import build as build_objective, evaluate_at
+from algorithms.core import checkpoint, cli, divergence, run
+from algorithms.core.cli import SettingError
+from algorithms.core.objective import build as build_objective, evaluate_at
 from minidl import backend
 from minidl.data import batches, epoch_order, shard, sparse_logistic_regression
 
@@ -181,7 +181,7 @@ class Job:
                 if loss_count.sum():          # the same numbers on every rank: all raise together
                     record["train_loss"] = float(loss_sum.sum() / loss_count.sum())
                     reference = float(first.mean()) if reference is None else reference
-                    run.check_divergence(record["train_loss"], reference, f"epoch {epoch + 1}'s mean training")
+                    divergence.check_divergence(record["train_loss"], reference, f"epoch {epoch + 1}'s mean training")
                 record.update(evaluate(epoch + 1, self.w))
                 record.update(updates=int(updates.sum()), staleness_mean=float(stale_sum.sum() / updates.sum()),
                               staleness_max=int(stale_max.max()))
@@ -234,7 +234,7 @@ def train_sparse(comm, settings, lr_decay, problem=None, n_samples=None, feature
 
     def evaluate(epoch, w):              # F(w) on every rank, from the shared w: all agree on divergence
         loss = problem.loss(w)
-        run.check_divergence(loss, first, f"epoch {epoch}'s full-data")
+        divergence.check_divergence(loss, first, f"epoch {epoch}'s full-data")
         return {"loss": loss, "loss_gap": loss - best,
                 "distance": float(numpy.linalg.norm(w - problem.w_star) / numpy.linalg.norm(problem.w_star))}
     return job.loop(step, evaluate)

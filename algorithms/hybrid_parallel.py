@@ -50,8 +50,9 @@ batch 32 R; measured at 4 ranks (2 x 2): 97.8% test accuracy, as ``serial_sgd --
 """
 from mpi4py import MPI
 
-from algorithms import checkpoint, cli, model_parallel, pipeline_parallel, run
-from algorithms.cli import SettingError
+from algorithms import model_parallel, pipeline_parallel
+from algorithms.core import checkpoint, cli, partition, run
+from algorithms.core.cli import SettingError
 from collectives.trace import CountingComm
 
 GROUPS = ("pipeline", "model")
@@ -85,11 +86,11 @@ def check(settings, size, stages, group, split, kind, micro_batches):
     if group == "pipeline":
         pipeline_parallel.check(settings, stages, kind, micro_batches)
     else:
-        model_parallel.check(settings, stages, split)
+        partition.check(settings, stages, split)
 
 
 def model_share_gradient(row, share, batch):
-    """This rank's pieces' gradient (``model_parallel.Partition`` ``share``) of its replica's rows,
+    """This rank's pieces' gradient (``partition.Partition`` ``share``) of its replica's rows,
     weighted by rows / (R b); the pieces' messages go on the replica's communicator ``row``."""
     rows = batch.index
     if not len(rows):                          # a replica without rows in the epoch's last batch
@@ -143,7 +144,7 @@ def train(comm=None, stages=2, group="pipeline", split=None, schedule=None, micr
         def gather():
             pipeline_parallel.share_stages(row.comm, stage, job.objective, job.optimizer)
     else:
-        mine = model_parallel.Partition(job, row.comm, split)    # gathers for evaluation: not counted
+        mine = partition.Partition(job, row.comm, split)    # gathers for evaluation: not counted
         share, optimizer, gather = mine.flat.grad, mine.optimizer, mine.gather
 
         def replica_gradient(batch):
@@ -169,7 +170,7 @@ def main(argv=None):
     parser.add_argument("--stages", type=int, default=2,
                         help="ranks per replica P (pipeline stages, or model pieces); size / P replicas")
     parser.add_argument("--group", default="pipeline", choices=GROUPS, help="how each replica is split")
-    parser.add_argument("--split", default=None, choices=model_parallel.SPLITS,
+    parser.add_argument("--split", default=None, choices=partition.SPLITS,
                         help="with --group model only (default output)")
     parser.add_argument("--schedule", default=None, choices=pipeline_parallel.SCHEDULES,
                         help="with --group pipeline only (default 1f1b)")

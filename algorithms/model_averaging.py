@@ -27,7 +27,7 @@ average of far-apart networks can be worse than any of them (tutorials/04_data_p
 
 Communication: one allreduce of the n parameters every H steps (ring: 2 (p-1) alpha +
 2 (p-1)/p n beta + (p-1)/p n gamma), i.e. 1/H of allreduce SGD's volume; plus the 8-byte
-non-finite check (run.FiniteCheck). The per-epoch test accuracy is that of the average of the
+non-finite check (divergence.FiniteCheck). The per-epoch test accuracy is that of the average of the
 ranks' current parameters, computed by an extra evaluation-only allreduce that does not change
 any rank's parameters and is not counted in ``bytes``.
 
@@ -41,8 +41,8 @@ iid shards, ring), measured on 2 shared cores: p = 4 reaches 98.1% test accuracy
 """
 from mpi4py import MPI
 
-from algorithms import checkpoint, cli, run
-from algorithms.objective import evaluate_at
+from algorithms.core import checkpoint, cli, run
+from algorithms.core.objective import evaluate_at
 
 
 def parallel_sgd_step(comm, objective, optimizer, batch, step, period, allreduce):

@@ -8,10 +8,11 @@ machines"); Ben-Nun & Hoefler 2019 (model parallelism: parameters distributed, t
 copied to every processor, all-to-all communication in every layer). Full references:
 tutorials/references.md.
 
-The network is a Sequential of blocks (``blocks_of``): a Linear or Conv2d layer, the Flattens in
-front of it, the ReLUs and max-poolings behind it. For an MLP, layer k maps a_k (N, i_k) to
-z_k = a_k W_k + b_k (N, o_k). Every rank holds a piece of every layer, and every rank sees the
-whole batch. Two ways to cut W_k (i_k, o_k), uneven blocks allowed (``shard``):
+The network is a Sequential of blocks (``partition.blocks_of``: the cut lives in
+algorithms/core/partition.py, which the hybrid grid and Downpour's replicas share): a Linear or
+Conv2d layer, the Flattens in front of it, the ReLUs and max-poolings behind it. For an MLP,
+layer k maps a_k (N, i_k) to z_k = a_k W_k + b_k (N, o_k). Every rank holds a piece of every
+layer, and every rank sees the whole batch. Two ways to cut W_k (i_k, o_k), uneven blocks allowed (``minidl.data.shard``):
 
     --split output   rank r owns the output neurons cols_r: W_k[:, cols_r], b_k[cols_r]
       forward    z_r = a_k W_k[:, cols_r] + b_k[cols_r]              (N, i_k) @ (i_k, o_r)
@@ -23,7 +24,7 @@ whole batch. Two ways to cut W_k (i_k, o_k), uneven blocks allowed (``shard``):
       itself cuts convolutional layers spatially, by blocks of the feature map); ReLU and
       pooling act on each channel alone, so they run on the rank that owns it, and the allgather
       and reduce-scatter move blocks of channels (N, c_r, H, W) instead of columns. The output
-      split runs through minidl's autograd on each rank's piece (``Piece.module``).
+      split runs through minidl's autograd on each rank's piece (``partition.Piece.module``).
 
     --split input    rank r owns the input features rows_r: W_k[rows_r, :] (and rank 0 owns b_k)
       forward    z = sum_r a_k[:, rows_r] W_k[rows_r, :]  (+ b_k)   a reduction: reduce-scatter +
@@ -56,7 +57,7 @@ parallelism pays per row of the batch, data parallelism per parameter (tutorials
 Restrictions: Linear and Conv2d layers with ReLU and max pooling (any other layer is refused);
 --split input for an MLP only; P <= the width being split of every layer (a rank needs a neuron,
 a channel or a feature of each); the whole batch on every rank (one replica; see hybrid_parallel
-for replicas of a partitioned model). Checkpoints are layout-free (``Partition``): --save writes the
+for replicas of a partitioned model). Checkpoints are layout-free (``partition.Partition``): --save writes the
 pieces and their momentum in the serial model's order, and --resume cuts such a file, written by any
 SGD-family algorithm on any number of ranks, back into this run's pieces.
 
@@ -68,15 +69,9 @@ far too small for its layers to be worth splitting; tutorials/06 counts the byte
 import numpy
 from mpi4py import MPI
 
-from algorithms import checkpoint, cli, run, tags
-from algorithms.cli import SettingError
-from algorithms.objective import build_model
-from minidl.data import shard
-from minidl.flat import FlatParameters
-from minidl.nn import Conv2d, Flatten, Linear, MaxPool2d, ReLU, Sequential
-from minidl.tensor import Parameter, Tensor
+from algorithms.core import checkpoint, cli, partition, run, tags
+from minidl.tensor import Tensor
 
-SPLITS = ("output", "input")
 EXCHANGE = tags.MODEL_PARALLEL         # the tag of every partition-crossing message
 
 
@@ -111,81 +106,6 @@ def reduce_scatter_blocks(comm, partial, widths):
     exchange(comm, outgoing, incoming)
     incoming[rank] = outgoing[rank]
     return sum(incoming[1:], start=incoming[0].copy())     # in rank order
-
-
-WEIGHT_LAYERS, LOCAL_LAYERS = (Linear, Conv2d), (ReLU, MaxPool2d)   # ReLU and pooling act per channel
-
-
-def blocks_of(net):
-    """The network as blocks [(before, weight layer, after)]: ``before`` the Flattens in front of the
-    weight layer (run on the whole input), ``after`` the ReLUs and poolings behind it (run on this rank's
-    channels alone). ValueError for a layer of another kind."""
-    layers = list(net) if isinstance(net, Sequential) else [net]
-    blocks, before = [], []
-    for layer in layers:
-        if isinstance(layer, Flatten):
-            before.append(layer)
-        elif isinstance(layer, WEIGHT_LAYERS):
-            blocks.append((before, layer, []))
-            before = []
-        elif isinstance(layer, LOCAL_LAYERS) and blocks and not before:
-            blocks[-1][2].append(layer)
-        else:
-            raise ValueError(f"model parallelism here partitions Linear and Conv2d layers with ReLU and max "
-                             f"pooling between them, not a {type(layer).__name__} there")
-    if not blocks or before:
-        raise ValueError("model parallelism here needs a network that ends in a Linear or Conv2d layer")
-    return blocks
-
-
-def is_mlp(blocks):
-    """Linear, ReLU, ..., Linear (after an optional Flatten): what --split input partitions."""
-    return all(isinstance(layer, Linear) and [type(a) for a in after] == ([ReLU] if k < len(blocks) - 1 else [])
-               and (k == 0 or not before) for k, (before, layer, after) in enumerate(blocks))
-
-
-def cut(layer, keep):
-    """A copy of the Linear or Conv2d ``layer`` with only the output neurons or channels ``keep``."""
-    rng, dtype = numpy.random.default_rng(0), layer.weight.dtype     # the weights are overwritten below
-    if isinstance(layer, Linear):
-        piece = Linear(layer.in_features, len(keep), rng=rng, dtype=dtype)
-        piece.weight.data[...] = layer.weight.data[:, keep]
-    else:
-        piece = Conv2d(layer.in_channels, len(keep), layer.kernel_size, rng=rng, stride=layer.stride,
-                       padding=layer.padding, algorithm=layer.algorithm, dtype=dtype)
-        piece.weight.data[...] = layer.weight.data[keep]
-    piece.bias.data[...] = layer.bias.data[keep]
-    return piece
-
-
-class Piece:
-    """Rank r's piece of one block (a Linear or Conv2d layer and the layers around it).
-
-    split output: ``module`` = the Flattens before, the layer cut to my neurons (channels) ``cols``, the
-    ReLU and pooling after; split input (Linear only): my rows ``rows`` of the weight, and the bias on
-    rank 0. ``weight`` and ``bias`` are my parameters either way (``bias`` None on ranks 1.. of input).
-    """
-
-    def __init__(self, block, rank, size, split):
-        before, layer, after = block
-        if isinstance(layer, Conv2d):                          # weight (out channels, in channels, k, k)
-            self.outputs, self.inputs = layer.weight.shape[:2]
-        else:                                                  # weight (in features, out features)
-            self.inputs, self.outputs = layer.weight.shape
-        self.in_widths = [len(shard(self.inputs, q, size)) for q in range(size)]
-        self.out_widths = [len(shard(self.outputs, q, size)) for q in range(size)]
-        self.rows = shard(self.inputs, rank, size)             # my input features (split input)
-        self.cols = shard(self.outputs, rank, size)            # my output neurons or channels (split output)
-        if split == "output":
-            mine = cut(layer, self.cols)
-            self.module = Sequential(*before, mine, *after)
-            self.weight, self.bias = mine.weight, mine.bias
-        else:
-            self.weight = Parameter(layer.weight.data[self.rows, :].copy())
-            self.bias = Parameter(layer.bias.data.copy()) if rank == 0 else None
-
-    def parameters(self):
-        return [self.weight] + ([self.bias] if self.bias is not None else [])
 
 
 def softmax_cross_entropy(logits, labels):
@@ -250,86 +170,10 @@ def model_parallel_gradient(comm, pieces, x, labels, split):
     # END SOLUTION
 
 
-def check(settings, size, split):
-    """The model-parallel settings, checked on every rank before the first message."""
-    if split not in SPLITS:
-        raise SettingError(f"unknown --split {split!r}; choose one of {', '.join(SPLITS)}")
-    if settings.problem is not None:
-        raise SettingError("model parallelism needs a network of layers, not a convex problem")
-    model = settings.model
-    name = f"--model {model}" if isinstance(model, str) else "the model"
-    net = model() if callable(model) else build_model(model, settings.seed, settings.dataset)
-    try:
-        blocks = blocks_of(net)
-    except ValueError as error:
-        raise SettingError(f"{name}: {error}") from None
-    if split == "input" and not is_mlp(blocks):
-        raise SettingError(f"{name}: --split input partitions an MLP (Linear, ReLU, ..., Linear); use --split output")
-    for k, (_, layer, _) in enumerate(blocks):
-        piece = Piece(([], layer, []), 0, 1, split)
-        width, what = (piece.outputs, "outputs") if split == "output" else (piece.inputs, "inputs")
-        if size > width:
-            raise SettingError(f"{size} ranks cannot split layer {k} ({piece.inputs} -> {piece.outputs}) by "
-                               f"{split}: it has only {width} {what} (use at most {width} ranks"
-                               f"{', or the other --split' if isinstance(layer, Linear) else ''})")
-
-
 def bytes_per_step(rows, widths, size, itemsize, split):
     """Bytes all ranks send in one step (the formula of the docstring); widths = [i_0, o_0 = i_1, ..., o_K-1]."""
     outputs, inner_inputs = sum(widths[1:]), sum(widths[1:-1])
     return (size - 1) * rows * ((2 if split == "input" else 1) * outputs + inner_inputs) * itemsize
-
-
-def serial_positions(pieces, blocks, flat, split):
-    """Where this rank's piece values sit in the serial model's flat vector ``flat``, in the order of
-    the pieces' own flat vector (weight, bias, piece by piece)."""
-    offsets = {id(parameter): start for parameter, (start, _) in zip(flat.parameters, flat.offsets)}
-    where = []
-    for piece, (_, layer, _) in zip(pieces, blocks):
-        weight = offsets[id(layer.weight)] + numpy.arange(layer.weight.size).reshape(layer.weight.shape)
-        bias = offsets[id(layer.bias)] + numpy.arange(layer.bias.size)
-        if split == "output":                                  # my output channels' (neurons') axis
-            where += [(weight[piece.cols] if isinstance(layer, Conv2d) else weight[:, piece.cols]).ravel(),
-                      bias[piece.cols]]
-        else:                                                  # my input features' rows; the bias on rank 0
-            where += [weight[piece.rows].ravel()] + ([bias] if piece.bias is not None else [])
-    return numpy.concatenate(where)
-
-
-class Partition:
-    """This rank's pieces of every layer of ``job``'s model, split over ``comm``: one flat vector with
-    its own optimizer, and where each value sits in the serial model (``serial_positions``), so the
-    whole model and its optimizer state can be assembled for evaluation and --save, and a --resume
-    file (the serial model's order, loaded by run.start) cut back into pieces."""
-
-    def __init__(self, job, comm, split):
-        self.comm, self.split = comm, split
-        self.blocks = blocks_of(job.objective.net)
-        self.pieces = [Piece(block, comm.Get_rank(), comm.Get_size(), split) for block in self.blocks]
-        self.flat = FlatParameters([parameter for piece in self.pieces for parameter in piece.parameters()])
-        self.optimizer = type(job.optimizer)([self.flat.as_parameter()], lr=job.settings.lr,
-                                             momentum=job.settings.momentum)
-        self.objective, self.serial = job.objective, job.optimizer
-        own = serial_positions(self.pieces, self.blocks, job.objective.flat, split)
-        self.where = comm.allgather(own)                       # every rank's positions, once
-        for key, value in self.serial.state[0].items():        # a resumed run's momentum, cut to my pieces
-            self.optimizer.state[0][key] = value[own].copy()
-        self.optimizer.steps = self.serial.steps
-
-    def assemble(self, local):
-        """Every rank's ``local`` piece values as one vector in the serial model's order (on every rank)."""
-        whole = numpy.empty(self.objective.params.size, dtype=local.dtype)
-        for where, values in zip(self.where, self.comm.allgather(local)):
-            whole[where] = values
-        return whole
-
-    def gather(self):
-        """The pieces into the serial model, their momentum into its optimizer, on every rank
-        (evaluation and --save only: not counted)."""
-        self.objective.params[...] = self.assemble(self.flat.data)
-        for key, value in self.optimizer.state[0].items():
-            self.serial.state[0][key] = self.assemble(value)
-        self.serial.steps = self.optimizer.steps
 
 
 def train(comm=None, split="output", **settings):
@@ -339,8 +183,9 @@ def train(comm=None, split="output", **settings):
     settings = run.Settings.of(settings, epochs=10, momentum=0.9, partition="global", model="mlp")
     writer = checkpoint.Writer("model_parallel", checkpoint.SGD_FAMILY, layout={"pieces": comm.Get_size(),
                                                                                 "split": split})
-    job = run.start(comm, settings, check=lambda s: check(s, comm.Get_size(), split), reader=(0, 1), writer=writer)
-    mine = Partition(job, job.comm, split)
+    job = run.start(comm, settings, check=lambda s: partition.check(s, comm.Get_size(), split), reader=(0, 1),
+                    writer=writer)
+    mine = partition.Partition(job, job.comm, split)
     x_all, y_all = job.objective.data.x_train, job.objective.data.y_train
 
     def step(batch):
@@ -357,7 +202,7 @@ def train(comm=None, split="output", **settings):
 
 def main(argv=None):
     parser = cli.parser(__doc__.splitlines()[0], epochs=10, momentum=0.9, model="mlp")
-    parser.add_argument("--split", default="output", choices=SPLITS,
+    parser.add_argument("--split", default="output", choices=partition.SPLITS,
                         help="output: each rank owns some output neurons (channels) of every layer; input: some "
                              "input features (MLP only)")
     args = parser.parse_args(argv)

@@ -39,7 +39,7 @@ Cost per round, beyond training: one allgather of p scores, and per loser R mess
 floats (n = 6090 for the CNN: 49 KB each). The rounds are not an epoch loop: members read the
 same examples per round (the budget: --rounds x B each, 12 x 1280 for the defaults), but a member
 with a bigger batch takes fewer steps; each member reads an endless stream of its own shuffled
-epochs (``Stream``), so a round need not end at an epoch's end.
+epochs (``core.stream.Stream``), so a round need not end at an epoch's end.
 
 Restrictions: 2 <= M <= p with M dividing p; 0 < fraction <= 0.5. The result is the best member
 at the last ranking; its test accuracy is in the last record. --save keeps every rank's member
@@ -70,13 +70,13 @@ import math
 import numpy
 from mpi4py import MPI
 
-from algorithms import checkpoint, cli, run, tags
 from algorithms.allreduce_sgd import data_parallel_step
-from algorithms.cli import SettingError
-from algorithms.objective import Data, evaluate, load_data
+from algorithms.core import checkpoint, cli, divergence, run, tags
+from algorithms.core.cli import SettingError
+from algorithms.core.objective import evaluate, load_data
+from algorithms.core.stream import Stream, split_validation
 from collectives.trace import CountingComm
 from minidl import backend
-from minidl.data import Batch, shard
 
 SEARCHES = ("pbt", "random", "evolution")
 HYPERPARAMETERS = ("lr", "momentum", "batch_size")
@@ -167,40 +167,6 @@ def exploit_and_explore(comm, ranks_per_member, pairs, objective, optimizer, hyp
     for loser, winner in pairs:
         hyper[loser] = perturb(hyper[winner], rng)
     # END SOLUTION
-
-
-# ---- a member's data ----------------------------------------------------------------------------
-
-class Stream:
-    """A member's endless global batches: its own shuffled epochs (Generator([seed, member, epoch]))
-    cut into batches of whatever size the member has now; this rank reads piece ``piece`` of
-    ``pieces`` of each, as in synchronous SGD (minidl.data.rank_batches, partition "global")."""
-
-    def __init__(self, n, seed, member, piece, pieces):
-        self.n, self.seed, self.member, self.piece, self.pieces = n, seed, member, piece, pieces
-        self.epoch, self.position = 0, 0
-        self.order = self.shuffle()
-
-    def shuffle(self):
-        return numpy.random.default_rng([self.seed, self.member, self.epoch]).permutation(self.n)
-
-    def next(self, batch_size, limit=None):
-        """The next global batch of ``pieces`` x ``batch_size`` rows (fewer at an epoch's end, and at
-        most ``limit`` rows)."""
-        if self.position >= self.n:
-            self.epoch, self.position = self.epoch + 1, 0
-            self.order = self.shuffle()
-        rows = self.order[self.position:self.position + min(self.pieces * batch_size, limit or math.inf)]
-        self.position += len(rows)
-        return Batch(rows[shard(len(rows), self.piece, self.pieces)], len(rows))
-
-
-def split_validation(data, fraction):
-    """(training Data, held-out x, held-out y): the last ``fraction`` of the training rows are held
-    out for the ranking; the test set stays untouched for the final report."""
-    keep = len(data.x_train) - max(1, int(round(fraction * len(data.x_train))))
-    train = Data(data.x_train[:keep], data.y_train[:keep], data.x_test, data.y_test)
-    return train, data.x_train[keep:], data.y_train[keep:]
 
 
 def check(size, population, ready, rounds, fraction, search, validation, ready_batch=32):
@@ -309,7 +275,7 @@ def train(comm=None, population=None, ready=40, rounds=12, fraction=0.25, search
         score = -loss if math.isfinite(loss) else math.nan
         scores, accuracies, read = zip(*comm.allgather((score, accuracy, examples))[::per_member])
         if not any(math.isfinite(value) for value in scores):
-            raise run.Diverged(f"every member diverged by round {round_ + 1}; lower the prior's lr")
+            raise divergence.Diverged(f"every member diverged by round {round_ + 1}; lower the prior's lr")
         before = hyper.copy()
         parents = ready_step(round_, scores) if round_ < rounds - 1 else {}     # none after the last ranking
         records.append([{"round": round_ + 1, "member": m, "score": scores[m], "accuracy": accuracies[m],

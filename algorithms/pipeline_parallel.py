@@ -70,9 +70,9 @@ with other jobs on the 2 cores, against 14 s serially: 4 ranks share 2 cores, an
 import numpy
 from mpi4py import MPI
 
-from algorithms import checkpoint, cli, run, tags
-from algorithms.cli import SettingError
-from algorithms.objective import build_model
+from algorithms.core import checkpoint, cli, run, tags
+from algorithms.core.cli import SettingError
+from algorithms.core.objective import build_model
 from minidl import backend
 from minidl import functional as F
 from minidl.data import shard
@@ -81,7 +81,7 @@ from minidl.tensor import Tensor, no_grad
 
 SCHEDULES = ("gpipe", "1f1b")
 ACTIVATION, GRADIENT = tags.PIPELINE, tags.PIPELINE + 1   # micro-batch i: ACTIVATION + 2 i and GRADIENT + 2 i
-MAX_MICRO_BATCHES = tags.PIPELINE_MICRO_BATCHES       # keeps every tag in the pipeline's range (algorithms.tags)
+MAX_MICRO_BATCHES = tags.PIPELINE_MICRO_BATCHES       # keeps every tag in the pipeline's range (algorithms.core.tags)
 
 
 def schedule(kind, stage, stages, micro_batches):

@@ -13,6 +13,10 @@ Roles, by rank (``Roles``): rank 0 is the **coordinator**, ranks 1 .. S the para
                    partial sum, a max, an acknowledgement); never a vector
     workers        fetch w at the start of a batch; gradients of small portions; push every few
 
+This file holds the heart and the run; the roles' code is in algorithms/sandblaster/: ``wire``
+(``Roles``, the tags), ``coordinator`` (``Shards``, ``Coordinator``), ``shard``, ``batch`` (``Batch``)
+and ``worker``.
+
 The coordinator runs ``minidl.optim.LBFGS.step`` line for line, but every vector operation is a
 command that each shard performs on its own slice, and every inner product is a sum of the
 shards' partial sums (``Shards.dot``). The L-BFGS history (s_i, y_i) lives on the shards beside
@@ -62,7 +66,7 @@ Restrictions: p >= S + 2; S <= n; W <= --portions <= training examples; 0 < --ba
 (>= 1) only together; --model and --dataset not with --problem; --batch-size is refused (a batch
 is the training set); --resume is refused (the history would have to be saved too).
 Errors: a bad flag stops every rank before the first message (``run.start``); a non-finite loss,
-or one 100 x the first (``run.check_divergence``), makes the coordinator stop every worker and
+or one 100 x the first (``divergence.check_divergence``), makes the coordinator stop every worker and
 shard and every rank raise the same error; an exception in any role prints ``error: ...`` and
 aborts the job (``MPI.Abort(2)``): the other roles would wait for that rank's messages forever.
 
@@ -73,87 +77,17 @@ after 78 iterations), 15 to 16 s, 77 MB sent in all. ``--problem least-squares``
 loss is within 5e-14 of the optimum's after 4 epochs of 5 iterations (tutorials/figures/
 make_07_figures.py --part compare; chapter 7 has the comparison with Downpour and the straggler).
 """
-import collections
-import math
-import time
-
 import numpy
 from mpi4py import MPI
 
-from algorithms import checkpoint, cli, run, tags
-from algorithms.objective import evaluate_at
-from algorithms.ps_wire import shard_ranges
+from algorithms.core import checkpoint, cli, divergence, run
+from algorithms.core.objective import evaluate_at
+from algorithms.sandblaster.coordinator import Coordinator
+from algorithms.sandblaster.shard import Shard
+from algorithms.sandblaster.wire import Roles
+from algorithms.sandblaster.worker import work
 from collectives.trace import CountingComm, TracedComm
-from minidl import backend
 from minidl.data import least_squares
-
-CMD, REPLY, REPORT, WORK, PUSH, PUSH_DATA, FETCH, PARAMS = (tags.SB_CMD, tags.SB_REPLY, tags.SB_REPORT, tags.SB_WORK,
-                                                           tags.SB_PUSH, tags.SB_PUSH_DATA, tags.SB_FETCH, tags.SB_PARAMS)
-POLL_SECONDS = 0.0002                    # sleep between probes: ranks share the cores
-CURVATURE = 1e-10                        # minidl.optim.LBFGS keeps (s, y) only if <s, y> > this
-
-
-def wait_for(comm, source, tag):
-    """Probe until a message from ``source`` with ``tag`` is there (sleeping, not spinning); its source."""
-    status = MPI.Status()
-    while not comm.Iprobe(source=source, tag=tag, status=status):
-        time.sleep(POLL_SECONDS)
-    return status.Get_source()
-
-
-class Roles:
-    """Rank 0 coordinates, ranks 1 .. S serve the shards, ranks S+1 .. p-1 work."""
-
-    def __init__(self, size, servers, n_params):
-        if size < servers + 2:
-            raise cli.SettingError(f"{size} ranks cannot hold a coordinator, {servers} server(s) and a worker; "
-                                   f"run with mpiexec -n {servers + 2} or more, or fewer --servers")
-        self.size, self.servers = size, servers
-        self.ranges = shard_ranges(n_params, servers)
-        self.server_ranks = list(range(1, servers + 1))
-        self.worker_ranks = list(range(servers + 1, size))
-        self.workers = len(self.worker_ranks)
-
-    def role(self, rank):
-        return "coordinator" if rank == 0 else "server" if rank <= self.servers else "worker"
-
-
-# ---- the coordinator's handle on the shards: commands out, numbers back ------------------------------
-
-class Shards:
-    """Commands to every shard. ``dot``, ``max_abs``, ``norm1`` return a number reduced from one
-    partial result per shard (added in shard order); the vector commands return nothing and need
-    no answer: each shard performs them in the order sent (MPI keeps one sender's order)."""
-
-    def __init__(self, comm, server_ranks):
-        self.comm, self.ranks = comm, server_ranks
-
-    def order(self, op, **args):
-        for rank in self.ranks:
-            self.comm.send((op, args), dest=rank, tag=CMD)
-
-    def ask(self, op, **args):
-        """Send the command, then collect each shard's number, in shard order."""
-        self.order(op, **args)
-        return [self.comm.recv(source=wait_for(self.comm, rank, REPLY), tag=REPLY) for rank in self.ranks]
-
-    def dot(self, a, b):
-        return sum(self.ask("dot", a=a, b=b))
-
-    def max_abs(self, a):
-        return max(self.ask("max_abs", a=a))
-
-    def norm1(self, a):
-        return sum(self.ask("norm1", a=a))
-
-    def copy(self, target, source, factor=1.0):
-        self.order("copy", target=target, source=source, factor=factor)
-
-    def axpy(self, alpha, x, y):
-        self.order("axpy", alpha=alpha, x=x, y=y)
-
-    def scale(self, name, factor):
-        self.order("scale", name=name, factor=factor)
 
 
 def sharded_direction(shards, pairs):
@@ -184,373 +118,6 @@ def sharded_direction(shards, pairs):
     # the direction: d = -q
     shards.copy("d", "q", factor=-1.0)
     # END SOLUTION
-
-
-# ---- a parameter-server shard: its slices, its part of the history, the pushes --------------------
-
-class Shard:
-    """Server of one slice: w, g, d, the trial point, the history, and the workers' accumulators."""
-
-    def __init__(self, comm, roles, index, initial, history_size):
-        self.comm, self.roles, self.history_size = comm, roles, history_size
-        start, stop = roles.ranges[index]
-        w = numpy.array(backend.to_numpy(initial)[start:stop], copy=True)
-        self.vectors = {name: numpy.zeros_like(w) for name in ("g", "d", "q", "s", "y", "new_g")}
-        self.vectors["w"], self.vectors["trial"] = w, w.copy()
-        self.s_history, self.y_history = [], []
-        self.accrued = numpy.zeros((roles.workers, w.size), dtype=w.dtype)   # one per worker: a fixed sum order
-        self.received, self.expected = 0, None                               # portions pushed, this batch
-        self.pending = []                                                    # Isends and their buffers
-
-    def vector(self, name):
-        if isinstance(name, tuple):                                           # ("s", i) / ("y", i)
-            return (self.s_history if name[0] == "s" else self.y_history)[name[1]]
-        return self.vectors[name]
-
-    def command(self, op, args):
-        """Perform one command; return the number to send back, or None if the command needs none."""
-        v = self.vector
-        if op == "dot":
-            return float((v(args["a"]) * v(args["b"])).sum())
-        if op == "max_abs":
-            return float(abs(v(args["a"])).max())
-        if op == "norm1":
-            return float(abs(v(args["a"])).sum())
-        if op == "bytes":                        # for the log: what this shard has sent so far
-            return float(self.comm.bytes_sent)
-        if op == "copy":
-            v(args["target"])[...] = v(args["source"]) if args["factor"] == 1.0 else args["factor"] * v(args["source"])
-        elif op == "axpy":
-            v(args["y"])[...] += args["alpha"] * v(args["x"])
-        elif op == "scale":
-            v(args["name"])[...] *= args["factor"]
-        elif op == "begin":                      # a new batch at w + t d (t None: at w)
-            t = args["t"]
-            self.vectors["trial"][...] = self.vectors["w"] if t is None else self.vectors["w"] + t * self.vectors["d"]
-            self.accrued[...] = 0
-            self.received, self.expected = 0, None
-            return 0.0                           # an acknowledgement: workers may fetch now
-        elif op == "finish":                     # answered once every portion's gradient is in
-            self.expected = args["portions"]
-        elif op == "take_gradient":              # g <- new_g (the start of an epoch)
-            self.vectors["g"][...] = self.vectors["new_g"]
-        elif op == "accept":                     # s = t d, y = new_g - g; <s, y> back
-            self.vectors["s"][...] = args["t"] * self.vectors["d"]
-            self.vectors["y"][...] = self.vectors["new_g"] - self.vectors["g"]
-            return float((self.vectors["s"] * self.vectors["y"]).sum())
-        elif op == "remember":                   # the pair joins the history; the oldest leaves
-            self.s_history.append(self.vectors["s"].copy())
-            self.y_history.append(self.vectors["y"].copy())
-            del self.s_history[:-self.history_size], self.y_history[:-self.history_size]
-        elif op == "forget":
-            self.s_history, self.y_history = [], []
-        elif op == "advance":                    # w <- w + s, g <- new_g
-            self.vectors["w"] += self.vectors["s"]
-            self.vectors["g"][...] = self.vectors["new_g"]
-        else:
-            raise ValueError(f"unknown command {op!r}")
-        return None
-
-    def finish_if_complete(self):
-        if self.expected is not None and self.received == self.expected:
-            total = self.vectors["new_g"]
-            total[...] = 0
-            for row in self.accrued:             # worker order: the same sum whoever pushed first
-                total += row
-            self.expected = None
-            self.comm.send(0.0, dest=0, tag=REPLY)
-
-    def serve(self):
-        """Answer commands, pushes and fetches until the coordinator says stop."""
-        status = MPI.Status()
-        while True:
-            if not self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status):
-                time.sleep(POLL_SECONDS)
-                continue
-            source, tag = status.Get_source(), status.Get_tag()
-            if tag == CMD:
-                op, args = self.comm.recv(source=0, tag=CMD)
-                if op == "stop":
-                    break
-                answer = self.command(op, args)
-                if answer is not None:
-                    self.comm.send(answer, dest=0, tag=REPLY)
-            elif tag == PUSH:
-                portions = self.comm.recv(source=source, tag=PUSH)
-                slice_ = numpy.empty_like(self.vectors["w"])
-                self.comm.Recv(slice_, source=source, tag=PUSH_DATA)
-                self.accrued[self.roles.worker_ranks.index(source)] += slice_
-                self.received += portions
-            elif tag == FETCH:
-                self.comm.recv(source=source, tag=FETCH)
-                trial = self.vectors["trial"].copy()          # a later batch must not change what is sent
-                self.pending.append((self.comm.Isend(trial, dest=source, tag=PARAMS), trial))
-            else:
-                raise RuntimeError(f"server got an unexpected message (tag {tag}) from rank {source}")
-            self.finish_if_complete()
-        MPI.Request.Waitall([request for request, _ in self.pending])
-        return self.vectors["w"]
-
-
-# ---- the coordinator's bookkeeping of one batch: portions, pushes, backup tasks ---------------------
-
-class Batch:
-    """Which portion goes to whom, which result is kept, when to push, when to issue backups.
-
-    A portion is *finished* by a worker when reported, and *done* when pushed to the shards: the
-    first push wins. ``report`` answers (keep, drop, push): keep the portion's gradient, drop the
-    whole accumulator first (it holds a portion that another worker pushed), push the
-    accumulator now (how many portions it holds). ``next_for`` is the next portion for a worker,
-    a backup copy of an outstanding one near the end, or None (wait).
-    """
-
-    def __init__(self, number, portions, workers, threshold, push_every, deterministic):
-        self.number, self.portions, self.threshold, self.push_every = number, portions, threshold, push_every
-        self.deterministic = deterministic
-        if deterministic:                        # portion i -> worker i mod W, in order
-            self.queues = [collections.deque(range(w, portions, workers)) for w in range(workers)]
-        else:
-            self.queue = collections.deque(range(portions))
-        self.running = collections.defaultdict(set)          # portion -> workers computing it
-        self.held = collections.defaultdict(list)            # worker -> [(portion, loss)] not yet pushed
-        self.done, self.losses = set(), {}
-        self.discarded = self.backups = 0
-
-    def pending(self, worker):
-        return self.queues[worker] if self.deterministic else self.queue
-
-    def finished(self):
-        return self.done | {portion for held in self.held.values() for portion, _ in held}
-
-    def in_tail(self):
-        return len(self.finished()) >= self.threshold * self.portions
-
-    def report(self, worker, portion, loss):
-        self.running[portion].discard(worker)
-        drop = any(p in self.done for p, _ in self.held[worker])
-        if drop:                                 # someone pushed one of ours first: the sum is spoilt
-            for p, _ in self.held[worker]:
-                if p in self.done:
-                    self.discarded += 1
-                elif not self.running[p] and not any(p == q for w, held in self.held.items() if w != worker
-                                                     for q, _ in held):
-                    self.pending(worker).appendleft(p)         # nobody else has it: back to the queue
-            self.held[worker] = []
-        keep = portion not in self.done
-        if keep:
-            self.held[worker].append((portion, loss))
-        else:
-            self.discarded += 1
-        push = 0
-        held = self.held[worker]
-        if held and (len(held) >= self.push_every or self.in_tail() or not self.pending(worker)):
-            for p, portion_loss in held:         # pushed: done, and this copy's loss is the one counted
-                self.done.add(p)
-                self.losses[p] = portion_loss
-            push, self.held[worker] = len(held), []
-        return keep, drop, push
-
-    def next_for(self, worker):
-        queue = self.pending(worker)
-        if queue:
-            portion = queue.popleft()
-        elif self.deterministic or self.threshold >= 1 or not self.in_tail():
-            return None
-        else:                                    # a backup copy of an outstanding portion
-            holders = collections.Counter(p for held in self.held.values() for p, _ in held)
-            outstanding = [p for p in range(self.portions) if p not in self.done
-                           and worker not in self.running[p] and p not in dict(self.held[worker])]
-            if not outstanding:
-                return None
-            portion = min(outstanding, key=lambda p: (len(self.running[p]) + holders[p], p))
-            self.backups += 1
-        self.running[portion].add(worker)
-        return portion
-
-    def complete(self):
-        return len(self.done) == self.portions
-
-    def close(self):
-        """The batch is over: results still held or being computed will be discarded."""
-        self.discarded += sum(map(len, self.held.values())) + sum(map(len, self.running.values()))
-
-
-class Coordinator:
-    """Rank 0: runs L-BFGS on the shards (numbers only) and schedules the workers' portions."""
-
-    def __init__(self, comm, roles, options, log):
-        self.comm, self.roles, self.options, self.log = comm, roles, options, log
-        self.shards = Shards(comm, roles.server_ranks)
-        self.batch, self.number, self.idle = None, 0, []   # idle: workers waiting for a portion
-        self.discarded = self.backups = self.evaluations = 0
-        self.batch_seconds, self.worker_bytes = [], [0] * roles.workers   # worker_bytes: as last reported
-        self.failure = self.reference = self.final = None   # why it stopped early; f(w0); the last epoch's record
-
-    # -- one batch: f and g at w + t d, from the workers ----------------------------------------------
-    def evaluate(self, t):
-        o = self.options
-        started = time.perf_counter()
-        self.shards.ask("begin", t=t)            # every shard has its trial point before anyone fetches
-        self.number += 1
-        self.batch = Batch(self.number, o["portions"], self.roles.workers, o["threshold"], o["push_every"],
-                           o["deterministic"])
-        self.give_work()
-        while not self.batch.complete():
-            self.handle(self.next_report())
-        self.shards.ask("finish", portions=o["portions"])     # answered when every pushed gradient is in
-        self.batch.close()
-        self.discarded += self.batch.discarded
-        self.backups += self.batch.backups
-        self.evaluations += 1
-        self.batch_seconds.append(time.perf_counter() - started)
-        return sum(self.batch.losses[p] for p in range(o["portions"]))   # portion order: reproducible
-
-    def next_report(self):
-        source = wait_for(self.comm, MPI.ANY_SOURCE, REPORT)
-        return source, self.comm.recv(source=source, tag=REPORT)
-
-    def handle(self, report):
-        rank, message = report
-        worker = self.roles.worker_ranks.index(rank)
-        self.worker_bytes[worker] = message["bytes"]
-        reply = {"keep": False, "drop": False, "push": 0, "portion": None, "batch": None, "stop": False}
-        if message["batch"] is not None and message["batch"] != self.batch.number:
-            reply["drop"] = True                 # a result of a closed batch: discarded, counted at the close
-        elif message["batch"] is not None:
-            reply["keep"], reply["drop"], reply["push"] = self.batch.report(worker, message["portion"],
-                                                                            message["loss"])
-        portion = None if self.batch.complete() else self.batch.next_for(worker)
-        reply["portion"], reply["batch"] = portion, self.batch.number
-        self.comm.send(reply, dest=rank, tag=WORK)
-        if portion is None:
-            self.idle.append(worker)
-        self.give_work()                          # a report may open the tail: backups for the idle
-
-    def give_work(self):
-        for worker in list(self.idle):
-            portion = None if self.batch.complete() else self.batch.next_for(worker)
-            if portion is not None:
-                self.idle.remove(worker)
-                self.comm.send({"keep": False, "drop": False, "push": 0, "portion": portion,
-                                "batch": self.batch.number, "stop": False},
-                               dest=self.roles.worker_ranks[worker], tag=WORK)
-
-    def stop(self):
-        """Every worker told to stop at once, also one still on a portion (a straggler is not waited for);
-        late reports are read up to each worker's last, "stopped"; then every shard is told to stop."""
-        for rank in self.roles.worker_ranks:
-            self.comm.send({"stop": True, "drop": True}, dest=rank, tag=WORK)
-        stopped = 0
-        while stopped < self.roles.workers:
-            stopped += bool(self.next_report()[1].get("stopped"))
-        self.shards.order("stop")
-
-    # -- L-BFGS: minidl.optim.LBFGS.step, line for line, on the shards ----------------------------------
-    def train(self, epochs):
-        """L-BFGS for ``epochs``; then every worker and shard is told to stop, also after a non-finite loss."""
-        try:
-            self.lbfgs(epochs)
-        except run.Diverged as diverged:         # raised on every rank after the stop (collect)
-            self.failure = str(diverged)
-        self.stop()
-
-    def check(self, loss, iteration):
-        """Diverged on a nan or inf loss, or on one more than 100 x the start's (``run.check_divergence``)."""
-        if not math.isfinite(loss):
-            raise run.Diverged(f"loss became {'nan' if math.isnan(loss) else 'inf'} at L-BFGS iteration "
-                               f"{iteration}; lower --lr or check the data")
-        self.reference = loss if self.reference is None else self.reference
-        run.check_divergence(loss, self.reference, f"L-BFGS iteration {iteration}'s")
-
-    def lbfgs(self, epochs):
-        o, shards = self.options, self.shards
-        pairs, steps = 0, 0
-        for epoch in range(epochs):
-            loss = self.evaluate(None)                          # f(w), g(w)
-            self.check(loss, steps)
-            shards.order("take_gradient")
-            for _ in range(o["max_iter"]):
-                if shards.max_abs("g") <= o["tolerance_grad"]:
-                    break
-                sharded_direction(shards, pairs)                # d = -H g
-                slope = shards.dot("g", "d")
-                if slope >= 0:                                  # not a descent direction: restart from -g
-                    shards.order("forget")
-                    pairs = 0
-                    shards.copy("d", "g", factor=-1.0)
-                    slope = -shards.dot("g", "g")
-                t = o["lr"] if pairs else min(1.0, 1.0 / shards.norm1("g")) * o["lr"]
-                for trial in range(o["max_backtracks"]):      # if every trial fails, the last is taken
-                    t = t if trial == 0 else 0.5 * t
-                    new_loss = self.evaluate(t)
-                    if new_loss <= loss + 1e-4 * t * slope:
-                        break
-                if sum(shards.ask("accept", t=t)) > CURVATURE:      # s = t d, y = new_g - g; <s, y>
-                    shards.order("remember")
-                    pairs = min(pairs + 1, o["history"])
-                shards.order("advance")                         # w <- w + s, g <- new_g
-                change, loss = abs(new_loss - loss), new_loss
-                self.check(loss, steps)
-                steps += 1
-                if change <= o["tolerance_change"]:
-                    break
-            sent = self.comm.bytes_sent + sum(shards.ask("bytes")) + sum(self.worker_bytes)
-            record = dict(epoch=epoch + 1, train_loss=loss, iterations=steps, evaluations=self.evaluations,
-                          backups=self.backups, discarded=self.discarded, bytes=int(sent),
-                          seconds=round(time.perf_counter() - self.log.started, 3))
-            if epoch + 1 < epochs:                              # the last: collect logs it, with the test metrics
-                self.log.epoch(**record)
-            self.final = record
-
-
-# ---- a worker: portions of each batch, pushed every few ----------------------------------------------
-
-def work(comm, roles, objective, options, rows):
-    """Ask for portions until told to stop; returns how many portions this worker computed."""
-    rank, n = comm.Get_rank(), objective.n
-    accrued, computed = numpy.zeros_like(backend.to_numpy(objective.grad)), 0
-    fetched, slow = None, options["slow_factor"] if rank == options["slow_worker"] else 1.0
-    report = {"batch": None, "portion": None, "loss": None, "bytes": 0}
-    host = numpy.empty_like(accrued)
-    while True:
-        if report is not None:
-            comm.send(report, dest=0, tag=REPORT)
-        wait_for(comm, 0, WORK)
-        reply = comm.recv(source=0, tag=WORK)
-        if reply.get("drop"):
-            accrued[...] = 0
-        if reply.get("keep"):
-            accrued += host
-        if reply.get("push"):                    # the accumulated gradient, one slice per shard
-            for server, (start, stop) in zip(roles.server_ranks, roles.ranges):
-                comm.send(reply["push"], dest=server, tag=PUSH)
-                comm.Send(accrued[start:stop], dest=server, tag=PUSH_DATA)
-            accrued[...] = 0
-        while not reply["stop"] and reply["portion"] is None:   # nothing to do yet: wait for work
-            wait_for(comm, 0, WORK)
-            reply = comm.recv(source=0, tag=WORK)
-        if reply["stop"]:
-            comm.send({"stopped": True}, dest=0, tag=REPORT)      # the last message to the coordinator
-            return computed
-        if reply["batch"] != fetched:            # a new batch: fetch its parameters from every shard
-            for server in roles.server_ranks:
-                comm.send(None, dest=server, tag=FETCH)
-            params = numpy.empty_like(accrued)
-            for server, (start, stop) in zip(roles.server_ranks, roles.ranges):
-                wait_for(comm, server, PARAMS)
-                comm.Recv(params[start:stop], source=server, tag=PARAMS)
-            objective.params[...] = backend.asarray(params)
-            fetched = reply["batch"]
-        began = time.perf_counter()
-        index = rows[reply["portion"]]
-        loss = objective.loss_and_grad(index) * len(index) / n          # this portion's share of the mean
-        host[...] = backend.to_numpy(objective.grad) * (len(index) / n)
-        computed += 1
-        until = time.perf_counter() + (slow - 1) * (time.perf_counter() - began)   # the injected straggler
-        while time.perf_counter() < until and not comm.Iprobe(source=0, tag=WORK):
-            time.sleep(POLL_SECONDS)
-        report = None if comm.Iprobe(source=0, tag=WORK) else {   # a WORK message now can only be the stop
-            "batch": reply["batch"], "portion": reply["portion"], "loss": loss, "bytes": comm.bytes_sent}
 
 
 # ---- train / main -----------------------------------------------------------------------------------
@@ -637,7 +204,7 @@ def train(comm=None, servers=1, portions=32, backup_threshold=None, push_every=4
     role = roles.role(rank)
     if role == "coordinator":
         traced = TracedComm(counting)
-        coordinator = Coordinator(traced, roles, options, job.logger)
+        coordinator = Coordinator(traced, roles, options, job.logger, sharded_direction)
         abort_on_error(comm, role, coordinator.train, settings.epochs)
         mine = dict(failure=coordinator.failure, messages=traced.messages, batch_seconds=coordinator.batch_seconds,
                     backups=coordinator.backups, discarded=coordinator.discarded, evaluations=coordinator.evaluations,
@@ -657,7 +224,7 @@ def collect(comm, job, roles, mine, report):
     gathered = comm.allgather(mine)
     if gathered[0]["failure"] is not None:       # a non-finite loss: the same error on every rank
         job.logger.close()
-        raise run.Diverged(gathered[0]["failure"])
+        raise divergence.Diverged(gathered[0]["failure"])
     params = numpy.concatenate([gathered[rank]["shard"] for rank in roles.server_ranks])
     job.logger.history = comm.bcast(job.logger.history, root=0)
     final = dict(gathered[0]["final"])           # the last epoch, with the test metrics of the joined parameters

@@ -33,7 +33,7 @@ the batch is not capped (once B * decay_factor ** d exceeds the training set an 
 import dataclasses
 import math
 
-from algorithms.cli import DECAY_FACTOR, SettingError, require
+from algorithms.core.cli import DECAY_FACTOR, SettingError, require
 
 SCALINGS = ("none", "linear", "sqrt")
 

@@ -16,7 +16,7 @@ stale-synchronous, asynchronous). A worker's clock c counts its steps (pushes); 
 
 The worker's step (``ssp_step``): compute the gradient at the parameters read for clock c, push it
 and, in the same request, ask for clock c + 1's parameters. The servers enforce the rule where
-the parameters are read (``parameter_server.may_proceed``): a fetch is answered only once the
+the parameters are read (``ps.server.may_proceed``): a fetch is answered only once the
 asking clock is within s of the slowest live worker's. Because the push and the next fetch are
 one request, with s = 0 every worker reads exactly the parameters after all clock c - 1 updates
 and before any clock c update: the same w_c as synchronous SGD, whose step is
@@ -43,7 +43,9 @@ import time
 
 from mpi4py import MPI
 
-from algorithms import checkpoint, cli, downpour_sgd, ps_job, run
+from algorithms import downpour_sgd
+from algorithms.core import checkpoint, cli, run
+from algorithms.ps import job as ps_job
 
 
 def ssp_step(replica, rows, i, end_of_epoch, last_step):
@@ -90,7 +92,7 @@ def train(comm=None, staleness=2, servers=1, server_optimizer="sgd", determinist
           fail_step=None, timeout=10.0, report=None, straggler=None, straggler_delay=0.0, **settings):
     """Stale-synchronous SGD with bound ``staleness`` (None: none); returns (final parameters, history).
 
-    ``settings`` are ``run.Settings`` (the shared flags); ``report`` as in ``ps_job.run_job``;
+    ``settings`` are ``run.Settings`` (the shared flags); ``report`` as in ``ps.job.run_job``;
     ``straggler`` (a worker rank) sleeps ``straggler_delay`` seconds before each step.
     """
     comm = comm if comm is not None else MPI.COMM_WORLD

@@ -50,8 +50,8 @@ Restrictions: the model's top-level Sequential entries that are Linear layers ca
 import numpy
 from mpi4py import MPI
 
-from algorithms import checkpoint, cli, run
-from algorithms.cli import SettingError
+from algorithms.core import checkpoint, cli, run
+from algorithms.core.cli import SettingError
 from collectives.tags import DIRECT_GATHER, GATHER, SEND_BACK
 from minidl import backend
 from minidl.nn import Linear, Module, Sequential

@@ -25,7 +25,11 @@ from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
 from algorithms import model_parallel, sandblaster_lbfgs as sandblaster
-from algorithms.objective import Data, NetworkObjective, load_data
+from algorithms.core import partition
+from algorithms.core.objective import Data, NetworkObjective, load_data
+from algorithms.sandblaster import wire
+from algorithms.sandblaster.coordinator import Shards
+from algorithms.sandblaster.shard import Shard
 from collectives.trace import TracedComm
 from minidl.data import epoch_order, sparse_logistic_regression
 from minidl.nn import Conv2d, Flatten, Linear, ReLU, Sequential
@@ -240,8 +244,8 @@ def check_partitioned_equals_whole(model, features, splits):
         serial.loss_and_grad(order[start:start + 5])
         optimizer.step()
     for split in splits:
-        pieces = [model_parallel.Piece(block, comm.rank, comm.size, split)
-                  for block in model_parallel.blocks_of(model())]
+        pieces = [partition.Piece(block, comm.rank, comm.size, split)
+                  for block in partition.blocks_of(model())]
         for piece in pieces:
             for parameter in piece.parameters():
                 parameter.grad = np.zeros_like(parameter.data)
@@ -281,7 +285,7 @@ def expected_bytes(rows, size, split, features):
     return (size - 1) * rows * (forward + inner) * 8
 
 
-class InProcessShards(sandblaster.Shards):
+class InProcessShards(Shards):
     """The coordinator's handle on real ``Shard`` objects in this process (no messages)."""
 
     def __init__(self, shards):
@@ -298,8 +302,8 @@ class InProcessShards(sandblaster.Shards):
 def sharded(servers, g, s_history, y_history):
     """The direction sharded_direction leaves in the shards' d, and the shards' g after it."""
     d = len(g)
-    roles = sandblaster.Roles(servers + 2, servers, d)
-    shards = [sandblaster.Shard(None, roles, k, np.zeros(d), history_size=10) for k in range(servers)]
+    roles = wire.Roles(servers + 2, servers, d)
+    shards = [Shard(None, roles, k, np.zeros(d), history_size=10) for k in range(servers)]
     for shard, (start, stop) in zip(shards, roles.ranges):
         shard.vectors["g"][...] = g[start:stop]
         shard.s_history = [s[start:stop].copy() for s in s_history]

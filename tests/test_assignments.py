@@ -137,7 +137,7 @@ def student_tree(tmp_path_factory):
 
 @reference_only
 def test_a_student_tree_imports_has_every_body_stubbed_and_no_hidden_files(student_tree):
-    done = subprocess.run([sys.executable, "-c", "import minidl, collectives, algorithms.run, algorithms.hogwild, "
+    done = subprocess.run([sys.executable, "-c", "import minidl, collectives, algorithms.core.run, algorithms.hogwild, "
                            "algorithms.downpour_sgd, collectives.ring, minidl.conv.winograd"],
                           cwd=student_tree, capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, PYTHONPATH=str(student_tree)))

@@ -28,7 +28,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from algorithms import pbt
-from algorithms.objective import load_data
+from algorithms.core.objective import load_data
 from tutorials import assignments
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -23,8 +23,8 @@ import pytest
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
-from algorithms import checkpoint, evaluate
-from algorithms.cli import SettingError
+from algorithms.core import checkpoint, evaluate
+from algorithms.core.cli import SettingError
 from tests.helpers import (ENV, EQUAL_UP_TO_ROUNDING, ROOT, assert_stopped, float64_mlp, launch, relative_error,
                            tiny_digits)
 
@@ -193,7 +193,7 @@ def test_a_pipeline_checkpoint_continues_in_allreduce_sgd_and_evaluates_serially
     assert done.returncode == 0, done.stderr
     assert ck.is_file() and not (tmp_path / "pipeline.npz").exists()
     last = json.loads(log.read_text().splitlines()[-1])
-    done = subprocess.run([sys.executable, "-m", "algorithms.evaluate", str(ck), "--json", str(tmp_path / "e.json")],
+    done = subprocess.run([sys.executable, "-m", "algorithms.core.evaluate", str(ck), "--json", str(tmp_path / "e.json")],
                           capture_output=True, text=True, timeout=60, env=ENV, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     found = json.loads((tmp_path / "e.json").read_text())
@@ -216,7 +216,7 @@ def test_evaluate_refuses_what_is_not_a_checkpoint(tmp_path):
     junk = tmp_path / "junk.npz"
     np.savez(junk, params=np.zeros(3))
     for path, expected in ((junk, "records no 'meta'"), (tmp_path / "none.npz", "no such file")):
-        done = subprocess.run([sys.executable, "-m", "algorithms.evaluate", str(path)], capture_output=True,
+        done = subprocess.run([sys.executable, "-m", "algorithms.core.evaluate", str(path)], capture_output=True,
                               text=True, timeout=60, env=ENV, cwd=ROOT)
         assert done.returncode == 2 and done.stderr.startswith("error: ") and expected in done.stderr, done.stderr
 

@@ -21,7 +21,7 @@ from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
 from algorithms import allreduce_sgd, compressed_sgd
-from algorithms.cli import SettingError
+from algorithms.core.cli import SettingError
 from collectives import compress
 from tests.helpers import (EQUAL_UP_TO_ROUNDING, assert_stopped, float64_mlp, launch, parallel_assert_close,
                            tiny_digits)

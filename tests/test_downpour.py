@@ -10,7 +10,8 @@ import pytest
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
-from algorithms import downpour_sgd, objective, serial_sgd
+from algorithms import downpour_sgd, serial_sgd
+from algorithms.core import objective
 from tests.helpers import assert_stopped, launch, mpiexec, small_data
 
 # NO_DROPS: the tests of the workers' step (task 5.3) run without a silence timeout (timeout=None), so

@@ -1,4 +1,4 @@
-"""Downpour with model-parallel replicas (--replica-size k, algorithms/ps_replica.py) on real MPI ranks.
+"""Downpour with model-parallel replicas (--replica-size k, algorithms/ps/replica.py) on real MPI ranks.
 
 One replica of k ranks against serial SGD and serial Adagrad written out here; two replicas of two
 against two one-rank workers under the same deterministic schedule; each replica rank pushes and
@@ -9,7 +9,8 @@ import pytest
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
-from algorithms import downpour_sgd, objective
+from algorithms import downpour_sgd
+from algorithms.core import objective
 from minidl.data import batches, epoch_order
 from minidl.nn import Flatten, Linear, Sequential
 from minidl.optim import SGD, Adagrad

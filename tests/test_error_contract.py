@@ -12,9 +12,10 @@ import pytest
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
-from algorithms import admm_sgd, checkpoint, easgd, ensemble, gossip_sgd, model_averaging, run
-from algorithms.cli import SettingError
-from algorithms.objective import load_data
+from algorithms import admm_sgd, easgd, ensemble, gossip_sgd, model_averaging
+from algorithms.core import checkpoint, run
+from algorithms.core.cli import SettingError
+from algorithms.core.objective import load_data
 from collectives.cost import per_rank
 from tests.helpers import assert_stopped, launch, mpiexec
 
@@ -33,7 +34,7 @@ def test_an_output_path_that_is_a_folder_is_refused(tmp_path):
 
 
 def test_compare_checks_its_png_path_before_training():
-    done = mpiexec(RANKS, "-m", "algorithms.compare", "--epochs", "1", "--out", "/nonexistent-folder/c.png", timeout=60)
+    done = mpiexec(RANKS, "-m", "algorithms.core.compare", "--epochs", "1", "--out", "/nonexistent-folder/c.png", timeout=60)
     assert_stopped(done, "--out /nonexistent-folder/c.png")
 
 
@@ -94,7 +95,7 @@ def test_a_nan_loss_stops_every_rank_with_exit_2():
 def test_an_exception_on_one_rank_only_aborts_every_rank(tmp_path):
     script = tmp_path / "one_rank_fails.py"
     script.write_text(
-        "from algorithms import cli\n"
+        "from algorithms.core import cli\n"
         "def train(comm, **settings):\n"
         "    if comm.Get_rank() == 1:\n"
         "        raise KeyError('only on rank 1')\n"

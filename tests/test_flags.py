@@ -45,12 +45,13 @@ def parser_of(module):
     raise AssertionError(f"{module.__name__}.main() parsed no arguments")
 
 
-MODULES = sorted(info.name for info in pkgutil.iter_modules(algorithms.__path__)
-                 if hasattr(importlib.import_module(f"algorithms.{info.name}"), "main")
-                 and info.name != "evaluate")
+# every runnable module, named from algorithms. ("allreduce_sgd", "core.compare"), sub-packages included
+MODULES = sorted(info.name.removeprefix("algorithms.")
+                 for info in pkgutil.walk_packages(algorithms.__path__, prefix="algorithms.")
+                 if hasattr(importlib.import_module(info.name), "main") and info.name != "algorithms.core.evaluate")
 # a short run of each, so that a flag the walk fails to have refused costs seconds, not minutes
 SHORT = {"pbt": ["--rounds", "1", "--ready", "2"], "sandblaster_lbfgs": ["--epochs", "1", "--max-iter", "2"],
-         "compare": ["--epochs", "1", "--algorithms", "allreduce_sgd", "--out", "/tmp/minidl-flags-compare.png"]}
+         "core.compare": ["--epochs", "1", "--algorithms", "allreduce_sgd", "--out", "/tmp/minidl-flags-compare.png"]}
 
 
 def meaningless(action):

@@ -1,4 +1,4 @@
-"""The hierarchical parameter server (Downpour's ``--groups G``, ``ps_job.relay``) against the flat one.
+"""The hierarchical parameter server (Downpour's ``--groups G``, ``ps.relay``) against the flat one.
 
 Run: python tests/run.py --max-ranks 4 -- tests/test_hierarchical_ps.py
 

@@ -10,8 +10,8 @@ from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
 from algorithms import hogwild, serial_sgd
-from algorithms.cli import SettingError
-from algorithms.objective import load_data
+from algorithms.core.cli import SettingError
+from algorithms.core.objective import load_data
 from minidl.data import sparse_logistic_regression
 from tests.helpers import SERIAL_SGD, small_problem
 

@@ -10,7 +10,7 @@ import pytest
 from mpi4py import MPI
 
 from algorithms import hybrid_parallel
-from algorithms.cli import SettingError
+from algorithms.core.cli import SettingError
 from tests.helpers import EQUAL_UP_TO_ROUNDING, parallel_assert_close, serial_reference, six_layer_mlp, tiny_digits
 
 

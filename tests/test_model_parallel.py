@@ -14,7 +14,7 @@ import pytest
 from mpi4py import MPI
 
 from algorithms import model_parallel
-from algorithms.cli import SettingError
+from algorithms.core.cli import SettingError
 from minidl.nn import Conv2d, Flatten, Linear, MaxPool2d, ReLU, Sequential
 from tests.helpers import assert_stopped, check_partitioned_equals_whole, launch, tiny_digits, uneven_mlp
 
@@ -36,7 +36,7 @@ CNN_FEATURES = [64, 5 * 4 * 4, 6 * 2 * 2, 10]      # per row: the input, and eac
 @pytest.mark.task("6.2")
 @pytest.mark.parallel(nprocs=[1, 2, 3, 4])
 def test_partitioned_mlp_forward_backward_and_ten_steps_equal_the_unpartitioned_model():
-    check_partitioned_equals_whole(uneven_mlp, WIDTHS, model_parallel.SPLITS)
+    check_partitioned_equals_whole(uneven_mlp, WIDTHS, partition.SPLITS)
 
 
 @pytest.mark.task("6.2")

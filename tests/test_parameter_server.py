@@ -5,9 +5,10 @@ from hypothesis import given, settings, strategies as st
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
-from algorithms import parameter_server, ps_wire, run
-from algorithms.parameter_server import ShardServer
-from algorithms.ps_wire import Layout, ServerShards, Stopped
+from algorithms.core import run
+from algorithms.ps import server as parameter_server, wire as ps_wire
+from algorithms.ps.server import ShardServer
+from algorithms.ps.wire import Layout, ServerShards, Stopped
 from minidl import backend
 from minidl.optim import SGD, Adagrad
 from minidl.tensor import Parameter

@@ -22,7 +22,7 @@ from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
 from algorithms import pbt
-from algorithms.cli import SettingError
+from algorithms.core.cli import SettingError
 from minidl.flat import FlatParameters
 from minidl.optim import SGD
 from minidl.tensor import Parameter

@@ -15,8 +15,8 @@ from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
 from algorithms import pipeline_parallel
-from algorithms.cli import SettingError
-from algorithms.objective import NetworkObjective
+from algorithms.core.cli import SettingError
+from algorithms.core.objective import NetworkObjective
 from collectives.trace import TracedComm, WatchedComm
 from minidl.data import Batch
 from minidl.nn import Flatten, Linear, ReLU, Sequential

@@ -1,5 +1,5 @@
 """The parameter servers keep the error contract: every rank stops with one ``error:`` line and exit
-status 2, within seconds, never a hang and never a meaningless result (``algorithms.cli``).
+status 2, within seconds, never a hang and never a meaningless result (``algorithms.core.cli``).
 
 Each case runs the real command under mpiexec with a timeout (a hang fails the test), on 3 ranks
 unless it says otherwise: 1 server and 2 workers.
@@ -11,8 +11,10 @@ import pytest
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
-from algorithms import checkpoint, downpour_sgd, objective, parameter_server, ps_job, run, ssp_sgd
-from algorithms.cli import SettingError
+from algorithms import downpour_sgd, ssp_sgd
+from algorithms.core import checkpoint, objective, run
+from algorithms.core.cli import SettingError
+from algorithms.ps import job as ps_job, server as parameter_server
 from minidl.flat import flatten
 from minidl.optim import SGD, Adagrad
 from tests.helpers import assert_stopped, mpiexec
@@ -48,7 +50,8 @@ def test_an_unwritable_output_stops_every_rank_before_training(flag):
 
 SLOW_SERVER = """
 import time
-from algorithms import downpour_sgd, objective
+from algorithms import downpour_sgd
+from algorithms.core import objective
 evaluate = objective.evaluate
 def slow_evaluate(*args, **kwargs):     # rank 0's log, much slower than --timeout
     time.sleep(2.5)

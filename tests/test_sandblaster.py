@@ -1,4 +1,5 @@
-"""Sandblaster L-BFGS (algorithms/sandblaster_lbfgs.py), tied to serial full-batch L-BFGS.
+"""Sandblaster L-BFGS (algorithms/sandblaster_lbfgs.py, its roles in algorithms/sandblaster/), tied to serial
+full-batch L-BFGS.
 
 Run: python tests/run.py --max-ranks 4 -- tests/test_sandblaster.py
 
@@ -34,8 +35,13 @@ import pytest
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
-from algorithms import run, sandblaster_lbfgs as sandblaster
-from algorithms.objective import ConvexObjective, build as build_objective, evaluate_at
+from algorithms import sandblaster_lbfgs as sandblaster
+from algorithms.core import run
+from algorithms.core.objective import ConvexObjective, build as build_objective, evaluate_at
+from algorithms.sandblaster import wire
+from algorithms.sandblaster.batch import Batch
+from algorithms.sandblaster.coordinator import Coordinator, Shards
+from algorithms.sandblaster.shard import Shard
 from minidl.data import least_squares
 from minidl.optim import LBFGS, two_loop_direction
 from tests.helpers import ENV, InProcessShards, MPIEXEC, ROOT, assert_stopped, launch, sharded
@@ -63,12 +69,12 @@ class NoMessages:
     bytes_sent = 0
 
 
-class InProcessCoordinator(sandblaster.Coordinator):
+class InProcessCoordinator(Coordinator):
     """The real coordinator on in-process shards; a batch is f and g of ``function`` at the trial point."""
 
     def __init__(self, roles, w, function, **options):
-        super().__init__(NoMessages(), roles, options, run.Log(quiet=True))
-        self.shards = InProcessShards([sandblaster.Shard(NoMessages(), roles, k, w, history_size=options["history"])
+        super().__init__(NoMessages(), roles, options, run.Log(quiet=True), sandblaster.sharded_direction)
+        self.shards = InProcessShards([Shard(NoMessages(), roles, k, w, history_size=options["history"])
                                        for k in range(roles.servers)])
         self.function, self.trials = function, []
 
@@ -89,7 +95,7 @@ def test_the_coordinator_takes_the_last_evaluated_step_when_every_backtrack_fail
     # w = -2, f = 2 (under the divergence bound, 100 x max(f(1), 1) = 100)
     options = dict(lr=3.0 * 2 ** (k - 1), max_iter=1, max_backtracks=k, history=10, tolerance_grad=1e-7,
                    tolerance_change=1e-12)
-    coordinator = InProcessCoordinator(sandblaster.Roles(3, 1, 1), np.array([1.0]),
+    coordinator = InProcessCoordinator(wire.Roles(3, 1, 1), np.array([1.0]),
                                        lambda w: (0.5 * float(w[0]) ** 2, w.copy()), **options)
     coordinator.lbfgs(epochs=1)
     assert [float(trial[0]) for trial in coordinator.trials] == [1.0] + [1.0 - 3.0 * 2 ** j
@@ -104,7 +110,7 @@ def drive(batch, order):
 
 
 def test_deterministic_portions_go_to_worker_i_mod_w_and_are_pushed_once():
-    batch = sandblaster.Batch(1, portions=7, workers=3, threshold=1.0, push_every=2, deterministic=True)
+    batch = Batch(1, portions=7, workers=3, threshold=1.0, push_every=2, deterministic=True)
     given = {w: [] for w in range(3)}
     for _ in range(3):
         for w in range(3):
@@ -117,7 +123,7 @@ def test_deterministic_portions_go_to_worker_i_mod_w_and_are_pushed_once():
 
 
 def test_a_straggler_is_backed_up_and_the_first_push_wins():
-    batch = sandblaster.Batch(1, portions=4, workers=2, threshold=0.5, push_every=4, deterministic=False)
+    batch = Batch(1, portions=4, workers=2, threshold=0.5, push_every=4, deterministic=False)
     assert batch.next_for(1) == 0                           # worker 1: the straggler, stuck on portion 0
     pushes = []
     for portion in (1, 2, 3):
@@ -134,7 +140,7 @@ def test_a_straggler_is_backed_up_and_the_first_push_wins():
 
 
 def test_an_accumulator_holding_a_portion_pushed_by_another_is_dropped():
-    batch = sandblaster.Batch(1, portions=3, workers=2, threshold=0.5, push_every=3, deterministic=False)
+    batch = Batch(1, portions=3, workers=2, threshold=0.5, push_every=3, deterministic=False)
     assert batch.next_for(1) == 0
     assert batch.report(1, 0, 1.0) == (True, False, 0)      # the straggler holds portion 0, unpushed
     assert batch.next_for(1) == 1                           # ... and is slow on portion 1
@@ -175,7 +181,7 @@ def test_sandblaster_equals_serial_lbfgs_with_and_without_backup_tasks():
         sizes = [message.nbytes for message in report["messages"]]
         checks[f"coordinator messages small, S={servers}"] = sizes and max(sizes) < min(200, slice_bytes)
         checks[f"coordinator tags, S={servers}"] = {m.tag for m in report["messages"]} <= {
-            sandblaster.CMD, sandblaster.REPLY, sandblaster.REPORT, sandblaster.WORK}
+            wire.CMD, wire.REPLY, wire.REPORT, wire.WORK}
     if comm.size == 4:                          # 2 workers: one straggler, backups from the other
         report = {}
         params, _ = sandblaster.train(comm, servers=1, portions=12, push_every=2, backup_threshold=0.5,
@@ -193,7 +199,7 @@ def test_sandblaster_equals_serial_lbfgs_with_and_without_backup_tasks():
     ("sandblaster_lbfgs", ["--batch-size", "8"], 3, "--batch-size is not used by sandblaster_lbfgs"),
     ("async_easgd", ["--tau", "0"], 3, "--tau must be an integer >= 1, got 0"),
     ("sandblaster_lbfgs", ["--lr", "1e300"], 3, "at L-BFGS iteration 0; lower --lr"),
-    # a diverged run (loss > 100 x the start's, run.check_divergence) stops every rank, as elsewhere
+    # a diverged run (loss > 100 x the start's, divergence.check_divergence) stops every rank, as elsewhere
     ("sandblaster_lbfgs", ["--lr", "1e10", "--max-iter", "3"], 3, "the run diverged: L-BFGS iteration"),
     # flags accepted but ignored in some combination are refused in it
     ("sandblaster_lbfgs", ["--slow-factor", "5"], 4, "--slow-worker R and --slow-factor X come together (worker R "
@@ -251,7 +257,7 @@ def test_a_straggler_with_backup_tasks_does_not_hold_the_jobs_end(tmp_path):
 
 
 def test_the_log_ends_with_the_test_metrics_every_algorithm_logs(tmp_path):
-    # the keys of allreduce_sgd's per-epoch record (algorithms.run's loop) are in sandblaster's last one, and
+    # the keys of allreduce_sgd's per-epoch record (algorithms.core.run's loop) are in sandblaster's last one, and
     # its test accuracy is that of the saved parameters, evaluated here
     done = launch("allreduce_sgd", "--model", "mlp", "--epochs", "1", "--log", str(tmp_path / "sgd.jsonl"), ranks=3)
     assert done.returncode == 0, done.stderr
@@ -268,13 +274,14 @@ def test_the_log_ends_with_the_test_metrics_every_algorithm_logs(tmp_path):
 
 
 PLANTED = """
-from algorithms import run, sandblaster_lbfgs as sandblaster
-command = sandblaster.Shard.command
+from algorithms import sandblaster_lbfgs as sandblaster
+from algorithms.sandblaster.shard import Shard
+command = Shard.command
 def failing(self, op, args):
     if op == "accept":
         raise RuntimeError("planted failure")
     return command(self, op, args)
-sandblaster.Shard.command = failing
+Shard.command = failing
 sandblaster.main(["--problem", "least-squares", "--epochs", "1"])
 """
 

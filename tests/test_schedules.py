@@ -17,9 +17,10 @@ from hypothesis import given, settings, strategies as st
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
-from algorithms import allreduce_sgd, run
-from algorithms.cli import SettingError
-from algorithms.objective import NetworkObjective
+from algorithms import allreduce_sgd
+from algorithms.core import run
+from algorithms.core.cli import SettingError
+from algorithms.core.objective import NetworkObjective
 from algorithms.schedule import Schedule
 from minidl.data import epoch_order
 from minidl.optim import SGD

@@ -91,8 +91,8 @@ def test_each_fenced_heart_sits_inside_one_function_below_its_docstring(path):
         assert not nested, f"{path.name}:{begin}: a fence must not hold a whole nested definition"
 
 
-ALGORITHM_MODULES = [path for path in python_files("algorithms")
-                     if "def train(" in path.read_text() and path.name != "compare.py"]
+ALGORITHM_MODULES = [path for path in python_files("algorithms")           # a module-level train(), not a method
+                     if re.search(r"^def train\(", path.read_text(), re.M) and path.name != "compare.py"]
 
 
 @pytest.mark.parametrize("path", ALGORITHM_MODULES, ids=[path.stem for path in ALGORITHM_MODULES])
@@ -164,6 +164,38 @@ def collectives_reached_otherwise(path):
         elif isinstance(node, ast.Attribute) and node.attr == "collectives":
             found.append(f"line {node.lineno}: collectives reached through {ast.unparse(node.value)}")
     return found
+
+
+def algorithm_modules_imported(path):
+    """The modules of algorithms/ that ``path`` imports, named from algorithms/ ("model_parallel",
+    "core.compare"): ``from algorithms import x``, ``from algorithms.x import y``, ``import algorithms.x``."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            modules = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        else:
+            continue
+        names.update(module.removeprefix("algorithms.") for module in modules if module.startswith("algorithms."))
+    return names
+
+
+def test_the_machinery_imports_no_runnable_algorithm_module():
+    """core/ and ps/ sit below the papers at the top of algorithms/: what two algorithms share moves
+    down into them, never the other way. ``core/compare.py`` is the one exception by nature: it runs
+    several algorithms side by side, and nothing in algorithms/ imports it."""
+    runnable = {path.stem for path in (ROOT / "algorithms").glob("*.py")
+                if re.search(r"^def main\(", path.read_text(), re.M)}
+    machinery = [path for room in ("core", "ps") for path in python_files(f"algorithms/{room}")
+                 if path.name != "compare.py"]
+    assert runnable and machinery
+    upward = {str(path.relative_to(ROOT)): sorted(algorithm_modules_imported(path) & runnable)
+              for path in machinery if algorithm_modules_imported(path) & runnable}
+    assert not upward, f"machinery importing runnable algorithm modules: {upward}"
+    importers = [str(path.relative_to(ROOT)) for path in python_files("algorithms")
+                 if "core.compare" in algorithm_modules_imported(path)]
+    assert not importers, f"algorithms/ importing the comparison driver: {importers}"
 
 
 def test_algorithms_import_collectives_by_name():

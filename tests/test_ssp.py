@@ -10,7 +10,9 @@ from hypothesis import given, settings, strategies as st
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
-from algorithms import objective, ps_job, ssp_sgd
+from algorithms import ssp_sgd
+from algorithms.core import objective
+from algorithms.ps.worker import worker_batches
 from minidl.flat import flatten
 from minidl.optim import SGD
 from minidl.tensor import Parameter
@@ -43,7 +45,7 @@ def test_every_read_is_within_s_clocks_of_the_slowest_worker_by_the_servers_logs
                   servers=servers, deterministic=deterministic, timeout=None, quiet=True, data=data,
                   report=report)                          # timeout: see NO_DROPS in tests/test_downpour.py
     # every step of every worker reads once (the first before it, the others with the previous push)
-    steps = [epochs * len(ps_job.worker_batches(len(data.x_train), seed, 0, w, workers, batch)) for w in range(workers)]
+    steps = [epochs * len(worker_batches(len(data.x_train), seed, 0, w, workers, batch)) for w in range(workers)]
     for log in report["logs"]:
         reads = clock_staleness_at_each_read(log, workers)
         parallel_assert([len(reads.get(w, [])) for w in range(workers)] == steps, f"reads {reads}, steps {steps}")
@@ -63,7 +65,7 @@ def synchronous_sgd(data, model, seed, epochs, batch_size, lr, workers, ranges, 
     net = objective.build_model(model, seed)
     flat = flatten(net)
     steps = [[batch for epoch in range(epochs)
-              for batch in ps_job.worker_batches(len(data.x_train), seed, epoch, w, workers, batch_size)]
+              for batch in worker_batches(len(data.x_train), seed, epoch, w, workers, batch_size)]
              for w in range(workers)]
     shards = []
     for start, stop in ranges:

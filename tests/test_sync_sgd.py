@@ -16,8 +16,9 @@ from hypothesis import given, settings, strategies as st
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
-from algorithms import admm_sgd, allreduce_sgd, cli, easgd, ensemble, gossip_sgd, model_averaging, run, serial_sgd
-from algorithms.objective import Data, NetworkObjective
+from algorithms import admm_sgd, allreduce_sgd, easgd, ensemble, gossip_sgd, model_averaging, serial_sgd
+from algorithms.core import cli, run
+from algorithms.core.objective import Data, NetworkObjective
 from minidl.data import least_squares, rank_batches
 from tests.helpers import (EQUAL_UP_TO_ROUNDING, assert_stopped, expect_error_on_every_rank, float64_mlp, launch,
                            parallel_assert_close, same_on_every_rank, serial_reference, tiny_digits)
@@ -295,7 +296,7 @@ def test_compare_draws_one_png_with_every_algorithm(tmp_path):
     from pathlib import Path
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     mpiexec = str(Path(sys.executable).parent / "mpiexec")
-    done = subprocess.run([mpiexec, "-n", "2", sys.executable, "-m", "algorithms.compare", "--epochs", "1",
+    done = subprocess.run([mpiexec, "-n", "2", sys.executable, "-m", "algorithms.core.compare", "--epochs", "1",
                            "--model", "mlp", "--out", str(tmp_path / "c.png"), "--json", str(tmp_path / "c.json")],
                           capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr

@@ -10,7 +10,8 @@ import numpy as np
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
-from algorithms import async_easgd, ps_job
+from algorithms import async_easgd
+from algorithms.ps.worker import worker_batches
 
 LR, RHO, TAU, BATCH, EPOCHS = 0.05, 2.0, 3, 8, 2
 
@@ -20,7 +21,7 @@ def worker_program(problem, worker, workers, seed, alpha):
     x = yield ("fetch",)                       # the job's first fetch: start from the centre
     x = x.copy()
     for epoch in range(EPOCHS):
-        for i, rows in enumerate(ps_job.worker_batches(problem.n, seed, epoch, worker, workers, BATCH)):
+        for i, rows in enumerate(worker_batches(problem.n, seed, epoch, worker, workers, BATCH)):
             grad = problem.grad(x, rows)
             if i % TAU == 0:
                 center = yield ("fetch",)
@@ -67,6 +68,6 @@ def check_against_its_replay(problem, seed):
         equal, message = False, f"the log cannot be replayed: {failure}"
     parallel_assert(equal, f"p={comm.size}: {message}")
     pushes = sum(1 for event in report["logs"][0] if event[0] == "push")
-    per_worker = [-(-len(ps_job.worker_batches(problem.n, seed, 0, w, workers, BATCH)) // TAU) * EPOCHS
+    per_worker = [-(-len(worker_batches(problem.n, seed, 0, w, workers, BATCH)) // TAU) * EPOCHS
                   for w in range(workers)]
     parallel_assert(pushes == sum(per_worker), f"{pushes} pushes, expected {sum(per_worker)} (one per tau steps)")

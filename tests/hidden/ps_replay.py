@@ -15,7 +15,8 @@ applied in the logged order", which is what an asynchronous run claims to be.
 """
 import numpy as np
 
-from algorithms import objective, ps_job
+from algorithms.core import objective
+from algorithms.ps.worker import worker_batches
 from minidl.flat import flatten
 from minidl.optim import SGD, Adagrad
 from minidl.tensor import Parameter
@@ -31,7 +32,7 @@ def worker_program(worker, workers, data, model, seed, epochs, batch_size, lr, n
     net = objective.build_model(model, seed)
     flat = flatten(net)
     accrued = np.zeros_like(flat.grad)
-    plan = [ps_job.worker_batches(len(data.x_train), seed, epoch, worker, workers, batch_size)
+    plan = [worker_batches(len(data.x_train), seed, epoch, worker, workers, batch_size)
             for epoch in range(epochs)]
     total = sum(len(batches) for batches in plan)
     step = 0

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from algorithms import serial_sgd
-from algorithms.objective import NetworkObjective
+from algorithms.core.objective import NetworkObjective
 from minidl import Tensor, functional as F, gradcheck, optim
 from minidl.conv import im2col as im2col_module
 from minidl.nn import Flatten, Linear, Sequential

@@ -12,8 +12,9 @@ import pytest
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
-from algorithms import admm_sgd, allreduce_sgd, easgd, ensemble, gossip_sgd, model_averaging, run
-from algorithms.objective import NetworkObjective
+from algorithms import admm_sgd, allreduce_sgd, easgd, ensemble, gossip_sgd, model_averaging
+from algorithms.core import run
+from algorithms.core.objective import NetworkObjective
 from minidl.data import rank_batches
 from minidl.data.sharding import Batch
 from minidl.optim import SGD

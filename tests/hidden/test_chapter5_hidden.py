@@ -13,9 +13,11 @@ import pytest
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
-from algorithms import downpour_sgd, hogwild, objective, parameter_server, ps_wire, run, ssp_sgd
-from algorithms.parameter_server import ShardServer
-from algorithms.ps_wire import Layout, ServerShards
+from algorithms import downpour_sgd, hogwild, ssp_sgd
+from algorithms.core import objective, run
+from algorithms.ps import server as parameter_server, wire as ps_wire
+from algorithms.ps.server import ShardServer
+from algorithms.ps.wire import Layout, ServerShards
 from minidl.flat import flatten
 from minidl.optim import SGD, Adagrad
 from minidl.tensor import Parameter

@@ -12,7 +12,7 @@ from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
 from algorithms import hybrid_parallel, pipeline_parallel
-from algorithms.objective import NetworkObjective
+from algorithms.core.objective import NetworkObjective
 from minidl.data import Batch, epoch_order
 from minidl.nn import Conv2d, Flatten, Linear, MaxPool2d, ReLU, Sequential
 from minidl.optim import SGD

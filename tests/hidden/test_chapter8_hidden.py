@@ -14,7 +14,7 @@ from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
 from algorithms import compressed_sgd, sufficient_factors
-from algorithms.objective import NetworkObjective
+from algorithms.core.objective import NetworkObjective
 from collectives import compress, sparse
 from collectives.compress import Sparse
 from minidl.data import rank_batches

@@ -10,7 +10,8 @@ from hypothesis import given, settings, strategies as st
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
-from algorithms import downpour_sgd, objective, ssp_sgd
+from algorithms import downpour_sgd, ssp_sgd
+from algorithms.core import objective
 from minidl.flat import flatten
 from tests.hidden import ps_replay
 from tests.helpers import small_data

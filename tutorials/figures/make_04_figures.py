@@ -3,7 +3,7 @@
     python tutorials/figures/make_04_figures.py [--quick] [--seeds 0,1,2,3,4] [--out FOLDER] [--only compare|noniid]
     python tutorials/figures/make_04_figures.py --render      # tables and figures again from the JSON, no training
 
-1. compare: `mpiexec -n p python -m algorithms.compare --seed s` for p = 1, 2, 4 and seeds 0 to 4
+1. compare: `mpiexec -n p python -m algorithms.core.compare --seed s` for p = 1, 2, 4 and seeds 0 to 4
    (every algorithm, its default settings, 20 epochs) -> 04_compare.json (every history; per p and
    algorithm the final test accuracy of each seed, its mean, standard deviation and 95% t
    interval, the mean of every logged quantity, bytes per rank, examples processed), 04_table.md
@@ -41,10 +41,11 @@ sys.path.insert(0, str(ROOT))
 
 from mpi4py import MPI  # noqa: E402
 
-from algorithms import compare, model_averaging  # noqa: E402
-from algorithms.objective import load_data  # noqa: E402
+from algorithms import model_averaging  # noqa: E402
+from algorithms.core import compare  # noqa: E402
+from algorithms.core.objective import load_data  # noqa: E402
 
-TRAIN_ROWS = 1438            # digits: 1797 images, 359 held out for the test set (algorithms/objective.py)
+TRAIN_ROWS = 1438            # digits: 1797 images, 359 held out for the test set (algorithms/core/objective.py)
 TEST_ROWS = 359
 REPLICATED = {"ensemble"}    # every member reads the whole training set each epoch (partition "replicated")
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
@@ -57,14 +58,14 @@ def mpirun(p, *args):
 
 
 def compare_runs(p, seed, epochs, quick):
-    """{algorithm: history} of `algorithms.compare` at p ranks (quick: this process's ranks)."""
+    """{algorithm: history} of `algorithms.core.compare` at p ranks (quick: this process's ranks)."""
     if quick:
         comm = MPI.COMM_WORLD
         return compare.compare(comm, list(compare.ALGORITHMS), data=load_data("digits", seed), dataset="digits",
                                model="cnn", epochs=epochs, lr=0.05, momentum=0.9, batch_size=32, seed=seed,
                                quiet=True)
     path = Path(tempfile.gettempdir()) / f"04_compare_p{p}_s{seed}.json"
-    mpirun(p, "-m", "algorithms.compare", "--seed", str(seed), "--epochs", str(epochs),
+    mpirun(p, "-m", "algorithms.core.compare", "--seed", str(seed), "--epochs", str(epochs),
            "--out", str(path.with_suffix(".png")), "--json", str(path))
     return json.loads(path.read_text())["histories"]
 

@@ -37,8 +37,9 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
-from algorithms import allreduce_sgd, checkpoint, run  # noqa: E402
-from algorithms.objective import build, load_data  # noqa: E402
+from algorithms import allreduce_sgd  # noqa: E402
+from algorithms.core import checkpoint, run  # noqa: E402
+from algorithms.core.objective import build, load_data  # noqa: E402
 from collectives import calibrate  # noqa: E402
 from collectives.nonblocking import overlap_prediction  # noqa: E402
 

@@ -34,7 +34,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from algorithms import downpour_sgd, hogwild, objective, serial_sgd, ssp_sgd
+from algorithms import downpour_sgd, hogwild, serial_sgd, ssp_sgd
+from algorithms.core import objective
 
 comm = MPI.COMM_WORLD
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out")   # what the figure scripts write

@@ -33,7 +33,8 @@ import numpy as np
 from mpi4py import MPI
 
 from algorithms import downpour_sgd, model_parallel, pipeline_parallel
-from algorithms.objective import Data, NetworkObjective, load_data
+from algorithms.core import partition
+from algorithms.core.objective import Data, NetworkObjective, load_data
 from collectives import allreduce
 from collectives.trace import CountingComm, WatchedComm
 from minidl.data import Batch
@@ -185,8 +186,8 @@ def measure_bytes(batch_sizes, m=4):
         record["pipeline"] = {"bytes": counting.total_bytes(),
                               "formula": pipeline_parallel.bytes_per_step(rows, widths, 4)}
         # model parallel, each split
-        for split in model_parallel.SPLITS:
-            pieces = [model_parallel.Piece(block, comm.rank, P, split) for block in model_parallel.blocks_of(objective.net)]
+        for split in partition.SPLITS:
+            pieces = [partition.Piece(block, comm.rank, P, split) for block in partition.blocks_of(objective.net)]
             for piece in pieces:
                 for parameter in piece.parameters():
                     parameter.grad = np.zeros_like(parameter.data)

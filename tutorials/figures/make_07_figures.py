@@ -89,7 +89,7 @@ def serial_lbfgs(seed, epochs, max_iter):
     """minidl.optim.LBFGS on the same problem, one step(closure) per epoch: (seconds, loss) per epoch."""
     sys.path.insert(0, str(ROOT))
     import numpy
-    from algorithms.objective import ConvexObjective
+    from algorithms.core.objective import ConvexObjective
     from algorithms.sandblaster_lbfgs import default_problem
     from minidl.optim import LBFGS
     problem = default_problem(seed)

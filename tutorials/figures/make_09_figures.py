@@ -49,7 +49,8 @@ MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
 
 from mpi4py import MPI  # noqa: E402
 
-from algorithms import allreduce_sgd, run  # noqa: E402
+from algorithms import allreduce_sgd  # noqa: E402
+from algorithms.core import divergence  # noqa: E402
 
 BASE_BATCH, BASE_LR, MOMENTUM = 16, 0.02, 0.9
 METHODS = ("pbt", "random", "evolution")
@@ -73,7 +74,7 @@ def serial(seed, epochs, **schedule):
     settings.update(schedule)
     try:
         return allreduce_sgd.train(MPI.COMM_SELF, allreduce="mpi", **settings)[1]
-    except run.Diverged:
+    except divergence.Diverged:
         return None
 
 

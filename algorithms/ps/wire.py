@@ -4,8 +4,9 @@
     servers = ServerShards(comm, layout, dtype)         # a worker's side: push, fetch, goodbye
     request = receive_request(comm, rank, grad_buffer)  # a server's side of one request
     outbox.reply(rank, version, min_clock, status, shard)
+    wait_for(comm, source, tag)                         # probe until it is there, sleeping POLL_SECONDS between
 
-``parameter_server`` holds what a server decides; this module only moves it. The messages:
+``ps.server`` holds what a server decides; this module only moves it. The messages:
 
     tag       from -> to                 what
     REQUEST   worker -> every server     a small pickled dict: push?, fetch?, steps, the version and
@@ -25,11 +26,12 @@ a server keeps answering late requests while it waits (``ShardServer.serve``), s
 that turns out to be alive finds each request answered and no message is left unmatched.
 """
 import dataclasses
+import time
 
 import numpy
 from mpi4py import MPI
 
-from algorithms import tags
+from algorithms.core import tags
 from minidl import backend
 from minidl.data import shard_sizes
 
@@ -37,6 +39,14 @@ REQUEST, GRAD, REPLY, PARAMS, CONTROL, SNAPSHOT, EPOCH = (tags.PS_REQUEST, tags.
                                                         tags.PS_CONTROL, tags.PS_SNAPSHOT, tags.PS_EPOCH)
 OK, DROPPED, STOP = 0, 1, 2                           # the status of a reply
 POLL_SECONDS = 0.0002                                 # sleep between probes: ranks share cores
+
+
+def wait_for(comm, source, tag):
+    """Probe until a message from ``source`` with ``tag`` is there (sleeping, not spinning); its source."""
+    status = MPI.Status()
+    while not comm.Iprobe(source=source, tag=tag, status=status):
+        time.sleep(POLL_SECONDS)
+    return status.Get_source()
 
 
 # ---- who is what ---------------------------------------------------------------------------------
@@ -60,7 +70,7 @@ def shard_ranges(n, servers):
 class Layout:
     """Ranks 0 .. servers-1 serve ``ranges``; the rest are workers (worker index = rank - servers).
 
-    ``replica_size`` k > 1: a worker is a model-parallel replica of k consecutive ranks (``ps_replica``);
+    ``replica_size`` k > 1: a worker is a model-parallel replica of k consecutive ranks (``ps.replica``);
     worker w is ranks servers + w k .. servers + w k + k - 1, and ``rank_of(w)`` the first of them.
     """
     size: int
@@ -109,10 +119,10 @@ class ServerShards:
     """A worker's handle on the S servers: ``push`` gradients and ``fetch`` parameters.
 
     ``server_ranks``: the ranks of the servers (default 0 .. S-1; a hierarchical job's workers talk
-    to their group server instead, ``ps_job.relay``). ``slices``: for each server, the (start, stop)
+    to their group server instead, ``ps.relay``). ``slices``: for each server, the (start, stop)
     of this rank's vector that it holds (default ``layout.ranges``: the whole vector, cut as the
     servers cut it). A rank of a model-parallel replica holds only its own parameters, and talks only
-    to the servers whose slice is not empty (``ps_replica``). ``values_pushed`` and
+    to the servers whose slice is not empty (``ps.replica``). ``values_pushed`` and
     ``values_fetched`` count the gradient and parameter values this rank has sent and received.
 
     ``versions[k]`` / ``min_clocks[k]`` are what server k reported at the last fetch; ``basis`` is

@@ -15,7 +15,7 @@ import dataclasses
 
 import numpy
 
-from algorithms import cli
+from algorithms.core import cli
 from minidl import backend, data as datasets, models
 from minidl import functional as F
 from minidl.flat import FlatParameters, flatten

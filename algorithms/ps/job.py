@@ -1,67 +1,54 @@
-"""Running a parameter-server job: start, serve or work, collect (rank 0's per-epoch log: ``ps_log``).
+"""Running a parameter-server job: start, serve or work, collect (rank 0's per-epoch log: ``ps.log``).
 
 Downpour SGD (``downpour_sgd``) and stale-synchronous SGD (``ssp_sgd``) share everything here and
 differ only in the worker's step (``worker_step``) and the servers' staleness bound:
 
     start     every rank, before any message: check every setting, build the model and data, read
               --resume, open --log, check --save; then one allgather: every rank goes on, or every
-              rank stops with the same ``error: ...`` (the contract of ``algorithms.cli``)
+              rank stops with the same ``error: ...`` (the contract of ``algorithms.core.cli``)
     serve     ranks 0 .. S-1: ShardServer(...).serve(), with the epoch log (``EpochLog``) beside it
-    work      ranks S .. p-1: for each step: worker_step(replica, rows, ...)  (pushes and fetches inside)
+    work      ranks S .. p-1: for each step: worker_step(replica, rows, ...)  (``ps.worker``; pushes
+              and fetches inside)
+    relay     ranks S .. S+G-1 of a hierarchical server: a group server (``ps.relay``)
     collect   every rank: one allgather of the shards, the servers' logs and any error; then either
               the same error on every rank, or rank 0 prints the summary and writes --save
 
-Data: in each epoch the permutation ``minidl.data.epoch_order(n, seed, epoch)`` is cut into W
-contiguous blocks (``minidl.data.shard``) and worker w trains on block w in batches of
-``batch_size``. With one worker this is exactly serial SGD's order.
+Data: worker w trains on block w of each epoch's permutation (``ps.worker.worker_batches``).
 
 Epochs: a worker pushes at the end of each of its epochs (Downpour's flush); rank 0 logs epoch e
 once every server has snapshotted its shard after the last live worker's epoch-e push
-(``ps_log.EpochLog``, which watches the servers and has its own messages).
+(``ps.log.EpochLog``, which watches the servers and has its own messages).
 
 Errors: a worker whose loss is not finite stops the job (its goodbye carries the reason to every
 server, which then answers every worker's next fetch with STOP); rank 0 stops it the same way
 when an epoch's mean training loss is more than 100x the loss at the start
-(``run.check_divergence``; the start is the mean loss of the workers' first steps). Losing every
+(``divergence.check_divergence``; the start is the mean loss of the workers' first steps). Losing every
 worker is an error too. Every rank then raises the same error in ``collect``: exit 2 everywhere.
 
-A hierarchical server (``groups`` G, >= 1; Ben-Nun & Hoefler's hierarchical parameter server):
-ranks 0 .. S-1 are the root shards, ranks S .. S+G-1 group servers, the rest workers, cut into G
-groups of equal size k in rank order. A group server (``relay``) collects one request from each
-of its workers (a round: with n_fetch = n_push = 1 each carries one step's gradient), pushes their
-sum to the root shards as one push and answers every worker of the group with the parameters it
-fetched. To the root a group server is one worker, so the root receives one push per k worker
-steps: its bytes drop by the group size. Inside a group the workers are synchronous (the sum of k
-gradients at the same parameters); across groups they are as asynchronous as Downpour's.
+A hierarchical server (``groups`` G): ranks S .. S+G-1 are group servers between the workers and
+the root shards (``ps.relay``).
 
-Model-parallel replicas (``replica_size`` k > 1, ``ps_replica``): the worker ranks form replicas
+Model-parallel replicas (``replica_size`` k > 1, ``ps.replica``): the worker ranks form replicas
 of k consecutive ranks, each with its own communicator (one ``comm.Split`` by every rank in
 ``run_job``). A replica trains on its share of the data as one worker does; each of its ranks runs
 the worker's step on its own pieces and pushes and fetches only its own parameters; its first
 rank reports the epochs. The servers count a replica as one worker (``Layout.worker_of``).
 
-A simulated worker failure (``fail_worker`` rank R, ``fail_step`` K): at the start of its step K
-worker R completes what it has already sent and then goes silent: no more pushes, no fetch,
-no goodbye. The servers notice nothing but silence; after ``timeout`` seconds server 0 drops it
-and the others train on. Why the process does not really die: MPICH (like MPI without the ULFM
-fault-tolerance extension) aborts the whole job when one rank exits early, so a real crash would
-take every rank down, not test the server. The "crashed" rank therefore sits silent until the
-others finish and only then joins the final barrier, so that MPI can shut down and every rank
-exits 0. From the servers' side it is indistinguishable from a hung or cut-off machine.
+A simulated worker failure (``fail_worker`` rank R, ``fail_step`` K): ``ps.worker`` explains it.
 """
 import dataclasses
 import math
-import time
 
 import numpy
 from mpi4py import MPI
 
-from algorithms import (checkpoint, cli, model_parallel, objective as objectives, parameter_server, ps_replica,
-                        ps_wire as wire, run)
-from algorithms.ps_log import EpochLog
-from algorithms.cli import SettingError
-from minidl import backend, data as datasets
-from minidl.data import epoch_order
+from algorithms.core import checkpoint, cli, divergence, objective as objectives, partition, run
+from algorithms.core.cli import SettingError
+from algorithms.ps import replica as ps_replica, server as parameter_server, wire
+from algorithms.ps.log import EpochLog
+from algorithms.ps.relay import relay
+from algorithms.ps.worker import steps_per_epoch, work
+from minidl import backend
 
 
 class JobFailed(RuntimeError):
@@ -86,7 +73,7 @@ class Settings:
     fail_step: int = None
     timeout: float = 10.0              # seconds of silence before server 0 drops a worker (DEFAULT_TIMEOUT)
     groups: int = None                 # a hierarchical server with this many group servers; None: flat
-    replica_size: int = 1              # ranks per worker: a model-parallel replica (ps_replica) when > 1
+    replica_size: int = 1              # ranks per worker: a model-parallel replica (ps.replica) when > 1
 
     @property
     def hierarchical(self):
@@ -149,16 +136,6 @@ class Settings:
                                    f"got {self.fail_step!r}")
 
 
-def worker_batches(n, seed, epoch, worker, workers, batch_size):
-    """Worker ``worker``'s batches in ``epoch``: block ``worker`` of the epoch's permutation."""
-    mine = epoch_order(n, seed, epoch)[datasets.shard(n, worker, workers)]
-    return [mine[batch] for batch in datasets.batches(len(mine), batch_size)]
-
-
-def steps_per_epoch(n, batch_size, worker, workers):
-    return math.ceil(len(datasets.shard(n, worker, workers)) / batch_size)
-
-
 def epoch_ends(job):
     """{(worker, epoch): that worker's clock (pushes) at the end of the epoch}: known in advance,
     because a worker pushes every n_push steps and at each epoch's end. With groups the root's
@@ -207,9 +184,9 @@ def start(comm, settings, ps, writer):
         meta = writer.meta(settings, size)
         objective = objectives.build(settings.model, settings.dataset, settings.seed, settings.data,
                                      settings.data_dir, settings.problem)
-        if ps.replica_size > 1:                    # the model's widths: model_parallel's own check
-            model_parallel.check(dataclasses.replace(settings, save=None, resume=None), ps.replica_size,
-                                 ps_replica.SPLIT)
+        if ps.replica_size > 1:                    # the model's widths: model parallelism's own check
+            partition.check(dataclasses.replace(settings, save=None, resume=None), ps.replica_size,
+                            ps_replica.SPLIT)
         if ps.hierarchical:                        # the root's view: the G group servers are its workers
             workers = size - ps.servers - ps.groups
             if workers < ps.groups or workers % ps.groups:
@@ -247,7 +224,7 @@ def serve(job):
     if ps.hierarchical:                            # the epoch reports come from the workers, not the group servers
         epoch_log.reporters = range(job.comm.Get_size() - ps.servers - ps.groups)
     replica_indices = None
-    if ps.replica_size > 1:                        # who owns what in every replica (ps_replica)
+    if ps.replica_size > 1:                        # who owns what in every replica (ps.replica)
         replica_indices = [ps_replica.owned_indices(job.objective, ps.replica_size, j) for j in range(ps.replica_size)]
     warm_start_steps = ps.warm_start_steps if job.first_epoch == 0 else 0     # the run's start, not a resumed one's
     server = parameter_server.ShardServer(
@@ -261,151 +238,13 @@ def serve(job):
     if server.failure is not None:               # the algorithm raised: every rank raises it (collect)
         error = server.failure
     elif server.stopping is not None:
-        error = run.Diverged(server.stopping)
+        error = divergence.Diverged(server.stopping)
     elif server.index == 0 and not server.finished:
         silent = ", ".join(f"rank {layout.rank_of(w)} after {steps} steps" for w, (steps, _) in server.dropped.items())
         error = JobFailed(f"every worker was lost ({silent}, each silent for more than --timeout {ps.timeout} s); "
                           "no worker finished, so there is no result")
     return {"shard": backend.to_numpy(server.param.data), "state": server.optimizer.state_dict(),
             "log": server.log, "dropped": server.dropped, "error": error}
-
-
-# ---- work: ranks S .. p-1 ---------------------------------------------------------------------------
-
-@dataclasses.dataclass
-class Replica:
-    """What a worker's step works on: its model copy, its handle on the servers, its accrued gradient."""
-    objective: object                  # params, grad, loss_and_grad(rows)
-    servers: wire.ServerShards
-    lr: float
-    n_fetch: int
-    n_push: int
-    accrued: object = None             # gradient summed since the last push
-    accrued_steps: int = 0
-
-    def __post_init__(self):
-        self.accrued = backend.xp().zeros_like(self.objective.grad)
-
-
-def work(job, worker_step, replica_comm=None):
-    """This rank's worker: train its share, then wait for every rank; returns how it ended.
-
-    ``replica_comm``: the communicator of this rank's model-parallel replica (``ps_replica``), or None."""
-    dtype = backend.to_numpy(job.objective.params).dtype
-    objective = job.objective
-    if replica_comm is not None:                   # my pieces of the replica; my indices, to their shards
-        objective = ps_replica.ReplicaPart(job.objective, replica_comm)
-        servers = wire.ServerShards(job.comm, job.layout, dtype, slices=ps_replica.slices(objective.owned,
-                                                                                          job.layout.ranges))
-    elif job.ps.hierarchical:                        # talk to the group server; index and count among the workers
-        size, first = job.comm.Get_size(), job.ps.servers + job.ps.groups
-        group = (job.comm.Get_rank() - first) // ((size - first) // job.ps.groups)
-        whole = wire.Layout(size, 1, ((0, job.objective.params.size),))
-        servers = wire.ServerShards(job.comm, whole, dtype, server_ranks=[job.ps.servers + group])
-        job = dataclasses.replace(job, layout=wire.Layout(size, first, job.layout.ranges))
-    else:
-        servers = wire.ServerShards(job.comm, job.layout, dtype)
-    replica = Replica(objective, servers, job.settings.lr, job.ps.n_fetch, job.ps.n_push)
-    try:
-        ending, error = train_share(job, replica, worker_step)
-    except wire.WorkerDropped:
-        ending, error = "dropped", None
-    except wire.Stopped:
-        ending, error = "stopped", None
-    except Exception as failure:                 # noqa: BLE001 - the step raised: stop the job, raise everywhere
-        ending, error = "stopped", failure
-    if ending != "crashed":
-        servers.goodbye(stop=None if error is None else str(error))
-    run.wait_together(job.comm)
-    return {"ending": ending, "error": error, "values": (servers.values_pushed, servers.values_fetched),
-            "replica_bytes": objective.group.bytes_sent if replica_comm is not None else 0}
-
-
-def train_share(job, replica, worker_step):
-    """The worker's epochs; returns (ending, error): 'finished', 'crashed' (simulated) or 'stopped'."""
-    s, rank, layout = job.settings, job.comm.Get_rank(), job.layout
-    worker, n = layout.worker_of(rank), job.objective.n
-    plan = [(epoch, worker_batches(n, s.seed, epoch, worker, layout.workers, s.batch_size))
-            for epoch in range(job.first_epoch, s.epochs)]
-    total = sum(len(batches) for _, batches in plan)
-    step, first_loss = 0, None
-    for epoch, batches in plan:
-        loss_sum = 0.0
-        for i, rows in enumerate(batches):
-            if rank == job.ps.fail_worker and step == job.ps.fail_step:
-                replica.servers.wait()           # what was sent arrives; then silence, no goodbye
-                return "crashed", None
-            if step == 0:
-                replica.servers.fetch(replica.objective.params)       # w <- the servers' w_0
-            loss = worker_step(replica, rows, i, end_of_epoch=i == len(batches) - 1, last_step=step == total - 1)
-            if not math.isfinite(loss):          # the goodbye tells every server: the job stops
-                return "stopped", run.Diverged(f"loss became {'nan' if math.isnan(loss) else 'inf'} at step "
-                                               f"{step} on rank {rank}; lower --lr or check the data")
-            first_loss = loss if first_loss is None else first_loss
-            loss_sum += loss
-            step += 1
-        if rank == layout.rank_of(worker):     # one report per replica
-            replica.servers.report_epoch(worker=worker, epoch=epoch, loss_sum=loss_sum, batches=len(batches),
-                                         first_loss=first_loss)
-    return "finished", None
-
-
-# ---- relay: ranks S .. S+G-1 of a hierarchical server ----------------------------------------------
-
-def relay(job):
-    """A group server: one push to the root per round of its workers' steps, the answer to all of them."""
-    comm, ps = job.comm, job.ps
-    size, first = comm.Get_size(), ps.servers + ps.groups
-    group_size = (size - first) // ps.groups
-    group = comm.Get_rank() - ps.servers
-    members = list(range(first + group * group_size, first + (group + 1) * group_size))
-    dtype = backend.to_numpy(job.objective.params).dtype
-    root = wire.ServerShards(comm, job.layout, dtype)          # to the root, this rank is one worker
-    grad = numpy.empty(job.objective.params.size, dtype=dtype)
-    total, params = numpy.zeros_like(grad), numpy.zeros_like(grad)
-    pushed = {rank: numpy.zeros_like(grad) for rank in members}      # each worker's gradient in this round
-    outbox = wire.Outbox(comm, job.layout)
-    live, waiting, steps, stop, status = set(members), set(), 0, None, wire.OK
-    while live or steps:
-        for rank in sorted(live - waiting):      # the next request of each worker not yet in this round
-            if wire.waiting_request(comm, rank) is None:
-                continue
-            request = wire.receive_request(comm, rank, grad)
-            stop = stop or request["stop"]
-            if request["push"]:
-                pushed[rank] += grad
-                steps += request["steps"]
-            if request["goodbye"]:
-                live.discard(rank)
-            elif request["fetch"]:
-                waiting.add(rank)
-        if live and not live <= waiting:
-            time.sleep(wire.POLL_SECONDS)
-            continue
-        # a round: every worker still training has asked; one push (and fetch) for all of them. The sum
-        # is taken in rank order, not in the order the requests came: floating-point addition is not
-        # associative, and arrival order would make the same seed give different bits.
-        for rank in members:
-            total += pushed[rank]
-            pushed[rank][...] = 0
-        if status == wire.OK and stop is None:
-            try:
-                if steps:
-                    root.push(total, steps, fetch_into=params if waiting else None)
-                elif waiting:
-                    root.fetch(params)
-            except wire.Stopped:
-                status = wire.STOP
-        elif stop is not None:
-            status = wire.STOP
-        total[...], steps = 0, 0
-        for rank in sorted(waiting):
-            outbox.reply(rank, int(root.versions[0]), int(root.min_clocks[0]), status, params.copy())
-        waiting = set()
-    root.goodbye(stop=stop)                      # a worker's stop reason reaches the root shards
-    run.wait_together(comm)
-    outbox.complete()
-    return {"ending": "relayed", "error": None}
 
 
 # ---- collect: every rank -----------------------------------------------------------------------------
@@ -415,7 +254,7 @@ def collect(job, mine, name, report=None):
     comm, layout, s = job.comm, job.layout, job.settings
     gathered = comm.allgather(mine)
     errors = [part["error"] for part in gathered if part["error"] is not None]
-    errors.sort(key=lambda error: isinstance(error, (run.Diverged, JobFailed)))   # a raised exception first
+    errors.sort(key=lambda error: isinstance(error, (divergence.Diverged, JobFailed)))   # a raised exception first
     if errors:                                   # else the lowest rank's: server 0 heard the first reason
         job.logger.close()
         raise errors[0]
@@ -451,15 +290,20 @@ def collect(job, mine, name, report=None):
     return params, history
 
 
-def run_job(comm, worker_step, settings, ps, name, writer, report=None):
+def run_job(comm, worker_step, settings, ps, name, writer, report=None, replica_gradient=None):
     """One parameter-server job on ``comm``; returns (final flat parameters, per-epoch history) on every rank.
 
     ``report``, if a dict, is filled on every rank with the servers' logs (``logs[k]``: server k's
     events in the order it handled them, see ``ShardServer``), the lost workers, the layout, what
     each worker rank ended as, and per worker rank the values it pushed and fetched (``values``) and
     the bytes it sent inside its model-parallel replica (``replica_bytes``). ``writer``: the
-    algorithm's ``checkpoint.Writer``.
+    algorithm's ``checkpoint.Writer``. ``replica_gradient``: with ``ps.replica_size`` > 1, the
+    forward and backward pass of a model-parallel replica, ``(comm, pieces, x, labels, split) -> mean
+    loss`` (Downpour hands in ``model_parallel.model_parallel_gradient``: the machinery here imports
+    no algorithm module).
     """
+    if ps.replica_size > 1 and replica_gradient is None:
+        raise ValueError("a job of model-parallel replicas (replica_size > 1) needs their replica_gradient")
     comm = comm if comm is not None else MPI.COMM_WORLD
     job = start(comm, settings, ps, writer)
     replica_comm = None
@@ -473,7 +317,7 @@ def run_job(comm, worker_step, settings, ps, name, writer, report=None):
     elif ps.hierarchical and comm.Get_rank() < job.layout.size:
         mine = relay(job)
     else:
-        mine = work(job, worker_step, replica_comm)
+        mine = work(job, worker_step, replica_comm, replica_gradient)
     if replica_comm is not None and replica_comm != MPI.COMM_NULL:
         replica_comm.Free()
     return collect(job, mine, name, report)

@@ -25,7 +25,7 @@ A push and the fetch that follows it travel as one request, so the server applie
 answers the fetch without serving anyone in between: that is what makes s = 0 exactly synchronous.
 
 Deterministic mode (``schedule_seed``): the server serves its workers in an order drawn from the
-seed, an epoch's end a barrier for every worker (``ps_schedule``): the run is replayable from its
+seed, an epoch's end a barrier for every worker (``ps.schedule``): the run is replayable from its
 log, and a run resumed after an epoch is the longer run bit for bit.
 
 A lost worker: server 0 drops a live worker that it is not holding, that has no request waiting
@@ -40,16 +40,17 @@ Stopping: a worker whose loss is not finite says so in its goodbye, which reache
 Cost per worker step with n_fetch = n_push = 1 (n parameters, S servers, b bytes each):
 2 S messages of n/S b bytes (push, reply) plus 2 S small ones; each server receives and sends
 n/S b bytes per worker step, so S servers split the bandwidth that one server would need.
-The messages themselves are ``ps_wire``'s.
+The messages themselves are ``ps.wire``'s.
 """
 import dataclasses
 import time
 
 import numpy
 
-from algorithms import ps_wire as wire, run
-from algorithms.ps_schedule import Schedule
-from algorithms.ps_wire import Layout, shard_ranges  # noqa: F401 - the servers' layout, read here
+from algorithms.core import run
+from algorithms.ps import wire
+from algorithms.ps.schedule import Schedule
+from algorithms.ps.wire import Layout, shard_ranges  # noqa: F401 - the servers' layout, read here
 from minidl import backend
 from minidl.optim import SGD, Adagrad
 from minidl.tensor import Parameter
@@ -99,10 +100,10 @@ class ShardServer:
     job does beside serving (rank 0's per-epoch log), kept out of the server's algorithm.
 
     ``epoch_ends``: (worker, epoch) -> the worker's clock at that epoch's end, the deterministic schedule's
-    barriers (``ps_schedule``).
+    barriers (``ps.schedule``).
 
     ``replica_indices`` (model-parallel replicas, ``layout.replica_size`` k > 1): for each position j
-    of a replica, the sorted flat indices that rank j of every replica owns (``ps_replica``). A
+    of a replica, the sorted flat indices that rank j of every replica owns (``ps.replica``). A
     worker is then a replica: its request is the requests of those of its ranks that own indices
     of this shard (``senders``), each carrying the gradient of its own indices only, and each
     answered with the parameters at its own indices only.
@@ -256,7 +257,7 @@ class ShardServer:
         """``function(*args)``; if it raises, the job stops instead of leaving workers waiting.
 
         Every held fetch and every later one is answered STOP, the workers say goodbye, and
-        ``ps_job.collect`` raises the exception on every rank (a course task's stub or a bug in
+        ``ps.job.collect`` raises the exception on every rank (a course task's stub or a bug in
         the server's algorithm fails the run within a poll, not after a test's timeout).
         """
         try:

@@ -10,7 +10,7 @@ request. Every server draws the same sequence and sees the same requests in the 
 whole run is a function of the seed: replayable. (Two servers with different schedules could
 deadlock: each waiting for a worker that waits on the other.)
 
-Epochs (``epoch_ends``, from ``ps_job.epoch_ends``; a worker's clock is its pushes applied):
+Epochs (``epoch_ends``, from ``ps.job.epoch_ends``; a worker's clock is its pushes applied):
 
     barrier    a worker whose last push ended epoch e is answered only when every live worker has
                pushed the end of its epoch e

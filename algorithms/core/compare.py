@@ -1,6 +1,6 @@
 """Run several data-parallel algorithms on the same data and seed; draw their curves into one PNG.
 
-    mpiexec -n 4 python -m algorithms.compare [--algorithms allreduce_sgd,model_averaging,...] [--out compare.png]
+    mpiexec -n 4 python -m algorithms.core.compare [--algorithms allreduce_sgd,model_averaging,...] [--out compare.png]
 
 Every algorithm runs in turn on the same communicator, with the same model, data split, seed,
 epochs, learning rate, momentum and per-rank batch size (the shared flags), and its own
@@ -13,8 +13,9 @@ the histories, so a figure or table can be redrawn without training again
 """
 import json
 
-from algorithms import admm_sgd, allreduce_sgd, cli, easgd, ensemble, gossip_sgd, model_averaging, run
-from algorithms.objective import load_data
+from algorithms import admm_sgd, allreduce_sgd, easgd, ensemble, gossip_sgd, model_averaging
+from algorithms.core import cli, run
+from algorithms.core.objective import load_data
 
 ALGORITHMS = {
     "allreduce_sgd": allreduce_sgd.train,

@@ -16,7 +16,7 @@ one *family* resumes in any algorithm of that family on any number of ranks. The
 ``sgd`` is one model and one SGD state, the same on every rank (serial, allreduce, pipeline,
 model-parallel and hybrid SGD); every other algorithm is a family of its own, because what it keeps
 (a centre, residuals, a server's Adagrad sums) means nothing to another. ``python -m
-algorithms.evaluate FILE`` evaluates any checkpoint serially.
+algorithms.core.evaluate FILE`` evaluates any checkpoint serially.
 
 ``--resume`` refuses, naming both sides, a file of another family, model or dataset, or whose
 state-shaping flags differ (``--compressor topk`` in the file, ``qsgd`` here); with ``rank.*`` rows
@@ -31,8 +31,8 @@ import os
 
 import numpy
 
-from algorithms import cli
-from algorithms.cli import SettingError
+from algorithms.core import cli
+from algorithms.core.cli import SettingError
 from minidl import backend
 from minidl.nn import read_npz
 
@@ -141,7 +141,7 @@ def check_match(path, written, mine):
         raise SettingError(f"--resume {path}: written by {written['algorithm']} (family {written['family']}), whose "
                            f"state {here} (family {mine['family']}) cannot "
                            f"continue (resume it with {written['algorithm']}, or evaluate it with "
-                           f"python -m algorithms.evaluate {path})")
+                           f"python -m algorithms.core.evaluate {path})")
     for key, flag in (("model", "--model"), ("dataset", "--dataset")):
         if written[key] != mine[key]:
             raise SettingError(f"--resume {path}: written with {flag} {written[key]} by {written['algorithm']}, "

@@ -1,9 +1,9 @@
 """Evaluate any checkpoint on the test set, serially, whatever algorithm and layout wrote it.
 
-    python -m algorithms.evaluate params.npz [--data-dir D] [--json OUT]
+    python -m algorithms.core.evaluate params.npz [--data-dir D] [--json OUT]
 
 A ``--save`` file holds the serial model's flat parameters and records what wrote it
-(``algorithms.checkpoint``: the algorithm, the model, the dataset and the seed of its train/test
+(``algorithms.core.checkpoint``: the algorithm, the model, the dataset and the seed of its train/test
 split), so this builds that model on that test set, puts the parameters in and prints the test
 loss and accuracy: the same numbers the run's own last log line printed, bit for bit, since the
 run evaluated the same parameters with the same serial code (``objective.evaluate``). A file it
@@ -12,9 +12,9 @@ cannot evaluate (missing, not a checkpoint, a convex problem's) is ``error: ...`
 import argparse
 import json
 
-from algorithms import checkpoint, cli
-from algorithms.cli import SettingError
-from algorithms.objective import build as build_objective
+from algorithms.core import checkpoint, cli
+from algorithms.core.cli import SettingError
+from algorithms.core.objective import build as build_objective
 from minidl import backend
 from minidl.nn import read_npz
 

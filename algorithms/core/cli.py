@@ -13,7 +13,7 @@ The error contract (``run_main``): any bad input or failure stops every rank wit
 ``error: <what, where>`` and exit status 2, never a traceback for something a user can cause and
 never a hang. Settings are checked on every rank before the first message (``run.start`` agrees
 on the outcome of the set-up, so a file that only one rank cannot read still stops all of them);
-a non-finite loss is agreed on by every rank (``run.FiniteCheck``). Anything else that escapes
+a non-finite loss is agreed on by every rank (``divergence.FiniteCheck``). Anything else that escapes
 on some rank aborts the whole job (``MPI.Abort(2)``), so the other ranks cannot wait forever.
 """
 import argparse
@@ -60,7 +60,7 @@ def parser(description, epochs=10, lr=0.05, batch_size=32, model="cnn", momentum
     if files:
         p.add_argument("--log", default=None, help="write one JSON object per epoch to this file")
         p.add_argument("--save", default=None, help="write final parameters and optimizer state (a .npz "
-                       "file at exactly this path; see algorithms.checkpoint)")
+                       "file at exactly this path; see algorithms.core.checkpoint)")
         p.add_argument("--resume", default=None, help="start from a file written by --save")
     p.add_argument("--quiet", action="store_true", help="no per-epoch output")
     if partition is not None:

@@ -5,10 +5,11 @@
 Dean et al. 2012, sections 3 and 4.1: a Downpour model replica is itself a model partitioned
 across machines, and "each machine [of a replica] needs to communicate with just the subset of
 parameter server shards that hold the model parameters relevant to its partition". Here rank j of
-a replica of k ranks holds piece j of every layer (``model_parallel.Piece``, split by output
-neurons or channels); the replica's forward and backward pass is
-``model_parallel.model_parallel_gradient`` on the replica's own communicator, and Downpour's step
-(``downpour_sgd.downpour_step``) runs unchanged on every rank of it, on that rank's parameters only.
+a replica of k ranks holds piece j of every layer (``core.partition.Piece``, split by output
+neurons or channels); the replica's forward and backward pass is the ``gradient`` the algorithm
+hands in (Downpour's: ``model_parallel.model_parallel_gradient``) on the replica's own
+communicator, and Downpour's step (``downpour_sgd.downpour_step``) runs unchanged on every rank
+of it, on that rank's parameters only.
 
 Which parameters a rank pushes and fetches: an index map. The servers keep the flat parameter
 vector in the model's own order, cut into S contiguous shards as for one-rank workers, and rank j
@@ -43,12 +44,13 @@ default CNN (tutorials/06, section 5): a rank of a replica of 2 moves 24360 byte
 from the server instead of a one-rank worker's 48720, and sends 49792 inside its replica for a
 batch of 32.
 
-Restrictions: the output split only; k <= the narrowest split width of the model (model_parallel's
-check); k dividing the p - S worker ranks; not with --groups or --fail-worker; no convex problems.
+Restrictions: the output split only; k <= the narrowest split width of the model
+(``core.partition.check``); k dividing the p - S worker ranks; not with --groups or --fail-worker;
+no convex problems.
 """
 import numpy
 
-from algorithms import model_parallel
+from algorithms.core import partition
 from collectives.trace import CountingComm
 from minidl.data import shard
 from minidl.flat import FlatParameters
@@ -62,7 +64,7 @@ def owned_indices(objective, size, position):
     of a replica of ``size`` ranks owns."""
     offsets = {id(parameter): start for parameter, (start, _) in zip(objective.flat.parameters, objective.flat.offsets)}
     owned = []
-    for _, layer, _ in model_parallel.blocks_of(objective.net):
+    for _, layer, _ in partition.blocks_of(objective.net):
         axis = 1 if isinstance(layer, Linear) else 0          # the axis of the output neurons or channels
         cols = shard(layer.weight.shape[axis], position, size)
         for parameter, along in ((layer.weight, axis), (layer.bias, 0)):
@@ -82,18 +84,18 @@ def slices(owned, ranges):
 
 class ReplicaPart:
     """What ``downpour_step`` sees as ``replica.objective`` on rank j of a replica: ``params`` and
-    ``grad`` (the vectors of this rank's pieces), and ``loss_and_grad(rows)`` (model-parallel).
+    ``grad`` (the vectors of this rank's pieces), and ``loss_and_grad(rows)`` (model-parallel:
+    ``gradient(comm, pieces, x, labels, split)``, the mean loss, the pieces' gradients in their .grad).
     ``group.bytes_sent``: the bytes this rank has sent to the other ranks of its replica."""
 
-    def __init__(self, objective, group):
-        self.objective, self.group = objective, CountingComm(group)
+    def __init__(self, objective, group, gradient):
+        self.objective, self.group, self.gradient = objective, CountingComm(group), gradient
         rank, size = group.Get_rank(), group.Get_size()
         self.owned = owned_indices(objective, size, rank)
-        self.pieces = [model_parallel.Piece(block, rank, size, SPLIT) for block in model_parallel.blocks_of(objective.net)]
+        self.pieces = [partition.Piece(block, rank, size, SPLIT) for block in partition.blocks_of(objective.net)]
         self.flat = FlatParameters([parameter for piece in self.pieces for parameter in piece.parameters()])
         self.params, self.grad = self.flat.data, self.flat.grad
 
     def loss_and_grad(self, rows):
         data = self.objective.data
-        return model_parallel.model_parallel_gradient(self.group, self.pieces, data.x_train[rows], data.y_train[rows],
-                                                      SPLIT)
+        return self.gradient(self.group, self.pieces, data.x_train[rows], data.y_train[rows], SPLIT)

@@ -8,7 +8,7 @@
 ``start`` checks the settings, builds the objective and the optimizer, reads ``--resume`` and opens
 ``--log`` on every rank, then agrees on the outcome in one small message, so a bad setting, a file
 only one rank cannot read, or an unwritable output stops every rank before any training (the
-error contract, ``algorithms.cli``). ``loop`` is the only epoch loop of the family:
+error contract, ``algorithms.core.cli``). ``loop`` is the only epoch loop of the family:
 
     for each epoch:
         for each of this rank's batches (minidl.data.rank_batches):
@@ -18,21 +18,21 @@ error contract, ``algorithms.cli``). ``loop`` is the only epoch loop of the fami
         log {epoch, train_loss, evaluate(), bytes}
     --save
 
-Checkpoints (``--save`` / ``--resume``) are ``algorithms.checkpoint``'s; ``Run.keep`` registers an
+Checkpoints (``--save`` / ``--resume``) are ``algorithms.core.checkpoint``'s; ``Run.keep`` registers an
 algorithm's own per-rank state (EASGD's centre, ADMM's z and u) so they resume bit for bit too.
 """
 import dataclasses
 import json
-import math
 import time
 
 import numpy
 from mpi4py import MPI
 
 import collectives
-from algorithms import checkpoint, cli
-from algorithms.cli import SettingError
-from algorithms.objective import build as build_objective
+from algorithms.core import checkpoint, cli
+from algorithms.core.cli import SettingError
+from algorithms.core.divergence import FiniteCheck, check_divergence
+from algorithms.core.objective import build as build_objective
 from algorithms.schedule import Schedule
 from minidl import backend
 from minidl.data import rank_batches
@@ -147,66 +147,6 @@ class Log:
     def close(self):
         if self.file:
             self.file.close()
-
-
-# ---- a non-finite loss stops every rank -----------------------------------------------------------
-
-class FiniteCheck:
-    """A non-finite loss stops *every* rank, naming the step and rank where it first appeared.
-
-    Each rank remembers its own first non-finite loss; every ``every`` steps (and at each epoch's
-    end) the ranks agree on the earliest (step, rank) with one 8-byte ``Allreduce(MIN)`` on the
-    algorithm's counting communicator, so its bytes are in the log. Without the agreement a rank
-    that raised alone would leave the others waiting forever in their next collective. ``every``
-    > 1 makes it cheaper (the run then stops up to ``every - 1`` steps late, still naming the first
-    step); 0 agrees at epoch ends only.
-    """
-
-    NONE = numpy.iinfo(numpy.int64).max
-
-    def __init__(self, comm, every=1):
-        self.comm, self.every = comm, every
-        self.first = None                       # (step, 'nan' or 'inf') on this rank
-
-    def __call__(self, loss, step):
-        if self.first is None and not math.isfinite(loss):
-            self.first = (step, "nan" if math.isnan(loss) else "inf")
-        if self.every and (step + 1) % self.every == 0:
-            self.agree()
-
-    def agree(self):
-        size, rank = self.comm.Get_size(), self.comm.Get_rank()
-        code = numpy.array([self.NONE], dtype=numpy.int64)
-        if self.first is not None:              # (step, rank, kind) as one orderable integer
-            code[0] = (self.first[0] * size + rank) * 2 + (self.first[1] == "inf")
-        if size > 1:
-            self.comm.Allreduce(MPI.IN_PLACE, code, op=MPI.MIN)
-        if code[0] != self.NONE:
-            step_rank, is_inf = divmod(int(code[0]), 2)
-            step, bad_rank = divmod(step_rank, size)
-            raise Diverged(f"loss became {'inf' if is_inf else 'nan'} at step {step} on rank {bad_rank}; "
-                           "lower --lr or check the data")
-
-
-class Diverged(FloatingPointError):
-    """The run diverged; every rank raises it together."""
-    every_rank = True
-
-
-DIVERGED_FACTOR = 100
-
-
-def check_divergence(loss, reference, where):
-    """Diverged unless ``loss`` is finite and at most DIVERGED_FACTOR x max(``reference``, 1).
-
-    ``reference`` is the loss at the start of the run (the mean loss of the first steps, taken
-    at the initial weights). A run whose loss grew a hundredfold has not learned: its numbers
-    would be a result only in name (e.g. Adagrad with --lr 1e6 ends at loss 1e24, 10% accuracy).
-    Call it with numbers every rank agrees on, so every rank raises together.
-    """
-    if not math.isfinite(loss) or loss > DIVERGED_FACTOR * max(reference, 1.0):
-        raise Diverged(f"the run diverged: {where} loss {loss:.4g}, against {reference:.4g} at the start "
-                       f"(more than {DIVERGED_FACTOR}x); lower --lr")
 
 
 def agree_on_errors(comm, error):

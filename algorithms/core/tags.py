@@ -7,10 +7,10 @@ must allow. A range ``(first, count)`` holds ``count`` tags from ``first``: the 
 are per micro-batch, PBT's per member.
 """
 
-# the parameter-server wire (algorithms.ps_wire): requests, pushed gradients, replies, parameters,
+# the parameter-server wire (algorithms.ps.wire): requests, pushed gradients, replies, parameters,
 # control messages, epoch snapshots, epoch ends
 PS_REQUEST, PS_GRAD, PS_REPLY, PS_PARAMS, PS_CONTROL, PS_SNAPSHOT, PS_EPOCH = range(501, 508)
-# Sandblaster (algorithms.sandblaster_lbfgs): coordinator commands and replies, workers' reports,
+# Sandblaster (algorithms.sandblaster.wire): coordinator commands and replies, workers' reports,
 # work orders, pushes and their data, fetches and parameters
 SB_CMD, SB_REPLY, SB_REPORT, SB_WORK, SB_PUSH, SB_PUSH_DATA, SB_FETCH, SB_PARAMS = range(601, 609)
 GOSSIP = 7201                   # gossip SGD: partners swap parameter vectors

@@ -1,20 +1,21 @@
 """Rank 0's per-epoch log of a parameter-server job: not the servers' algorithm, it watches them.
 
 A worker pushes at the end of each of its epochs (Downpour's flush), so worker w's epoch e ends
-with its push number ``ends[w, e]``, known in advance (``ps_job.epoch_ends``). Each server
+with its push number ``ends[w, e]``, known in advance (``ps.job.epoch_ends``). Each server
 snapshots its shard right after the last of the live workers' epoch-e pushes (``watch``, called
 by the server between requests) and sends it to rank 0 on its own tag; rank 0 joins the S
 snapshots, evaluates them and logs epoch e with the mean training loss the workers report at
 their epochs' ends. Asynchronous workers drift apart, so "epoch e" is the state after every
 worker's epoch e, while the faster ones may already be into epoch e + 1. Rank 0 also stops the
 job when an epoch's mean training loss is more than 100x the loss at the start
-(``run.check_divergence``).
+(``divergence.check_divergence``).
 """
 import time
 
 import numpy
 
-from algorithms import objective as objectives, ps_wire as wire, run
+from algorithms.core import divergence, objective as objectives
+from algorithms.ps import wire
 from minidl import backend
 
 
@@ -79,8 +80,8 @@ class EpochLog:
         if self.reference is None:               # the loss at the start: the workers' first steps
             self.reference = float(numpy.mean([r["first_loss"] for r in reports.values()]))
         try:
-            run.check_divergence(train_loss, self.reference, f"epoch {epoch + 1}'s mean training")
-        except run.Diverged as diverged:
+            divergence.check_divergence(train_loss, self.reference, f"epoch {epoch + 1}'s mean training")
+        except divergence.Diverged as diverged:
             server.stop(str(diverged), tell_servers=True)
             return
         params = numpy.concatenate([parts[k] for k in range(self.layout.servers)])
