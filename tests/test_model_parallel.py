@@ -14,6 +14,7 @@ import pytest
 from mpi4py import MPI
 
 from algorithms import model_parallel
+from algorithms.core import partition
 from algorithms.core.cli import SettingError
 from minidl.nn import Conv2d, Flatten, Linear, MaxPool2d, ReLU, Sequential
 from tests.helpers import assert_stopped, check_partitioned_equals_whole, launch, tiny_digits, uneven_mlp

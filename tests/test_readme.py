@@ -37,7 +37,7 @@ def test_the_readmes_algorithm_table_and_the_runnable_modules_are_the_same_and_e
     for name in runnable:                          # each header opens with the command that runs it
         module = importlib.import_module(f"algorithms.{name}")
         assert callable(module.main), name
-        line = run_line(ROOT / "algorithms" / f"{name}.py")
+        line = run_line(ROOT / "algorithms" / (name.replace(".", "/") + ".py"))
         assert re.match(RUN_LINE.format(name=name), line), \
             f"algorithms/{name}.py: the header's second paragraph should open with its run line, not {line!r}"
 
