@@ -9,24 +9,28 @@ from minidl import backend, pool
 from minidl.bench.cases import main_cases
 from minidl.bench.table import print_table
 from minidl.bench.timing import best_ms
-from minidl.conv import im2col as kernel
+from minidl.conv import im2col, im2col_blocked as blocked
 
 BREAKDOWN_LAYERS = ("conv2d large fwd+bwd", "lenet conv1 fwd+bwd", "lenet conv2 fwd+bwd", "lenet pool1 fwd+bwd",
                     "lenet fc1 fwd+bwd")
 
 
 def conv_stages(shape, rng, xp):
-    """[(pass, stage, fn, flops, scale)]: the im2col layer's steps (minidl.conv.im2col) with its own building blocks.
+    """[(pass, stage, fn, flops, scale)]: the steps of the im2col layer (minidl.conv.im2col_blocked), one by one.
 
-    Each stage is one of the calls the layer makes, on arrays of the layer's shapes, so the stages
-    add up to about the layer's time (not exactly: caches are warmer when a stage runs alone).
-    Where the layer cuts its batch into blocks of images (``im2col.image_blocks``), a per-block
-    stage runs on one block and counts ``scale`` = N / images per block times; for stride 1 the
-    output gradient's columns serve both gradients (a transposing copy of x instead of its
-    columns), otherwise the layer rebuilds each block's columns ("im2col copy (rebuilt)").
+    Each stage calls the kernel's own functions (``im2col.zero_pad``, ``im2col.im2col``,
+    ``im2col.gradient_2d``, ``im2col.weight_gradient``, ``im2col.col2im``,
+    ``im2col_blocked.flipped_weight``, ``im2col_blocked.add_shifted_runs``; a GEMM is the one
+    ``xp.matmul`` the kernel runs) on arrays of the layer's shapes, and the input gradient's stages
+    follow ``im2col_blocked.input_gradient_path``, the same choice the layer's backward makes, so
+    the stages add up to about the layer's time (not exactly: caches are warmer when a stage runs
+    alone). Where the layer cuts its batch into blocks of images (``im2col_blocked.image_blocks``),
+    a per-block stage runs on one block and counts ``scale`` = N / images per block times; for
+    stride 1 the output gradient's columns serve both gradients (a transposing copy of x instead of
+    its columns), otherwise the layer rebuilds each block's columns ("im2col copy (rebuilt)").
     """
     n, c, f, side, k, stride, padding = shape
-    blocks = kernel.image_blocks((n, c, side, side), (f, c, k, k), stride, padding, 4)
+    blocks = blocked.image_blocks((n, c, side, side), (f, c, k, k), stride, padding, 4)
     nb = blocks[0][1] - blocks[0][0]
     scale = n / nb
     x = xp.asarray(rng.standard_normal((nb, c, side, side)), dtype=xp.float32)
@@ -38,58 +42,48 @@ def conv_stages(shape, rng, xp):
     bias = xp.zeros((1, f, 1, 1), dtype=xp.float32)
     whole_grad = xp.asarray(rng.standard_normal((n, f, out_side, out_side)), dtype=xp.float32)
     stages.append(("forward", "bias add", lambda: xp.add(out, bias, out=out), None, 1))
-    fused = len(blocks) > 1 and kernel._input_gradient_as_convolution(weight.shape, stride, padding)
-    if fused:
+    path = blocked.input_gradient_path(weight.shape, stride, padding, len(blocks))
+    if path == "output columns":
         # blocks, stride 1: the output gradient's columns (built for grad_x below) serve the weight
-        # gradient too (im2col._gradients_from_output_columns): x's block transposed to (C, nb H W)
-        # and one GEMM (F kh kw, nb H W) @ (nb H W, C)
-        gcols = _columns(grad, k, 1, k - 1 - padding, side, xp)
+        # gradient too (im2col_blocked.gradients_from_output_columns): x's block transposed to
+        # (C, nb H W) and one GEMM (F kh kw, nb H W) @ (nb H W, C)
+        gcols, _ = im2col.columns(grad, k, k, 1, k - 1 - padding, side, side)
         x_2d = xp.empty((c, nb, side, side), dtype=xp.float32)
         x_cnhw = x.transpose(1, 0, 2, 3)
         stages.append(("weight gradient", "x transpose", lambda: x_2d.__setitem__(Ellipsis, x_cnhw), None, scale))
         stages.append(("weight gradient", "GEMM", lambda: xp.matmul(gcols, x_2d.reshape(c, -1).T),
                        2 * c * gcols.size, scale))
         stages.append(("weight gradient", "bias sum", lambda: whole_grad.sum(axis=(0, 2, 3)), None, 1))
-        flipped = xp.ascontiguousarray(weight[:, :, ::-1, ::-1].transpose(1, 0, 2, 3))
-        stages.append(("input gradient", "flip weight",
-                       lambda: xp.ascontiguousarray(weight[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)), None, 1))
-        stages += _conv_forward_stages("input gradient", grad, flipped, 1, k - 1 - padding, xp, scale)
+        stages.append(("input gradient", "flip weight", lambda: blocked.flipped_weight(weight), None, 1))
+        stages += _conv_forward_stages("input gradient", grad, blocked.flipped_weight(weight), 1, k - 1 - padding,
+                                       xp, scale)
         return stages
     # weight gradient: the output gradient transposed to (F, N HoWo), then one GEMM with the columns
-    cols = _columns(x, k, stride, padding, out_side, xp)
+    cols, _ = im2col.columns(x, k, k, stride, padding, out_side, out_side)
     if len(blocks) > 1:
-        x_pad = xp.zeros((nb, c, side + 2 * padding, side + 2 * padding), dtype=x.dtype)
+        x_pad = im2col.zero_pad(x, padding)
         stages.append(("weight gradient", "im2col copy (rebuilt)",
-                       lambda: kernel.im2col(x_pad, k, k, stride, out_side, out_side), None, scale))
-    grad_2d = xp.empty((f, nb * out_side * out_side), dtype=xp.float32)
-    grad_nchw = grad.transpose(1, 0, 2, 3).reshape(f, nb, out_side, out_side)
-    stages.append(("weight gradient", "grad transpose",
-                   lambda: grad_2d.reshape(f, nb, out_side, out_side).__setitem__(Ellipsis, grad_nchw), None, scale))
-    stages.append(("weight gradient", "GEMM", lambda: xp.matmul(cols, grad_2d.T), 2 * f * cols.size, scale))
+                       lambda: im2col.im2col(x_pad, k, k, stride, out_side, out_side), None, scale))
+    grad_2d = im2col.gradient_2d(grad)
+    stages.append(("weight gradient", "grad transpose", lambda: im2col.gradient_2d(grad), None, scale))
+    stages.append(("weight gradient", "GEMM", lambda: im2col.weight_gradient(cols, grad_2d, weight.shape),
+                   2 * f * cols.size, scale))
     stages.append(("weight gradient", "bias sum", lambda: whole_grad.sum(axis=(0, 2, 3)), None, 1))
     # input gradient: a "full" convolution of grad (stride 1, F <= C), or GEMM + col2im
-    if kernel._input_gradient_as_convolution(weight.shape, stride, padding):
-        flipped = xp.ascontiguousarray(weight[:, :, ::-1, ::-1].transpose(1, 0, 2, 3))
-        stages.append(("input gradient", "flip weight",
-                       lambda: xp.ascontiguousarray(weight[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)), None, 1))
-        stages += _conv_forward_stages("input gradient", grad, flipped, 1, k - 1 - padding, xp, scale)
-    elif stride == 1:             # GEMM + col2im on whole padded planes (im2col._col2im_planes)
+    if path == "convolution":
+        stages.append(("input gradient", "flip weight", lambda: blocked.flipped_weight(weight), None, 1))
+        stages += _conv_forward_stages("input gradient", grad, blocked.flipped_weight(weight), 1, k - 1 - padding,
+                                       xp, scale)
+    elif path == "planes":        # GEMM + col2im on whole padded planes (im2col_blocked.col2im_planes)
         width = side + 2 * padding
-        length = c * nb * width * width
         weight_rows = xp.ascontiguousarray(weight.transpose(2, 3, 1, 0)).reshape(k * k * c, f)
         grad_planes = xp.zeros((f, nb * width * width), dtype=xp.float32)
         grad_cols = xp.empty((k * k * c, nb * width * width), dtype=xp.float32)
         stages.append(("input gradient", "GEMM", lambda: xp.matmul(weight_rows, grad_planes, out=grad_cols),
                        2 * f * c * k * k * nb * out_side * out_side, scale))    # the useful flops only
-        runs = grad_cols.reshape(k, k, length)
-        planes = xp.zeros(length, dtype=xp.float32)
-
-        def col2im_planes():
-            planes[...] = 0
-            for i in range(k):
-                for j in range(k):
-                    planes[i * width + j:] += runs[i, j, :length - i * width - j]
-        stages.append(("input gradient", "col2im", col2im_planes, None, scale))
+        runs = grad_cols.reshape(k, k, c * nb * width * width)
+        stages.append(("input gradient", "col2im", lambda: blocked.add_shifted_runs(runs, (c, nb, width, width)),
+                       None, scale))
     else:
         weight_t = weight.reshape(f, -1).T
         grad_cols = xp.empty((c * k * k, nb * out_side * out_side), dtype=xp.float32)
@@ -97,35 +91,28 @@ def conv_stages(shape, rng, xp):
                        2 * f * grad_cols.size, scale))
         cols_view = grad_cols.reshape(c, k, k, nb, out_side, out_side).transpose(3, 0, 1, 2, 4, 5)
         padded = (nb, c, side + 2 * padding, side + 2 * padding)
-        stages.append(("input gradient", "col2im", lambda: kernel.col2im(cols_view, padded, stride), None, scale))
+        stages.append(("input gradient", "col2im", lambda: im2col.col2im(cols_view, padded, stride), None, scale))
     return stages
 
 
-def _columns(x, k, stride, padding, out_side, xp):
-    n, c, side = x.shape[0], x.shape[1], x.shape[2]
-    x_pad = xp.zeros((n, c, side + 2 * padding, side + 2 * padding), dtype=x.dtype)
-    x_pad[:, :, padding:padding + side, padding:padding + side] = x
-    cols = kernel.im2col(x_pad, k, k, stride, out_side, out_side).transpose(1, 2, 3, 0, 4, 5)
-    return xp.ascontiguousarray(cols).reshape(c * k * k, n * out_side * out_side)
-
-
 def _conv_forward_stages(label, x, weight, stride, padding, xp, scale=1):
+    """The forward pass of one block (im2col.forward_block): zero-pad, im2col, one GEMM, the output transposed."""
     n, c, side = x.shape[0], x.shape[1], x.shape[2]
     f, k = weight.shape[0], weight.shape[2]
     out_side = (side + 2 * padding - k) // stride + 1
-    x_pad = xp.zeros((n, c, side + 2 * padding, side + 2 * padding), dtype=x.dtype)
     stages = []
     if padding:
-        inner = (slice(None), slice(None), slice(padding, padding + side), slice(padding, padding + side))
-        stages.append((label, "zero-pad copy", lambda: x_pad.__setitem__(inner, x), None, scale))
-    stages.append((label, "im2col copy", lambda: kernel.im2col(x_pad, k, k, stride, out_side, out_side), None, scale))
-    cols = _columns(x, k, stride, padding, out_side, xp)
+        stages.append((label, "zero-pad copy", lambda: im2col.zero_pad(x, padding), None, scale))
+    x_pad = im2col.zero_pad(x, padding)
+    stages.append((label, "im2col copy", lambda: im2col.im2col(x_pad, k, k, stride, out_side, out_side), None, scale))
+    cols, _ = im2col.columns(x, k, k, stride, padding, out_side, out_side)
     weight_2d = weight.reshape(f, -1)
     out_2d = xp.empty((f, cols.shape[1]), dtype=x.dtype)
+    out = xp.empty((n, f, out_side, out_side), dtype=x.dtype)
     stages.append((label, "GEMM", lambda: xp.matmul(weight_2d, cols, out=out_2d), 2 * f * cols.size, scale))
     stages.append((label, "output transpose",
-                   lambda: xp.ascontiguousarray(out_2d.reshape(f, n, out_side, out_side).transpose(1, 0, 2, 3)), None,
-                   scale))
+                   lambda: out.__setitem__(Ellipsis, out_2d.reshape(f, n, out_side, out_side).transpose(1, 0, 2, 3)),
+                   None, scale))
     return stages
 
 

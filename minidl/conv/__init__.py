@@ -53,7 +53,8 @@ def _module(name):
     if name not in ALGORITHMS:
         raise ValueError(f"conv2d: unknown algorithm {name!r}; choose one of {ALGORITHMS}")
     if name not in _registry:
-        _registry[name] = importlib.import_module(f"minidl.conv.{name}")
+        module = "im2col_blocked" if name == "im2col" else name      # the kernel; im2col.py is its textbook
+        _registry[name] = importlib.import_module(f"minidl.conv.{module}")
     return _registry[name]
 
 

@@ -39,8 +39,8 @@ def direct(x_shape, weight_shape, stride, padding):
 
 def im2col(x_shape, weight_shape, stride, padding, itemsize=4):
     """The column matrix of the whole batch, or, where the kernel cuts the batch into blocks of
-    images (``im2col.image_blocks``, for ``itemsize``-byte numbers), of one block."""
-    from minidl.conv.im2col import image_blocks
+    images (``im2col_blocked.image_blocks``, for ``itemsize``-byte numbers), of one block."""
+    from minidl.conv.im2col_blocked import image_blocks
     n, c, f, kh, kw, out_h, out_w = _shape(x_shape, weight_shape, stride, padding)
     products = n * f * c * kh * kw * out_h * out_w
     start, stop = image_blocks(x_shape, weight_shape, stride, padding, itemsize)[0]
