@@ -30,7 +30,8 @@ Multiplications: N * F * C*kh*kw * Ho*Wo (as direct). Extra memory: the column b
 N * C*kh*kw * Ho*Wo elements (kh*kw times the input for stride 1). Supports every case.
 """
 from minidl.backend import get_array_module
-from minidl.conv import output_size, workspace
+from minidl.conv.scratch import workspace
+from minidl.conv.shapes import output_size
 
 
 def supports(x_shape, weight_shape, stride, padding):

@@ -23,7 +23,8 @@ Multiplications: N * F * C*kh*kw * Ho*Wo (as direct). Extra memory: the column b
 N * C*kh*kw * Ho*Wo elements, or one block's of it. Supports every case.
 """
 from minidl.backend import get_array_module
-from minidl.conv import output_size, workspace
+from minidl.conv.scratch import workspace
+from minidl.conv.shapes import output_size
 from minidl.conv.im2col import columns, forward_block, gradient_2d, input_gradient_by_col2im, weight_gradient
 
 
