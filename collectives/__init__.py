@@ -18,39 +18,34 @@ and around them:
     tags.py     one MPI tag per phase                          cost.py     alpha-beta-gamma model
     trace.py    message tracer and byte counter, space-time    bench.py    measured vs MPI and model
     demo.py     what `python -m collectives.<name>` runs: one allreduce, traced and checked
+    table.py    the algorithms by name, for `allreduce(..., algorithm=name)`
 
 Every algorithm is `allreduce(comm, sendbuf, recvbuf=None, op="sum", check=True)` on
 contiguous 1-D numpy (or CuPy) buffers, uses only Send, Recv and Sendrecv, works for any
 p >= 1 and any length, and returns recvbuf. `collectives.allreduce(..., algorithm=name)`
-picks one by name (`algorithm_module` holds the table).
+picks one by name (`table.py` holds the table).
 
     mpiexec -n 4 python -m collectives.ring          # one allreduce, traced and checked
     mpiexec -n 4 python -m collectives.bench         # every algorithm against MPI_Allreduce
-
-Submodules load on first use (the algorithm table in `algorithm_module`, and PEP 562
-`__getattr__` for the other names), so `python -m collectives.bench` can pin the BLAS thread
-count before numpy is imported.
 """
-import functools
-import importlib
+import warnings
 
-ALGORITHMS = ("naive", "tree", "butterfly", "ring", "rabenseifner", "auto")
+# The package imports ring, tree, ... below, so `python -m collectives.ring` finds collectives.ring
+# already imported when it runs the file as __main__, and runpy warns about it. The modules have
+# no import-time state that a second copy could split, so the warning says nothing here.
+warnings.filterwarnings("ignore", message=r"'collectives\.\w+' found in sys\.modules after import of package "
+                        r"'collectives'", category=RuntimeWarning)
 
-# public name -> the module that defines it
-_EXPORTS = {"broadcast": "tree", "reduce": "tree", "reduce_scatter": "ring", "allgather": "ring",
-            "MismatchError": "check", "TracedComm": "trace", "CountingComm": "trace",
-            "block_counts": "buffers", "allreduce_init": "persistent"}
+from .buffers import block_counts  # noqa: E402
+from .check import MismatchError  # noqa: E402
+from .persistent import allreduce_init  # noqa: E402
+from .ring import allgather, reduce_scatter  # noqa: E402
+from .table import ALGORITHMS, algorithm_module  # noqa: E402
+from .trace import CountingComm, TracedComm  # noqa: E402
+from .tree import broadcast, reduce  # noqa: E402
 
-
-@functools.cache                           # each name is looked up once
-def algorithm_module(name):
-    """The module of the named algorithm (one of ALGORITHMS); each has `allreduce` and a heart."""
-    from . import auto, butterfly, naive, rabenseifner, ring, tree   # here, not on top: see above
-    modules = {"naive": naive, "tree": tree, "butterfly": butterfly, "ring": ring,
-               "rabenseifner": rabenseifner, "auto": auto}
-    if name not in modules:
-        raise ValueError(f"unknown algorithm {name!r}; choose one of {ALGORITHMS}")
-    return modules[name]
+__all__ = ["ALGORITHMS", "allreduce", "algorithm_module", "broadcast", "reduce", "reduce_scatter", "allgather",
+           "allreduce_init", "MismatchError", "TracedComm", "CountingComm", "block_counts"]
 
 
 def allreduce(comm, sendbuf, recvbuf=None, op="sum", algorithm="auto", check=True):
@@ -60,12 +55,3 @@ def allreduce(comm, sendbuf, recvbuf=None, op="sum", algorithm="auto", check=Tru
     check=False trusts the caller to pass the same on every rank.
     """
     return algorithm_module(algorithm).allreduce(comm, sendbuf, recvbuf, op=op, check=check)
-
-
-def __getattr__(name):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    try:
-        return importlib.import_module(f"{__name__}.{name}")
-    except ModuleNotFoundError:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None

@@ -28,8 +28,9 @@ A time is the slowest rank's mean over a batch of calls between barriers (batche
 and the best of seven batches, taken in turn with the other algorithms so that noise from
 other processes on the machine hits all of them alike.
 
-Each rank's BLAS pool is pinned to 1 thread (set below, before numpy loads; the collectives
-themselves use no BLAS, only element-wise ufuncs).
+Each rank's BLAS thread variables are set to 1 below, for what loads after this module (the
+package, ``collectives/__init__.py``, has loaded numpy already; the collectives themselves use no
+BLAS, only element-wise ufuncs).
 """
 import os
 

@@ -13,130 +13,19 @@ the function refuses with an error that names both shapes.
 the module, ``F.sum(x, axis=0)`` and ``F.pow(x, 2)``, as ``numpy.sum`` and ``torch.sum`` are, and
 a trailing underscore would only make them harder to find. Inside this file, ``sum`` and ``pow``
 therefore mean these operations and nothing here uses the builtins of those names (``max``
-still is the builtin); import the module, never ``from minidl.functional import *``. ``Tensor``'s
-operators (``+``, ``*``, ``**``, ``@``, ``.sum()``, ...) call these functions.
+still is the builtin); import the module, never ``from minidl.functional import *``.
+
+The operations that are ``Tensor``'s operators (``+``, ``*``, ``**``, ``@``, ``.sum()``, ``.relu()``,
+...) are written in ``minidl/tensor.py``, beside the class that calls them, and exported here
+with the others, so that ``F.add`` is the function ``a + b`` calls.
 """
-import numpy
-
-from minidl import backend
-from minidl.tensor import Tensor, result
-
-
-def as_tensor(value, like=None):
-    """``value`` as a Tensor; python numbers and arrays become constants of ``like``'s dtype."""
-    if isinstance(value, Tensor):
-        return value
-    xp = backend.xp()
-    dtype = like.dtype if like is not None else None
-    return Tensor(xp.asarray(value, dtype=dtype))
+from minidl import backend, conv, pool
+from minidl.broadcasting import unbroadcast
+from minidl.tensor import (Tensor, add, as_tensor, as_tensors, div, exp, log, matmul, mean, mul,  # noqa: F401
+                           neg, pow, relu, reshape, result, sigmoid, sub, sum, tanh, transpose)
 
 
-def unbroadcast(grad, shape):
-    """Sum ``grad`` over the axes that broadcasting added or stretched, back to ``shape``."""
-    while grad.ndim > len(shape):
-        grad = grad.sum(axis=0)
-    for axis, side in enumerate(shape):
-        if side == 1 and grad.shape[axis] != 1:
-            grad = grad.sum(axis=axis, keepdims=True)
-    return grad
-
-
-def _pair(a, b):
-    """Both operands as Tensors; a plain number or array takes the other operand's dtype."""
-    if isinstance(a, Tensor) and not isinstance(b, Tensor):
-        return a, as_tensor(b, like=a)
-    if isinstance(b, Tensor) and not isinstance(a, Tensor):
-        return as_tensor(a, like=b), b
-    return as_tensor(a), as_tensor(b)
-
-
-def _broadcast_check(name, a, b):
-    try:
-        numpy.broadcast_shapes(a.shape, b.shape)
-    except ValueError:
-        raise ValueError(f"{name}: shapes {a.shape} and {b.shape} do not broadcast") from None
-
-
-# ---- elementwise arithmetic -------------------------------------------------------------
-def add(a, b):
-    a, b = _pair(a, b)
-    _broadcast_check("add", a, b)
-
-    def backward(grad):
-        return unbroadcast(grad, a.shape), unbroadcast(grad, b.shape)
-    return result(a.data + b.data, (a, b), backward, "add")
-
-
-def sub(a, b):
-    a, b = _pair(a, b)
-    _broadcast_check("sub", a, b)
-
-    def backward(grad):
-        return unbroadcast(grad, a.shape), unbroadcast(-grad, b.shape)
-    return result(a.data - b.data, (a, b), backward, "sub")
-
-
-def mul(a, b):
-    a, b = _pair(a, b)
-    _broadcast_check("mul", a, b)
-
-    def backward(grad):
-        return unbroadcast(grad * b.data, a.shape), unbroadcast(grad * a.data, b.shape)
-    return result(a.data * b.data, (a, b), backward, "mul")
-
-
-def div(a, b):
-    a, b = _pair(a, b)
-    _broadcast_check("div", a, b)
-
-    def backward(grad):
-        grad_a = grad / b.data
-        grad_b = -grad_a * a.data / b.data          # d(a/b)/db = -a / b^2
-        return unbroadcast(grad_a, a.shape), unbroadcast(grad_b, b.shape)
-    return result(a.data / b.data, (a, b), backward, "div")
-
-
-def neg(a):
-    a = as_tensor(a)
-    return result(-a.data, (a,), lambda grad: (-grad,), "neg")
-
-
-def pow(a, b):
-    """a ** b; d/da = b a^(b-1), d/db = a^b log a (needs a > 0 where b needs a gradient)."""
-    a, b = _pair(a, b)
-    _broadcast_check("pow", a, b)
-    xp = backend.get_array_module(a.data)
-    out = a.data ** b.data
-
-    def backward(grad):
-        grad_a = unbroadcast(grad * b.data * a.data ** (b.data - 1), a.shape) if a.requires_grad else None
-        grad_b = unbroadcast(grad * out * xp.log(a.data), b.shape) if b.requires_grad else None
-        return grad_a, grad_b
-    return result(out, (a, b), backward, "pow")
-
-
-# ---- matrix product and reductions ------------------------------------------------------
-def matmul(a, b):
-    """a @ b for (..., n, k) @ (..., k, m); batch axes broadcast."""
-    a, b = as_tensor(a), as_tensor(b)
-    if a.ndim < 2 or b.ndim < 2:
-        raise ValueError(f"matmul: needs operands with at least 2 dimensions, got shapes {a.shape} and {b.shape}")
-    if a.shape[-1] != b.shape[-2]:
-        raise ValueError(f"matmul: shapes {a.shape} and {b.shape} do not match "
-                         f"(inner dimensions {a.shape[-1]} != {b.shape[-2]})")
-    xp = backend.get_array_module(a.data)
-
-    def backward(grad):
-        """(grad @ b^T, a^T @ grad), each summed back to its operand's shape; None where none is needed."""
-        # BEGIN SOLUTION
-        # d(a @ b)/da: (..., n, m) @ (..., m, k) -> (..., n, k); d/db: (..., k, n) @ (..., n, m) -> (..., k, m)
-        grad_a = unbroadcast(xp.matmul(grad, xp.swapaxes(b.data, -1, -2)), a.shape) if a.requires_grad else None
-        grad_b = unbroadcast(xp.matmul(xp.swapaxes(a.data, -1, -2), grad), b.shape) if b.requires_grad else None
-        # END SOLUTION
-        return grad_a, grad_b
-    return result(xp.matmul(a.data, b.data), (a, b), backward, "matmul")
-
-
+# ---- a layer's product ------------------------------------------------------------------------
 def linear(x, weight, bias=None):
     """x @ weight + bias for x (N, in), weight (in, out), bias (out,): one graph node, not two.
 
@@ -158,91 +47,6 @@ def linear(x, weight, bias=None):
         grad_x, grad_weight = matmul_backward(grad) if matmul_backward is not None else (None, None)
         return grad_x, grad_weight, unbroadcast(grad, bias.shape) if bias.requires_grad else None
     return result(product.data, (x, weight, bias), backward, "linear")
-
-
-def _normalise_axes(axis, ndim):
-    if axis is None:
-        return tuple(range(ndim))
-    axes = (axis,) if isinstance(axis, int) else tuple(axis)
-    for ax in axes:
-        if not -ndim <= ax < ndim:
-            raise ValueError(f"axis {ax} is out of range for a tensor with {ndim} dimensions")
-    return tuple(sorted(ax % ndim for ax in axes))
-
-
-def sum(a, axis=None, keepdims=False):
-    a = as_tensor(a)
-    axes = _normalise_axes(axis, a.ndim)
-    xp = backend.get_array_module(a.data)
-
-    def backward(grad):
-        if not keepdims:
-            grad = xp.expand_dims(grad, axes) if axes else grad
-        return (xp.broadcast_to(grad, a.shape),)
-    return result(a.data.sum(axis=axes, keepdims=keepdims), (a,), backward, "sum")
-
-
-def mean(a, axis=None, keepdims=False):
-    a = as_tensor(a)
-    axes = _normalise_axes(axis, a.ndim)
-    count = 1
-    for ax in axes:
-        count *= a.shape[ax]
-    return div(sum(a, axis, keepdims), float(max(count, 1)))
-
-
-def reshape(a, shape):
-    a = as_tensor(a)
-    try:
-        out = a.data.reshape(shape)
-    except ValueError:
-        raise ValueError(f"reshape: cannot reshape shape {a.shape} ({a.size} elements) into {shape}") from None
-    return result(out, (a,), lambda grad: (grad.reshape(a.shape),), "reshape")
-
-
-def transpose(a, axes=None):
-    a = as_tensor(a)
-    axes = tuple(reversed(range(a.ndim))) if axes is None else tuple(axes)
-    if sorted(axes) != list(range(a.ndim)):
-        raise ValueError(f"transpose: axes {axes} are not a permutation of the {a.ndim} axes of shape {a.shape}")
-    inverse = tuple(numpy.argsort(axes))
-    return result(a.data.transpose(axes), (a,), lambda grad: (grad.transpose(inverse),), "transpose")
-
-
-# ---- elementwise functions --------------------------------------------------------------
-def exp(a):
-    a = as_tensor(a)
-    xp = backend.get_array_module(a.data)
-    out = xp.exp(a.data)
-    return result(out, (a,), lambda grad: (grad * out,), "exp")
-
-
-def log(a):
-    a = as_tensor(a)
-    xp = backend.get_array_module(a.data)
-    return result(xp.log(a.data), (a,), lambda grad: (grad / a.data,), "log")
-
-
-def relu(a):
-    a = as_tensor(a)
-    xp = backend.get_array_module(a.data)
-    return result(xp.maximum(a.data, 0), (a,), lambda grad: (grad * (a.data > 0),), "relu")
-
-
-def tanh(a):
-    a = as_tensor(a)
-    xp = backend.get_array_module(a.data)
-    out = xp.tanh(a.data)
-    return result(out, (a,), lambda grad: (grad * (1 - out * out),), "tanh")
-
-
-def sigmoid(a):
-    a = as_tensor(a)
-    xp = backend.get_array_module(a.data)
-    # 1 / (1 + e^-x) written so that neither branch overflows
-    out = xp.where(a.data >= 0, 1 / (1 + xp.exp(-xp.abs(a.data))),
-                   xp.exp(-xp.abs(a.data)) / (1 + xp.exp(-xp.abs(a.data))))
-    return result(out, (a,), lambda grad: (grad * out * (1 - out),), "sigmoid")
 
 
 # ---- losses -------------------------------------------------------------------------------
@@ -293,7 +97,7 @@ def softmax_cross_entropy(logits, labels):
 
 def mse_loss(prediction, target):
     """mean((prediction - target)^2); shapes must be equal (no silent broadcasting)."""
-    prediction, target = _pair(prediction, target)
+    prediction, target = as_tensors(prediction, target)
     if prediction.shape != target.shape:
         raise ValueError(f"mse_loss: prediction shape {prediction.shape} != target shape {target.shape}")
     difference = sub(prediction, target)
@@ -323,7 +127,6 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, algorithm="im2col"):
     Output (N, F, Ho, Wo) with Ho = (H + 2 padding - kh) // stride + 1 (Wo likewise);
     ``algorithm`` picks the kernel (``minidl.conv.ALGORITHMS``), all with the same result.
     """
-    from minidl import conv
     x, weight = as_tensor(x), as_tensor(weight)
     conv.check_shapes(x.shape, weight.shape, stride, padding)
     kernel = conv.get(algorithm, x.shape, weight.shape, stride, padding)
@@ -347,7 +150,6 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, algorithm="im2col"):
 
 def max_pool2d(x, kernel_size, stride=None, padding=0):
     """Max over kernel_size x kernel_size windows; ties send the gradient to the first maximum."""
-    from minidl import pool
     x = as_tensor(x)
     stride = kernel_size if stride is None else stride
     out, cache = pool.max_pool_forward(x.data, kernel_size, stride, padding)
@@ -356,7 +158,6 @@ def max_pool2d(x, kernel_size, stride=None, padding=0):
 
 def avg_pool2d(x, kernel_size, stride=None, padding=0):
     """Mean over kernel_size x kernel_size windows (zero padding counts in the mean)."""
-    from minidl import pool
     x = as_tensor(x)
     stride = kernel_size if stride is None else stride
     out = pool.avg_pool_forward(x.data, kernel_size, stride, padding)

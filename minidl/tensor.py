@@ -1,10 +1,11 @@
 """A define-by-run autograd: ``Tensor`` records how it was made, ``backward()`` runs the chain rule.
 
-Every operation in ``minidl.functional`` computes its result and, when gradients are wanted,
-stores a small ``backward`` closure beside it: given the gradient of the final scalar with
-respect to the result, it returns the gradients with respect to each input. ``backward()``
-visits the recorded graph in reverse topological order and adds up those gradients.
-The operators (``+``, ``*``, ``@``, ``.sum()``, ...) below are those same functions.
+Every operation computes its result and, when gradients are wanted, stores a small ``backward``
+closure beside it: given the gradient of the final scalar with respect to the result, it returns
+the gradients with respect to each input. ``backward()`` (``minidl.autograd``) visits the recorded
+graph in reverse topological order and adds up those gradients. The operators (``+``, ``*``, ``@``,
+``.sum()``, ...) are the operations at the bottom of this file; ``minidl.functional`` exports them
+beside the others (``linear``, the losses, ``conv2d``, pooling).
 
     >>> from minidl.tensor import Tensor
     >>> x = Tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], requires_grad=True)
@@ -19,25 +20,11 @@ Gradients accumulate: a leaf's ``grad`` is *added to* (in place) by every ``back
 ``zero_grad()`` (which zeroes it, or with ``set_to_none=True`` drops it). In-place accumulation matters here: a model's ``grad`` arrays can be views into
 one flat gradient vector (``minidl.flat``), and an in-place add keeps them views.
 """
-import contextlib
+import numpy
 
-import sys
-
-from minidl import backend
-
-_grad_enabled = True
-
-
-@contextlib.contextmanager
-def no_grad():
-    """Inside this block operations record no graph (evaluation, optimizer updates)."""
-    global _grad_enabled
-    previous, _grad_enabled = _grad_enabled, False
-    try:
-        yield
-    finally:
-        _grad_enabled = previous
-
+from minidl import autograd, backend
+from minidl.autograd import no_grad  # noqa: F401  (minidl.tensor.no_grad, as ever)
+from minidl.broadcasting import check_broadcast, unbroadcast
 
 _FLOAT_KINDS = "f"
 
@@ -71,18 +58,14 @@ class Tensor:
     ndim = property(lambda self: self.data.ndim)
     size = property(lambda self: self.data.size)
 
-    def __len__(self):
-        return len(self.data)
+    def __len__(self): return len(self.data)
 
     def __repr__(self):
         grad = ", requires_grad=True" if self.requires_grad else ""
         return f"Tensor(shape={self.shape}, dtype={self.dtype}{grad}{', op=' + self.op if self.op else ''})"
 
-    def item(self):
-        return self.data.item()
-
-    def numpy(self):
-        return backend.to_numpy(self.data)
+    def item(self): return self.data.item()
+    def numpy(self): return backend.to_numpy(self.data)
 
     def detach(self):
         """A Tensor sharing this data, cut off from the graph."""
@@ -100,84 +83,42 @@ class Tensor:
         else:
             self.grad[...] = 0          # in place: grad may be a view into a flat vector
 
-    # ---- operators: each one is a function of minidl.functional, where its backward pass is ----
-    def __add__(self, other):
-        return functional.add(self, other)
-
-    def __radd__(self, other):
-        return functional.add(other, self)
-
-    def __sub__(self, other):
-        return functional.sub(self, other)
-
-    def __rsub__(self, other):
-        return functional.sub(other, self)
-
-    def __mul__(self, other):
-        return functional.mul(self, other)
-
-    def __rmul__(self, other):
-        return functional.mul(other, self)
-
-    def __truediv__(self, other):
-        return functional.div(self, other)
-
-    def __rtruediv__(self, other):
-        return functional.div(other, self)
-
-    def __neg__(self):
-        return functional.neg(self)
-
-    def __pow__(self, exponent):
-        return functional.pow(self, exponent)
-
-    def __matmul__(self, other):
-        return functional.matmul(self, other)
-
-    def sum(self, axis=None, keepdims=False):
-        return functional.sum(self, axis, keepdims)
-
-    def mean(self, axis=None, keepdims=False):
-        return functional.mean(self, axis, keepdims)
+    # ---- operators: each one is an operation below, where its backward pass is written ------
+    def __add__(self, other): return add(self, other)
+    def __radd__(self, other): return add(other, self)
+    def __sub__(self, other): return sub(self, other)
+    def __rsub__(self, other): return sub(other, self)
+    def __mul__(self, other): return mul(self, other)
+    def __rmul__(self, other): return mul(other, self)
+    def __truediv__(self, other): return div(self, other)
+    def __rtruediv__(self, other): return div(other, self)
+    def __neg__(self): return neg(self)
+    def __pow__(self, exponent): return pow(self, exponent)
+    def __matmul__(self, other): return matmul(self, other)
+    def sum(self, axis=None, keepdims=False): return sum(self, axis, keepdims)
+    def mean(self, axis=None, keepdims=False): return mean(self, axis, keepdims)
+    def exp(self): return exp(self)
+    def log(self): return log(self)
+    def relu(self): return relu(self)
+    def tanh(self): return tanh(self)
+    def sigmoid(self): return sigmoid(self)
+    def transpose(self, *axes): return transpose(self, axes if axes else None)
 
     def reshape(self, *shape):
         """``t.reshape(2, 3)`` or ``t.reshape((2, 3))``, as in NumPy."""
         if len(shape) == 1 and not isinstance(shape[0], int):
             shape = shape[0]
-        return functional.reshape(self, shape)
-
-    def transpose(self, *axes):
-        return functional.transpose(self, axes if axes else None)
-
-    def exp(self):
-        return functional.exp(self)
-
-    def log(self):
-        return functional.log(self)
-
-    def relu(self):
-        return functional.relu(self)
-
-    def tanh(self):
-        return functional.tanh(self)
-
-    def sigmoid(self):
-        return functional.sigmoid(self)
+        return reshape(self, shape)
 
     def register_accumulate_hook(self, hook):
-        """Call ``hook(self)`` during ``backward()`` right after this leaf's ``grad`` was accumulated.
-
-        Each ``backward()`` visits a leaf once, after every path to it is done, so at that moment
-        the leaf's gradient for this backward is final while the rest of the graph (the layers
-        nearer the input) is still being differentiated: data parallelism starts summing a
-        gradient over ranks there (``collectives.nonblocking``). A generic callable: minidl
-        knows nothing of MPI.
-        """
+        """Call ``hook(self)`` during ``backward()`` right after this leaf's ``grad`` was accumulated
+        (the moment its gradient is final: see ``minidl.autograd``). A generic callable: minidl knows
+        nothing of MPI."""
         self._accumulate_hooks = self._accumulate_hooks + (hook,)
 
     # ---- the chain rule -----------------------------------------------------------------
     def backward(self, grad=None):
-        """Accumulate d(self)/d(leaf) into ``leaf.grad`` for every leaf with requires_grad.
+        """Accumulate d(self)/d(leaf) into ``leaf.grad`` for every leaf with requires_grad (``minidl.autograd``).
 
         ``grad`` is the gradient flowing into ``self``; it defaults to 1 for a one-element tensor.
         """
@@ -194,71 +135,8 @@ class Tensor:
             grad = grad.data if isinstance(grad, Tensor) else xp.asarray(grad, dtype=self.dtype)
             if grad.shape != self.shape:
                 raise ValueError(f"backward(grad): grad has shape {grad.shape}, tensor has shape {self.shape}")
-
-        # reverse topological order, iteratively (deep graphs would overflow recursion)
-        order, seen, stack = [], set(), [(self, False)]
-        while stack:
-            node, expanded = stack.pop()
-            if expanded:
-                order.append(node)
-                continue
-            if id(node) in seen:
-                continue
-            seen.add(id(node))
-            stack.append((node, True))
-            # leaves pushed first, so popped last: each leaf then comes right after its last user in
-            # the backward order below, and its gradient is final (and its hooks run) as early as
-            # possible. The order of the other nodes, and so every sum, is the same either way.
-            parents = [parent for parent in node._parents if parent.requires_grad]
-            stack.extend((parent, False) for parent in parents if parent._backward is None)
-            stack.extend((parent, False) for parent in parents if parent._backward is not None)
-
-        grads = {id(self): grad}
-        grad = None                 # from here on only `grads` holds the engine's gradients (see _sole_holder)
-        for node in reversed(order):
-            key = id(node)
-            if key not in grads:
-                continue
-            if node._backward is None:                      # a leaf: accumulate
-                if node.grad is None and _sole_holder(grads, key, node.dtype):
-                    node.grad = grads.pop(key)              # nobody else holds it: no copy needed
-                elif node.grad is None:
-                    node.grad = xp.array(grads.pop(key), dtype=node.dtype, copy=True)
-                else:
-                    node.grad += grads.pop(key)
-                for hook in node._accumulate_hooks:         # this backward's gradient for node is final
-                    hook(node)
-                continue
-            node_grad = grads.pop(key)
-            for parent, parent_grad in zip(node._parents, node._backward(node_grad)):
-                if parent_grad is None or not parent.requires_grad:
-                    continue
-                if id(parent) in grads:
-                    grads[id(parent)] = grads[id(parent)] + parent_grad
-                else:
-                    grads[id(parent)] = parent_grad
-            node_grad = parent_grad = None      # a name of this loop would count as a holder in _sole_holder
-
-
-def _sole_holder(grads, key, dtype):
-    """Whether ``grads[key]`` can become a leaf's .grad as it is: a fresh array of the right dtype that
-    owns its memory and that nothing but ``grads`` refers to (no operation's cache, no view, no user
-    array, no other leaf's .grad; then copying it, e.g. 8 MB for a 32-image conv input, would only
-    cost time).
-
-    The count is taken of ``grads[key]``, an expression, never of a local name: the value of an
-    expression is a new reference on every Python version, so an array that only ``grads`` holds
-    counts exactly 2 (the dict's and the expression's). A local name or an argument can be loaded
-    without a reference of its own (Python 3.14 "borrows" them), so a count of one differs between
-    versions and would let a shared array through; any real holder (a name, a cache, a view's
-    base, another dict) holds a reference of its own and makes the count larger, so the check
-    errs only towards a copy.
-    """
-    array = grads[key]
-    if getattr(array, "base", 0) is not None or array.dtype != dtype or not getattr(array.flags, "writeable", True):
-        return False
-    array = None
-    return sys.getrefcount(grads[key]) == 2
+        grads, grad = {id(self): grad}, None       # only `grads` holds it now (see autograd._sole_holder)
+        autograd.backward(self, grads)
 
 
 class Parameter(Tensor):
@@ -274,7 +152,7 @@ class Parameter(Tensor):
 def result(data, parents, backward, op):
     """The output Tensor of an operation; records the graph only if some input needs a gradient."""
     out = Tensor(data)
-    if _grad_enabled and any(parent.requires_grad for parent in parents):
+    if autograd.grad_enabled() and any(parent.requires_grad for parent in parents):
         out.requires_grad = True
         out._parents = tuple(parents)
         out._backward = backward
@@ -282,6 +160,188 @@ def result(data, parents, backward, op):
     return out
 
 
-# Last, because functional imports Tensor and result from this module: whichever of the two is
-# imported first, both are complete before any operator above runs.
-from minidl import functional  # noqa: E402
+# ---- the operators' operations ------------------------------------------------------------
+# Each computes its result and hands ``result`` a ``backward(grad)`` closure (the chain rule),
+# written beside the forward. ``minidl.functional`` exports them with the other operations;
+# ``sum`` and ``pow`` mean these operations in this file, never the builtins (see functional.py).
+def as_tensor(value, like=None):
+    """``value`` as a Tensor; python numbers and arrays become constants of ``like``'s dtype."""
+    if isinstance(value, Tensor):
+        return value
+    xp = backend.xp()
+    dtype = like.dtype if like is not None else None
+    return Tensor(xp.asarray(value, dtype=dtype))
+
+
+def as_tensors(a, b):
+    """Both operands as Tensors; a plain number or array takes the other operand's dtype."""
+    if isinstance(a, Tensor) and not isinstance(b, Tensor):
+        return a, as_tensor(b, like=a)
+    if isinstance(b, Tensor) and not isinstance(a, Tensor):
+        return as_tensor(a, like=b), b
+    return as_tensor(a), as_tensor(b)
+
+
+# ---- elementwise arithmetic -------------------------------------------------------------
+def add(a, b):
+    a, b = as_tensors(a, b)
+    check_broadcast("add", a, b)
+
+    def backward(grad):
+        return unbroadcast(grad, a.shape), unbroadcast(grad, b.shape)
+    return result(a.data + b.data, (a, b), backward, "add")
+
+
+def sub(a, b):
+    a, b = as_tensors(a, b)
+    check_broadcast("sub", a, b)
+
+    def backward(grad):
+        return unbroadcast(grad, a.shape), unbroadcast(-grad, b.shape)
+    return result(a.data - b.data, (a, b), backward, "sub")
+
+
+def mul(a, b):
+    a, b = as_tensors(a, b)
+    check_broadcast("mul", a, b)
+
+    def backward(grad):
+        return unbroadcast(grad * b.data, a.shape), unbroadcast(grad * a.data, b.shape)
+    return result(a.data * b.data, (a, b), backward, "mul")
+
+
+def div(a, b):
+    a, b = as_tensors(a, b)
+    check_broadcast("div", a, b)
+
+    def backward(grad):
+        grad_a = grad / b.data
+        grad_b = -grad_a * a.data / b.data          # d(a/b)/db = -a / b^2
+        return unbroadcast(grad_a, a.shape), unbroadcast(grad_b, b.shape)
+    return result(a.data / b.data, (a, b), backward, "div")
+
+
+def neg(a):
+    a = as_tensor(a)
+    return result(-a.data, (a,), lambda grad: (-grad,), "neg")
+
+
+def pow(a, b):
+    """a ** b; d/da = b a^(b-1), d/db = a^b log a (needs a > 0 where b needs a gradient)."""
+    a, b = as_tensors(a, b)
+    check_broadcast("pow", a, b)
+    xp = backend.get_array_module(a.data)
+    out = a.data ** b.data
+
+    def backward(grad):
+        grad_a = unbroadcast(grad * b.data * a.data ** (b.data - 1), a.shape) if a.requires_grad else None
+        grad_b = unbroadcast(grad * out * xp.log(a.data), b.shape) if b.requires_grad else None
+        return grad_a, grad_b
+    return result(out, (a, b), backward, "pow")
+
+
+# ---- matrix product and reductions ------------------------------------------------------
+def matmul(a, b):
+    """a @ b for (..., n, k) @ (..., k, m); batch axes broadcast."""
+    a, b = as_tensor(a), as_tensor(b)
+    if a.ndim < 2 or b.ndim < 2:
+        raise ValueError(f"matmul: needs operands with at least 2 dimensions, got shapes {a.shape} and {b.shape}")
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"matmul: shapes {a.shape} and {b.shape} do not match "
+                         f"(inner dimensions {a.shape[-1]} != {b.shape[-2]})")
+    xp = backend.get_array_module(a.data)
+
+    def backward(grad):
+        """(grad @ b^T, a^T @ grad), each summed back to its operand's shape; None where none is needed."""
+        # BEGIN SOLUTION
+        # d(a @ b)/da: (..., n, m) @ (..., m, k) -> (..., n, k); d/db: (..., k, n) @ (..., n, m) -> (..., k, m)
+        grad_a = unbroadcast(xp.matmul(grad, xp.swapaxes(b.data, -1, -2)), a.shape) if a.requires_grad else None
+        grad_b = unbroadcast(xp.matmul(xp.swapaxes(a.data, -1, -2), grad), b.shape) if b.requires_grad else None
+        # END SOLUTION
+        return grad_a, grad_b
+    return result(xp.matmul(a.data, b.data), (a, b), backward, "matmul")
+
+
+def _normalise_axes(axis, ndim):
+    if axis is None:
+        return tuple(range(ndim))
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    for ax in axes:
+        if not -ndim <= ax < ndim:
+            raise ValueError(f"axis {ax} is out of range for a tensor with {ndim} dimensions")
+    return tuple(sorted(ax % ndim for ax in axes))
+
+
+def sum(a, axis=None, keepdims=False):
+    a = as_tensor(a)
+    axes = _normalise_axes(axis, a.ndim)
+    xp = backend.get_array_module(a.data)
+
+    def backward(grad):
+        if not keepdims:
+            grad = xp.expand_dims(grad, axes) if axes else grad
+        return (xp.broadcast_to(grad, a.shape),)
+    return result(a.data.sum(axis=axes, keepdims=keepdims), (a,), backward, "sum")
+
+
+def mean(a, axis=None, keepdims=False):
+    a = as_tensor(a)
+    axes = _normalise_axes(axis, a.ndim)
+    count = 1
+    for ax in axes:
+        count *= a.shape[ax]
+    return div(sum(a, axis, keepdims), float(max(count, 1)))
+
+
+def reshape(a, shape):
+    a = as_tensor(a)
+    try:
+        out = a.data.reshape(shape)
+    except ValueError:
+        raise ValueError(f"reshape: cannot reshape shape {a.shape} ({a.size} elements) into {shape}") from None
+    return result(out, (a,), lambda grad: (grad.reshape(a.shape),), "reshape")
+
+
+def transpose(a, axes=None):
+    a = as_tensor(a)
+    axes = tuple(reversed(range(a.ndim))) if axes is None else tuple(axes)
+    if sorted(axes) != list(range(a.ndim)):
+        raise ValueError(f"transpose: axes {axes} are not a permutation of the {a.ndim} axes of shape {a.shape}")
+    inverse = tuple(numpy.argsort(axes))
+    return result(a.data.transpose(axes), (a,), lambda grad: (grad.transpose(inverse),), "transpose")
+
+
+# ---- elementwise functions --------------------------------------------------------------
+def exp(a):
+    a = as_tensor(a)
+    xp = backend.get_array_module(a.data)
+    out = xp.exp(a.data)
+    return result(out, (a,), lambda grad: (grad * out,), "exp")
+
+
+def log(a):
+    a = as_tensor(a)
+    xp = backend.get_array_module(a.data)
+    return result(xp.log(a.data), (a,), lambda grad: (grad / a.data,), "log")
+
+
+def relu(a):
+    a = as_tensor(a)
+    xp = backend.get_array_module(a.data)
+    return result(xp.maximum(a.data, 0), (a,), lambda grad: (grad * (a.data > 0),), "relu")
+
+
+def tanh(a):
+    a = as_tensor(a)
+    xp = backend.get_array_module(a.data)
+    out = xp.tanh(a.data)
+    return result(out, (a,), lambda grad: (grad * (1 - out * out),), "tanh")
+
+
+def sigmoid(a):
+    a = as_tensor(a)
+    xp = backend.get_array_module(a.data)
+    # 1 / (1 + e^-x) written so that neither branch overflows
+    out = xp.where(a.data >= 0, 1 / (1 + xp.exp(-xp.abs(a.data))),
+                   xp.exp(-xp.abs(a.data)) / (1 + xp.exp(-xp.abs(a.data))))
+    return result(out, (a,), lambda grad: (grad * out * (1 - out),), "sigmoid")

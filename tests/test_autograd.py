@@ -187,7 +187,7 @@ def test_leaves_sharing_one_gradient_array_accumulate_separately():
 
 
 def test_the_reference_counts_that_adoption_and_workspace_rely_on_hold_on_this_python():
-    """Gradient adoption (minidl.tensor._sole_holder) and buffer reuse (minidl.conv.workspace) count
+    """Gradient adoption (minidl.autograd._sole_holder) and buffer reuse (minidl.conv.workspace) count
     the references to ``container[key]``, an expression: 2 when only the container holds the array,
     one more for every other holder. A local name is never counted, because Python 3.14 may load it
     without a reference of its own (CPython's "What's new in 3.14" on sys.getrefcount). If a Python

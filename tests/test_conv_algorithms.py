@@ -209,20 +209,20 @@ def test_cost_of_fft_does_not_grow_with_the_kernel_but_im2col_does():
         cost.cost("auto", x_shape, small, 1, 1)
 
 
-# ---- im2col in blocks of images (minidl.conv.im2col.image_blocks) -----------------------------
+# ---- im2col in blocks of images (minidl.conv.im2col_blocked.image_blocks) ---------------------
 @pytest.mark.task("1.4")
 @given(data=st.data(), seed=st.integers(0, 2**32 - 1), block_bytes=st.integers(1, 4000))
 def test_im2col_in_blocks_of_images_equals_direct(monkeypatch, data, seed, block_bytes):
     """Batches cut into blocks (of a drawn size, a last block shorter) give direct's output and both
     gradients: the weight gradient summed over blocks from rebuilt columns, grad_x by col2im per block
     (stride > 1 or more outputs than inputs) or by the flipped-kernel convolution, itself in blocks."""
-    from minidl.conv import im2col
-    monkeypatch.setattr(im2col, "BLOCK_BYTES", block_bytes)
+    from minidl.conv import im2col_blocked
+    monkeypatch.setattr(im2col_blocked, "BLOCK_BYTES", block_bytes)
     setting = data.draw(shapes_for("im2col"))
     n, c, f, h, w, k, stride, padding = setting
     setting = (n + 3,) + setting[1:]                       # at least 4 images, so a cut is possible
     x, weight, grad_out = draw_arrays(setting, seed, "float64")
-    blocks = im2col.image_blocks(x.shape, weight.shape, stride, padding, 8)
+    blocks = im2col_blocked.image_blocks(x.shape, weight.shape, stride, padding, 8)
     assert blocks[0][0] == 0 and blocks[-1][1] == len(x) and all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))
     for name, actual, expected in zip(("out", "grad_x", "grad_weight"), run("im2col", x, weight, grad_out, stride, padding),
                                       reference(x, weight, grad_out, stride, padding)):
@@ -232,22 +232,22 @@ def test_im2col_in_blocks_of_images_equals_direct(monkeypatch, data, seed, block
 def test_im2col_blocks_cut_a_large_batch_and_keep_a_small_one_whole():
     """The large bench layer (2.25 MiB of columns per image) is cut; LeNet-5's layers at batch 64 are not,
     so they run the one-GEMM algorithm, bit for bit as before blocks existed."""
-    from minidl.conv import im2col
-    large = im2col.image_blocks((32, 64, 32, 32), (64, 64, 3, 3), 1, 1, 4)
+    from minidl.conv import im2col_blocked
+    large = im2col_blocked.image_blocks((32, 64, 32, 32), (64, 64, 3, 3), 1, 1, 4)
     assert len(large) > 1 and all(stop - start <= 4 for start, stop in large)
-    assert im2col.image_blocks((64, 1, 28, 28), (6, 1, 5, 5), 1, 2, 4) == [(0, 64)]
-    assert im2col.image_blocks((64, 6, 14, 14), (16, 6, 5, 5), 1, 0, 4) == [(0, 64)]
+    assert im2col_blocked.image_blocks((64, 1, 28, 28), (6, 1, 5, 5), 1, 2, 4) == [(0, 64)]
+    assert im2col_blocked.image_blocks((64, 6, 14, 14), (16, 6, 5, 5), 1, 0, 4) == [(0, 64)]
 
 
 def test_im2col_one_block_and_many_blocks_agree_in_float32(monkeypatch):
     """Same layer, one block against one image per block: equal to float32 rounding (BLAS may order a
     product's sums differently for another number of columns, and the weight gradient is summed by block)."""
-    from minidl.conv import im2col
+    from minidl.conv import im2col_blocked
     setting = (5, 6, 4, 7, 7, 3, 1, 1)
     x, weight, grad_out = draw_arrays(setting, 11, "float32")
     whole = run("im2col", x, weight, grad_out, 1, 1)
-    monkeypatch.setattr(im2col, "BLOCK_BYTES", 1)
-    assert len(im2col.image_blocks(x.shape, weight.shape, 1, 1, 4)) == 5
+    monkeypatch.setattr(im2col_blocked, "BLOCK_BYTES", 1)
+    assert len(im2col_blocked.image_blocks(x.shape, weight.shape, 1, 1, 4)) == 5
     cut = run("im2col", x, weight, grad_out, 1, 1)
     for actual, expected in zip(cut, whole):
         assert relative_error(actual, expected) <= FLOAT32_TOL
@@ -256,13 +256,13 @@ def test_im2col_one_block_and_many_blocks_agree_in_float32(monkeypatch):
 @pytest.mark.task("1.4")          # col2im is the oracle here
 @given(data=st.data(), seed=st.integers(0, 2**32 - 1))
 def test_plane_col2im_gives_the_bits_of_col2im(data, seed):
-    """Stride 1: _col2im_planes (each image's columns as long as its padded plane, one contiguous
+    """Stride 1: col2im_planes (each image's columns as long as its padded plane, one contiguous
     += per kernel offset) adds the same products in the same order as
     col2im does, so on the same columns grad_x agrees to the last bit: the extra columns' zero
     gradients change nothing, also where a shifted run crosses into the next plane. (Whether BLAS
     gives a column the same bits in a wider product is BLAS's business; the end-to-end comparison
     with direct is test_every_algorithm_equals_direct...)."""
-    from minidl.conv import im2col
+    from minidl.conv import im2col, im2col_blocked
     n, c, f, h, w, k, _, padding = data.draw(shapes_for("im2col"))
     x, weight, grad_out = draw_arrays((n, c, f, h, w, k, 1, padding), seed, "float64")
     padded = (n, c, h + 2 * padding, w + 2 * padding)
@@ -273,7 +273,7 @@ def test_plane_col2im_gives_the_bits_of_col2im(data, seed):
     grad_cols = (rows @ planes.reshape(f, -1)).reshape(k, k, c, n, padded[2], padded[3]).transpose(2, 0, 1, 3, 4, 5)
     expected = im2col.col2im(grad_cols[..., :out_h, :out_w].transpose(3, 0, 1, 2, 4, 5), padded, 1)
     expected = expected[:, :, padding:padding + h, padding:padding + w]
-    got = im2col._col2im_planes(grad_out, weight, padded, padding)
+    got = im2col_blocked.col2im_planes(grad_out, weight, padded, padding)
     assert np.array_equal(got, expected)
 
 

@@ -148,7 +148,7 @@ def test_conv_errors_name_shapes_and_limits():
     pytest.param(4, 2, 3, 1, 1, marks=pytest.mark.task("1.3")),
     # padding = k - 1: the "full" convolution needs no extra padding
     pytest.param(4, 4, 3, 1, 2, marks=pytest.mark.task("1.3")),
-    # F > C, stride 1: grad_x by GEMM + the plane col2im (_col2im_planes, one contiguous run per offset)
+    # F > C, stride 1: grad_x by GEMM + the plane col2im (col2im_planes, one contiguous run per offset)
     pytest.param(2, 5, 3, 1, 1, marks=pytest.mark.task("1.3")),
     pytest.param(1, 3, 5, 1, 0, marks=pytest.mark.task("1.3")),
     # stride 2: grad_x by GEMM + col2im
@@ -159,13 +159,14 @@ def test_conv_errors_name_shapes_and_limits():
 ])
 def test_every_input_gradient_path_of_im2col_equals_the_direct_kernel(in_channels, out_channels, kernel, stride,
                                                                         padding):
-    from minidl.conv import direct, im2col
+    from minidl.conv import direct, im2col, im2col_blocked
     rng = np.random.default_rng(7)
     x = rng.standard_normal((2, in_channels, 6, 5))
     weight = rng.standard_normal((out_channels, in_channels, kernel, kernel))
-    out, cache = im2col.forward(x, weight, stride, padding)
-    grad_out = rng.standard_normal(out.shape)
     expected_out, expected_cache = direct.forward(x, weight, stride, padding)
-    np.testing.assert_allclose(out, expected_out, rtol=1e-12, atol=1e-12)
-    for got, want in zip(im2col.backward(grad_out, cache), direct.backward(grad_out, expected_cache)):
-        np.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-11)
+    grad_out = rng.standard_normal(expected_out.shape)
+    for kernel_module in (im2col_blocked, im2col):       # the layer's kernel, and the textbook one it is built from
+        out, cache = kernel_module.forward(x, weight, stride, padding)
+        np.testing.assert_allclose(out, expected_out, rtol=1e-12, atol=1e-12)
+        for got, want in zip(kernel_module.backward(grad_out, cache), direct.backward(grad_out, expected_cache)):
+            np.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-11)

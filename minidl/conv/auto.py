@@ -26,7 +26,7 @@ rule's choice beside the measured fastest so a disagreement is visible.
 """
 import time
 
-from minidl import conv
+from minidl.conv import kernels
 
 WINOGRAD_MIN_CHANNELS = 256
 FFT_MIN_KERNEL = 7
@@ -45,7 +45,7 @@ def choose_name(x_shape, weight_shape, stride, padding):
 def choose(x_shape, weight_shape, stride, padding):
     """The kernel module the rule picks (it always supports the shape)."""
     name = choose_name(x_shape, weight_shape, stride, padding)
-    return conv.get(name, x_shape, weight_shape, stride, padding)
+    return kernels.get(name, x_shape, weight_shape, stride, padding)
 
 
 # the kernel interface, so that "auto" can be used wherever a kernel module can
@@ -67,7 +67,7 @@ def measure(x, weight, stride, padding, repeats=3, algorithms=("im2col", "winogr
     """{name: best seconds of forward + both gradients} for every supported algorithm on these arrays."""
     times = {}
     for name in algorithms:
-        kernel = conv._module(name)
+        kernel = kernels.by_name(name)
         if kernel.supports(x.shape, weight.shape, stride, padding):
             continue
         best = float("inf")

@@ -15,7 +15,10 @@ not counted, FFTs counted as S log2 S real multiplications for a real transform 
 """
 import math
 
-from minidl.conv import output_size
+from minidl.conv import winograd as wino
+from minidl.conv.fft import transform_size
+from minidl.conv.im2col_blocked import image_blocks
+from minidl.conv.shapes import output_size
 
 
 def _shape(x_shape, weight_shape, stride, padding):
@@ -39,8 +42,7 @@ def direct(x_shape, weight_shape, stride, padding):
 
 def im2col(x_shape, weight_shape, stride, padding, itemsize=4):
     """The column matrix of the whole batch, or, where the kernel cuts the batch into blocks of
-    images (``im2col.image_blocks``, for ``itemsize``-byte numbers), of one block."""
-    from minidl.conv.im2col import image_blocks
+    images (``im2col_blocked.image_blocks``, for ``itemsize``-byte numbers), of one block."""
     n, c, f, kh, kw, out_h, out_w = _shape(x_shape, weight_shape, stride, padding)
     products = n * f * c * kh * kw * out_h * out_w
     start, stop = image_blocks(x_shape, weight_shape, stride, padding, itemsize)[0]
@@ -49,12 +51,11 @@ def im2col(x_shape, weight_shape, stride, padding, itemsize=4):
 
 
 def winograd(x_shape, weight_shape, stride, padding):
-    from minidl.conv.winograd import G
     n, c, f, kh, kw, out_h, out_w = _shape(x_shape, weight_shape, stride, padding)
     tiles_h, tiles_w = (out_h + 1) // 2, (out_w + 1) // 2
     p = n * tiles_h * tiles_w
-    weight_transform = _transform_multiplies(G, 3) * f * c                        # G g G^T (B, A: +-1 only)
-    grad_weight_transform = _transform_multiplies([list(r) for r in zip(*G)], 4) * f * c   # G^T dU G
+    weight_transform = _transform_multiplies(wino.G, 3) * f * c                        # G g G^T (B, A: +-1 only)
+    grad_weight_transform = _transform_multiplies([list(r) for r in zip(*wino.G)], 4) * f * c   # G^T dU G
     forward = 16 * f * c * p + weight_transform
     extended = n * c * (2 * tiles_h + 2) * (2 * tiles_w + 2)
     return {"multiplies": forward, "multiplies_fwd_bwd": forward + 32 * f * c * p + grad_weight_transform,
@@ -62,7 +63,6 @@ def winograd(x_shape, weight_shape, stride, padding):
 
 
 def fft(x_shape, weight_shape, stride, padding):
-    from minidl.conv.fft import transform_size
     n, c, f, kh, kw, out_h, out_w = _shape(x_shape, weight_shape, stride, padding)
     size_h, size_w = transform_size(x_shape[2] + 2 * padding, x_shape[3] + 2 * padding)
     points = size_h * size_w
@@ -128,7 +128,6 @@ def work_depth(algorithm, x_shape, weight_shape, stride, padding):
       fft             a transform (2-D radix-2: log2 of the points, a multiply and an add per stage),
                       one product, a sum over C (F, N for the gradients), the inverse transform
     """
-    from minidl.conv import winograd as wino
     n, c, f, kh, kw, out_h, out_w = _shape(x_shape, weight_shape, stride, padding)
     counted = cost(algorithm, x_shape, weight_shape, stride, padding)
     forward = 2 * counted["multiplies"]
@@ -143,7 +142,6 @@ def work_depth(algorithm, x_shape, weight_shape, stride, padding):
         grad_weight = max(d_out, d_in) + _dot_depth(tiles) + d_g       # dM V^T over the tiles, G^T dU G
         return _result(passes, forward_depth, grad_x, grad_weight)
     if algorithm == "fft":
-        from minidl.conv.fft import transform_size
         size_h, size_w = transform_size(x_shape[2] + 2 * padding, x_shape[3] + 2 * padding)
         transform = 2 * _sum_depth(size_h * size_w)                    # log2 S stages, multiply + add each
         return _result(passes, 2 * transform + _dot_depth(c), 2 * transform + _dot_depth(f),

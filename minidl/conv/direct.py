@@ -10,7 +10,7 @@ Multiplications: N * F * C * kh * kw * Ho * Wo, the same as im2col; no extra mem
 padded input. Supports every stride, padding and kernel size.
 """
 from minidl.backend import get_array_module
-from minidl.conv import output_size, pad
+from minidl.conv.shapes import output_size, pad
 
 
 def supports(x_shape, weight_shape, stride, padding):

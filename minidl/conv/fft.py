@@ -40,7 +40,7 @@ Restrictions: none (every stride, padding, kernel); precision is that of the FFT
 about eps * log2(S) * (size of the sum), larger than im2col's for float32 (see the tests).
 """
 from minidl.backend import get_array_module
-from minidl.conv import output_size, pad
+from minidl.conv.shapes import output_size, pad
 
 
 def supports(x_shape, weight_shape, stride, padding):

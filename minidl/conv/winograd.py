@@ -41,7 +41,8 @@ Precision: the transforms mix values of different sizes, so float32 loses a litt
 im2col (see tests/test_conv_algorithms.py); larger tiles (F(4x4, 3x3)) would lose much more.
 """
 from minidl.backend import get_array_module
-from minidl.conv import output_size, workspace
+from minidl.conv.scratch import workspace
+from minidl.conv.shapes import output_size
 
 # Lavin & Gray 2016, section 4.1, F(2x2, 3x3)
 B_T = [[1, 0, -1, 0],

@@ -54,7 +54,7 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_TH
 import numpy as np  # noqa: E402
 
 from minidl import conv  # noqa: E402
-from minidl.conv import cost, direct  # noqa: E402
+from minidl.conv import cost, direct, scratch  # noqa: E402
 
 PARTS = ("conv", "layers", "main", "memory", "plots", "workdepth", "summary", "precision", "allocator", "gpu")
 MEMORY_SHAPE = ((32, 64, 32, 32), (64, 64, 3, 3), 1, 1)     # the chapter's "big" layer (section 3)
@@ -278,7 +278,7 @@ def memory(out, quick):
     rows = []
     for name in ("direct", "im2col", "winograd", "fft"):
         kernel = conv.get(name, x_shape, w_shape, stride, padding)
-        conv._workspaces.clear()          # a cold call: the reused scratch buffers are allocated, and counted
+        scratch._workspaces.clear()       # a cold call: the reused scratch buffers are allocated, and counted
         tracemalloc.start()
         output, cache = kernel.forward(x, weight, stride, padding)
         forward_peak = tracemalloc.get_traced_memory()[1]

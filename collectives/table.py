@@ -1,0 +1,13 @@
+"""The allreduce algorithms by name: the table that ``collectives.allreduce(..., algorithm=name)`` reads."""
+from . import auto, butterfly, naive, rabenseifner, ring, tree
+
+ALGORITHMS = ("naive", "tree", "butterfly", "ring", "rabenseifner", "auto")
+MODULES = {"naive": naive, "tree": tree, "butterfly": butterfly, "ring": ring, "rabenseifner": rabenseifner,
+           "auto": auto}
+
+
+def algorithm_module(name):
+    """The module of the named algorithm (one of ALGORITHMS); each has `allreduce` and a heart."""
+    if name not in MODULES:
+        raise ValueError(f"unknown algorithm {name!r}; choose one of {ALGORITHMS}")
+    return MODULES[name]

@@ -1,0 +1,87 @@
+"""The minidl side: one layer's forward + backward, or one training step, as a function to time.
+
+``minidl_worker`` runs a whole suite in its own process (``python -m minidl.bench ... --worker minidl``)
+and answers with the times, the GEMM rate and, where the suite wants them, the conv layer's
+floor (sweep) and the per-stage breakdown (main).
+"""
+import numpy
+
+from minidl import Tensor, backend, functional as F, models, nn, optim
+from minidl.bench.breakdown import breakdown, conv_stages
+from minidl.bench.cases import FLOOR_STAGES, SUITES
+from minidl.bench.timing import best_ms, gemm_gflops
+
+def minidl_step(case, rng):
+    """A no-argument function that runs ``case`` once with minidl on the active backend."""
+    xp = backend.xp()
+
+    def array(*shape):
+        return xp.asarray(rng.standard_normal(shape), dtype=xp.float32)
+
+    if case["kind"] == "conv":
+        n, c, f, side, k, stride, padding = case["shape"]
+        layer = nn.Conv2d(c, f, k, stride=stride, padding=padding, rng=rng, algorithm=case["algorithm"])
+        x = Tensor(array(n, c, side, side), requires_grad=True)
+        out_side = (side + 2 * padding - k) // stride + 1
+        grad = array(n, f, out_side, out_side)
+        return lambda: _forward_backward(layer, x, grad)
+    if case["kind"] == "pool":
+        n, c, side, k = case["shape"]
+        layer = nn.MaxPool2d(k)
+        x = Tensor(array(n, c, side, side), requires_grad=True)
+        grad = array(n, c, side // k, side // k)
+        return lambda: _forward_backward(layer, x, grad)
+    if case["kind"] == "linear":
+        n, i, o = case["shape"]
+        layer = nn.Linear(i, o, rng=rng)
+        x = Tensor(array(n, i), requires_grad=True)
+        grad = array(n, o)
+        return lambda: _forward_backward(layer, x, grad)
+    # a training step: forward, loss, backward, SGD update
+    batch = case["batch"]
+    if case["model"] == "lenet5":
+        model = models.lenet5(rng)
+    else:
+        model = models.mlp(rng, in_features=784, hidden=(256, 256))
+    optimizer = optim.SGD(model.parameters(), lr=0.01)
+    x = Tensor(array(batch, 1, 28, 28))
+    labels = xp.asarray(rng.integers(0, 10, batch))
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)                  # as the PyTorch step below
+        F.softmax_cross_entropy(model(x), labels).backward()
+        optimizer.step()
+    return step
+
+
+def _forward_backward(layer, x, grad):
+    for parameter in layer.parameters():
+        parameter.grad = None
+    x.grad = None
+    layer(x).backward(grad)
+
+
+def minidl_worker(suite, quick, repeats, clock):
+    rng = numpy.random.default_rng(0)
+    sync = lambda: None                                           # noqa: E731
+    if backend.get_backend() == "cupy":
+        import cupy
+        sync = cupy.cuda.Device().synchronize
+        clock = "wall"                                            # GPU time is not this process's CPU time
+    xp = backend.xp()
+
+    def matmul_of(size):
+        a = xp.asarray(rng.standard_normal((size, size)), dtype=xp.float32)
+        return lambda: a @ a
+    times = {}
+    for index, case in enumerate(SUITES[suite](quick)):
+        times[index] = best_ms(minidl_step(case, rng), repeats, sync, clock=clock)
+    answer = {"times": times, "gemm_gflops": gemm_gflops(matmul_of, 256 if quick else 2048, repeats, clock, sync)}
+    if suite == "sweep":          # the conv layer's floor: its GEMMs and im2col/col2im copies, each timed alone
+        answer["floors"] = {index: sum(best_ms(fn, repeats, sync, clock=clock) * scale
+                                       for _, stage, fn, _, scale in conv_stages(case["shape"], rng, xp)
+                                       if stage in FLOOR_STAGES)
+                            for index, case in enumerate(SUITES[suite](quick)) if case["kind"] == "conv"}
+    if suite == "main" and backend.get_backend() == "numpy":
+        answer["breakdown"] = breakdown(quick, repeats, clock, answer["gemm_gflops"])
+    return answer

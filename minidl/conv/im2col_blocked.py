@@ -1,0 +1,224 @@
+"""The im2col kernel that ``algorithm="im2col"`` runs: im2col.py's products, in blocks of images, with fast input gradients.
+
+The textbook algorithm (``im2col.py``: columns, one GEMM, col2im) computes the same numbers; this
+kernel reorganises the work in four ways, each for a measured reason, each below with its own
+docstring:
+
+1. **Blocks of images** (``image_blocks``): when a whole batch's columns would outgrow the caches
+   (tens of MB), the same three products run on a few images at a time, so that each block's
+   columns are still in cache when its GEMM reads them; the backward pass rebuilds each block's
+   columns instead of keeping the batch's, and sums the blocks' weight gradients. A batch whose
+   columns fit in BLOCK_BYTES is one block: the textbook algorithm, unchanged.
+2. **The input gradient as a convolution** (``input_gradient_as_convolution``): for stride 1 and
+   F <= C, grad_x is a "full" convolution of grad_out with the flipped kernel, copies instead of
+   col2im's ``+=``.
+3. **col2im on planes** (``col2im_planes``): for stride 1 otherwise, col2im as kh*kw contiguous adds.
+4. **Gradients from output columns** (``gradients_from_output_columns``): in blocks, with 2., one
+   im2col of the output gradient serves both gradients.
+
+``input_gradient_path`` names which of them ``backward`` takes for a shape (the benchmark's
+breakdown asks it too, so that it times the path the layer runs).
+
+Multiplications: N * F * C*kh*kw * Ho*Wo (as direct). Extra memory: the column buffer,
+N * C*kh*kw * Ho*Wo elements, or one block's of it. Supports every case.
+"""
+from minidl.backend import get_array_module
+from minidl.conv.scratch import workspace
+from minidl.conv.shapes import output_size
+from minidl.conv.im2col import columns, forward_block, gradient_2d, input_gradient_by_col2im, weight_gradient
+
+
+def supports(x_shape, weight_shape, stride, padding):
+    return None
+
+
+# ---- 1. blocks of images: the same products, a few images at a time -----------------------------
+BLOCK_BYTES = 6 << 20
+
+
+def image_blocks(x_shape, weight_shape, stride, padding, itemsize):
+    """[(start, stop)]: the batch cut into blocks whose columns take at most about BLOCK_BYTES.
+
+    Why: a whole batch's columns can be far larger than the processor's caches (75 MB for 32
+    images of 64 channels at 32x32, 3x3), and then im2col writes them to memory and the GEMM
+    reads them back from it: the layer runs at memory speed (``python -m minidl.bench`` shows
+    its stages). A block's columns (about 8 MB: 3 such images) stay in cache between the copy
+    and the product. The batch stays ONE block, and the layer the textbook algorithm of im2col.py
+    bit for bit, whenever all its columns fit (every layer of LeNet-5 and the small CNN does).
+    """
+    n, c, h, w = x_shape
+    f, _, kh, kw = weight_shape
+    per_image = c * kh * kw * output_size(h, kh, stride, padding) * output_size(w, kw, stride, padding) * itemsize
+    images = max(1, BLOCK_BYTES // max(per_image, 1))
+    return [(start, min(start + images, n)) for start in range(0, n, images)] or [(0, 0)]
+
+
+def forward(x, weight, stride, padding):
+    xp = get_array_module(x)
+    n, c, h, w = x.shape
+    f, _, kh, kw = weight.shape
+    out_h, out_w = output_size(h, kh, stride, padding), output_size(w, kw, stride, padding)
+    out = xp.empty((n, f, out_h, out_w), dtype=xp.result_type(weight, x))
+    blocks = image_blocks(x.shape, weight.shape, stride, padding, x.dtype.itemsize)
+    cache = {"weight": weight, "x_shape": x.shape, "stride": stride, "padding": padding, "blocks": blocks}
+    if len(blocks) == 1:                       # one block: keep the columns for the weight gradient
+        cache["cols"], cache["padded_shape"] = forward_block(x, weight, stride, padding, out)
+    else:                                      # several: keep x and rebuild each block's columns in backward
+        for start, stop in blocks:
+            forward_block(x[start:stop], weight, stride, padding, out[start:stop])
+        cache["x"] = x
+    return out, cache
+
+
+# ---- 2. the input gradient as a convolution ----------------------------------------------------
+def input_gradient_as_convolution(weight_shape, stride, padding):
+    """Whether backward computes grad_x as a convolution instead of GEMM + col2im.
+
+    For stride 1, grad_x = conv2d(grad_out, flipped weight, padding = k - 1 - padding): each input
+    pixel gathers the output gradients of every window that covered it, which is a correlation of
+    grad_out with the kernel turned by 180 degrees and with in/out channels swapped. That trades
+    col2im's k*k passes of ``+=`` over the columns (read, add, write) for im2col's plain copies of
+    the output gradient. The copies are of F*k*k*N*H*W elements instead of C*k*k*N*Ho*Wo, so
+    it pays when F <= C (e.g. 64 -> 64 channels, about 15% of the whole layer's backward), not
+    when a layer widens the channels (LeNet's 6 -> 16), where col2im stays.
+    """
+    f, c, kh, kw = weight_shape
+    return stride == 1 and kh == kw and padding <= kh - 1 and f <= c
+
+
+def flipped_weight(weight):
+    """flipped[c, f, i, j] = weight[f, c, kh-1-i, kw-1-j]: the kernel of the "full" convolution that gives grad_x."""
+    return get_array_module(weight).ascontiguousarray(weight[:, :, ::-1, ::-1].transpose(1, 0, 2, 3))
+
+
+def input_gradient_path(weight_shape, stride, padding, block_count):
+    """How ``backward`` computes grad_x: "output columns" (4., in blocks), "convolution" (2., one block),
+    "planes" (3., stride 1) or "col2im" (the textbook GEMM + col2im, stride > 1)."""
+    if input_gradient_as_convolution(weight_shape, stride, padding):
+        return "output columns" if block_count > 1 else "convolution"
+    return "planes" if stride == 1 else "col2im"
+
+
+# ---- 3. col2im on whole padded planes (stride 1) --------------------------------------------
+def col2im_planes(grad_out, weight, padded_shape, padding):
+    """GEMM + col2im for stride 1, with every image's columns as long as its padded input plane.
+
+    The fast path beside ``im2col.col2im`` (the same sums in the same order, the same bits). col2im
+    adds each kernel offset's columns back with a strided ``+=``, and numpy spends about 50 ns on every
+    row of a strided operation: LeNet's second layer has rows of Wo = 10 pixels. For stride 1,
+    give each image's output gradient the shape of its padded input, (Hp, Wp), with zeros outside
+    the (Ho, Wo) corner, before the GEMM. Then the columns of kernel offset (i, j) are the padded
+    planes of every channel and image laid end to end, shifted by i*Wp + j, and col2im is kh*kw
+    adds of ONE contiguous run each (``add_shifted_runs``, about 5x faster per element than strided
+    rows). A non-zero column (ho, wo) lands on pixel (ho + i, wo + j), inside its own plane; zero
+    columns may run on into the next plane and add exact zeros there, which change nothing.
+    Price: the GEMM computes Hp*Wp columns per image instead of Ho*Wo (1.96x for LeNet's conv2;
+    the extra ones are weights times zeros). On LeNet's conv2 the layer's forward and backward
+    take 2.6 ms instead of 2.85 (python -m minidl.bench, "lenet conv2").
+    Returns grad_x (N, C, H, W).
+    """
+    xp = get_array_module(grad_out)
+    f, c, kh, kw = weight.shape
+    n, _, out_h, out_w = grad_out.shape
+    height, width = padded_shape[2:]
+    dtype = xp.result_type(weight, grad_out)
+    grad_planes = workspace(xp, (f, n, height, width), grad_out.dtype, zero=True)           # (F, N, Hp, Wp)
+    grad_planes[:, :, :out_h, :out_w] = grad_out.transpose(1, 0, 2, 3)
+    weight_rows = xp.ascontiguousarray(weight.transpose(2, 3, 1, 0)).reshape(kh * kw * c, f)   # rows (i, j, c)
+    cols = xp.matmul(weight_rows, grad_planes.reshape(f, -1),
+                     out=workspace(xp, (kh * kw * c, n * height * width), dtype))
+    planes = add_shifted_runs(cols.reshape(kh, kw, c * n * height * width), (c, n, height, width))
+    return planes[:, :, padding:height - padding, padding:width - padding].transpose(1, 0, 2, 3)
+
+
+def add_shifted_runs(cols, planes_shape):
+    """col2im on planes: cols (kh, kw, C*N*Hp*Wp), each offset's run added at shift i*Wp + j -> planes (C, N, Hp, Wp)."""
+    xp = get_array_module(cols)
+    kh, kw, length = cols.shape
+    width = planes_shape[-1]
+    planes = workspace(xp, planes_shape, cols.dtype, zero=True)
+    flat = planes.reshape(length)                                             # every plane, end to end
+    for i in range(kh):
+        for j in range(kw):
+            shift = i * width + j
+            flat[shift:] += cols[i, j, :length - shift]
+    return planes
+
+
+def _input_gradient_block(grad_out, grad_2d, weight, padded_shape, stride, padding, x_shape):
+    if stride == 1:
+        return col2im_planes(grad_out, weight, padded_shape, padding)
+    return input_gradient_by_col2im(grad_out, grad_2d, weight, padded_shape, stride, padding, x_shape)
+
+
+# ---- 4. both gradients from the output gradient's columns (stride 1, in blocks) ------------------
+def gradients_from_output_columns(grad_out, x, weight, padding, blocks, need_weight):
+    """(grad_x, grad_weight) for stride 1 in blocks, both from each block's output-gradient columns.
+
+    grad_x is the "full" convolution of grad_out with the flipped kernel (see
+    input_gradient_as_convolution), whose columns are gcols[(f, i', j'), (n, h, w)] =
+    grad_pad[n, f, h + i', w + j'], grad_pad being grad_out padded by k - 1 - padding. The weight
+    gradient needs the same numbers (substitute h = ho + i - padding in its definition):
+
+        grad_weight[f, c, i, j] = sum_{n, h, w} x[n, c, h, w] grad_pad[n, f, h + k-1-i, w + k-1-j]
+                                = (gcols @ x_2d.T)[(f, k-1-i, k-1-j), c]      x_2d: x as (C, N*H*W)
+
+    so each block needs one im2col (of its output gradient) for both products, not a second one
+    that rebuilds x's columns. The blocks' weight gradients are summed in block order.
+    """
+    xp = get_array_module(grad_out)
+    f, c, kh, kw = weight.shape
+    n, _, h, w = x.shape
+    dtype = xp.result_type(weight, grad_out)
+    flipped = flipped_weight(weight).reshape(c, f * kh * kw)
+    grad_x = xp.empty(x.shape, dtype=dtype)
+    grad_flipped = xp.zeros((f * kh * kw, c), dtype=dtype) if need_weight else None
+    for start, stop in blocks:
+        images = stop - start
+        gcols, _ = columns(grad_out[start:stop], kh, kw, 1, kh - 1 - padding, h, w)     # (F kh kw, nb H W)
+        grad_2d = xp.matmul(flipped, gcols, out=workspace(xp, (c, images * h * w), dtype))   # (C, nb H W)
+        grad_x[start:stop] = grad_2d.reshape(c, images, h, w).transpose(1, 0, 2, 3)
+        if need_weight:
+            x_2d = workspace(xp, (c, images, h, w), x.dtype)
+            x_2d[...] = x[start:stop].transpose(1, 0, 2, 3)
+            grad_flipped += xp.matmul(gcols, x_2d.reshape(c, images * h * w).T)             # (F kh kw, C)
+    grad_weight = None
+    if need_weight:
+        grad_weight = xp.ascontiguousarray(grad_flipped.reshape(f, kh, kw, c)[:, ::-1, ::-1].transpose(0, 3, 1, 2))
+    return grad_x, grad_weight
+
+
+def backward(grad_out, cache, need_x=True, need_weight=True):
+    xp = get_array_module(grad_out)
+    weight, stride, padding, blocks = cache["weight"], cache["stride"], cache["padding"], cache["blocks"]
+    f, c, kh, kw = weight.shape
+    out_h, out_w = grad_out.shape[2:]
+    path = input_gradient_path(weight.shape, stride, padding, len(blocks))
+    by_col2im = path in ("planes", "col2im")
+    grad_weight = grad_x = None
+    if len(blocks) == 1:
+        grad_2d = gradient_2d(grad_out)
+        if need_weight:
+            grad_weight = weight_gradient(cache["cols"], grad_2d, weight.shape)
+        if need_x and by_col2im:
+            grad_x = _input_gradient_block(grad_out, grad_2d, weight, cache["padded_shape"], stride, padding,
+                                           cache["x_shape"])
+    elif need_x and path == "output columns":  # one im2col per block serves both gradients
+        return gradients_from_output_columns(grad_out, cache["x"], weight, padding, blocks, need_weight)
+    else:
+        x = cache["x"]
+        if need_x and by_col2im:
+            grad_x = xp.empty(cache["x_shape"], dtype=xp.result_type(weight, grad_out))
+        for start, stop in blocks:             # each block's columns rebuilt while they are in cache
+            grad_2d = gradient_2d(grad_out[start:stop])
+            if need_weight:
+                cols, _ = columns(x[start:stop], kh, kw, stride, padding, out_h, out_w)
+                block = weight_gradient(cols, grad_2d, weight.shape)
+                grad_weight = block.copy() if grad_weight is None else grad_weight + block
+            if need_x and by_col2im:
+                padded = (stop - start, c) + tuple(s + 2 * padding for s in x.shape[2:])
+                grad_x[start:stop] = _input_gradient_block(grad_out[start:stop], grad_2d, weight, padded, stride,
+                                                            padding, x.shape)
+    if need_x and path == "convolution":       # a "full" convolution of grad_out with the flipped kernel
+        grad_x, _ = forward(grad_out, flipped_weight(weight), 1, kh - 1 - padding)
+    return grad_x, grad_weight
