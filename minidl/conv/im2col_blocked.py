@@ -34,10 +34,12 @@ def supports(x_shape, weight_shape, stride, padding):
 
 # ---- 1. blocks of images: the same products, a few images at a time -----------------------------
 BLOCK_BYTES = 6 << 20
+GPU_BLOCK_BYTES = 1 << 30
 
 
-def image_blocks(x_shape, weight_shape, stride, padding, itemsize):
-    """[(start, stop)]: the batch cut into blocks whose columns take at most about BLOCK_BYTES.
+def image_blocks(x_shape, weight_shape, stride, padding, itemsize, block_bytes=None):
+    """[(start, stop)]: the batch cut into blocks whose columns take at most about ``block_bytes``
+    (default BLOCK_BYTES).
 
     Why: a whole batch's columns can be far larger than the processor's caches (75 MB for 32
     images of 64 channels at 32x32, 3x3), and then im2col writes them to memory and the GEMM
@@ -45,11 +47,16 @@ def image_blocks(x_shape, weight_shape, stride, padding, itemsize):
     its stages). A block's columns (about 8 MB: 3 such images) stay in cache between the copy
     and the product. The batch stays ONE block, and the layer the textbook algorithm of im2col.py
     bit for bit, whenever all its columns fit (every layer of LeNet-5 and the small CNN does).
+
+    On a GPU (CuPy arrays) the budget is GPU_BLOCK_BYTES: there no cache holds a block between
+    the copy and the product, and each block costs a dozen kernel launches from Python, so 6 MiB
+    blocks left the GPU waiting (chapter 2, section 6, measured 16 blocks for the 64-channel layer
+    at batch 32); the whole batch is one block until its columns reach 1 GiB of GPU memory.
     """
     n, c, h, w = x_shape
     f, _, kh, kw = weight_shape
     per_image = c * kh * kw * output_size(h, kh, stride, padding) * output_size(w, kw, stride, padding) * itemsize
-    images = max(1, BLOCK_BYTES // max(per_image, 1))
+    images = max(1, (BLOCK_BYTES if block_bytes is None else block_bytes) // max(per_image, 1))
     return [(start, min(start + images, n)) for start in range(0, n, images)] or [(0, 0)]
 
 
@@ -59,7 +66,8 @@ def forward(x, weight, stride, padding):
     f, _, kh, kw = weight.shape
     out_h, out_w = output_size(h, kh, stride, padding), output_size(w, kw, stride, padding)
     out = xp.empty((n, f, out_h, out_w), dtype=xp.result_type(weight, x))
-    blocks = image_blocks(x.shape, weight.shape, stride, padding, x.dtype.itemsize)
+    blocks = image_blocks(x.shape, weight.shape, stride, padding, x.dtype.itemsize,
+                          GPU_BLOCK_BYTES if xp.__name__ == "cupy" else None)
     cache = {"weight": weight, "x_shape": x.shape, "stride": stride, "padding": padding, "blocks": blocks}
     if len(blocks) == 1:                       # one block: keep the columns for the weight gradient
         cache["cols"], cache["padded_shape"] = forward_block(x, weight, stride, padding, out)

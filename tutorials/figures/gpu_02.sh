@@ -14,6 +14,7 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTHONUNBUFFER
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 python3 -c "import cupy, numpy, torch; print('cupy', cupy.__version__, 'numpy', numpy.__version__, 'torch', torch.__version__)" \
     | tee -a "$out/gpu.txt"
+if [ "${TESTS:-1}" = 1 ]; then      # TESTS=0: the benchmarks only
 timeout 240 python3 -m pytest -q -p no:cacheprovider -k cupy -rs \
     tests/test_backend.py tests/test_autograd.py tests/test_layers.py tests/test_conv_algorithms.py \
     tests/test_persistent.py tests/test_collectives.py 2>&1 | tee "$out/gpu_tests.txt"
@@ -23,6 +24,8 @@ for b in numpy cupy; do
     MINIDL_BACKEND=$b timeout 120 mpiexec -n 2 python3 -m algorithms.allreduce_sgd --model cnn --epochs 2 \
         --quiet --log "$out/train_$b.jsonl"; echo "train on $b: exit $?" | tee -a "$out/gpu.txt"
 done
+fi
 for suite in ${SUITES:-layers sweep conv}; do
-    timeout 300 python3 -m minidl.bench "$suite" --repeats 7 --json "$out/02_${suite}_gpu.json" 2>&1 | tee "$out/$suite.txt"
+    timeout 300 python3 -m minidl.bench "$suite" --repeats "${REPEATS:-7}" --json "$out/02_${suite}_gpu.json" 2>&1 \
+        | tee "$out/$suite.txt"
 done

@@ -26,7 +26,8 @@
    -> 02_precision.json.
 10. gpu: chapter 2's CPU-versus-GPU tables and figure, from the JSON that
    ``bash tutorials/figures/gpu_02.sh OUTDIR`` wrote on a machine with a GPU (02_layers_gpu.json,
-   02_sweep_gpu.json, 02_conv_gpu.json, copied here; no timing in this part)
+   02_sweep_gpu.json, 02_conv_gpu.json, copied here, and 02_layers_gpu_blocked.json, the layers
+   suite's first GPU run, while im2col still cut the batch into 6 MiB blocks there; no timing here)
    and its two training runs (02_gpu_train_numpy.jsonl, 02_gpu_train_cupy.jsonl)
    -> 02_gpu_layers.md, 02_gpu_sweep.md, 02_gpu_conv.md, 02_gpu.png, 02_gpu_numbers.json.
 9. allocator: the LeNet-5 and MLP training steps and the 64-channel layer, minidl and PyTorch, each
@@ -184,21 +185,30 @@ def gpu_tables(out):
         lines.append(f"| {case} | {batch} | {_ms(cpu['minidl_ms'])} | {_ms(gpu['minidl_ms'])} | "
                      f"{gpu['cpu_over_gpu']:.3g} | {_ms(cpu['torch_ms'])} | {_ms(gpu['torch_ms'])} |")
     (out / "02_gpu_sweep.md").write_text("\n".join(lines) + "\n")
+    # the four algorithms on the 64-channel layer at batch 32: direct, FFT and Winograd from the conv
+    # suite's run (02_conv_gpu.json), which still cut im2col into the CPU's 6 MiB blocks on the GPU;
+    # im2col as it runs now (one block on a GPU) and PyTorch from the layers run, the same shape
     lines = ["| algorithm | CPU, 1 core, ms | GPU, ms | CPU / GPU |", "|---|---|---|---|"]
     large = _pairs([row for row in conv_rows if row["case"] == "large"], lambda row: row["algorithm"])
-    for algorithm, pair in large.items():
-        lines.append(f"| {algorithm} | {_ms(pair['cpu']['minidl_ms'])} | {_ms(pair['gpu']['minidl_ms'])} | "
-                     f"{pair['cpu']['minidl_ms'] / pair['gpu']['minidl_ms']:.3g} |")
-    torch_gpu = next(row["torch_ms"] for row in conv_rows if row["case"] == "large" and row["device"] == "gpu"
-                     and row["algorithm"] == "im2col")
-    lines.append(f"| PyTorch (cuDNN) | - | {_ms(torch_gpu)} | - |")
+    now = pairs["conv 64->64 32x32"]
+    assert now["gpu"]["shape"] == large["im2col"]["gpu"]["shape"], "the layers run's 64-channel layer is the conv suite's"
+    rows = [(name, large[name]["cpu"]["minidl_ms"], large[name]["gpu"]["minidl_ms"]) for name in ("direct", "fft", "winograd")]
+    rows += [("im2col, in 6 MiB blocks of images", large["im2col"]["cpu"]["minidl_ms"], large["im2col"]["gpu"]["minidl_ms"]),
+             ("im2col, one block on a GPU (as it runs now)", now["cpu"]["minidl_ms"], now["gpu"]["minidl_ms"])]
+    for name, cpu_ms, gpu_ms in rows:
+        lines.append(f"| {name} | {_ms(cpu_ms)} | {_ms(gpu_ms)} | {cpu_ms / gpu_ms:.3g} |")
+    torch_gpu = now["gpu"]["torch_ms"]
+    lines.append(f"| PyTorch (cuDNN) | {_ms(now['cpu']['torch_ms'])} | {_ms(torch_gpu)} | "
+                 f"{now['cpu']['torch_ms'] / torch_gpu:.3g} |")
     (out / "02_gpu_conv.md").write_text("\n".join(lines) + "\n")
 
     def span(values):
         return [round(min(values), 3), round(max(values), 3)]
     gpu_layers = [row for row in layers if row["device"] == "gpu"]
     by_sweep = {(row["case"], row["batch"], row["device"]): row for row in sweep}
-    gpu_large = {algorithm: pair["gpu"]["minidl_ms"] for algorithm, pair in large.items()}
+    gpu_large = {name: gpu_ms for name, _, gpu_ms in rows}
+    gpu_large["im2col (blocks)"] = gpu_large.pop("im2col, in 6 MiB blocks of images")
+    gpu_large["im2col"] = gpu_large.pop("im2col, one block on a GPU (as it runs now)")
     numbers = {
         "gpu_name": machine["gpu_name"], "cupy_gemm_gflops": machine["cupy_gemm_gflops"],
         "cpu_gemm_gflops": machine["gemm_gflops"],
@@ -220,6 +230,11 @@ def gpu_tables(out):
         abs(a["train_loss"] - b["train_loss"]) / abs(a["train_loss"]) for a, b in zip(runs["numpy"], runs["cupy"]))
     numbers["test_accuracy_equal"] = all(a["test_accuracy"] == b["test_accuracy"]
                                          for a, b in zip(runs["numpy"], runs["cupy"]))
+    # the first GPU run, while im2col still cut the batch into the CPU's 6 MiB blocks on the GPU too
+    blocked, _ = load(out, "layers_gpu_blocked")
+    blocked_conv = [row for row in blocked if row["device"] == "gpu" and row["kind"] == "conv"]
+    numbers["blocked_conv_cpu_over_gpu"] = span([row["cpu_over_gpu"] for row in blocked_conv])
+    numbers["blocked_conv_gpu_torch_ratio"] = span([row["ratio"] for row in blocked_conv])
     (out / "02_gpu_numbers.json").write_text(json.dumps(numbers, indent=1))
     print(json.dumps(numbers, indent=1))
     return layers, machine
