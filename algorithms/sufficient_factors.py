@@ -154,11 +154,10 @@ def unpack_factors(layers, block):
     return factors
 
 
-def sufficient_factor_step(comm, objective, optimizer, batch, layers, rest, allreduce, largest):
-    """One synchronous step (the heart): the factored layers' gradients rebuilt from every rank's
-    factors, everything else allreduced. Returns this rank's mean loss on its piece."""
-    # BEGIN SOLUTION
-    # local gradient on this rank's piece, weighted by its share; each factored layer keeps x, delta
+def local_gradient_and_the_rest(comm, objective, batch, rest, allreduce):
+    """What both hearts do first: the gradient on this rank's piece, weighted by its share of the
+    batch (each factored layer keeps its x and delta), and one dense allreduce of every entry that
+    is not a factored weight (``rest``). Returns (this rank's mean loss, its share, its rows)."""
     rows = len(batch.index)
     share = rows / batch.total
     if rows:
@@ -167,10 +166,18 @@ def sufficient_factor_step(comm, objective, optimizer, batch, layers, rest, allr
     else:
         loss = 0.0
         objective.grad[...] = 0
-    # everything but the factored weights: one dense allreduce of those entries
     dense = objective.grad[rest]
     allreduce(comm, dense)
     objective.grad[rest] = dense
+    return loss, share, rows
+
+
+def sufficient_factor_step(comm, objective, optimizer, batch, layers, rest, allreduce, largest):
+    """One synchronous step (the heart): the factored layers' gradients rebuilt from every rank's
+    factors, everything else allreduced. Returns this rank's mean loss on its piece."""
+    # BEGIN SOLUTION
+    # this rank's gradient, weighted by its share; everything but the factored weights allreduced
+    loss, share, rows = local_gradient_and_the_rest(comm, objective, batch, rest, allreduce)
     # every rank's factors to every other rank
     if layers:
         blocks = broadcast_factors(comm, pack_factors(layers, share, rows, objective.grad.dtype), largest)
@@ -192,19 +199,8 @@ def server_factor_step(comm, objective, optimizer, batch, layers, rest, allreduc
     sends it back; everything else is allreduced. Returns this rank's mean loss on its piece."""
     rank, size = comm.Get_rank(), comm.Get_size()
     # BEGIN SOLUTION
-    # local gradient on this rank's piece, weighted by its share; each factored layer keeps x, delta
-    rows = len(batch.index)
-    share = rows / batch.total
-    if rows:
-        loss = objective.loss_and_grad(batch.index)
-        objective.grad *= share
-    else:
-        loss = 0.0
-        objective.grad[...] = 0
-    # everything but the factored weights: one dense allreduce of those entries
-    dense = objective.grad[rest]
-    allreduce(comm, dense)
-    objective.grad[rest] = dense
+    # this rank's gradient, weighted by its share; everything but the factored weights allreduced
+    loss, share, rows = local_gradient_and_the_rest(comm, objective, batch, rest, allreduce)
     for number, layer in enumerate(layers):
         owner = number % size
         mine = pack_factors([layer], share, rows, objective.grad.dtype)

@@ -261,15 +261,22 @@ def test_the_grader_reads_each_tests_rank_count_from_its_marker(tmp_path):
 FIELDS = {"name", "score", "max_score", "status", "output", "visibility"}
 
 
-@reference_only
-def test_a_deadlock_is_named_stops_only_its_task_and_results_json_has_gradescopes_fields(tmp_path):
+def submission(tmp_path, stubbed, task_id, body, solutions=False):
+    """A student tree (``stubbed`` tasks stubbed, or with ``solutions`` every body kept) in which
+    task ``task_id``'s body is ``body``: lines with ``{indent}`` for the fence's indentation."""
     tree = tmp_path / "tree"
-    assignments.make(tree, ids="3.4,9.2")
-    task = assignments.select(TASKS, ["3.4"])[0]
+    assignments.make(tree, ids=stubbed, solutions=solutions)
+    task = assignments.select(TASKS, [task_id])[0]
     lines, begin, _ = assignments.fence_of(task, tree)
     indent = lines[begin][:len(lines[begin]) - len(lines[begin].lstrip())]
+    assignments.replace_body(task, tree, [line.format(indent=indent) for line in body])
+    return tree
+
+
+@reference_only
+def test_a_deadlock_is_named_stops_only_its_task_and_results_json_has_gradescopes_fields(tmp_path):
     # every rank waits for a message nobody sends
-    assignments.replace_body(task, tree, [f"{indent}comm.Recv(data, source=(comm.Get_rank() + 1) % comm.Get_size())\n"])
+    tree = submission(tmp_path, "3.4,9.2", "3.4", ["{indent}comm.Recv(data, source=(comm.Get_rank() + 1) % comm.Get_size())\n"])
     results = tmp_path / "results.json"
     done = grade("--student", str(tree), "--tasks", "3.4,9.2,5.2", "--timeout", "8", "--max-ranks", "2",
                  "--json", str(tmp_path / "g.json"), "--gradescope", str(results))
@@ -365,14 +372,8 @@ def test_a_sandboxed_task_that_looks_for_answers_or_the_network_finds_nothing_an
 
 @reference_only
 def test_a_ring_built_on_comm_allreduce_scores_nothing_and_says_why(tmp_path):
-    tree = tmp_path / "tree"
-    assignments.make(tree, ids="3.4")
-    task = assignments.select(TASKS, ["3.4"])[0]
-    lines, begin, _ = assignments.fence_of(task, tree)
-    indent = lines[begin][:len(lines[begin]) - len(lines[begin].lstrip())]
-    assignments.replace_body(task, tree, [f"{indent}total = data.copy()\n",
-                                          f"{indent}comm.Allreduce(source, total)\n",
-                                          f"{indent}data[...] = total\n"])
+    tree = submission(tmp_path, "3.4", "3.4", ["{indent}total = data.copy()\n", "{indent}comm.Allreduce(source, total)\n",
+                                               "{indent}data[...] = total\n"])
     done = grade("--student", str(tree), "--tasks", "3.4", "--json", str(tmp_path / "g.json"))
     row = json.loads((tmp_path / "g.json").read_text())["tasks"][0]
     assert row["points"] == 0 and "calls Allreduce, which it must build from point-to-point messages" in row["failed"][0]

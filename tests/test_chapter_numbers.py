@@ -57,6 +57,15 @@ def _near(quoted, value):
     return abs(quoted - value) <= TOLERANCE * abs(value) + 0.006
 
 
+def assert_quoted(prose, claims, source, flags=0):
+    """Each (pattern, values): the prose says it, and each number it quotes is near its value."""
+    for pattern, values in claims:
+        found = re.search(pattern, prose, flags)
+        assert found, f"chapter 2 no longer says /{pattern}/"
+        quoted = [float(group) for group in found.groups()]
+        assert all(_near(q, v) for q, v in zip(quoted, values)), f"/{pattern}/ says {quoted}, {source} {values}"
+
+
 def _claims(numbers):
     """(pattern with one number group per value, the values from the JSON) for every quoted number."""
     w = numbers["winograd_speedup"]
@@ -94,11 +103,7 @@ def _claims(numbers):
 def test_chapter_two_quotes_the_numbers_its_script_wrote():
     numbers = json.loads(NUMBERS.read_text())
     prose = " ".join(CHAPTER.read_text().split())          # sentences may wrap across lines
-    for pattern, values in _claims(numbers):
-        found = re.search(pattern, prose, re.IGNORECASE)
-        assert found, f"chapter 2 no longer says /{pattern}/"
-        quoted = [float(group) for group in found.groups()]
-        assert all(_near(q, v) for q, v in zip(quoted, values)), f"/{pattern}/ says {quoted}, 02_numbers.json {values}"
+    assert_quoted(prose, _claims(numbers), "02_numbers.json", re.IGNORECASE)
     # the tables the chapter includes are the generated ones, verbatim
     for name in ("02_workdepth.md", "02_gemm.md", "02_memory.md", "02_conv.txt", "02_layers.txt", "02_allocator.md"):
         table = (ROOT / "tutorials" / "figures" / "out" / name).read_text().strip()
@@ -251,11 +256,7 @@ def test_chapter_two_gpu_section_quotes_the_gpu_run():
         (r"the conv layer ([\d.]+)-([\d.]+)x faster, once", gpu["conv_cpu_over_gpu"]),
         (r"with them it gained only ([\d.]+)-([\d.]+)x", gpu["blocked_conv_cpu_over_gpu"]),
     ]
-    for pattern, values in claims:
-        found = re.search(pattern, prose)
-        assert found, f"chapter 2 no longer says /{pattern}/"
-        quoted = [float(group) for group in found.groups()]
-        assert all(_near(q, v) for q, v in zip(quoted, values)), f"/{pattern}/ says {quoted}, 02_gpu_numbers.json {values}"
+    assert_quoted(prose, claims, "02_gpu_numbers.json")
     assert gpu["large_gpu_fastest"] == "im2col" and gpu["large_gpu_auto_choice"] == "im2col", \
         "the prose says im2col as one block is the fastest of minidl's four on the GPU, and auto picks it"
     assert min((ms, name) for name, ms in gpu["large_gpu_ms"].items() if name != "im2col")[1] == "fft", \

@@ -234,10 +234,16 @@ def predicted_seconds(p, rows, n=17226, itemsize=4, m=4, widths=(64, 128, 64, 10
     return {"data": data, "model (output)": model, "pipeline": pipeline}
 
 
-def plot_diagram(logs, kind, m, path):
+def pyplot():
+    """matplotlib's pyplot, drawing to files (no display needed)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_diagram(logs, kind, m, path):
+    plt = pyplot()
     origin = min(start for log in logs for _, start, _ in log)
     figure, axes = plt.subplots(figsize=(9, 0.55 * len(logs) + 1.2))
     for stage, log in enumerate(logs):
@@ -258,9 +264,7 @@ def plot_diagram(logs, kind, m, path):
 
 
 def plot_bubble(bubbles, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     figure, axes = plt.subplots(figsize=(5.5, 3.6))
     counts = sorted(bubbles["gpipe"])
     grid = np.linspace(1, max(counts), 100)
@@ -278,9 +282,7 @@ def plot_bubble(bubbles, path):
 
 
 def plot_memory(memory, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     figure, axes = plt.subplots(figsize=(5.5, 3.4))
     stages = np.arange(P)
     for offset, kind in ((-0.2, "gpipe"), (0.2, "1f1b")):
