@@ -96,7 +96,7 @@ def shared_array(node, initial):
 # ---- the run: set-up and epochs, shared by the two problems ---------------------------------------
 
 class Job:
-    """One Hogwild! run: the agreed set-up (every check on every rank, then ``run.agree_on_errors``,
+    """One Hogwild! run: the agreed set-up (every check on every rank inside ``run.agreed``,
     so that any error stops every rank before training; ``build()`` -> (the problem or objective,
     with ``.n`` samples; w's starting value) runs inside it), then the epochs (``loop``)."""
 
@@ -105,31 +105,27 @@ class Job:
         self.first_epoch, self.steps = 0, 0            # steps: updates by all ranks, over all runs
         node = comm.Split_type(MPI.COMM_TYPE_SHARED)   # collective: before anything that can fail
         rank, size = comm.Get_rank(), comm.Get_size()
-        error = None
         try:
-            if settings.momentum != 0:
-                raise SettingError(f"--momentum {settings.momentum}: Hogwild!'s update w_v <- w_v - lr g_v "
-                                   "has no momentum; leave it at 0")
-            settings.check()
-            cli.require("--lr-decay", lr_decay, low=0, low_open=True, high=1)
-            if node.Get_size() != size:
-                raise SettingError(f"Hogwild! shares memory: every rank must run on one machine, but only "
-                                   f"{node.Get_size()} of {size} share this one")
-            if rank == 0:
-                checkpoint.check_save(settings.save)
-            self.meta = writer.meta(settings, size)
-            self.model, self.initial = build()
-            if size > self.model.n:
-                raise SettingError(f"{size} ranks but only {self.model.n} samples: every rank needs one")
-            if settings.resume:
-                arrays = checkpoint.read_for(settings, len(self.initial), self.meta)
-                self.first_epoch, self.steps = int(arrays["epoch"]), int(arrays["optimizer.steps"])
-                self.initial = arrays["params"].astype(self.initial.dtype)
-            self.logger = run.Log(settings.log, rank=rank, quiet=settings.quiet)
-        except Exception as caught:                   # noqa: BLE001 - agreed below, on every rank
-            error = caught
-        try:
-            run.agree_on_errors(comm, error)
+            with run.agreed(comm):
+                if settings.momentum != 0:
+                    raise SettingError(f"--momentum {settings.momentum}: Hogwild!'s update w_v <- w_v - lr g_v "
+                                       "has no momentum; leave it at 0")
+                settings.check()
+                cli.require("--lr-decay", lr_decay, low=0, low_open=True, high=1)
+                if node.Get_size() != size:
+                    raise SettingError(f"Hogwild! shares memory: every rank must run on one machine, but only "
+                                       f"{node.Get_size()} of {size} share this one")
+                if rank == 0:
+                    checkpoint.check_save(settings.save)
+                self.meta = writer.meta(settings, size)
+                self.model, self.initial = build()
+                if size > self.model.n:
+                    raise SettingError(f"{size} ranks but only {self.model.n} samples: every rank needs one")
+                if settings.resume:
+                    arrays = checkpoint.read_for(settings, len(self.initial), self.meta)
+                    self.first_epoch, self.steps = int(arrays["epoch"]), int(arrays["optimizer.steps"])
+                    self.initial = arrays["params"].astype(self.initial.dtype)
+                self.logger = run.Log(settings.log, rank=rank, quiet=settings.quiet)
         except SettingError:
             node.Free()
             raise

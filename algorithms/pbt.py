@@ -192,8 +192,7 @@ def train(comm=None, population=None, ready=40, rounds=12, fraction=0.25, search
     comm = comm or MPI.COMM_WORLD
     size, rank = comm.Get_size(), comm.Get_rank()
     population = size if population is None else population
-    error = None
-    try:                                        # the same checks on every rank, before any message
+    with run.agreed(comm, catch=SettingError):  # the same checks on every rank, before any message
         if settings.pop("epochs", None) is not None:
             raise SettingError("--epochs: pbt's budget is --rounds x --ready steps per member")
         for name in HYPERPARAMETERS:
@@ -204,9 +203,6 @@ def train(comm=None, population=None, ready=40, rounds=12, fraction=0.25, search
             cli.check_output("--lineage", lineage)
             cli.check_output("--log", settings.get("log"))
             checkpoint.check_save(settings.get("save"))
-    except SettingError as caught:
-        error = caught
-    run.agree_on_errors(comm, error)
     per_member = size // population
     member, piece = divmod(rank, per_member)
     team = comm.Split(member, rank)             # the member's own ranks, for its synchronous SGD
@@ -217,8 +213,8 @@ def train(comm=None, population=None, ready=40, rounds=12, fraction=0.25, search
     state = {"--population": population, "--search": search, "--ready": ready, "--ready-batch": ready_batch,
              "--fraction": fraction, "--validation": validation}
     writer = checkpoint.Writer("pbt", state=state, layout={"ranks_per_member": size // population})
-    error, job, held_out, resumed = None, None, None, None
-    try:
+    job, held_out, resumed = None, None, None
+    with run.agreed(comm):                      # a member that failed to start stops the whole population
         data, *held_out = split_validation(settings.data or load_data(settings.dataset, settings.seed,
                                                                        settings.data_dir), validation)
         job = run.start(team, dataclasses.replace(settings, data=data, quiet=True, save=None, resume=None),
@@ -227,9 +223,6 @@ def train(comm=None, population=None, ready=40, rounds=12, fraction=0.25, search
         if settings.resume:                     # this rank's own member state, the shared table, the lineage
             resumed = checkpoint.resume(settings, job.objective, job.optimizer, rank, size, writer.meta(settings, size))
         logger = run.Log(log, rank=rank, quiet=settings.quiet)
-    except Exception as caught:                 # noqa: BLE001 - agreed below, on every rank
-        error = caught
-    run.agree_on_errors(comm, error)            # a member that failed to start stops the whole population
     objective, optimizer = job.objective, job.optimizer
     stream = Stream(objective.n, settings.seed, member, piece, per_member)
     world = CountingComm(comm)

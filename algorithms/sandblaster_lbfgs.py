@@ -187,15 +187,11 @@ def train(comm=None, servers=1, portions=32, backup_threshold=None, push_every=4
                                    f"rank 0 coordinates and ranks 1..{servers} serve), got {slow_worker}")
 
     job = run.start(comm, settings, check=check, writer=checkpoint.Writer("sandblaster_lbfgs"))
-    error = None
-    try:
+    with run.agreed(comm, catch=(cli.SettingError, ValueError)):   # every rank computes the same
         n = job.objective.n
         if portions > n:
             raise cli.SettingError(f"--portions {portions} is more than the {n} training examples")
         roles = Roles(size, servers, job.objective.params.size)
-    except (cli.SettingError, ValueError) as caught:     # every rank computes the same: agreed below
-        error = caught
-    run.agree_on_errors(comm, error)
 
     options = dict(portions=portions, threshold=threshold, push_every=push_every, history=history, max_iter=max_iter,
                    max_backtracks=max_backtracks, tolerance_grad=tolerance_grad, tolerance_change=tolerance_change,

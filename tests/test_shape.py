@@ -346,3 +346,18 @@ def test_a_second_fence_parser_is_seen_whatever_its_name():
     for copy in copies:
         assert parses_fences(ast.parse(copy).body[0]), copy
     assert not parses_fences(ast.parse("def stub(task):\n    return f'{BEGIN} {task}'\n").body[0])
+
+
+def test_the_agreed_set_up_is_written_once():
+    """Every algorithm starts through ``run.agreed`` (``run.start`` and the parameter-server job's
+    ``start`` use it too): nobody else catches the set-up's errors and calls ``agree_on_errors``
+    by hand, the pattern that was written out seven times."""
+    callers = [f"{path.relative_to(ROOT)}:{number}" for path in python_files("algorithms")
+               for number, line in enumerate(path.read_text().splitlines(), 1)
+               if "agree_on_errors(" in line and "def agree_on_errors" not in line]
+    assert callers == ["algorithms/core/run.py:" + str(next(
+        number for number, line in enumerate((ROOT / "algorithms/core/run.py").read_text().splitlines(), 1)
+        if line.strip() == "agree_on_errors(comm, error)"))], f"agree_on_errors called outside run.agreed: {callers}"
+    users = {path.relative_to(ROOT).as_posix() for path in python_files("algorithms") if "run.agreed(" in path.read_text()}
+    assert {"algorithms/pbt.py", "algorithms/hogwild.py", "algorithms/sandblaster_lbfgs.py", "algorithms/ps/job.py",
+            "algorithms/core/compare.py"} <= users, users

@@ -94,14 +94,10 @@ def main(argv=None):
                     lr=args.lr, momentum=args.momentum, batch_size=args.batch_size, seed=args.seed, quiet=True)
 
     def compare_all(comm, **settings):
-        error = None
-        try:
+        with run.agreed(comm):
             if comm.rank == 0:
                 check(names, args.out, args.json)
             settings["data"] = load_data(args.dataset, args.seed, args.data_dir)
-        except Exception as caught:                    # noqa: BLE001 - agreed on every rank
-            error = caught
-        run.agree_on_errors(comm, error)
         histories = compare(comm, names, **settings)
         if comm.rank == 0:
             print(f"p = {comm.size}, {args.epochs} epochs, model {args.model}, lr {args.lr}, "

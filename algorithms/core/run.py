@@ -21,6 +21,7 @@ error contract, ``algorithms.core.cli``). ``loop`` is the only epoch loop of the
 Checkpoints (``--save`` / ``--resume``) are ``algorithms.core.checkpoint``'s; ``Run.keep`` registers an
 algorithm's own per-rank state (EASGD's centre, ADMM's z and u) so they resume bit for bit too.
 """
+import contextlib
 import dataclasses
 import json
 import time
@@ -149,6 +150,24 @@ class Log:
             self.file.close()
 
 
+@contextlib.contextmanager
+def agreed(comm, catch=(Exception,)):
+    """The agreed set-up, the one way every algorithm starts: the checks inside the ``with`` run on
+    every rank, and an error of a type in ``catch`` on any rank stops every rank together after it,
+    with the same ``SettingError`` (``agree_on_errors``), before the first message of the run.
+
+        with run.agreed(comm):
+            settings.check()
+            objective = build(...)
+    """
+    error = None
+    try:
+        yield
+    except catch as caught:                      # noqa: BLE001 - agreed below, on every rank
+        error = caught
+    agree_on_errors(comm, error)
+
+
 def agree_on_errors(comm, error):
     """Raise a SettingError on every rank if ``error`` (an exception or None) is set on any rank.
 
@@ -271,8 +290,8 @@ def start(comm, settings, check=None, model_seed=None, replicated=True, reader=N
     pipeline- or model-parallel replica all read their replica's piece.
     """
     rank, size = comm.Get_rank(), comm.Get_size()
-    error, job = None, None
-    try:
+    job = None
+    with agreed(comm):
         settings.check()
         if check is not None:
             check(settings)
@@ -288,9 +307,6 @@ def start(comm, settings, check=None, model_seed=None, replicated=True, reader=N
         resumed = checkpoint.resume(settings, objective, optimizer, rank, size, meta) if settings.resume else None
         job = Run(comm, settings, objective, optimizer, resumed, replicated, reader, meta)
         job.logger = Log(settings.log, rank=rank, quiet=settings.quiet)
-    except Exception as caught:                  # noqa: BLE001 - agreed below, on every rank
-        error = caught
-    agree_on_errors(comm, error)
     return job
 
 

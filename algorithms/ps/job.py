@@ -175,8 +175,8 @@ def start(comm, settings, ps, writer):
     """The agreed set-up: every setting checked on every rank before any message; returns a Job.
     ``writer``: the ``checkpoint.Writer`` of the algorithm (what --save records, --resume compares)."""
     rank, size = comm.Get_rank(), comm.Get_size()
-    error, job = None, None
-    try:
+    job = None
+    with run.agreed(comm):
         settings.check()
         ps.check(settings.momentum)
         if rank == 0:
@@ -205,9 +205,6 @@ def start(comm, settings, ps, writer):
         ps.check_layout(layout, objective.n, settings.batch_size, settings.epochs - first_epoch)
         logger = run.Log(settings.log, rank=rank, quiet=settings.quiet)
         job = Job(comm, settings, ps, layout, objective, optimizer, first_epoch, logger, meta)
-    except Exception as caught:                  # noqa: BLE001 - agreed below, on every rank
-        error = caught
-    run.agree_on_errors(comm, error)
     return job
 
 
