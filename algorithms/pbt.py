@@ -47,21 +47,9 @@ at the last ranking; its test accuracy is in the last record. --save keeps every
 more --rounds on as many ranks continues bit for bit; its ``params`` is the best member's.
 
 Default run (4 members of one rank, 12 rounds of 40 x 32 examples each, digits CNN): about two
-seconds on 2 cores. The defaults were this long budget until chapter 9's first protocol made the
-short one (6 rounds of 20 x 32, where Jaderberg et al.'s argument puts PBT's gain) the setting to
-confirm on fresh seeds, and are this again since its second protocol. Against random search with
-the same draws and examples, paired by seed (tutorials/figures/make_09_figures.py; each a mean ±
-95% t interval of the per-seed differences in test accuracy): on seeds 0-15,
-the exploration, +0.6 ± 0.7 points at 12 x 40 (p = 0.062) and +1.1 ± 1.0 at 6 x 20 (p = 0.011).
-On fresh seeds 16-47, the first protocol's one deciding test, at 6 x 20: +1.5 ± 2.4 points,
-sign-flip p = 0.230, inside the noise, so PBT is not shown to beat random search at 6 x 20. At
-12 x 40 on the same seeds (reported, deciding nothing): +0.6 ± 0.5 points, p < 0.001. The second
-protocol, fixed before its runs, tests the defaults (12 x 40) on fresh seeds 48-79, met only if
-p < 0.025: +0.5 ± 0.3 points, sign-flip p = 0.003, met, so PBT beats random search of the same
-budget at the defaults, by half a point (chosen member 97.8 ± 0.5% against 97.2 ± 0.5%).
---search evolution is inside the noise of random search on seeds 0-47 (p >= 0.19) and ahead on
-seeds 48-79 (+0.4 ± 0.3 points, p = 0.008, deciding nothing).
-The tables: tutorials/09_large_batch_and_search.md, section 3.
+seconds on 2 cores. How PBT compares with random search of the same budget (paired by seed, under
+rules fixed before the runs, and where the difference is inside the noise) is chapter 9's
+subject: tutorials/09_large_batch_and_search.md, section 3.
 """
 import dataclasses
 import json

@@ -7,7 +7,7 @@ a table from each. Checked here:
 - the confirmation tested what the protocol names: pbt's defaults (read from its own parser), the
   seeds 16-47 and no seed the exploration had used;
 - the verdict ("met" only if the mean difference in test accuracy is positive and the sign-flip
-  p < 0.05) and every number quoted about it in the chapter, the module header and the answers
+  p < 0.05) and every number quoted about it in the chapter and the answers
   are recomputed from the JSON with the rounding the prose uses;
 - ``sign_flip_p`` (two halves, binary search) counts the same flips as visiting all 2^n of them;
 - the quick mode of the search part runs.
@@ -16,6 +16,7 @@ the defaults or the script change without the others.
 """
 import importlib.util
 import inspect
+import ast
 import json
 import math
 import os
@@ -127,7 +128,6 @@ def test_the_batch_sweeps_paired_gains_and_their_verdicts_follow_from_the_json()
 def test_the_verdict_and_every_number_quoted_about_it_follow_from_the_json():
     make = script()
     chapter = flat(ROOT / "tutorials" / "09_large_batch_and_search.md")
-    header = flat(ROOT / "algorithms" / "pbt.py")
     confirm, long = results("confirm"), results("confirm_long")
     accuracy, p, mean = summary(paired(confirm), make)
     met = mean > 0 and p < 0.05
@@ -155,9 +155,6 @@ def test_the_verdict_and_every_number_quoted_about_it_follow_from_the_json():
                     f"{' and '.join(str(-images[s]) for s in behind)} at seeds {' and '.join(map(str, behind))}")
     for text in expected:
         assert text in chapter, f"chapter 9 should say: {text}"
-    decision = "inside the noise, so PBT is not shown to beat random search at 6 x 20" if not met else \
-        "so PBT beats random search at 6 x 20"
-    assert f"{accuracy} points, sign-flip p = {p:.3f}, {decision}" in header
     # the long budget on the same seeds, reported beside it
     long_accuracy, long_p, _ = summary(paired(long), make)
     long_differences = paired(long)
@@ -165,12 +162,11 @@ def test_the_verdict_and_every_number_quoted_about_it_follow_from_the_json():
     quoted = (f"{long_accuracy} points (better in {long_wins} of {len(long_differences)} seeds, tied in {long_ties}, "
               f"worse in {len(long_differences) - long_wins - long_ties}; sign-flip p {make.p_value(long_p)})")
     assert quoted in chapter, quoted
-    assert f"At 12 x 40 on the same seeds (reported, deciding nothing): {long_accuracy} points, p {make.p_value(long_p)}" \
-        in header
-    # the exploration's numbers in the module header
+    # the exploration's numbers
     for name, budget in [("search_long", "12 x 40"), ("search_short", "6 x 20")]:
         text, explored_p, _ = summary(paired(results(name)), make)
-        assert f"{text}" in header and f"{budget} (p = {explored_p:.3f})" in header, name
+        assert f"| pbt - random, test accuracy | {text} points" in chapter and f"sign-flip p = {explored_p:.3f}" in chapter, \
+            (name, budget)
     # the protocol's power figures
     power = json.loads((OUT / "09_power.json").read_text())
     assert (f"(mean / sd {power['effect']:.2f}), the test below would find it with 16 pairs only "
@@ -179,10 +175,9 @@ def test_the_verdict_and_every_number_quoted_about_it_follow_from_the_json():
 
 def test_the_second_protocols_verdict_and_its_numbers_follow_from_the_json():
     """Seeds 48-79 at the defaults: met only if the mean difference in test accuracy is positive and
-    the sign-flip p < 0.025; the chapter, the summary, the module header and the answers quote it."""
+    the sign-flip p < 0.025; the chapter, the summary and the answers quote it."""
     make = script()
     chapter = flat(ROOT / "tutorials" / "09_large_batch_and_search.md")
-    header = flat(ROOT / "algorithms" / "pbt.py")
     found = results("reconfirm")
     differences = paired(found)
     accuracy, p, mean = summary(differences, make)
@@ -206,9 +201,7 @@ def test_the_second_protocols_verdict_and_its_numbers_follow_from_the_json():
                  f"p = {evolution_p:.3f})",
                  f"{'met' if met else 'not met'}, {accuracy} points, p = {p:.3f}"]:        # the summary
         assert text in chapter, f"chapter 9 should say: {text}"
-    assert f"{accuracy} points, sign-flip p = {p:.3f}, {'met' if met else 'not met'}" in header
-    assert f"(chosen member {means})" in header
-    assert f"{evolution} points, p = {evolution_p:.3f}, deciding nothing" in header and evolution.startswith("+0.4 ± 0.3")
+    assert f"Evolution is also ahead here ({evolution}" in chapter and f"p = {evolution_p:.3f}), unlike" in chapter
 
 
 @pytest.mark.skipif(assignments.is_student_tree(ROOT), reason=assignments.STUDENT_TREE)
@@ -248,3 +241,12 @@ def test_the_quick_mode_of_a_search_part_runs():
     found = json.loads(Path("/tmp/make_09_quick/09_confirm.json").read_text())
     assert sorted(found) == ["evolution|7", "pbt|7", "random|7"]
     assert all(run["lineage"]["rounds"] == 2 and math.isfinite(run["final"]["test_loss"]) for run in found.values())
+
+
+def test_pbts_module_header_says_what_pbt_does_not_what_was_measured():
+    """The header gives the algorithm, its cost and its run line; the protocols, seeds and verdicts
+    are chapter 9's (a module header that keeps a lab notebook goes stale with every new run)."""
+    header = ast.get_docstring(ast.parse((ROOT / "algorithms" / "pbt.py").read_text()))
+    for mark in ("±", "sign-flip", "p = 0.", "seeds 0-", "protocol"):
+        assert mark not in header, f"pbt.py's header quotes results ({mark!r}): they belong in chapter 9"
+    assert "tutorials/09_large_batch_and_search.md, section 3" in header
