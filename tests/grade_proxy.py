@@ -1,11 +1,11 @@
 """pytest plugin for tests/grade.py: a task's function runs in the sandbox, its tests run here.
 
 $MINIDL_GRADE_PROXY names a task (tutorials/assignments/tasks.toml, ``sandbox = true``) and
-$MINIDL_GRADE_STUDENT the student tree. Before collection the plugin replaces the task's function,
-wherever this (reference) checkout holds it (module attributes and the dispatch tables that name
-it), by a forwarder: the tests, their expected values and every other function stay here, in the
-grader's process; only the call crosses into ``sandbox.Session``, which imports the student's
-module in a sandbox and can hand back nothing but arrays.
+$MINIDL_GRADE_STUDENT the student tree. Before collection the plugin swaps the body of the task's
+function in this (reference) checkout for a call of a forwarder, so every caller reaches it. The
+tests, their expected values and every other function stay here, in the grader's process; only
+the call crosses into ``sandbox.Session``, which imports the student's module in a sandbox and
+can hand back nothing but arrays.
 
 With a ``comm`` argument the call is collective: every rank of ``comm`` sends its arguments to
 its rank 0, which runs the student's function once on ``comm.size`` sandboxed ranks (rank i there
@@ -17,7 +17,6 @@ junk fails the test on every rank with the sandbox's message.
 import importlib
 import inspect
 import os
-import sys
 import time
 
 import numpy as np
@@ -113,18 +112,10 @@ def forwarder(original):
     return forward
 
 
-def _replace_everywhere(original, replacement):
-    """Every module attribute and module-level dict entry of this checkout that is ``original``."""
-    for name, module in list(sys.modules.items()):
-        if module is None or not name.split(".")[0] in ("minidl", "collectives", "algorithms", "tests"):
-            continue
-        for key, value in list(vars(module).items()):
-            if value is original:
-                setattr(module, key, replacement)
-            elif isinstance(value, dict):
-                for entry, item in list(value.items()):
-                    if item is original:
-                        value[entry] = replacement
+def _trampoline(*args, **kwargs):
+    """The body the task's function gets: every caller, however it holds the function (a module
+    attribute, a dispatch table, a default argument, a closure), now reaches the forwarder."""
+    return __import__("sys").modules["tests.grade_proxy"].FORWARD(*args, **kwargs)
 
 
 def pytest_configure(config):
@@ -138,8 +129,10 @@ def pytest_configure(config):
     MODULE, FUNCTION = task.file.removesuffix(".py").replace("/", "."), task.function
     for package in ("minidl", "collectives", "algorithms"):
         importlib.import_module(package)
+    global FORWARD
     original = getattr(importlib.import_module(MODULE), FUNCTION)
-    _replace_everywhere(original, forwarder(original))
+    FORWARD = forwarder(original)                # its signature is read before the body is swapped
+    original.__code__ = _trampoline.__code__
 
 
 def pytest_unconfigure(config):

@@ -419,10 +419,9 @@ def test_fold_in_sends_one_whole_vector_per_pair_with_the_tag_it_is_given(length
     fold_out(comm, data, tag=CHECK)
 
 
-@pytest.mark.task("3.6")
 @pytest.mark.parallel(nprocs=AWKWARD_P)
-def test_the_agreement_check_catches_a_mismatch_on_a_rank_that_folds_in():
-    # collectives.check agrees by a butterfly with the fold-in: rank 0 sits out at every p here
+def test_the_agreement_check_catches_a_mismatch_at_awkward_rank_counts():
+    # no task's test: collectives.check agrees through MPI's own Allreduce, never a student's fold-in
     comm = MPI.COMM_WORLD
     for odd_one in (0, comm.size - 1):
         length = 6 if comm.rank == odd_one else 5
