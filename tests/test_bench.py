@@ -2,10 +2,13 @@
 import importlib
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 
 import pytest
+
+from tests.helpers import ROOT
 
 
 def bench(tmp_path, *arguments):
@@ -69,3 +72,37 @@ def test_the_ratio_is_minidls_time_over_pytorchs_and_decides_the_target():
     assert (faster["ratio"], faster["met"]) == (0.5, True)
     alone = row_of(case, minidl_ms=2.0, torch_ms=None)
     assert (alone["torch_ms"], alone["ratio"], alone["met"]) == (None, None, None)
+
+
+def test_the_ddp_benchmark_takes_median_ratios_and_judges_the_target_from_them(monkeypatch, tmp_path):
+    """algorithms.bench on times written here (no job runs): ratio = minidl / DDP per run, the row's
+    ratio their median with [min, max], and "met" only when both minidl sides are <= 1.0x DDP."""
+    from algorithms import bench as ddp
+    runs = iter([{"ring": 2.0, "mpi": 1.0, "ddp": 4.0}, {"ring": 3.0, "mpi": 1.0, "ddp": 4.0},
+                 {"ring": 6.0, "mpi": 1.0, "ddp": 4.0}] * 4)
+    current = {}
+
+    def fake(side, model, batch, args):
+        if side == "ring":
+            current.update(next(runs))
+        return current[side]
+    monkeypatch.setattr(ddp, "run_case", fake)
+    monkeypatch.setattr(ddp, "torch_installed", lambda: True)
+    ddp.main(["--runs", "3", "--json", str(tmp_path / "rows.json")])
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    assert len(rows) == 4 and all(row["ring_ms"] == 3.0 and row["ddp_ms"] == 4.0 for row in rows)
+    assert all(row["ring_ratio"] == 0.75 and row["ring_ratio_range"] == [0.5, 1.5] for row in rows)
+    assert all(row["mpi_ratio"] == 0.25 and row["met"] is True for row in rows)
+    runs = iter([{"ring": 5.0, "mpi": 1.0, "ddp": 4.0}] * 12)
+    ddp.main(["--runs", "3", "--json", str(tmp_path / "rows.json")])
+    assert all(row["ring_ratio"] == 1.25 and row["met"] is False for row in json.loads((tmp_path / "rows.json").read_text()))
+
+
+def test_the_ddp_benchmark_runs_its_jobs(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "algorithms.bench", "--quick", "--no-torch", "--json",
+                           str(tmp_path / "rows.json")], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 0, done.stderr
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    assert [row["model"] for row in rows] == ["lenet5", "mlp"]
+    assert all(row["ring_ms"] > 0 and row["mpi_ms"] > 0 and row["ddp_ms"] is None and row["met"] is None for row in rows)

@@ -214,3 +214,20 @@ def test_make_04_overlap_quick_runs(tmp_path):
     result = json.loads((tmp_path / "out" / "04_overlap.json").read_text())
     assert [m["p"] for m in result["measured"]] == [2] and result["alpha_beta_gamma"][0] > 0
     assert set(result["profiles"]) == {"cnn", "mlp"} and (tmp_path / "out" / "04_overlap.md").stat().st_size > 0
+
+
+def test_the_ddp_comparison_quotes_its_benchmark():
+    """Section 7's comparison with PyTorch DDP against tutorials/figures/out/04_ddp.json (python -m
+    algorithms.bench), and its table verbatim."""
+    rows = {(row["model"], row["batch"]): row for row in json.loads((FIGURES / "04_ddp.json").read_text())}
+    text = chapter()
+    assert " ".join((FIGURES / "04_ddp.md").read_text().split()) in text, "chapter 4's copy of 04_ddp.md is stale"
+    mlp = [rows[("mlp", batch)][f"{side}_ratio"] for batch in (32, 128) for side in ("ring", "mpi")]
+    assert f"0.55-0.63x DDP's time" in text and (round(min(mlp), 2), round(max(mlp), 2)) == (0.55, 0.63), mlp
+    small, large = rows[("lenet5", 32)], rows[("lenet5", 128)]
+    assert f"LeNet-5 at batch 32 {small['ring_ratio']:.2f}x" in text
+    assert f"came out at {max(small['ring_ratio_range'][1], small['mpi_ratio_range'][0]):.2f}" in text or \
+        f"came out at {small['ring_ratio_range'][1]:.2f}" in text
+    low, high = large["ring_ratio_range"]
+    assert f"takes {large['ring_ratio']:.2f}x DDP's ([{low:.2f}, {high:.2f}]" in text
+    assert large["met"] is False and small["met"] is True and all(rows[("mlp", b)]["met"] for b in (32, 128))

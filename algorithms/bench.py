@@ -1,0 +1,215 @@
+"""Data-parallel training against PyTorch DistributedDataParallel: milliseconds per step.
+
+    python -m algorithms.bench [--ranks 2] [--steps 30] [--runs 3] [--json OUT] [--markdown OUT] [--quick] [--no-torch]
+
+Each case (model, per-rank batch, side) runs in its own ``mpiexec -n R`` job, one BLAS thread per
+rank, on random MNIST-shaped data (1 x 28 x 28, 10 classes) with SGD (lr 0.01, momentum 0.9) and
+the same model on both sides: LeNet-5 (ReLU, max pooling) or the MLP 784-256-256-10. A step is
+forward, backward, the gradient's allreduce and the update. minidl takes it with
+``allreduce_sgd.data_parallel_step`` (the heart of Allreduce SGD) and ``--allreduce ring`` or
+``mpi`` (MPI's own Allreduce); PyTorch with ``DistributedDataParallel`` and the gloo backend,
+started by this benchmark on loopback (rank and size from MPI, the port from rank 0). A step's
+time is the slowest rank's; a run gives the minimum over the timed steps after the warm-up ones,
+the least disturbed by other work on the machine. ``--runs`` repeats every job: the table gives the
+median of the runs and, for each ratio, [min, max] over them (how far one run can be off). Both sides import minidl, so both run
+with the malloc thresholds minidl sets at import (``minidl.backend.keep_freed_memory``).
+
+Target: minidl <= 1.0x DDP in every row. Numbers, not tests: nothing here is asserted.
+"""
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy
+from mpi4py import MPI
+
+from algorithms.allreduce_sgd import data_parallel_step
+from algorithms.core import cli, run
+from algorithms.core.objective import Data, NetworkObjective
+from minidl import models
+from minidl.data.sharding import Batch
+from minidl.optim import SGD
+
+CASES = [(model, batch) for model in ("lenet5", "mlp") for batch in (32, 128)]
+SIDES = ("ring", "mpi", "ddp")
+TARGET = 1.0
+LR, MOMENTUM = 0.01, 0.9
+
+
+def timed(comm, step, warmup, steps):
+    """The minimum over ``steps`` timed steps (after ``warmup``) of the slowest rank's time, in ms."""
+    best = float("inf")
+    for number in range(warmup + steps):
+        comm.Barrier()
+        start = time.perf_counter()
+        step()
+        slowest = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
+        if number >= warmup:
+            best = min(best, slowest)
+    return best * 1e3
+
+
+def minidl_worker(comm, model, batch, allreduce, warmup, steps):
+    rank, size = comm.Get_rank(), comm.Get_size()
+    rng = numpy.random.default_rng(0)
+    net = models.lenet5(rng) if model == "lenet5" else models.mlp(rng, in_features=784, hidden=(256, 256))
+    total = batch * size
+    x = rng.standard_normal((total, 1, 28, 28)).astype(numpy.float32)
+    y = rng.integers(0, 10, total)
+    objective = NetworkObjective(net, Data(x, y, x[:1], y[:1]))
+    optimizer = SGD([objective.flat.as_parameter()], lr=LR, momentum=MOMENTUM)
+    rows = Batch(index=numpy.arange(rank * batch, (rank + 1) * batch), total=total)
+    summed = run.allreduce_function(allreduce)
+    return timed(comm, lambda: data_parallel_step(comm, objective, optimizer, rows, summed), warmup, steps)
+
+
+def torch_model(torch, model):
+    nn = torch.nn
+    if model == "lenet5":
+        return nn.Sequential(nn.Conv2d(1, 6, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(6, 16, 5), nn.ReLU(),
+                             nn.MaxPool2d(2), nn.Flatten(), nn.Linear(400, 120), nn.ReLU(), nn.Linear(120, 84),
+                             nn.ReLU(), nn.Linear(84, 10))
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                         nn.Linear(256, 10))
+
+
+def ddp_worker(comm, model, batch, warmup, steps):
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    torch.set_num_threads(1)
+    rank, size = comm.Get_rank(), comm.Get_size()
+    port = None
+    if rank == 0:
+        with socket.socket() as probe:                 # a free port on loopback for gloo's rendezvous
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+    port = comm.bcast(port, root=0)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
+    try:
+        torch.manual_seed(0)
+        net = DistributedDataParallel(torch_model(torch, model))
+        optimizer = torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM)
+        x, y = torch.randn(batch, 1, 28, 28), torch.randint(0, 10, (batch,))
+
+        def step():
+            optimizer.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(net(x), y).backward()
+            optimizer.step()
+        return timed(comm, step, warmup, steps)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_case(side, model, batch, args):
+    """ms per step of one side on one case (a job of its own), or None if it could not run."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    mpiexec = str(Path(sys.executable).parent / "mpiexec")
+    command = [mpiexec, "-n", str(args.ranks), sys.executable, "-m", "algorithms.bench", "--worker", side,
+               "--model", model, "--batch", str(batch), "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        print(f"[bench] {side} on {model} at batch {batch} failed:\n{done.stderr[-1500:]}", file=sys.stderr)
+        return None
+    return json.loads(done.stdout.strip().splitlines()[-1])["ms"]
+
+
+def table(rows):
+    lines = ["| model | batch per rank | minidl ring, ms | minidl mpi, ms | DDP gloo, ms | ring / DDP [min, max] "
+             "| mpi / DDP [min, max] | target | met |", "|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        cells = [row["model"], row["batch"]] + [f"{row[key]:.3g}" if row[key] is not None else "-"
+                                                for key in ("ring_ms", "mpi_ms", "ddp_ms")]
+        for side in ("ring", "mpi"):
+            low_high = row[f"{side}_ratio_range"]
+            cells.append("-" if row[f"{side}_ratio"] is None else
+                         f"{row[f'{side}_ratio']:.2f} [{low_high[0]:.2f}, {low_high[1]:.2f}]")
+        met = "-" if row["met"] is None else ("yes" if row["met"] else "NO")
+        lines.append("| " + " | ".join(str(cell) for cell in cells) + f" | <= {TARGET}x DDP | {met} |")
+    return "\n".join(lines)
+
+
+def torch_installed():
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m algorithms.bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, default=2, help="ranks per job (compare ranks <= cores)")
+    parser.add_argument("--steps", type=int, default=30, help="timed steps per case; the minimum is reported")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    parser.add_argument("--runs", type=int, default=3, help="runs of every job; the table gives their median")
+    parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--markdown", help="write the table here")
+    parser.add_argument("--quick", action="store_true", help="3 steps, batch 4 (a smoke test of the benchmark)")
+    parser.add_argument("--no-torch", action="store_true", help="leave DDP out")
+    parser.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
+    parser.add_argument("--model", choices=["lenet5", "mlp"], help=argparse.SUPPRESS)
+    parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    try:                                               # every flag and path before the first job
+        for flag, low in (("ranks", 1), ("steps", 1), ("runs", 1), ("warmup", 0)):
+            cli.require(f"--{flag}", getattr(args, flag), integer=True, low=low)
+        if args.worker is None and (args.model is not None or args.batch is not None):
+            raise cli.SettingError("--model and --batch are the benchmark's own, for one job: it runs every case")
+        if args.worker is not None:
+            cli.require("--batch", args.batch, integer=True, low=1)
+        cli.check_output("--json", args.json)
+        cli.check_output("--markdown", args.markdown)
+    except cli.SettingError as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    comm = MPI.COMM_WORLD
+    if args.worker:                                    # one rank of one case's job
+        if args.worker == "ddp":
+            ms = ddp_worker(comm, args.model, args.batch, args.warmup, args.steps)
+        else:
+            ms = minidl_worker(comm, args.model, args.batch, args.worker, args.warmup, args.steps)
+        if comm.Get_rank() == 0:
+            print(json.dumps({"ms": ms}))
+        return 0
+    if args.quick:
+        args.steps, args.warmup, args.runs = 3, 1, 1
+    cases = [(model, 4) for model in ("lenet5", "mlp")] if args.quick else CASES
+    with_torch = not args.no_torch and torch_installed()
+    rows = []
+    for model, batch in cases:
+        runs = [{side: run_case(side, model, batch, args) if side != "ddp" or with_torch else None for side in SIDES}
+                for _ in range(args.runs)]
+        row = {"model": model, "batch": batch, "ranks": args.ranks, "runs": args.runs}
+        for side in SIDES:
+            measured = [times[side] for times in runs if times[side] is not None]
+            row[f"{side}_ms"] = round(statistics.median(measured), 3) if len(measured) == args.runs else None
+        for side in ("ring", "mpi"):
+            each = [times[side] / times["ddp"] for times in runs if times[side] and times["ddp"]]
+            complete = len(each) == args.runs
+            row[f"{side}_ratio"] = round(statistics.median(each), 3) if complete else None
+            row[f"{side}_ratio_range"] = [round(min(each), 3), round(max(each), 3)] if complete else None
+        ratios = [row[f"{side}_ratio"] for side in ("ring", "mpi")]
+        row["target"] = f"<= {TARGET}x DDP"
+        row["met"] = None if None in ratios else all(ratio <= TARGET for ratio in ratios)
+        rows.append(row)
+    print(f"algorithms.bench: {args.ranks} ranks, 1 thread each, minimum of {args.steps} steps after "
+          f"{args.warmup} warm-up, median of {args.runs} run(s); "
+          + ("PyTorch DDP (gloo)" if with_torch else "no PyTorch: DDP not measured"))
+    text = table(rows)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    if args.markdown:
+        Path(args.markdown).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
