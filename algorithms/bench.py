@@ -14,6 +14,10 @@ the least disturbed by other work on the machine. ``--runs`` repeats every job: 
 median of the runs and, for each ratio, [min, max] over them (how far one run can be off). Both sides import minidl, so both run
 with the malloc thresholds minidl sets at import (``minidl.backend.keep_freed_memory``).
 
+Where the time goes: for minidl's ring side the benchmark also times the step's phases one by
+one (forward, backward, the allreduce, the update; rank 0, each phase's minimum), so a row can be
+read: at LeNet-5's batch 128 the backward and forward of the convolutions, not the allreduce.
+
 Target: minidl <= 1.0x DDP in every row. Numbers, not tests: nothing here is asserted.
 """
 import argparse
@@ -32,7 +36,7 @@ from mpi4py import MPI
 from algorithms.allreduce_sgd import data_parallel_step
 from algorithms.core import cli, run
 from algorithms.core.objective import Data, NetworkObjective
-from minidl import models
+from minidl import Tensor, backend, functional as F, models
 from minidl.data.sharding import Batch
 from minidl.optim import SGD
 
@@ -66,7 +70,32 @@ def minidl_worker(comm, model, batch, allreduce, warmup, steps):
     optimizer = SGD([objective.flat.as_parameter()], lr=LR, momentum=MOMENTUM)
     rows = Batch(index=numpy.arange(rank * batch, (rank + 1) * batch), total=total)
     summed = run.allreduce_function(allreduce)
-    return timed(comm, lambda: data_parallel_step(comm, objective, optimizer, rows, summed), warmup, steps)
+    ms = timed(comm, lambda: data_parallel_step(comm, objective, optimizer, rows, summed), warmup, steps)
+    return ms, phases(comm, objective, optimizer, rows, summed, warmup, steps)
+
+
+def phases(comm, objective, optimizer, rows, summed, warmup, steps):
+    """Where a step's time goes on this rank: the step of ``data_parallel_step`` cut into forward,
+    backward, allreduce and update, each phase's minimum over the timed steps, in ms."""
+    best = dict.fromkeys(("forward", "backward", "allreduce", "update"), float("inf"))
+    x, y = objective.data.x_train[rows.index], objective.data.y_train[rows.index]
+    for number in range(warmup + steps):
+        comm.Barrier()
+        marks = [time.perf_counter()]
+        objective.flat.zero_grad()
+        loss = F.softmax_cross_entropy(objective.net(Tensor(backend.asarray(x))), backend.asarray(y))
+        marks.append(time.perf_counter())
+        loss.backward()
+        objective.grad *= len(rows.index) / rows.total
+        marks.append(time.perf_counter())
+        summed(comm, objective.grad)
+        marks.append(time.perf_counter())
+        optimizer.step()
+        marks.append(time.perf_counter())
+        if number >= warmup:
+            for phase, start, end in zip(best, marks, marks[1:]):
+                best[phase] = min(best[phase], (end - start) * 1e3)
+    return {phase: round(ms, 4) for phase, ms in best.items()}
 
 
 def torch_model(torch, model):
@@ -117,7 +146,7 @@ def run_case(side, model, batch, args):
     if done.returncode != 0:
         print(f"[bench] {side} on {model} at batch {batch} failed:\n{done.stderr[-1500:]}", file=sys.stderr)
         return None
-    return json.loads(done.stdout.strip().splitlines()[-1])["ms"]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def table(rows):
@@ -172,11 +201,11 @@ def main(argv=None):
     comm = MPI.COMM_WORLD
     if args.worker:                                    # one rank of one case's job
         if args.worker == "ddp":
-            ms = ddp_worker(comm, args.model, args.batch, args.warmup, args.steps)
+            ms, split = ddp_worker(comm, args.model, args.batch, args.warmup, args.steps), None
         else:
-            ms = minidl_worker(comm, args.model, args.batch, args.worker, args.warmup, args.steps)
+            ms, split = minidl_worker(comm, args.model, args.batch, args.worker, args.warmup, args.steps)
         if comm.Get_rank() == 0:
-            print(json.dumps({"ms": ms}))
+            print(json.dumps({"ms": ms, "phases": split}))
         return 0
     if args.quick:
         args.steps, args.warmup, args.runs = 3, 1, 1
@@ -184,9 +213,11 @@ def main(argv=None):
     with_torch = not args.no_torch and torch_installed()
     rows = []
     for model, batch in cases:
-        runs = [{side: run_case(side, model, batch, args) if side != "ddp" or with_torch else None for side in SIDES}
-                for _ in range(args.runs)]
-        row = {"model": model, "batch": batch, "ranks": args.ranks, "runs": args.runs}
+        answers = [{side: run_case(side, model, batch, args) if side != "ddp" or with_torch else None
+                    for side in SIDES} for _ in range(args.runs)]
+        runs = [{side: None if answer[side] is None else answer[side]["ms"] for side in SIDES} for answer in answers]
+        row = {"model": model, "batch": batch, "ranks": args.ranks, "runs": args.runs,
+               "ring_phases": (answers[0]["ring"] or {}).get("phases")}      # rank 0's, first run
         for side in SIDES:
             measured = [times[side] for times in runs if times[side] is not None]
             row[f"{side}_ms"] = round(statistics.median(measured), 3) if len(measured) == args.runs else None
@@ -204,6 +235,11 @@ def main(argv=None):
           + ("PyTorch DDP (gloo)" if with_torch else "no PyTorch: DDP not measured"))
     text = table(rows)
     print(text)
+    print("\nwhere the time goes (minidl, --allreduce ring, rank 0, each phase's minimum, ms):")
+    for row in rows:
+        if row["ring_phases"]:
+            print(f"  {row['model']:<7} batch {row['batch']:<4} " + "  ".join(f"{phase} {ms:.3g}"
+                                                                       for phase, ms in row["ring_phases"].items()))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     if args.markdown:

@@ -85,7 +85,7 @@ def test_the_ddp_benchmark_takes_median_ratios_and_judges_the_target_from_them(m
     def fake(side, model, batch, args):
         if side == "ring":
             current.update(next(runs))
-        return current[side]
+        return {"ms": current[side], "phases": None}
     monkeypatch.setattr(ddp, "run_case", fake)
     monkeypatch.setattr(ddp, "torch_installed", lambda: True)
     ddp.main(["--runs", "3", "--json", str(tmp_path / "rows.json")])
@@ -106,3 +106,5 @@ def test_the_ddp_benchmark_runs_its_jobs(tmp_path):
     rows = json.loads((tmp_path / "rows.json").read_text())
     assert [row["model"] for row in rows] == ["lenet5", "mlp"]
     assert all(row["ring_ms"] > 0 and row["mpi_ms"] > 0 and row["ddp_ms"] is None and row["met"] is None for row in rows)
+    assert all(set(row["ring_phases"]) == {"forward", "backward", "allreduce", "update"}
+               and all(ms > 0 for ms in row["ring_phases"].values()) for row in rows)
