@@ -19,12 +19,14 @@ in two sub-packages:
             compare.py    python -m algorithms.core.compare: several algorithms on the same data, one PNG
             partition.py  a model cut into pieces across ranks (model parallelism, its hybrids and replicas)
     ps/     server.py     the sharded server's algorithm      wire.py      requests, replies, the layout
-            job.py        start, serve or work, collect       worker.py    a worker's share, steps, failure
+            job.py        start, serve or work, end           worker.py    a worker's share, steps, failure
             relay.py      --groups: a group server            log.py       rank 0's per-epoch log
             replica.py    model-parallel replicas as workers  schedule.py  --deterministic's order
+            loop.py       the asynchronous family's job loop: each rank plays its role, all end together
 
 Sandblaster L-BFGS keeps its roles' code beside it, in ``sandblaster/`` (wire, coordinator, shard,
-batch, worker); ``sandblaster_lbfgs.py`` holds the header, the heart and ``train``.
+batch, worker); ``sandblaster_lbfgs.py`` holds the header, the heart and ``train``, which runs the
+roles through the parameter-server family's job loop (``ps.loop``) and its polling (``ps.wire``).
 
 Rank sharding and batching are data (``minidl.data.rank_batches``); collectives come from
 ``collectives``. The README lists the modules with their papers.

@@ -69,6 +69,7 @@ Errors: a bad flag stops every rank before the first message (``run.start``); a 
 or one 100 x the first (``divergence.check_divergence``), makes the coordinator stop every worker and
 shard and every rank raise the same error; an exception in any role prints ``error: ...`` and
 aborts the job (``MPI.Abort(2)``): the other roles would wait for that rank's messages forever.
+Both are the parameter-server family's job loop (``algorithms.ps.loop``: ``play``, ``collect``).
 
 Defaults (MLP on the embedded digits, 1 shard and 2 workers at -n 4, 32 portions, push every 4,
 backups at 0.9, history 10, 10 epochs x 10 iterations, lr 1), measured on 2 shared cores: 95.8% and
@@ -82,6 +83,7 @@ from mpi4py import MPI
 
 from algorithms.core import checkpoint, cli, divergence, run
 from algorithms.core.objective import evaluate_at
+from algorithms.ps import loop
 from algorithms.sandblaster.coordinator import Coordinator
 from algorithms.sandblaster.shard import Shard
 from algorithms.sandblaster.wire import Roles
@@ -121,16 +123,6 @@ def sharded_direction(shards, pairs):
 
 
 # ---- train / main -----------------------------------------------------------------------------------
-
-def abort_on_error(comm, role, function, *args):
-    """``function(*args)``; an exception stops the job (MPI.Abort) instead of leaving the others waiting."""
-    try:
-        return function(*args)
-    except Exception as error:                   # noqa: BLE001 - the other roles wait for this rank
-        if comm.Get_size() == 1:
-            raise
-        cli.abort_job(comm, f"{error} ({type(error).__name__} in the {role} on rank {comm.Get_rank()})")
-
 
 def train(comm=None, servers=1, portions=32, backup_threshold=None, push_every=4, history=10, max_iter=10,
           max_backtracks=30, tolerance_grad=1e-7, tolerance_change=1e-12, slow_worker=None, slow_factor=None,
@@ -201,38 +193,27 @@ def train(comm=None, servers=1, portions=32, backup_threshold=None, push_every=4
     if role == "coordinator":
         traced = TracedComm(counting)
         coordinator = Coordinator(traced, roles, options, job.logger, sharded_direction)
-        abort_on_error(comm, role, coordinator.train, settings.epochs)
-        mine = dict(failure=coordinator.failure, messages=traced.messages, batch_seconds=coordinator.batch_seconds,
+        loop.play(comm, role, coordinator.train, settings.epochs)
+        failure = None if coordinator.failure is None else divergence.Diverged(coordinator.failure)
+        mine = dict(error=failure, messages=traced.messages, batch_seconds=coordinator.batch_seconds,
                     backups=coordinator.backups, discarded=coordinator.discarded, evaluations=coordinator.evaluations,
                     final=coordinator.final)
     elif role == "server":
         shard = Shard(counting, roles, rank - 1, job.objective.params, history)
-        mine = dict(shard=abort_on_error(comm, role, shard.serve))
+        mine = dict(shard=loop.play(comm, role, shard.serve))
     else:
         rows = numpy.array_split(numpy.arange(job.objective.n), portions)
-        mine = dict(computed=abort_on_error(comm, role, work, counting, roles, job.objective, options, rows))
+        mine = dict(computed=loop.play(comm, role, work, counting, roles, job.objective, options, rows))
     mine["bytes"] = counting.bytes_sent
-    return collect(comm, job, roles, mine, report)
 
-
-def collect(comm, job, roles, mine, report):
-    """After the run (not part of the algorithm): the shards' w joined on every rank, the log, --save."""
-    gathered = comm.allgather(mine)
-    if gathered[0]["failure"] is not None:       # a non-finite loss: the same error on every rank
-        job.logger.close()
-        raise divergence.Diverged(gathered[0]["failure"])
-    params = numpy.concatenate([gathered[rank]["shard"] for rank in roles.server_ranks])
-    job.logger.history = comm.bcast(job.logger.history, root=0)
+    gathered, params = loop.collect(job, mine, roles.server_ranks)     # the shards' w, joined on every rank
     final = dict(gathered[0]["final"])           # the last epoch, with the test metrics of the joined parameters
     job.logger.epoch(epoch=final.pop("epoch"), train_loss=final.pop("train_loss"),
                      **evaluate_at(job.objective, params), **final)
     if report is not None:
         report.update(gathered[0], roles=roles, bytes=[part["bytes"] for part in gathered],
                       computed={rank: gathered[rank]["computed"] for rank in roles.worker_ranks})
-    if job.settings.save:
-        checkpoint.write(comm, job.settings.save, params, job.optimizer, job.settings.epochs, meta=job.meta)
-    job.logger.close()
-    return params, job.logger.history
+    return loop.finish(job, params)
 
 
 def default_problem(seed=0):

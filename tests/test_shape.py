@@ -361,3 +361,31 @@ def test_the_agreed_set_up_is_written_once():
     users = {path.relative_to(ROOT).as_posix() for path in python_files("algorithms") if "run.agreed(" in path.read_text()}
     assert {"algorithms/pbt.py", "algorithms/hogwild.py", "algorithms/sandblaster_lbfgs.py", "algorithms/ps/job.py",
             "algorithms/core/compare.py"} <= users, users
+
+
+ONCE = {"play": "algorithms/ps/loop.py", "collect": "algorithms/ps/loop.py",
+        "JobFailed": "algorithms/ps/loop.py", "check_divergence": "algorithms/core/divergence.py",
+        "nonfinite": "algorithms/core/divergence.py", "loss_became": "algorithms/core/divergence.py",
+        "Diverged": "algorithms/core/divergence.py", "FiniteCheck": "algorithms/core/divergence.py"}
+
+
+def test_the_asynchronous_job_loop_and_the_divergence_check_are_each_defined_once():
+    """The parameter-server family and Sandblaster end their jobs through one loop (``ps.loop``: a
+    role's escaping exception aborts the job, one allgather raises the same error everywhere or joins
+    the shards, one --save); a loss that is not finite or grew a hundredfold is tested and worded in
+    ``core.divergence`` alone. A second definition of any of these names, a second gather of the
+    roles' parts, or a second hand-written abort or "loss became" message fails here."""
+    files = python_files("algorithms")
+    for name, home in ONCE.items():
+        found = [path.relative_to(ROOT).as_posix() for path in files for _ in definitions_of(name, path)]
+        assert found == [home], f"{name} is defined at {found}, once in {home} expected"
+    for path in files:
+        where, text = path.relative_to(ROOT).as_posix(), path.read_text()
+        if where != "algorithms/ps/loop.py":
+            assert "allgather(mine)" not in text, f"{where} gathers the roles' parts itself: use ps.loop.collect"
+            assert "abort_job(" not in text or where == "algorithms/core/cli.py", \
+                f"{where} aborts a job itself: a role runs through ps.loop.play"
+        if where != "algorithms/core/divergence.py":
+            assert "loss became" not in text, f"{where} words a non-finite loss itself: divergence.loss_became"
+    users = {path.relative_to(ROOT).as_posix() for path in files if "loop.play(" in path.read_text()}
+    assert users == {"algorithms/ps/job.py", "algorithms/sandblaster_lbfgs.py"}, users

@@ -1,4 +1,4 @@
-"""Running a parameter-server job: start, serve or work, collect (rank 0's per-epoch log: ``ps.log``).
+"""Running a parameter-server job: start, serve or work, end (rank 0's per-epoch log: ``ps.log``).
 
 Downpour SGD (``downpour_sgd``) and stale-synchronous SGD (``ssp_sgd``) share everything here and
 differ only in the worker's step (``worker_step``) and the servers' staleness bound:
@@ -10,7 +10,8 @@ differ only in the worker's step (``worker_step``) and the servers' staleness bo
     work      ranks S .. p-1: for each step: worker_step(replica, rows, ...)  (``ps.worker``; pushes
               and fetches inside)
     relay     ranks S .. S+G-1 of a hierarchical server: a group server (``ps.relay``)
-    collect   every rank: one allgather of the shards, the servers' logs and any error; then either
+    end       every rank: one allgather of the shards, the servers' logs and any error (``ps.loop``,
+              the job loop Sandblaster shares); then either
               the same error on every rank, or rank 0 prints the summary and writes --save
 
 Data: worker w trains on block w of each epoch's permutation (``ps.worker.worker_batches``).
@@ -23,7 +24,7 @@ Errors: a worker whose loss is not finite stops the job (its goodbye carries the
 server, which then answers every worker's next fetch with STOP); rank 0 stops it the same way
 when an epoch's mean training loss is more than 100x the loss at the start
 (``divergence.check_divergence``; the start is the mean loss of the workers' first steps). Losing every
-worker is an error too. Every rank then raises the same error in ``collect``: exit 2 everywhere.
+worker is an error too. Every rank then raises the same error in ``end``: exit 2 everywhere.
 
 A hierarchical server (``groups`` G): ranks S .. S+G-1 are group servers between the workers and
 the root shards (``ps.relay``).
@@ -44,16 +45,12 @@ from mpi4py import MPI
 
 from algorithms.core import checkpoint, cli, divergence, objective as objectives, partition, run
 from algorithms.core.cli import SettingError
-from algorithms.ps import replica as ps_replica, server as parameter_server, wire
+from algorithms.ps import loop, replica as ps_replica, server as parameter_server, wire
+from algorithms.ps.loop import JobFailed
 from algorithms.ps.log import EpochLog
 from algorithms.ps.relay import relay
 from algorithms.ps.worker import steps_per_epoch, work
 from minidl import backend
-
-
-class JobFailed(RuntimeError):
-    """The job ended without a result (every worker was lost); every rank raises it together."""
-    every_rank = True
 
 
 DEFAULT_TIMEOUT = 10.0
@@ -232,7 +229,7 @@ def serve(job):
     server.serve()
     epoch_log.finish(server)
     error = None
-    if server.failure is not None:               # the algorithm raised: every rank raises it (collect)
+    if server.failure is not None:               # the algorithm raised: every rank raises it (end)
         error = server.failure
     elif server.stopping is not None:
         error = divergence.Diverged(server.stopping)
@@ -244,47 +241,32 @@ def serve(job):
             "log": server.log, "dropped": server.dropped, "error": error}
 
 
-# ---- collect: every rank -----------------------------------------------------------------------------
+# ---- end: every rank -----------------------------------------------------------------------------
 
-def collect(job, mine, name, report=None):
-    """The end on every rank: the same error everywhere, or (final parameters, per-epoch history)."""
+def end(job, mine, name, report=None):
+    """The end on every rank (``ps.loop``): the same error everywhere, or (final parameters, per-epoch
+    history), after rank 0's summary of the updates and the lost workers."""
     comm, layout, s = job.comm, job.layout, job.settings
-    gathered = comm.allgather(mine)
-    errors = [part["error"] for part in gathered if part["error"] is not None]
-    errors.sort(key=lambda error: isinstance(error, (divergence.Diverged, JobFailed)))   # a raised exception first
-    if errors:                                   # else the lowest rank's: server 0 heard the first reason
-        job.logger.close()
-        raise errors[0]
+    gathered, params = loop.collect(job, mine, range(layout.servers))
     servers = gathered[:layout.servers]
-    params = numpy.concatenate([part["shard"] for part in servers])
-    history = comm.bcast(job.logger.history, root=0)
     lost = sorted((layout.rank_of(w), steps, silent) for w, (steps, silent) in servers[0]["dropped"].items())
-    if comm.Get_rank() == 0:
-        if not s.quiet:
-            staleness = numpy.array([e[1].staleness for e in servers[0]["log"] if e[0] == "push"], dtype=numpy.int64)
-            print(f"{name}: {staleness.size} updates applied per server; staleness mean "
-                  f"{staleness.mean() if staleness.size else 0:.2f}, max {staleness.max() if staleness.size else 0}",
-                  flush=True)
-            for rank, steps, silent in lost:
-                print(f"lost worker: rank {rank} after {steps} applied steps "
-                      f"(silent for {silent} s > timeout {job.ps.timeout} s)", flush=True)
-            if lost:
-                print(f"{layout.workers - len(lost)} of {layout.workers} workers finished the training", flush=True)
-    if s.save:                                   # the servers' optimizer states, joined into one
-        state = {"steps": servers[0]["state"]["steps"]}
-        for key in servers[0]["state"]:
-            if key != "steps":
-                state[key] = numpy.concatenate([part["state"][key] for part in servers])
-        job.optimizer.load_state_dict(state)
-        checkpoint.write(comm, s.save, params, job.optimizer, s.epochs, meta=job.meta)     # rank 0 writes
-    job.logger.close()
+    if comm.Get_rank() == 0 and not s.quiet:
+        staleness = numpy.array([e[1].staleness for e in servers[0]["log"] if e[0] == "push"], dtype=numpy.int64)
+        print(f"{name}: {staleness.size} updates applied per server; staleness mean "
+              f"{staleness.mean() if staleness.size else 0:.2f}, max {staleness.max() if staleness.size else 0}",
+              flush=True)
+        for rank, steps, silent in lost:
+            print(f"lost worker: rank {rank} after {steps} applied steps "
+                  f"(silent for {silent} s > timeout {job.ps.timeout} s)", flush=True)
+        if lost:
+            print(f"{layout.workers - len(lost)} of {layout.workers} workers finished the training", flush=True)
     if report is not None:
         report.update(logs=[part["log"] for part in servers], lost=lost, layout=layout,
                       endings={rank: part["ending"] for rank, part in enumerate(gathered) if "ending" in part},
                       values={rank: part["values"] for rank, part in enumerate(gathered) if "values" in part},
                       replica_bytes={rank: part["replica_bytes"] for rank, part in enumerate(gathered)
                                      if "replica_bytes" in part})
-    return params, history
+    return loop.finish(job, params, [part["state"] for part in servers])
 
 
 def run_job(comm, worker_step, settings, ps, name, writer, report=None, replica_gradient=None):
@@ -309,12 +291,13 @@ def run_job(comm, worker_step, settings, ps, name, writer, report=None, replica_
         worker = layout.worker_of(rank) if not layout.is_server(rank) else None
         replica_comm = comm.Split(color=MPI.UNDEFINED if worker is None else worker,
                                   key=0 if worker is None else rank - layout.rank_of(worker))
-    if job.layout.is_server(comm.Get_rank()):
-        mine = serve(job)
-    elif ps.hierarchical and comm.Get_rank() < job.layout.size:
-        mine = relay(job)
+    rank = comm.Get_rank()
+    if job.layout.is_server(rank):
+        mine = loop.play(comm, "server", serve, job)
+    elif ps.hierarchical and rank < job.layout.size:
+        mine = loop.play(comm, "group server", relay, job)
     else:
-        mine = work(job, worker_step, replica_comm, replica_gradient)
+        mine = loop.play(comm, "worker", work, job, worker_step, replica_comm, replica_gradient)
     if replica_comm is not None and replica_comm != MPI.COMM_NULL:
         replica_comm.Free()
-    return collect(job, mine, name, report)
+    return end(job, mine, name, report)

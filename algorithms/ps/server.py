@@ -257,7 +257,7 @@ class ShardServer:
         """``function(*args)``; if it raises, the job stops instead of leaving workers waiting.
 
         Every held fetch and every later one is answered STOP, the workers say goodbye, and
-        ``ps.job.collect`` raises the exception on every rank (a course task's stub or a bug in
+        ``ps.loop.collect`` raises the exception on every rank (a course task's stub or a bug in
         the server's algorithm fails the run within a poll, not after a test's timeout).
         """
         try:

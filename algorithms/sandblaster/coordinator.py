@@ -133,7 +133,7 @@ class Coordinator:
         """L-BFGS for ``epochs``; then every worker and shard is told to stop, also after a non-finite loss."""
         try:
             self.lbfgs(epochs)
-        except divergence.Diverged as diverged:         # raised on every rank after the stop (collect)
+        except divergence.Diverged as diverged:         # raised on every rank after the stop (ps.loop.collect)
             self.failure = str(diverged)
         self.stop()
 
@@ -180,6 +180,6 @@ class Coordinator:
             record = dict(epoch=epoch + 1, train_loss=loss, iterations=steps, evaluations=self.evaluations,
                           backups=self.backups, discarded=self.discarded, bytes=int(sent),
                           seconds=round(time.perf_counter() - self.log.started, 3))
-            if epoch + 1 < epochs:                              # the last: collect logs it, with the test metrics
+            if epoch + 1 < epochs:                              # the last: train logs it, with the test metrics
                 self.log.epoch(**record)
             self.final = record
