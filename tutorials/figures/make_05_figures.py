@@ -223,6 +223,13 @@ def fmt(cell, digits=3):
             f"[{cell['min']:.{digits}f}, {cell['max']:.{digits}f}]")
 
 
+def section(lines, heading, columns, rows):
+    """A markdown table under ``heading``, one row per list of cells, then a blank line."""
+    lines += [heading, "", "| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
+    lines.append("")
+
+
 def table(results):
     lines = ["# Chapter 5 measurements (make_05_figures.py): mean ± 95% t interval [min, max] over seeds", ""]
     for part, about in results.get("meta", {}).items():
@@ -230,44 +237,35 @@ def table(results):
                      f"(2 cores), `{about['command'].strip()}`")
     lines.append("")
     if "downpour" in results:
-        lines += ["## Downpour (1 server + 3 workers) against one replica", "",
-                  "| method | final test accuracy | seconds | seconds to 90% (runs reaching it) |", "| --- | --- | --- | --- |"]
-        for label, r in results["downpour"].items():
-            lines.append(f"| {label} | {fmt(r['final_accuracy'])} | {fmt(r['seconds'], 2)} | "
-                         f"{fmt(r['seconds_to_90'], 2)} ({r['reached_90']}/{r['final_accuracy']['n']}) |")
-        lines.append("")
+        section(lines, "## Downpour (1 server + 3 workers) against one replica",
+                ["method", "final test accuracy", "seconds", "seconds to 90% (runs reaching it)"],
+                [[label, fmt(r["final_accuracy"]), fmt(r["seconds"], 2),
+                  f"{fmt(r['seconds_to_90'], 2)} ({r['reached_90']}/{r['final_accuracy']['n']})"]
+                 for label, r in results["downpour"].items()])
     if "warmstart" in results:
-        lines += ["## Warm start (Downpour + Adagrad)", "",
-                  "| --warm-start-steps | accuracy after epoch 1 | final accuracy | seconds |", "| --- | --- | --- | --- |"]
-        for k, r in results["warmstart"].items():
-            lines.append(f"| {k} | {fmt(r['first_epoch_accuracy'])} | {fmt(r['final_accuracy'])} | {fmt(r['seconds'], 2)} |")
-        lines.append("")
+        section(lines, "## Warm start (Downpour + Adagrad)",
+                ["--warm-start-steps", "accuracy after epoch 1", "final accuracy", "seconds"],
+                [[k, fmt(r["first_epoch_accuracy"]), fmt(r["final_accuracy"]), fmt(r["seconds"], 2)]
+                 for k, r in results["warmstart"].items()])
     if "nfetch" in results:
-        lines += ["## n_fetch = n_push = n (Downpour + Adagrad, 1 server + 3 workers)", "",
-                  "| n | pushes per seed | fetches per seed | mean staleness (versions) | final test accuracy |",
-                  "| --- | --- | --- | --- | --- |"]
-        for k, r in results["nfetch"].items():
-            lines.append(f"| {k} | {', '.join(map(str, r['pushes']))} | {', '.join(map(str, r['fetches']))} | "
-                         f"{fmt(r['staleness'], 2)} | {fmt(r['accuracy'])} |")
-        lines.append("")
+        section(lines, "## n_fetch = n_push = n (Downpour + Adagrad, 1 server + 3 workers)",
+                ["n", "pushes per seed", "fetches per seed", "mean staleness (versions)", "final test accuracy"],
+                [[k, ", ".join(map(str, r["pushes"])), ", ".join(map(str, r["fetches"])), fmt(r["staleness"], 2),
+                  fmt(r["accuracy"])] for k, r in results["nfetch"].items()])
     if "ssp" in results:
-        lines += [f"## SSP, without and with a straggler (rank 3 sleeps {STRAGGLER_DELAY} s per step)", "",
-                  "| run | max clock staleness | seconds | wait per fast worker (s) | wait of rank 3 (s) | accuracy |",
-                  "| --- | --- | --- | --- | --- | --- |"]
-        for label, r in results["ssp"].items():
-            lines.append(f"| {label} | {r['max_clock_staleness']} | {fmt(r['seconds'], 2)} | "
-                         f"{fmt(r['wait_fast_workers'], 2)} | {fmt(r['wait_last_worker'], 2)} | {fmt(r['accuracy'])} |")
-        lines.append("")
+        section(lines, f"## SSP, without and with a straggler (rank 3 sleeps {STRAGGLER_DELAY} s per step)",
+                ["run", "max clock staleness", "seconds", "wait per fast worker (s)", "wait of rank 3 (s)", "accuracy"],
+                [[label, str(r["max_clock_staleness"]), fmt(r["seconds"], 2), fmt(r["wait_fast_workers"], 2),
+                  fmt(r["wait_last_worker"], 2), fmt(r["accuracy"])] for label, r in results["ssp"].items()])
     if "hogwild" in results:
-        lines += ["## Hogwild (the first p of 4 ranks on 2 shared cores)", "",
-                  "| problem, p | examples/s in all | examples/s per process | seconds | seconds to target (runs) "
-                  "| final | mean staleness |",
-                  "| --- | --- | --- | --- | --- | --- | --- |"]
-        for label, r in results["hogwild"].items():
-            digits = 5 if r["problem"] == "sparse" else 3
-            lines.append(f"| {label} | {fmt(r['examples_per_second'], 0)} | {fmt(r['examples_per_second_per_process'], 0)} | "
-                         f"{fmt(r['seconds'], 2)} | {fmt(r['seconds_to_target'], 2)} ({r['reached_target']}/"
-                         f"{r['seconds']['n']}) | {fmt(r['final'], digits)} | {fmt(r['staleness_mean'], 2)} |")
+        section(lines, "## Hogwild (the first p of 4 ranks on 2 shared cores)",
+                ["problem, p", "examples/s in all", "examples/s per process", "seconds", "seconds to target (runs)",
+                 "final", "mean staleness"],
+                [[label, fmt(r["examples_per_second"], 0), fmt(r["examples_per_second_per_process"], 0),
+                  fmt(r["seconds"], 2), f"{fmt(r['seconds_to_target'], 2)} ({r['reached_target']}/{r['seconds']['n']})",
+                  fmt(r["final"], 5 if r["problem"] == "sparse" else 3), fmt(r["staleness_mean"], 2)]
+                 for label, r in results["hogwild"].items()])
+        lines.pop()                                # the file ends at the last row
     return "\n".join(lines) + "\n"
 
 
