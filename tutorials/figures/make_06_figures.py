@@ -24,6 +24,7 @@ between the stages are the module's real ones. Memory and bytes are measured on 
 k = 1, 2 for one epoch and one seed.
 """
 import argparse
+import contextlib
 import json
 import os
 import time
@@ -234,66 +235,60 @@ def predicted_seconds(p, rows, n=17226, itemsize=4, m=4, widths=(64, 128, 64, 10
     return {"data": data, "model (output)": model, "pipeline": pipeline}
 
 
-def pyplot():
-    """matplotlib's pyplot, drawing to files (no display needed)."""
+@contextlib.contextmanager
+def drawing(path, size):
+    """The axes of a new figure of ``size`` inches; on leaving, the figure is laid out, saved to
+    ``path`` and closed (matplotlib drawing to files: no display needed)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    return plt
+    figure, axes = plt.subplots(figsize=size)
+    yield axes
+    figure.tight_layout()
+    figure.savefig(path, dpi=80)
+    plt.close(figure)
 
 
 def plot_diagram(logs, kind, m, path):
-    plt = pyplot()
     origin = min(start for log in logs for _, start, _ in log)
-    figure, axes = plt.subplots(figsize=(9, 0.55 * len(logs) + 1.2))
-    for stage, log in enumerate(logs):
-        order = pipeline_parallel.schedule(kind, stage, len(logs), m)
-        for (step, start, end), (expected, index) in zip(log, order):
-            assert step == expected, "the measured order differs from the schedule"
-            colour = "tab:blue" if step == "forward" else "tab:orange"
-            axes.barh(stage, (end - start) * 1e3, left=(start - origin) * 1e3, color=colour, edgecolor="white")
-            axes.text((start + end - 2 * origin) / 2 * 1e3, stage, str(index), ha="center", va="center",
-                      fontsize=7, color="white")
-    axes.set_yticks(range(len(logs)), [f"stage {s}" for s in range(len(logs))])
-    axes.invert_yaxis()
-    axes.set_xlabel("time (ms); blue: forward, orange: backward, number: micro-batch")
-    axes.set_title(f"{kind}: P = {len(logs)} stages, m = {m} micro-batches (measured)")
-    figure.tight_layout()
-    figure.savefig(path, dpi=80)
-    plt.close(figure)
+    with drawing(path, (9, 0.55 * len(logs) + 1.2)) as axes:
+        for stage, log in enumerate(logs):
+            order = pipeline_parallel.schedule(kind, stage, len(logs), m)
+            for (step, start, end), (expected, index) in zip(log, order):
+                assert step == expected, "the measured order differs from the schedule"
+                colour = "tab:blue" if step == "forward" else "tab:orange"
+                axes.barh(stage, (end - start) * 1e3, left=(start - origin) * 1e3, color=colour, edgecolor="white")
+                axes.text((start + end - 2 * origin) / 2 * 1e3, stage, str(index), ha="center", va="center",
+                          fontsize=7, color="white")
+        axes.set_yticks(range(len(logs)), [f"stage {s}" for s in range(len(logs))])
+        axes.invert_yaxis()
+        axes.set_xlabel("time (ms); blue: forward, orange: backward, number: micro-batch")
+        axes.set_title(f"{kind}: P = {len(logs)} stages, m = {m} micro-batches (measured)")
 
 
 def plot_bubble(bubbles, path):
-    plt = pyplot()
-    figure, axes = plt.subplots(figsize=(5.5, 3.6))
     counts = sorted(bubbles["gpipe"])
     grid = np.linspace(1, max(counts), 100)
-    axes.plot(grid, (P - 1) / (grid + P - 1), "k--", label="(P-1)/(m+P-1)")
-    for kind, marker in (("gpipe", "o"), ("1f1b", "x")):
-        axes.plot(counts, [bubbles[kind][m] for m in counts], marker, label=f"{kind}, measured")
-    axes.set_xscale("log", base=2)
-    axes.set_xlabel("micro-batches m")
-    axes.set_ylabel("bubble fraction")
-    axes.set_title(f"P = {P} stages")
-    axes.legend(frameon=False)
-    figure.tight_layout()
-    figure.savefig(path, dpi=80)
-    plt.close(figure)
+    with drawing(path, (5.5, 3.6)) as axes:
+        axes.plot(grid, (P - 1) / (grid + P - 1), "k--", label="(P-1)/(m+P-1)")
+        for kind, marker in (("gpipe", "o"), ("1f1b", "x")):
+            axes.plot(counts, [bubbles[kind][m] for m in counts], marker, label=f"{kind}, measured")
+        axes.set_xscale("log", base=2)
+        axes.set_xlabel("micro-batches m")
+        axes.set_ylabel("bubble fraction")
+        axes.set_title(f"P = {P} stages")
+        axes.legend(frameon=False)
 
 
 def plot_memory(memory, path):
-    plt = pyplot()
-    figure, axes = plt.subplots(figsize=(5.5, 3.4))
     stages = np.arange(P)
-    for offset, kind in ((-0.2, "gpipe"), (0.2, "1f1b")):
-        axes.bar(stages + offset, np.array(memory[kind]["peak_bytes"]) / 1e3, width=0.4, label=kind)
-    axes.set_xticks(stages, [f"stage {s}" for s in stages])
-    axes.set_ylabel("peak allocated (kB)")
-    axes.set_title(f"one global batch, P = {P}, m = {memory['m']}")
-    axes.legend(frameon=False)
-    figure.tight_layout()
-    figure.savefig(path, dpi=80)
-    plt.close(figure)
+    with drawing(path, (5.5, 3.4)) as axes:
+        for offset, kind in ((-0.2, "gpipe"), (0.2, "1f1b")):
+            axes.bar(stages + offset, np.array(memory[kind]["peak_bytes"]) / 1e3, width=0.4, label=kind)
+        axes.set_xticks(stages, [f"stage {s}" for s in stages])
+        axes.set_ylabel("peak allocated (kB)")
+        axes.set_title(f"one global batch, P = {P}, m = {memory['m']}")
+        axes.legend(frameon=False)
 
 
 def table(results):
@@ -329,10 +324,9 @@ def replicas_table(replicas):
     lines = ["| k | test accuracy (one per seed) | bytes to and from the server, per replica rank and step | "
              "bytes sent inside the replica, per replica rank and step | seconds |", "| --- | --- | --- | --- | --- |"]
     for k, record in replicas.items():
-        lines.append(f"| {k} | {', '.join(f'{a:.4f}' for a in record['accuracy'])} | "
-                     f"{', '.join(map(str, record['server_bytes_per_step']))} | "
-                     f"{', '.join(map(str, record['replica_bytes_per_step']))} | "
-                     f"{', '.join(map(str, record['seconds']))} |")
+        cells = [str(k), ", ".join(f"{a:.4f}" for a in record["accuracy"])]
+        cells += [", ".join(map(str, record[key])) for key in ("server_bytes_per_step", "replica_bytes_per_step", "seconds")]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
