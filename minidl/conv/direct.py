@@ -10,7 +10,7 @@ Multiplications: N * F * C * kh * kw * Ho * Wo, the same as im2col; no extra mem
 padded input. Supports every stride, padding and kernel size.
 """
 from minidl.backend import get_array_module
-from minidl.conv.shapes import output_size, pad
+from minidl.conv.shapes import output_shape, pad
 
 
 def supports(x_shape, weight_shape, stride, padding):
@@ -24,11 +24,10 @@ def _window(x_pad, i, j, stride, out_h, out_w):
 
 def forward(x, weight, stride, padding):
     xp = get_array_module(x)
-    n, _, h, w = x.shape
-    f, _, kh, kw = weight.shape
-    out_h, out_w = output_size(h, kh, stride, padding), output_size(w, kw, stride, padding)
+    kh, kw = weight.shape[2:]
+    out = xp.zeros(output_shape(x.shape, weight.shape, stride, padding), dtype=x.dtype)
+    out_h, out_w = out.shape[2:]
     x_pad = pad(x, padding)
-    out = xp.zeros((n, f, out_h, out_w), dtype=x.dtype)
     for i in range(kh):
         for j in range(kw):
             # (n, c, ho, wo) x (f, c) -> (n, f, ho, wo)

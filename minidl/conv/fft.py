@@ -40,7 +40,7 @@ Restrictions: none (every stride, padding, kernel); precision is that of the FFT
 about eps * log2(S) * (size of the sum), larger than im2col's for float32 (see the tests).
 """
 from minidl.backend import get_array_module
-from minidl.conv.shapes import output_size, pad
+from minidl.conv.shapes import output_shape, pad
 
 
 def supports(x_shape, weight_shape, stride, padding):
@@ -83,9 +83,9 @@ def _to_space(xp, product_hat, size, shape_2d, crop, dtype):
 def forward(x, weight, stride, padding):
     """conv2d of x (N, C, H, W) with weight (F, C, kh, kw) as a product of spectra; returns (out, cache)."""
     xp = get_array_module(x)
-    n, c, h, w = x.shape
-    f, _, kh, kw = weight.shape
-    out_h, out_w = output_size(h, kh, stride, padding), output_size(w, kw, stride, padding)
+    n, c = x.shape[:2]
+    _, f, out_h, out_w = output_shape(x.shape, weight.shape, stride, padding)
+    kh, kw = weight.shape[2:]
     x_pad = pad(x, padding)
     size = transform_size(*x_pad.shape[2:])
     spectrum_shape = (size[0], size[1] // 2 + 1)

@@ -1,4 +1,4 @@
-"""The shapes of a convolution: the output size, the checks every algorithm shares, zero padding.
+"""The shapes of a convolution: the output size and shape, the checks every algorithm shares, zero padding.
 
     Ho = (H + 2 padding - kh) // stride + 1,   Wo = (W + 2 padding - kw) // stride + 1.
 """
@@ -7,6 +7,12 @@ from minidl.backend import get_array_module
 
 def output_size(size, kernel, stride, padding):
     return (size + 2 * padding - kernel) // stride + 1
+
+
+def output_shape(x_shape, weight_shape, stride, padding):
+    """(N, F, Ho, Wo): the output's shape for input (N, C, H, W) and weight (F, C, kh, kw)."""
+    (n, _, h, w), (f, _, kh, kw) = x_shape, weight_shape
+    return n, f, output_size(h, kh, stride, padding), output_size(w, kw, stride, padding)
 
 
 def check_shapes(x_shape, weight_shape, stride, padding):
