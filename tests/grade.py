@@ -8,16 +8,16 @@
 A task's tests are the ones marked ``@pytest.mark.task("<id>")`` (tests/hidden/ holds the hidden
 ones; a student tree has none). With ``--student DIR``:
 
-- **Sandboxed tasks** (``sandbox = true`` in tasks.toml: im2col, col2im and chapter 3's
-  collectives, whose function takes and returns arrays) run their tests here, in this checkout,
+- **Sandboxed tasks** (``sandbox = true`` in tasks.toml: those whose function takes and returns
+  plain values, tutorials/assignments/values.py's) run their tests here, in this checkout,
   with the hidden tests and their answers; only the task's function runs in the sandbox
   (tutorials/assignments/sandbox.py), imported from a copy of DIR without solution-only files,
   one sandboxed job per rank count serving every call (tests/grade_proxy.py). The student's code
-  can hand back arrays and nothing else: no record file, no patched pytest, no answer to read.
+  can hand back plain values and nothing else: no record file, no patched pytest, no answer to read.
 - **The other tasks** are graded in a copy of *this* tree into which only that task's body is
   taken from DIR (the lines between its ``# BEGIN SOLUTION`` / ``# END SOLUTION`` markers). Their
-  student code still runs unsandboxed, in the grader's process tree: their functions take models
-  and optimizers, which cannot cross into the sandbox as arrays.
+  student code still runs unsandboxed, in the grader's process tree: their functions take models,
+  optimizers or stateful objects, which cannot cross into the sandbox as values.
 - Everything else is the reference, so an unfinished chapter 3 never sinks chapter 4.
 - A body that calls one of its task's ``forbid`` methods (``comm.Allreduce`` in a ring task) is
   not run: the task scores 0 and says why.

@@ -5,12 +5,15 @@ $MINIDL_GRADE_STUDENT the student tree. Before collection the plugin swaps the b
 function in this (reference) checkout for a call of a forwarder, so every caller reaches it. The
 tests, their expected values and every other function stay here, in the grader's process; only
 the call crosses into ``sandbox.Session``, which imports the student's module in a sandbox and
-can hand back nothing but arrays.
+can hand back nothing but arrays and one JSON text, from which tutorials/assignments/values.py
+rebuilds plain values (numbers, strings, arrays, lists, tuples, dicts, the project's namedtuples,
+random generators) and nothing else.
 
 With a ``comm`` argument the call is collective: every rank of ``comm`` sends its arguments to
 its rank 0, which runs the student's function once on ``comm.size`` sandboxed ranks (rank i there
 gets rank i's arguments) and sends each rank its reply. Arrays the student's function changed in
-place are copied into the caller's arrays; the return value comes back as arrays and numbers.
+place are copied into the caller's arrays, and generators it drew from are advanced alike; the
+return value comes back as the function gave it.
 A student function that raises, deadlocks (``$MINIDL_GRADE_CALL_TIMEOUT`` s) or replies with
 junk fails the test on every rank with the sandbox's message.
 """
@@ -22,7 +25,7 @@ import time
 import numpy as np
 
 from collectives.trace import WatchedComm
-from tutorials.assignments import sandbox       # here, not at rank 0's first call: see below
+from tutorials.assignments import sandbox, values       # here, not at rank 0's first call: see below
 
 # Every rank must draw the same hypothesis examples. Rank 0 alone runs the sandbox; importing a
 # module for the first time inside a test on one rank only was seen to change which examples that
@@ -32,6 +35,17 @@ SESSIONS = {}
 
 def _decode(reply, originals):
     """Copy in-place changes back into the caller's arrays; the return value as the function gave it."""
+    if "__values__" in reply:                     # packed (tutorials/assignments/values.py): checked piece by piece
+        try:
+            out = values.unpack(reply)
+            if not (isinstance(out, dict) and out.keys() == {"return", "after"} and isinstance(out["after"], dict)
+                    and out["after"].keys() == originals.keys()):
+                raise ValueError("not a reply of the call: a dict of 'return' and the arguments 'after' it")
+            for name, value in originals.items():
+                values.copy_back(value, out["after"][name])
+        except ValueError as error:
+            raise AssertionError(f"{FUNCTION} (the student's, in the sandbox) replied with junk: {error}") from None
+        return out["return"]
     for name, array in reply.items():
         target = originals.get(name)
         if isinstance(target, np.ndarray) and not name.startswith("return"):
@@ -81,8 +95,7 @@ def forwarder(original):
         bound.apply_defaults()
         arguments = dict(bound.arguments)
         comm = watched = arguments.pop("comm", None)
-        sent = {name: np.asarray(value) if isinstance(value, (tuple, list)) else value   # a shape: as an array
-                for name, value in arguments.items()}
+        sent = values.pack(arguments)            # any value the codec carries; never pickle
         if isinstance(comm, WatchedComm):         # a test counts the messages: record them there
             sent["__watch__"] = True
             while isinstance(comm, WatchedComm):

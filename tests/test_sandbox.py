@@ -8,6 +8,7 @@ The fallback (setpriv mode) is tested as root with a uid of its own that no proc
 
     python -m pytest -q tests/test_sandbox.py        # about 20 s on 2 cores
 """
+import dataclasses
 import os
 import shutil
 import socket
@@ -20,7 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tutorials.assignments import sandbox
+from collectives import cost
+from tutorials.assignments import sandbox, values
 from tutorials.assignments.sandbox import SandboxError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -490,3 +492,76 @@ def test_a_session_on_3_ranks_ends_its_job_when_a_rank_raises_and_starts_a_fresh
             session([{"x": 0}, {"x": 0}, {"x": 0}], timeout=60)
         again = session([{"x": 2}, {"x": 2}, {"x": 2}], timeout=60)
         assert [list(again[rank]["return"]) for rank in range(3)] == [[1, 6]] * 3, "a fresh job after the failure"
+
+
+# --- plain values across the sandbox (tutorials/assignments/values.py) ------------------------
+
+def test_plain_values_cross_exactly_and_a_generator_keeps_its_state():
+    rng = np.random.default_rng(7)
+    value = {"x": np.arange(6, dtype=np.float32).reshape(2, 3), "one": np.float32(0.5), "zero_d": np.array(3, np.int8),
+             "shape": (2, 3), "big": 10 ** 30, "nan": float("nan"), "flags": [True, None, "gpipe"],
+             "dtype": np.dtype("<f4"), "clocks": {0: 3, 1: 5}.values(), "steps": range(1, 9, 2),
+             "cost": cost.RankCost(2, 16, 8), "rng": rng}
+    back = values.unpack(values.pack(value))
+    assert back["x"].dtype == np.float32 and back["x"].shape == (2, 3) and np.array_equal(back["x"], value["x"])
+    assert type(back["one"]) is np.float32 and back["one"] == 0.5
+    assert isinstance(back["zero_d"], np.ndarray) and back["zero_d"].dtype == np.int8 and back["zero_d"].shape == ()
+    assert back["shape"] == (2, 3) and type(back["shape"]) is tuple and back["big"] == 10 ** 30
+    assert np.isnan(back["nan"]) and back["flags"] == [True, None, "gpipe"] and back["dtype"] == np.float32
+    assert type(back["clocks"]) is type({}.values()) and list(back["clocks"]) == [3, 5]
+    assert back["steps"] == range(1, 9, 2) and back["cost"] == cost.RankCost(2, 16, 8)
+    assert back["rng"].integers(1 << 30, size=4).tolist() == rng.integers(1 << 30, size=4).tolist()
+
+
+@dataclasses.dataclass
+class Outsider:
+    """A dataclass outside the project's packages: a reply may not name it."""
+    command: str
+
+
+@pytest.mark.parametrize("spec, why", [
+    ('["namedtuple", "inspect:FullArgSpec", [' + ", ".join(['["atom", null]'] * 7) + "]]", "not a namedtuple of the"),
+    ('["dataclass", "tests.test_sandbox:Outsider", [["command", ["atom", "rm"]]]]', "not a dataclass of the"),
+    ('["dataclass", "collectives.cost:RankCost", [["messages", ["int", "1"]]]]', "fields"),
+    ('["array", "__values__"]', "not an array of the reply"),
+    ('["array", "v7"]', "KeyError"),
+    ('["generator", "{\\"bit_generator\\": \\"Evil\\"}"]', "not one of numpy's"),
+    ('["dict", [[["list", []], ["atom", 1]]]]', "unhashable"),
+    ('["int", "1' + "0" * 6000 + '"]', "kind 'int'"),
+    ('["list", [' * 100 + "]]" * 100, "too deep"),
+    ('["lambda", "print"]', "kind 'lambda'"),
+    ("{", "JSONDecodeError")])
+def test_a_crafted_reply_is_refused_piece_by_piece(spec, why):
+    with pytest.raises(ValueError, match=why):
+        values.unpack({"__values__": np.array(spec), "v0": np.zeros(2)})
+
+
+def test_what_the_call_changed_in_place_is_copied_back_and_nothing_else():
+    x, rng, shape = np.zeros(3), np.random.default_rng(1), [np.ones(2)]
+    after_rng = np.random.default_rng(1)
+    after_rng.random(5)
+    values.copy_back({"x": x, "rng": rng, "shape": shape},
+                     {"x": np.array([1.0, 2.0, 3.0]), "rng": after_rng, "shape": [np.full(2, 4.0)]})
+    assert x.tolist() == [1.0, 2.0, 3.0] and shape[0].tolist() == [4.0, 4.0]
+    assert rng.random() == np.random.default_rng(1).random(6)[5], "the generator is advanced as the sandbox's was"
+    with pytest.raises(ValueError, match=r"came back as float32\[3\], was float64\[3\]"):
+        values.copy_back(x, np.zeros(3, dtype=np.float32))
+    with pytest.raises(ValueError, match="came back as a str"):
+        values.copy_back(x, "x")
+
+
+@needs_bwrap
+def test_a_session_carries_plain_values_both_ways(tmp_path):
+    tree = student(tmp_path, """
+        def f(x, shape, rng, clocks):
+            x += 1
+            return {"drawn": rng.integers(100), "shape": shape, "total": sum(clocks), "kind": type(clocks).__name__}
+        """)
+    x, rng = np.zeros(2, dtype=np.float32), np.random.default_rng(3)
+    with sandbox.Session(tree, "attack", "f") as session:
+        reply = session(values.pack({"x": x, "shape": (4, 5), "rng": rng, "clocks": {1: 2, 2: 5}.values()}), timeout=30)[0]
+    out = values.unpack(dict(reply))
+    values.copy_back({"x": x, "rng": rng}, {key: out["after"][key] for key in ("x", "rng")})
+    assert out["return"] == {"drawn": np.random.default_rng(3).integers(100), "shape": (4, 5), "total": 7,
+                             "kind": "dict_values"}
+    assert x.tolist() == [1.0, 1.0] and rng.integers(100) == np.random.default_rng(3).integers(100, size=2)[1]

@@ -52,7 +52,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tutorials.assignments import sandbox_driver
+from tutorials.assignments import sandbox_driver, values
 
 SANDBOX_UID = 65534
 # No user namespace: bwrap run as root would map the sandbox uid back to root outside.
@@ -266,6 +266,14 @@ def _arguments(args, nprocs):
     return encoded
 
 
+def _copy_driver(folder):
+    """The driver and the codec it packs values with, readable inside the sandbox (the student's tree
+    need not have them)."""
+    for source, name in ((sandbox_driver.__file__, "driver.py"), (values.__file__, "values.py")):
+        shutil.copyfile(source, folder / name)
+        os.chmod(folder / name, 0o644)
+
+
 def _parse_npy(blob):
     """An array from .npy bytes, after checking that the header is sane and matches the data."""
     stream = io.BytesIO(blob)
@@ -342,7 +350,7 @@ def call(tree, module, function, args=None, nprocs=1, timeout=60, *, limits=Limi
         os.chown(work / "out", uid, uid)
         for rank, arrays in enumerate(per_rank):
             sandbox_driver.save(str(work / "in" / f"args.{rank}.npz"), arrays)
-        shutil.copyfile(sandbox_driver.__file__, work / "in" / "driver.py")
+        _copy_driver(work / "in")
         for path in (work / "in").iterdir():
             os.chmod(path, 0o644)
         argv = [sys.executable, "-I", "-B", "{io}/in/driver.py", "{tree}", "{io}", module, function, str(nprocs)]
@@ -404,8 +412,7 @@ class Session:
         (work / "in").mkdir(mode=0o755)
         (work / "out").mkdir(mode=0o700)
         os.chown(work / "out", self.uid, self.uid)
-        shutil.copyfile(sandbox_driver.__file__, work / "in" / "driver.py")
-        os.chmod(work / "in" / "driver.py", 0o644)
+        _copy_driver(work / "in")
         argv = [sys.executable, "-I", "-B", "{io}/in/driver.py", "{tree}", "{io}", self.module, self.function,
                 str(self.nprocs), "serve"]
         if self.nprocs > 1:
