@@ -55,10 +55,12 @@ def tensor_parallel_block(x, column, row_weight, row_bias, total):
     """Megatron's MLP block on this rank (the heart): relu(x A + a) B + b with my columns of A, a and
     my rows of B. ``column``: Linear(i, h_r); ``row_weight`` (h_r, o), ``row_bias`` (o,) the whole b;
     ``total(array)``: the sum over the tensor-parallel ranks."""
+    # BEGIN SOLUTION
     x = F.copy_to_parallel(x, total)                  # f: forward identity, backward allreduce of dX
     y = column(x).relu()                              # (N, i) @ (i, h_r): my columns of relu(X A + a)
     z = F.linear(y, row_weight)                       # (N, h_r) @ (h_r, o): my part of Y B
     return F.reduce_from_parallel(z, total) + row_bias   # g: forward allreduce, backward identity
+    # END SOLUTION
 
 
 def blocks_of(net):

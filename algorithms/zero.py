@@ -111,16 +111,18 @@ class Shard:
 
 def zero_step(comm, objective, shard, batch, stage):
     """One ZeRO step on this rank (the heart); returns this rank's mean loss on its piece (0.0 if empty)."""
+    # BEGIN SOLUTION
     # stage 3: allgather every rank's block of w: the whole model, for this step only
     if stage == 3:
         collectives.allgather(comm, shard.params, objective.params, check=False)
     # local gradient on my piece of the global batch, weighted by my share of its rows
-    if len(batch.index):
+    rows = len(batch.index)
+    if rows:
         loss = objective.loss_and_grad(batch.index)
-        objective.grad *= len(batch.index) / batch.total
-    else:                                                  # a rank with no rows in the last batch
+    else:                                                  # no rows of the last batch here: I add zeros
         loss = 0.0
         objective.grad[...] = 0
+    objective.grad *= rows / batch.total
     if stage == 1:
         # allreduce: the whole summed gradient on every rank (my block of it is shard.grad)
         collectives.allreduce(comm, MPI.IN_PLACE, objective.grad, algorithm="ring", check=False)
@@ -135,6 +137,7 @@ def zero_step(comm, objective, shard, batch, stage):
     else:
         # allgather: every rank's updated block to every rank
         collectives.allgather(comm, MPI.IN_PLACE, objective.params, check=False)
+    # END SOLUTION
     return loss
 
 
