@@ -174,11 +174,7 @@ def train(comm=None, allreduce="ring", **settings):
         mine.optimizer.step()                          # every rank: its own pieces and its replicated copies
         return loss
 
-    def evaluate():
-        mine.gather()
-        return job.objective.evaluate()
-
-    return job.loop(step, evaluate=evaluate)
+    return job.loop(step, evaluate=mine.evaluate)
 
 
 def main(argv=None):

@@ -177,6 +177,11 @@ class Placement:
             self.serial.state[0][key] = self.assemble(value)
         self.serial.steps = self.optimizer.steps
 
+    def evaluate(self):
+        """The serial model's test metrics, with this run's values gathered into it (``Run.loop``'s evaluate)."""
+        self.gather()
+        return self.objective.evaluate()
+
 
 class Partition(Placement):
     """This rank's pieces of every layer of ``job``'s model, split over ``comm`` by ``split`` (a
