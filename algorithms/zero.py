@@ -54,7 +54,9 @@ Adam file resumes in this module with --optimizer adam, any stage, any p.
 Restrictions: p <= n (every rank owns a shard) and p <= the training examples; --stage 1, 2 or 3.
 
 Default run (small CNN, embedded digits, stage 3, momentum SGD 0.9, 20 epochs, batch 32 per rank,
-lr 0.05): the trajectory of allreduce_sgd's default run, bit for bit (98.1% test accuracy at p = 4).
+lr 0.05): the trajectory of allreduce_sgd's default run, bit for bit (98.1% test accuracy at p = 4,
+measured on 2 shared cores); --optimizer adam (lr 0.001, 20 epochs): 96.4%. Stage 1's log counts 1.5
+times the bytes of stages 2 and 3 (its allreduce is a reduce-scatter and an allgather of the gradient).
 """
 import numpy
 from mpi4py import MPI
