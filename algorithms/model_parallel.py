@@ -193,11 +193,7 @@ def train(comm=None, split="output", **settings):
         mine.optimizer.step()                          # every rank: its own pieces only
         return loss
 
-    def evaluate():
-        mine.gather()
-        return job.objective.evaluate()
-
-    return job.loop(step, evaluate=evaluate)
+    return job.loop(step, evaluate=mine.evaluate)
 
 
 def main(argv=None):

@@ -165,3 +165,20 @@ def avg_pool2d(x, kernel_size, stride=None, padding=0):
                   lambda grad: (pool.avg_pool_backward(grad, x.shape, kernel_size, stride, padding),),
                   "avg_pool2d")
 
+
+
+# ---- tensor parallelism's conjugate operators (Shoeybi et al. 2019, section 3) -------------------
+# ``total(array)`` sums an array over the tensor-parallel ranks and returns the sum: the caller's
+# allreduce (minidl knows nothing of MPI). It gets a copy, so it may sum in place.
+def copy_to_parallel(x, total):
+    """Megatron's f: the identity forward (every rank goes on from the same x); backward, the
+    gradient summed over ranks (each rank's columns contribute a part of dL/dx)."""
+    x = as_tensor(x)
+    return result(x.data, (x,), lambda grad: (total(grad.copy()),), "copy_to_parallel")
+
+
+def reduce_from_parallel(x, total):
+    """Megatron's g: forward, the sum over ranks of each rank's partial x; backward, the identity
+    (the sum's gradient with respect to every rank's part is the sum's own gradient)."""
+    x = as_tensor(x)
+    return result(total(x.data.copy()), (x,), lambda grad: (grad,), "reduce_from_parallel")

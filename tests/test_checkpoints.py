@@ -158,6 +158,7 @@ def test_a_file_another_algorithm_cannot_continue_is_refused_naming_both():
 
 @pytest.mark.parallel(nprocs=[3])
 @pytest.mark.parametrize("writer, options", [("model_parallel", {}), ("pipeline_parallel", {"micro_batches": 2}),
+                                             ("tensor_parallel", {}),
                                              ("hybrid_parallel", {"stages": 3, "group": "model", "split": "input"})])
 def test_a_split_models_file_continues_in_other_layouts_as_the_unbroken_run(writer, options):
     """1 epoch on 3 ranks of a split model, saved; epoch 2 resumed serially, by allreduce SGD on 2

@@ -14,7 +14,7 @@ A checkpoint is layout-free: whatever split of the model wrote it (pipeline stag
 server shards), ``params`` and ``optimizer.*`` are in the order of the serial model, so a file of
 one *family* resumes in any algorithm of that family on any number of ranks. The family
 ``sgd`` is one model and one SGD state, the same on every rank (serial, allreduce, pipeline,
-model-parallel and hybrid SGD); every other algorithm is a family of its own, because what it keeps
+model-parallel, hybrid and tensor-parallel SGD, and ZeRO's sharded state, gathered); every other algorithm is a family of its own, because what it keeps
 (a centre, residuals, a server's Adagrad sums) means nothing to another. ``python -m
 algorithms.core.evaluate FILE`` evaluates any checkpoint serially.
 

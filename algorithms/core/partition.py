@@ -3,6 +3,7 @@
     blocks = blocks_of(net)                          # [(Flattens before, Linear or Conv2d, ReLUs and poolings after)]
     pieces = [Piece(block, rank, size, split) for block in blocks]      # this rank's piece of every block
     mine = Partition(job, comm, split)               # the pieces as one flat vector, with its optimizer
+                                                     # (a Placement: tensor parallelism's pieces are one too)
 
 Model-parallel SGD (``algorithms/model_parallel.py``, whose header explains the two splits and
 whose heart ``model_parallel_gradient`` runs the pieces), the hybrid grid's model-parallel rows
@@ -142,37 +143,53 @@ def serial_positions(pieces, blocks, flat, split):
     return numpy.concatenate(where)
 
 
-class Partition:
-    """This rank's pieces of every layer of ``job``'s model, split over ``comm``: one flat vector with
-    its own optimizer, and where each value sits in the serial model (``serial_positions``), so the
-    whole model and its optimizer state can be assembled for evaluation and --save, and a --resume
-    file (the serial model's order, loaded by run.start) cut back into pieces."""
+class Placement:
+    """This rank's own parameters of ``job``'s model, whatever the split: one flat vector with its own
+    optimizer, and where each value sits in the serial model (``own``: positions in ``job``'s flat
+    vector, in the order of ``parameters``), so the whole model and its optimizer state can be
+    assembled for evaluation and --save, and a --resume file (the serial model's order, loaded by
+    run.start) cut back into this rank's values. A value several ranks hold (tensor parallelism's
+    replicated layers) is written by each, the same."""
 
-    def __init__(self, job, comm, split):
-        self.comm, self.split = comm, split
-        self.blocks = blocks_of(job.objective.net)
-        self.pieces = [Piece(block, comm.Get_rank(), comm.Get_size(), split) for block in self.blocks]
-        self.flat = FlatParameters([parameter for piece in self.pieces for parameter in piece.parameters()])
+    def __init__(self, job, comm, parameters, own):
+        self.comm = comm
+        self.flat = FlatParameters(parameters)
         self.optimizer = type(job.optimizer)([self.flat.as_parameter()], lr=job.settings.lr,
                                              momentum=job.settings.momentum)
         self.objective, self.serial = job.objective, job.optimizer
-        own = serial_positions(self.pieces, self.blocks, job.objective.flat, split)
         self.where = comm.allgather(own)                       # every rank's positions, once
-        for key, value in self.serial.state[0].items():        # a resumed run's momentum, cut to my pieces
+        for key, value in self.serial.state[0].items():        # a resumed run's momentum, cut to my values
             self.optimizer.state[0][key] = value[own].copy()
         self.optimizer.steps = self.serial.steps
 
     def assemble(self, local):
-        """Every rank's ``local`` piece values as one vector in the serial model's order (on every rank)."""
+        """Every rank's ``local`` values as one vector in the serial model's order (on every rank)."""
         whole = numpy.empty(self.objective.params.size, dtype=local.dtype)
         for where, values in zip(self.where, self.comm.allgather(local)):
             whole[where] = values
         return whole
 
     def gather(self):
-        """The pieces into the serial model, their momentum into its optimizer, on every rank
+        """This rank's values into the serial model, their momentum into its optimizer, on every rank
         (evaluation and --save only: not counted)."""
         self.objective.params[...] = self.assemble(self.flat.data)
         for key, value in self.optimizer.state[0].items():
             self.serial.state[0][key] = self.assemble(value)
         self.serial.steps = self.optimizer.steps
+
+    def evaluate(self):
+        """The serial model's test metrics, with this run's values gathered into it (``Run.loop``'s evaluate)."""
+        self.gather()
+        return self.objective.evaluate()
+
+
+class Partition(Placement):
+    """This rank's pieces of every layer of ``job``'s model, split over ``comm`` by ``split`` (a
+    ``Placement`` of the pieces' parameters, at their ``serial_positions``)."""
+
+    def __init__(self, job, comm, split):
+        self.split = split
+        self.blocks = blocks_of(job.objective.net)
+        self.pieces = [Piece(block, comm.Get_rank(), comm.Get_size(), split) for block in self.blocks]
+        own = serial_positions(self.pieces, self.blocks, job.objective.flat, split)
+        super().__init__(job, comm, [parameter for piece in self.pieces for parameter in piece.parameters()], own)

@@ -278,7 +278,7 @@ class Run:
         return backend.to_numpy(params).copy(), self.logger.history
 
 
-def start(comm, settings, check=None, model_seed=None, replicated=True, reader=None, *, writer):
+def start(comm, settings, check=None, model_seed=None, replicated=True, reader=None, *, writer, optimizer=None):
     """The agreed set-up of a run (see the module docstring); returns a ``Run``.
 
     ``settings``: a ``Settings``. ``writer``: a ``checkpoint.Writer``, what --save records and
@@ -287,7 +287,8 @@ def start(comm, settings, check=None, model_seed=None, replicated=True, reader=N
     ``replicated``: every rank holds the same parameters and optimizer state at the end (so a
     checkpoint needs one copy); otherwise each rank's own are saved too. ``reader``: (piece, pieces),
     which piece of each global batch this rank reads (default (rank, size)); the ranks of one
-    pipeline- or model-parallel replica all read their replica's piece.
+    pipeline- or model-parallel replica all read their replica's piece. ``optimizer(parameters,
+    settings)``: the optimizer of the flat vector (default: SGD with --lr and --momentum; ZeRO's Adam).
     """
     rank, size = comm.Get_rank(), comm.Get_size()
     job = None
@@ -303,11 +304,16 @@ def start(comm, settings, check=None, model_seed=None, replicated=True, reader=N
         if size > objective.n:
             raise SettingError(f"{size} ranks but only {objective.n} training examples: every rank needs at "
                                f"least one (use fewer ranks)")
-        optimizer = SGD([objective.flat.as_parameter()], lr=settings.lr, momentum=settings.momentum)
+        optimizer = (optimizer or sgd)([objective.flat.as_parameter()], settings)
         resumed = checkpoint.resume(settings, objective, optimizer, rank, size, meta) if settings.resume else None
         job = Run(comm, settings, objective, optimizer, resumed, replicated, reader, meta)
         job.logger = Log(settings.log, rank=rank, quiet=settings.quiet)
     return job
+
+
+def sgd(parameters, settings):
+    """The family's optimizer: SGD with --lr and --momentum."""
+    return SGD(parameters, lr=settings.lr, momentum=settings.momentum)
 
 
 def wait_together(comm, poll_seconds=0.002, while_waiting=None):
