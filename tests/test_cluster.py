@@ -1,0 +1,162 @@
+"""collectives.cluster: an MPI job across emulated hosts (network namespaces), and its error contract.
+
+The job tests need root and working `ip netns` (they build namespaces); elsewhere they skip, saying so.
+Each proves that the ranks' traffic went through the emulated links (their byte counters), and that
+nothing of the emulation is left afterwards (`ip netns list` as before).
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from collectives import cluster, netns
+from tests.helpers import ENV, ROOT
+
+MIB = 1 << 20
+
+
+def _can_make_namespaces():
+    if os.geteuid() != 0:
+        return "not root: network namespaces need root"
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        return "no `ip` or `tc` (iproute2) on PATH"
+    probe = f"mdlprobe{os.getpid()}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if made.returncode != 0:
+        return f"`ip netns add` fails here: {made.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
+
+
+WHY_NOT = _can_make_namespaces()
+needs_namespaces = pytest.mark.skipif(WHY_NOT is not None, reason=f"{WHY_NOT}")
+
+
+def namespaces():
+    return set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split())
+
+
+def run_cluster(*flags, timeout=60):
+    return subprocess.run([sys.executable, "-m", "collectives.cluster", *flags], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@needs_namespaces
+def test_ring_allreduce_across_two_hosts_goes_through_the_links(tmp_path):
+    """2 hosts x 2 ranks, block order (ranks 0, 1 on h0; 2, 3 on h1): the ring's edges 1 -> 2 and 3 -> 0
+    cross the links, each carrying 2 (p - 1) / p n bytes of the n-byte vector (plus headers); the result
+    is checked bit for bit against MPI's own Allreduce by collectives.ring's demo (exit 1 otherwise)."""
+    before = namespaces()
+    nbytes = 1 * MIB
+    counters = tmp_path / "links.json"
+    done = run_cluster("--hosts", "2", "--ranks-per-host", "2", "--json", str(counters), "--",
+                       sys.executable, "-m", "collectives.ring", "--length", str(nbytes // 8))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    record = json.loads(counters.read_text())
+    p = 4
+    per_edge = 2 * (p - 1) / p * nbytes
+    assert record["sent"]["h0"] >= per_edge and record["sent"]["h1"] >= per_edge, record
+    assert record["bytes_between_hosts"] >= 2 * per_edge, record
+    assert f"bytes between hosts {record['bytes_between_hosts']}" in done.stdout
+    assert namespaces() == before
+
+
+@needs_namespaces
+def test_rate_limited_link_counts_in_its_tbf_queue(tmp_path):
+    """With --rate, each host's token-bucket queue passes what the host sends to the other."""
+    before = namespaces()
+    counters = tmp_path / "links.json"
+    nbytes = 1 * MIB
+    done = run_cluster("--hosts", "2", "--ranks-per-host", "1", "--rate", "1gbit", "--json", str(counters), "--",
+                       sys.executable, "-m", "collectives.ring", "--length", str(nbytes // 8))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    record = json.loads(counters.read_text())
+    per_edge = 2 * (2 - 1) / 2 * nbytes                  # p = 2: each rank sends half, twice
+    assert record["rate"] == "1gbit"
+    assert min(record["qdisc_sent"].values()) >= per_edge, record
+    assert namespaces() == before
+
+
+@needs_namespaces
+def test_a_failing_job_gives_its_status_and_leaves_nothing():
+    before = namespaces()
+    done = run_cluster("--hosts", "2", "--ranks-per-host", "1", "--", sys.executable, "-c", "import sys; sys.exit(3)")
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert namespaces() == before
+
+
+@needs_namespaces
+def test_ctrl_c_removes_the_hosts():
+    before = namespaces()
+    job = subprocess.Popen([sys.executable, "-m", "collectives.cluster", "--hosts", "2", "--ranks-per-host", "1",
+                            "--", sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"],
+                           cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert job.stdout.readline().strip() == "up"
+        assert len(namespaces() - before) == 4           # h0, h1, the switch and the head
+        job.send_signal(signal.SIGINT)
+        assert job.wait(timeout=15) == 130
+    finally:
+        job.kill()
+    time.sleep(0.2)
+    assert namespaces() == before
+    assert "time.sleep(60)" not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+
+
+# ---- the error contract: one line `error: <why>`, exit status 2, nothing built ----
+
+@pytest.mark.parametrize("flags, why", [
+    (["--hosts", "0", "--ranks-per-host", "1", "--", "true"], "--hosts 0"),
+    (["--hosts", "two", "--ranks-per-host", "1", "--", "true"], "--hosts"),
+    (["--hosts", "2", "--ranks-per-host", "0", "--", "true"], "--ranks-per-host 0"),
+    (["--hosts", "2", "--ranks-per-host", "1", "--rate", "fast", "--", "true"], "--rate 'fast'"),
+    (["--hosts", "2", "--ranks-per-host", "1", "--rate", "0mbit", "--", "true"], "--rate '0mbit'"),
+    (["--hosts", "2", "--ranks-per-host", "1"], "no program to run"),
+    (["--ranks-per-host", "1", "--", "true"], "--hosts"),
+    (["--hosts", "2", "--ranks-per-host", "1", "--bogus", "--", "true"], "--bogus"),
+    (["--hosts", "2", "--ranks-per-host", "1", "--json", "/no/such/folder/x.json", "--", "true"], "--json"),
+])
+def test_bad_flags_stop_with_error_and_status_2(flags, why):
+    before = namespaces() if shutil.which("ip") else set()
+    done = run_cluster(*flags, timeout=20)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and why in lines[0], done.stderr
+    assert "Traceback" not in done.stderr
+    if shutil.which("ip"):
+        assert namespaces() == before
+
+
+def test_not_root_is_refused(monkeypatch, capsys):
+    monkeypatch.setattr(cluster.os, "geteuid", lambda: 1000)
+    assert cluster.main(["--hosts", "2", "--ranks-per-host", "1", "--", "true"]) == 2
+    assert capsys.readouterr().err == "error: network namespaces need root (run as root or with sudo)\n"
+
+
+def test_no_ip_command_is_refused(monkeypatch, capsys):
+    monkeypatch.setattr(cluster.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(cluster.shutil, "which", lambda tool: None if tool == "ip" else "/bin/" + tool)
+    assert cluster.main(["--hosts", "2", "--ranks-per-host", "1", "--", "true"]) == 2
+    assert capsys.readouterr().err == "error: no `ip` on PATH (iproute2)\n"
+
+
+def test_no_hydra_mpiexec_is_refused(monkeypatch, capsys, tmp_path):
+    fake = tmp_path / "mpiexec"
+    fake.write_text("#!/bin/sh\necho 'mpirun (Open MPI) 5.0'\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(cluster.os, "geteuid", lambda: 0)
+    assert cluster.main(["--hosts", "2", "--ranks-per-host", "1", "--mpiexec", str(fake), "--", "true"]) == 2
+    assert "is not MPICH's hydra mpiexec" in capsys.readouterr().err
+
+
+def test_tc_rates_in_bytes_per_second():
+    """tc's prefixes are powers of 1000, and 'bit' is a bit, 'bps' a byte (tc(8))."""
+    assert netns.rate_bytes_per_second("1gbit") == 125e6
+    assert netns.rate_bytes_per_second("200mbit") == 25e6
+    assert netns.rate_bytes_per_second("50mbps") == 50e6
+    assert netns.rate_bytes_per_second("800kbit") == 100e3
