@@ -7,14 +7,17 @@
    each to one bridge, addresses only inside the namespaces, the links limited to RATE by tc's
    token-bucket filter when --rate is given) and a head namespace where mpiexec runs;
 2. writes a launcher shim, `<shim> [ssh options] HOST COMMAND`, which runs COMMAND in HOST's
-   namespace (`ip netns exec`), and hands it to MPICH's hydra as its ssh
-   (`mpiexec -launcher ssh -launcher-exec <shim> -hosts h0:R,h1:R,...`): hydra starts one proxy per
-   host through it, as it would with ssh on a real cluster, and the ranks of host h run in h's
-   namespace, ranks h R .. h R + R - 1 (block order: rank r on host r // R);
-3. runs PROGRAM ARGS as that job of H R ranks, with the MPI layer told to reach ranks on other
-   hosts by TCP only (UCX_TLS=tcp,self; shared memory stays the way within a host). This matters:
-   the hosts share /dev/shm and the process table, and UCX's default transports would find the
-   other hosts' ranks through shared memory and never touch the links;
+   network namespace (`ip netns exec`) with HOST as its host name (a UTS namespace of its own), and
+   hands it to the launcher as its ssh: MPICH's hydra (`mpiexec -launcher ssh -launcher-exec <shim>
+   -hosts h0:R,h1:R,...`) or Open MPI's PRRTE (`mpirun --prtemca plm_ssh_agent <shim> --host ...`,
+   with the allow-run-as-root variables, and mpi_yield_when_idle when the ranks outnumber the
+   cores). The launcher starts one proxy or daemon per host through it, as with ssh on a real
+   cluster; rank r runs on host r // R (block order);
+3. runs PROGRAM ARGS as that job of H R ranks, the MPI layer told to reach ranks on other hosts by
+   TCP on eth0 only (MPICH: UCX_TLS=tcp,self; Open MPI: the ob1 layer with its tcp and sm
+   transports), shared memory staying the way within a host. This matters: the hosts share
+   /dev/shm and the process table, and MPICH's default UCX transports find the other hosts' ranks
+   through shared memory and never touch the links (0 bytes on them, measured);
 4. prints what crossed the links, from their counters read before and after the job (every frame
    with its Ethernet, IP and TCP headers): the bytes between hosts, each host's sent and received
    bytes, the tbf queues' bytes with --rate, and mpiexec's own traffic (starting the proxies,
@@ -22,11 +25,12 @@
 5. removes every namespace on the way out: after the job, on an error, on Ctrl-C or SIGTERM.
 
 Exit status: the job's (128 + n if a signal n ended it; 130 after Ctrl-C). `error: <why>` on
-stderr and exit status 2 where the job cannot run: not root, no `ip` or `tc`, no mpiexec, a bad
-flag, the namespaces cannot be built.
+stderr and exit status 2 where the job cannot run: not root, no `ip`, `tc` or `unshare`, no
+mpiexec (or one neither MPICH's hydra nor Open MPI's), a bad flag, the namespaces cannot be built.
 
 Not emulated: latency (this kernel has no netem; a link's alpha is what veth and TCP give) and
-separate file systems. Only MPICH's hydra launcher is supported (mpi4py's `mpich` wheel).
+separate file systems. --mpiexec picks the launcher (default: the one beside this Python); PROGRAM
+must be a Python whose mpi4py was built for that MPI.
 """
 import argparse
 import json
@@ -42,12 +46,14 @@ from . import netns
 TCP_BETWEEN_HOSTS = {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "eth0", "MPIR_CVAR_CH4_NETMOD": "ucx",
                      "UCX_WARN_UNUSED_ENV_VARS": "n"}
 
+OPEN_MPI_AS_ROOT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
 SHIM = """#!/bin/sh
 # hydra's ssh: {shim} [ssh options] HOST COMMAND...; runs COMMAND in HOST's network namespace
 while [ "${{1#-}}" != "$1" ]; do shift; done
 host=$1; shift
 case "$host" in
-  {hosts}) exec ip netns exec {tag}-"$host" sh -c "$*" ;;
+  {hosts}) exec ip netns exec {tag}-"$host" unshare --uts sh -c "hostname $host && $*" ;;
   *) echo "error: no emulated host $host" >&2; exit 255 ;;
 esac
 """
@@ -75,7 +81,8 @@ def parse(argv):
     parser.add_argument("--hosts", type=int, required=True, help="emulated hosts (network namespaces)")
     parser.add_argument("--ranks-per-host", type=int, required=True, help="MPI ranks on each host")
     parser.add_argument("--rate", help="each link's bandwidth, as tc reads it: 1gbit, 200mbit, 50mbps")
-    parser.add_argument("--mpiexec", help="MPICH's mpiexec (default: the one beside this Python, else PATH's)")
+    parser.add_argument("--mpiexec", help="MPICH's or Open MPI's mpiexec (default: the one beside this Python, "
+                                          "else PATH's)")
     parser.add_argument("--json", help="write the links' counters and the job's status to this file")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- PROGRAM ARGS...")
     args = parser.parse_args(argv)
@@ -103,24 +110,34 @@ def find_mpiexec(given):
     if not path or not os.access(path, os.X_OK):
         raise Refused(f"no mpiexec{' at ' + given if given else ' beside ' + sys.executable + ' or on PATH'}")
     done = subprocess.run([path, "--version"], capture_output=True, text=True)
-    if "HYDRA" not in done.stdout:
-        raise Refused(f"{path} is not MPICH's hydra mpiexec (only that launcher is supported)")
-    return path
+    for flavour, banner in (("mpich", "HYDRA"), ("openmpi", "Open MPI")):
+        if banner in done.stdout:
+            return path, flavour
+    raise Refused(f"{path} is neither MPICH's hydra mpiexec nor Open MPI's (the launchers supported)")
 
 
 def check_machine():
     if os.geteuid() != 0:
         raise Refused("network namespaces need root (run as root or with sudo)")
-    for tool in ("ip", "tc"):
+    for tool, package in (("ip", "iproute2"), ("tc", "iproute2"), ("unshare", "util-linux")):
         if shutil.which(tool) is None:
-            raise Refused(f"no `{tool}` on PATH (iproute2)")
+            raise Refused(f"no `{tool}` on PATH ({package})")
 
 
-def job_command(net, mpiexec, shim, ranks_per_host, command):
+def job_command(net, mpiexec, flavour, shim, ranks_per_host, command):
+    """mpiexec in the head namespace, its ssh the shim, the hosts h0:R,h1:R,..., TCP between hosts."""
     hosts = ",".join(f"{host}:{ranks_per_host}" for host in net.hosts)
-    return (["ip", "netns", "exec", net.head, mpiexec, "-launcher", "ssh", "-launcher-exec", shim,
-             "-iface", "eth0", "-hosts", hosts, "-n", str(len(net.hosts) * ranks_per_host)]
-            + [arg for name, value in TCP_BETWEEN_HOSTS.items() for arg in ("-genv", name, value)] + command)
+    ranks = len(net.hosts) * ranks_per_host
+    head = ["ip", "netns", "exec", net.head, mpiexec]
+    if flavour == "mpich":
+        return (head + ["-launcher", "ssh", "-launcher-exec", shim, "-iface", "eth0", "-hosts", hosts, "-n", str(ranks)]
+                + [arg for name, value in TCP_BETWEEN_HOSTS.items() for arg in ("-genv", name, value)] + command)
+    # Open MPI: PRRTE's daemons through the shim; ob1 with TCP between hosts, shared memory within;
+    # yield when idle if the ranks outnumber the cores (else a waiting rank spins on a core another needs)
+    yield_when_idle = "1" if ranks > (os.cpu_count() or 1) else "0"
+    return head + ["--prtemca", "plm_ssh_agent", shim, "--prtemca", "oob_tcp_if_include", "eth0",
+                   "--mca", "pml", "ob1", "--mca", "btl", "self,sm,tcp", "--mca", "btl_tcp_if_include", "eth0",
+                   "--mca", "mpi_yield_when_idle", yield_when_idle, "--host", hosts, "-np", str(ranks)] + command
 
 
 def report(net, used, status):
@@ -141,7 +158,7 @@ def report(net, used, status):
 def run(args):
     """Build, run, report, remove; returns the job's exit status."""
     check_machine()
-    mpiexec = find_mpiexec(args.mpiexec)
+    mpiexec, flavour = find_mpiexec(args.mpiexec)
     with tempfile.TemporaryDirectory(prefix="minidl-cluster-") as folder, \
             netns.Network(args.hosts, rate=args.rate) as net:
         shim = os.path.join(folder, "netns-ssh")
@@ -149,7 +166,8 @@ def run(args):
             file.write(SHIM.format(shim=shim, hosts="|".join(net.hosts), tag=net.tag))
         os.chmod(shim, 0o755)
         before = net.counters()
-        job = subprocess.Popen(job_command(net, mpiexec, shim, args.ranks_per_host, args.command),
+        job = subprocess.Popen(job_command(net, mpiexec, flavour, shim, args.ranks_per_host, args.command),
+                               env=dict(os.environ, **OPEN_MPI_AS_ROOT) if flavour == "openmpi" else None,
                                start_new_session=True)
         try:
             status = job.wait()

@@ -12,8 +12,9 @@ The picture (H hosts, one switch, one head where mpiexec runs):
     ...                                       |
     <tag>-head [eth0 10.199.0.254] =veth= [ph]-+
 
-Each host has its own network namespace and nothing else of its own: the processes of all hosts
-share the file system, /dev/shm and the process table, so an MPI layer that looks for peers by
+Each host has its own network namespace (and, through collectives.cluster's launcher shim, its own
+host name) and nothing else of its own: the processes of all hosts share the file system,
+/dev/shm and the process table, so an MPI layer that looks for peers by
 shared memory would find the other hosts' ranks there and bypass the links. collectives.cluster
 therefore tells the MPI layer to reach other hosts by TCP only, and this module's counters show
 whether it did: the bytes each host's link carried.

@@ -145,13 +145,13 @@ def test_no_ip_command_is_refused(monkeypatch, capsys):
     assert capsys.readouterr().err == "error: no `ip` on PATH (iproute2)\n"
 
 
-def test_no_hydra_mpiexec_is_refused(monkeypatch, capsys, tmp_path):
+def test_an_mpiexec_neither_hydra_nor_open_mpi_is_refused(monkeypatch, capsys, tmp_path):
     fake = tmp_path / "mpiexec"
-    fake.write_text("#!/bin/sh\necho 'mpirun (Open MPI) 5.0'\n")
+    fake.write_text("#!/bin/sh\necho 'mpiexec (Intel(R) MPI Library) 2021'\n")
     fake.chmod(0o755)
     monkeypatch.setattr(cluster.os, "geteuid", lambda: 0)
     assert cluster.main(["--hosts", "2", "--ranks-per-host", "1", "--mpiexec", str(fake), "--", "true"]) == 2
-    assert "is not MPICH's hydra mpiexec" in capsys.readouterr().err
+    assert "is neither MPICH's hydra mpiexec nor Open MPI's" in capsys.readouterr().err
 
 
 def test_tc_rates_in_bytes_per_second():
