@@ -5,6 +5,7 @@ Each proves that the ranks' traffic went through the emulated links (their byte 
 nothing of the emulation is left afterwards (`ip netns list` as before).
 """
 import json
+import math
 import os
 import shutil
 import signal
@@ -160,3 +161,39 @@ def test_tc_rates_in_bytes_per_second():
     assert netns.rate_bytes_per_second("200mbit") == 25e6
     assert netns.rate_bytes_per_second("50mbps") == 50e6
     assert netns.rate_bytes_per_second("800kbit") == 100e3
+
+
+# ---- the two-level model of tutorials/figures/make_10_cluster.py ----
+
+def _make_10():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("make_10_cluster", ROOT / "tutorials" / "figures" / "make_10_cluster.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+LINK, SHM, GAMMA = {"alpha": 20e-6, "beta": 8e-9}, {"alpha": 5e-6, "beta": 0.2e-9}, 0.1e-9
+
+
+def test_two_level_model_with_one_rank_per_host_is_the_flat_model():
+    """One rank per host: every transfer crosses a link alone, so the plain alpha-beta-gamma formulas hold."""
+    model = _make_10().two_level_model
+    n = 1 << 20
+    for p in (2, 4, 8):
+        assert math.isclose(model("ring", p, 1, n, LINK, SHM, GAMMA),
+                            2 * (p - 1) * (20e-6 + n / p * 8e-9) + (p - 1) / p * n * GAMMA)
+        rounds = p.bit_length() - 1
+        assert math.isclose(model("rabenseifner", p, 1, n, LINK, SHM, GAMMA),
+                            2 * rounds * 20e-6 + 2 * (p - 1) / p * n * 8e-9 + (p - 1) / p * n * GAMMA)
+
+
+def test_two_level_model_shares_the_link_among_a_hosts_ranks():
+    """2 hosts x 2 ranks, block order. Ring: one rank per host sends n/4 across per round, 6 rounds.
+    Rabenseifner: halving at distance 2 crosses with both ranks sending n/2 (n on the link), distance 1
+    stays inside with n/4; the doubling mirrors it."""
+    model = _make_10().two_level_model
+    n = 1 << 20
+    assert math.isclose(model("ring", 2, 2, n, LINK, SHM, GAMMA), 6 * (20e-6 + n / 4 * 8e-9) + 0.75 * n * GAMMA)
+    assert math.isclose(model("rabenseifner", 2, 2, n, LINK, SHM, GAMMA),
+                        2 * (20e-6 + n * 8e-9) + 2 * (5e-6 + n / 4 * 0.2e-9) + 0.75 * n * GAMMA)

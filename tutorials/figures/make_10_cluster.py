@@ -166,6 +166,7 @@ def main():
         raise SystemExit("error: the emulated hosts need root")
     out = Path(args.out) if args.out else (Path(tempfile.mkdtemp()) if args.quick else HERE / "out")
     out.mkdir(parents=True, exist_ok=True)
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
         link = ping_pong(2, 1, args.rate, folder)
@@ -180,10 +181,13 @@ def main():
             print("\n".join(f"{r['hosts']}x2 {r['algorithm']:>12} {r['bytes']:>9} {r['seconds'] * 1e3:9.2f} ms "
                             f"model/measured {r['model_over_measured'] or 0:.2f}" for r in mine), flush=True)
         sgd_result = sgd(args.rate, 2 if args.quick else 20, folder)
+    load = {"before": load_before, "after": os.getloadavg()}    # 1, 5, 15-minute load averages of the machine
     (out / "10_allreduce.json").write_text(json.dumps({"rate": args.rate, "rows": rows, "links": carried,
-                                                       "sgd": sgd_result}, indent=1))
+                                                       "sgd": sgd_result, "load_average": load}, indent=1))
     (out / "10_sgd.json").write_text(json.dumps(sgd_result, indent=1))
     text = markdown(link, shm, rows, sgd_result, args.rate)
+    text += (f"\nLoad average of the machine ({os.cpu_count()} cores), 1 minute: {load['before'][0]:.1f} before, "
+             f"{load['after'][0]:.1f} after.\n")
     (out / "10_allreduce.md").write_text(text)
     print(text)
 
