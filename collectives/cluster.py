@@ -190,8 +190,7 @@ def run(args):
 def main(argv=None):
     def stop(signum, frame):
         raise Stopped(signum)
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
+    previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         return run(parse(sys.argv[1:] if argv is None else argv))
     except Refused as error:
@@ -203,6 +202,9 @@ def main(argv=None):
     except Stopped as stopped:
         sys.stderr.write(f"# cluster: stopped by signal {stopped.signum}; emulated hosts removed\n")
         return 128 + stopped.signum
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 if __name__ == "__main__":
