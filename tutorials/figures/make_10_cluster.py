@@ -46,6 +46,7 @@ LARGE = 8 << 20            # ping-pongs at least this long give the link's beta
 SMALL = 512                # and at most this long its alpha (their median: one slow batch does not move it)
 SIZES, QUICK_SIZES = "64K,256K,1M,4M,16M", "64K,1M"
 ALGORITHMS = ["ring", "rabenseifner"]
+ROUNDS = {"ring": lambda p: 2 * (p - 1), "rabenseifner": lambda p: 2 * (p.bit_length() - 1)}   # dependent rounds
 
 
 def run(command, timeout=1200):
@@ -115,9 +116,11 @@ def allreduce_table(hosts, per_host, rate, sizes, link, shm, folder):
     for record in json.loads(out.read_text()):
         model = (two_level_model(record["algorithm"], hosts, per_host, record["bytes"], link, shm, link["gamma"])
                  if record["algorithm"] in ALGORITHMS else None)
+        rounds = ROUNDS[record["algorithm"]](hosts * per_host) if record["algorithm"] in ROUNDS else None
         rows.append({"hosts": hosts, "ranks_per_host": per_host, "algorithm": record["algorithm"],
                      "bytes": record["bytes"], "seconds": record["seconds"], "model_seconds": model,
-                     "model_over_measured": None if model is None else model / record["seconds"]})
+                     "model_over_measured": None if model is None else model / record["seconds"],
+                     "excess_per_round": None if model is None else (record["seconds"] - model) / rounds})
     return rows, json.loads(links.read_text())
 
 
@@ -140,14 +143,16 @@ def markdown(link, shm, rows, sgd_result, rate):
              f"({1 / link['beta'] / 1e6:.0f} MB/s, ping-pongs >= 8 MiB); the bench's one-line fit: beta "
              f"{link['bench_beta'] * 1e9:.2f} ns/B. Shared memory within a host: alpha {shm['alpha'] * 1e6:.1f} us, "
              f"beta {shm['beta'] * 1e9:.3f} ns/B.", "",
-             "| hosts x ranks | algorithm | bytes | measured ms | model ms | model / measured | within 25% |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| hosts x ranks | algorithm | bytes | measured ms | model ms | model / measured | within 25% "
+             "| (measured - model) / rounds, ms |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in rows:
-        ratio, model = row["model_over_measured"], row["model_seconds"]
+        ratio, model, excess = row["model_over_measured"], row["model_seconds"], row["excess_per_round"]
         within = "-" if ratio is None or row["bytes"] < 64 << 10 else ("yes" if 0.75 <= ratio <= 1.25 else "NO")
         lines.append(f"| {row['hosts']} x {row['ranks_per_host']} | {row['algorithm']} | {row['bytes']} | "
                      f"{row['seconds'] * 1e3:.2f} | {'-' if ratio is None else f'{model * 1e3:.2f}'} | "
-                     f"{'-' if ratio is None else f'{ratio:.2f}'} | {within} |")
+                     f"{'-' if ratio is None else f'{ratio:.2f}'} | {within} | "
+                     f"{'-' if ratio is None else f'{excess * 1e3:.2f}'} |")
     acc = sgd_result["accuracy"]
     lines += ["", f"allreduce_sgd, {sgd_result['epochs']} epochs, 2 hosts x 2 ranks: test accuracy "
               f"{acc['hosts'][-1]:.4f} in {sgd_result['seconds']['hosts']:.1f} s; one host, 4 ranks: "
