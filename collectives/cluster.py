@@ -144,13 +144,13 @@ def report(net, used, status):
     """The counters as printed lines and as a JSON object."""
     record = {"hosts": len(net.hosts), "rate": net.rate, "status": status,
               "bytes_between_hosts": used.between_hosts(), "sent": used.sent, "received": used.received,
-              "qdisc_sent": used.qdisc if net.rate else None,
+              "qdisc_sent": used.qdisc if net.rate else None, "qdisc_dropped": used.dropped if net.rate else None,
               "mpiexec_sent": used.head_sent, "mpiexec_received": used.head_received}
     lines = [f"# cluster: {len(net.hosts)} hosts, rate {net.rate or 'unlimited'}; "
              f"bytes between hosts {record['bytes_between_hosts']}; "
              f"mpiexec's own traffic {used.head_sent} sent, {used.head_received} received"]
     for host in net.hosts:
-        queue = f", tbf queue sent {used.qdisc[host]}" if net.rate else ""
+        queue = f", tbf queue sent {used.qdisc[host]}, dropped {used.dropped[host]} packets" if net.rate else ""
         lines.append(f"#   {host}: link sent {used.sent[host]}, received {used.received[host]}{queue}")
     return lines, record
 

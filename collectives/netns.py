@@ -62,18 +62,20 @@ def ip(*args, namespace=None, check=True):
 @dataclass
 class Counters:
     """Bytes each host's link carried: sent[h] out of host h, received[h] into it (its veth's
-    counters, every frame with its Ethernet header), qdisc[h] what host h's tbf sent (None
-    without --rate), and the head's (mpiexec's) link: what it sent and received."""
+    counters, every frame with its Ethernet header), qdisc[h] what host h's tbf sent and dropped[h]
+    the packets its two tbf queues (out of h, into h) dropped for want of room (None without a rate), and the head's (mpiexec's) link: what it sent and received."""
     sent: dict = field(default_factory=dict)
     received: dict = field(default_factory=dict)
     qdisc: dict = field(default_factory=dict)
+    dropped: dict = field(default_factory=dict)
     head_sent: int = 0
     head_received: int = 0
 
     def __sub__(self, other):
         minus = lambda a, b: {k: (None if a[k] is None else a[k] - b[k]) for k in a}   # noqa: E731
         return Counters(minus(self.sent, other.sent), minus(self.received, other.received),
-                        minus(self.qdisc, other.qdisc), self.head_sent - other.head_sent,
+                        minus(self.qdisc, other.qdisc), minus(self.dropped, other.dropped),
+                        self.head_sent - other.head_sent,
                         self.head_received - other.head_received)
 
     def between_hosts(self):
@@ -146,8 +148,11 @@ class Network:
         # 64 KiB bucket passed 85 MB/s of TCP here, with 256 KiB 118), larger ones let whole messages
         # through at memory speed (a 1.25 MB bucket passed a 2 MiB ping-pong at 250 MB/s)
         burst = max(64 << 10, int(rate_bytes_per_second(self.rate) / 500))
+        # a queue of at most 10 ms: with tc's usual 50 ms, a pair of ranks exchanging at 1gbit got half
+        # the rate each way (one TCP connection carries both directions, and each direction's ACKs
+        # waited behind up to 50 ms of the other's data); with 5-10 ms, mostly the full rate
         command = ["tc", "-n", namespace, "qdisc", "add", "dev", device, "root", "tbf",
-                   "rate", self.rate, "burst", str(burst), "latency", "50ms"]
+                   "rate", self.rate, "burst", str(burst), "latency", "10ms"]
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"`{' '.join(command)}` failed: {done.stderr.strip()}")
@@ -155,10 +160,13 @@ class Network:
     def counters(self):
         """The links' byte counters now (see Counters)."""
         result = Counters()
-        for host in self.hosts:
+        for index, host in enumerate(self.hosts):
             stats = _link_stats(self.namespace(host))
             result.sent[host], result.received[host] = stats["tx"]["bytes"], stats["rx"]["bytes"]
-            result.qdisc[host] = _qdisc_bytes(self.namespace(host)) if self.rate else None
+            out_of = _tbf_stats(self.namespace(host), "eth0") if self.rate else None
+            into = _tbf_stats(self.switch, f"p{index}") if self.rate else None
+            result.qdisc[host] = out_of["bytes"] if self.rate else None
+            result.dropped[host] = out_of["drops"] + into["drops"] if self.rate else None
         head = _link_stats(self.head)
         result.head_sent, result.head_received = head["tx"]["bytes"], head["rx"]["bytes"]
         return result
@@ -180,12 +188,8 @@ def _link_stats(namespace):
     return link["stats64"]
 
 
-def _qdisc_bytes(namespace):
-    done = subprocess.run(["tc", "-n", namespace, "-s", "-j", "qdisc", "show", "dev", "eth0"],
+def _tbf_stats(namespace, device):
+    done = subprocess.run(["tc", "-n", namespace, "-s", "-j", "qdisc", "show", "dev", device],
                           capture_output=True, text=True, check=True)
-    return sum(q["bytes"] for q in json.loads(done.stdout) if q["kind"] == "tbf")
-
-
-def leftover_namespaces(tag):
-    """Names of namespaces with this tag that still exist (for tests: after a run, none)."""
-    return [line.split()[0] for line in ip("netns", "list").splitlines() if line.startswith(tag + "-")]
+    [tbf] = [q for q in json.loads(done.stdout) if q["kind"] == "tbf"]
+    return tbf

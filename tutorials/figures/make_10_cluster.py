@@ -13,7 +13,9 @@ hosts, shared memory within one; ranks in block order (rank r on host r // R).
    time of the ping-pongs of <= 512 B; beta the slope through those of >= 8 MiB. Below that a ping-pong beats the rate: each
    direction's bucket refills while the other direction sends, and a message that fits in the
    bucket (2 ms of traffic) passes at memory speed. The bench's own one-line fit, pulled down by
-   those, is shown beside. -> 10_link.json
+   those, is shown beside. And what one pair of ranks can push through the links: 8 MiB between
+   a rank on h0 and one on h1, one way or exchanged (both directions at once), one pair or two
+   pairs at once, with the links limited and unlimited. -> 10_link.json
 2. Allreduce across hosts: `collectives.bench --algorithms ring,rabenseifner` on 2 and 4 hosts of
    2 ranks, sizes 64 KiB .. 16 MiB, each measured time beside the two-level model
    (`two_level_model`: each round as long as its slowest transfer, a transfer that crosses a link
@@ -32,6 +34,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +49,7 @@ LARGE = 8 << 20            # ping-pongs at least this long give the link's beta
 SMALL = 512                # and at most this long its alpha (their median: one slow batch does not move it)
 SIZES, QUICK_SIZES = "64K,256K,1M,4M,16M", "64K,1M"
 ALGORITHMS = ["ring", "rabenseifner"]
+PAIR_BYTES = 8 << 20
 ROUNDS = {"ring": lambda p: 2 * (p - 1), "rabenseifner": lambda p: 2 * (p.bit_length() - 1)}   # dependent rounds
 
 
@@ -74,6 +78,37 @@ def ping_pong(hosts, per_host, rate, folder):
     alpha = float(np.median([t for m, t in points if m <= SMALL]))
     return {"alpha": alpha, "beta": float(slope), "bench_alpha": record["alpha"],
             "bench_beta": record["beta"], "gamma": record["gamma"], "points": points}
+
+
+def pairs_worker():
+    """(Run on 2 hosts x 2 ranks.) 8 MiB between rank r on h0 and r ^ 2 on h1: exchanged (Sendrecv, both
+    directions at once) or sent one way, by one pair or both pairs at once; rank 0 prints JSON lines."""
+    from mpi4py import MPI
+    comm, size = MPI.COMM_WORLD, PAIR_BYTES
+    rank = comm.Get_rank()
+    out, back = np.ones(size, np.uint8), np.empty(size, np.uint8)
+
+    def once(pattern, ranks):
+        comm.Barrier()
+        start = time.perf_counter()
+        if rank in ranks and pattern == "exchange":
+            comm.Sendrecv(out, dest=rank ^ 2, recvbuf=back, source=rank ^ 2)
+        elif rank in ranks:
+            comm.Send(out, dest=rank ^ 2) if rank < 2 else comm.Recv(back, source=rank ^ 2)
+        comm.Barrier()
+        return time.perf_counter() - start
+    for pattern in ("one-way", "exchange"):
+        for ranks in ({0, 2}, {0, 1, 2, 3}):
+            seconds = min(once(pattern, ranks) for _ in range(4))
+            if rank == 0:
+                print(json.dumps({"pattern": pattern, "pairs": len(ranks) // 2, "seconds": seconds,
+                                  "bytes_per_second_each_way": len(ranks) // 2 * size / seconds}), flush=True)
+
+
+def pairs(rate):
+    """pairs_worker's lines, run on 2 hosts x 2 ranks at this rate."""
+    text = cluster(2, 2, rate, str(Path(__file__).resolve()), "--pairs-worker")
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
 
 
 def two_level_model(name, hosts, per_host, nbytes, link, shm, gamma):
@@ -166,7 +201,10 @@ def main():
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", help="folder for the results (default tutorials/figures/out; --quick: a temporary one)")
     parser.add_argument("--rate", default="1gbit")
+    parser.add_argument("--pairs-worker", action="store_true", help=argparse.SUPPRESS)   # a rank of part 1's pairs
     args = parser.parse_args()
+    if args.pairs_worker:
+        return pairs_worker()
     if os.geteuid() != 0:
         raise SystemExit("error: the emulated hosts need root")
     out = Path(args.out) if args.out else (Path(tempfile.mkdtemp()) if args.quick else HERE / "out")
@@ -176,7 +214,9 @@ def main():
         folder = Path(scratch)
         link = ping_pong(2, 1, args.rate, folder)
         shm = ping_pong(1, 2, None, folder)
-        (out / "10_link.json").write_text(json.dumps({"rate": args.rate, "link": link, "shared_memory": shm}, indent=1))
+        streams = {rate or "unlimited": pairs(rate) for rate in (args.rate, None)}
+        (out / "10_link.json").write_text(json.dumps({"rate": args.rate, "link": link, "shared_memory": shm,
+                                                      "pairs": streams}, indent=1))
         print(f"link alpha {link['alpha'] * 1e6:.1f} us beta {link['beta'] * 1e9:.2f} ns/B", flush=True)
         rows, carried = [], {}
         for hosts in (2, 4):
@@ -191,6 +231,10 @@ def main():
                                                        "sgd": sgd_result, "load_average": load}, indent=1))
     (out / "10_sgd.json").write_text(json.dumps(sgd_result, indent=1))
     text = markdown(link, shm, rows, sgd_result, args.rate)
+    text += "\n" + "\n".join(f"{PAIR_BYTES >> 20} MiB between hosts, links {rate}: {line['pattern']}, {line['pairs']} "
+                             f"pair(s) at once: {line['seconds'] * 1e3:.1f} ms, "
+                             f"{line['bytes_per_second_each_way'] / 1e6:.0f} MB/s each way"
+                             for rate, lines in streams.items() for line in lines) + "\n"
     text += (f"\nLoad average of the machine ({os.cpu_count()} cores), 1 minute: {load['before'][0]:.1f} before, "
              f"{load['after'][0]:.1f} after.\n")
     (out / "10_allreduce.md").write_text(text)
