@@ -39,13 +39,23 @@ WHY_NOT = _can_make_namespaces()
 needs_namespaces = pytest.mark.skipif(WHY_NOT is not None, reason=f"{WHY_NOT}")
 
 
-def namespaces():
-    return set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split())
+def namespaces(tag="mdl"):
+    """The network namespaces whose names start with tag (a run's are "mdl<its pid>-h0", ...)."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    return {name for name in listed if name.startswith(tag)}
 
 
 def run_cluster(*flags, timeout=60):
-    return subprocess.run([sys.executable, "-m", "collectives.cluster", *flags], cwd=ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=timeout)
+    """`python -m collectives.cluster flags`: the completed process, with .tag its namespaces' prefix."""
+    job = subprocess.Popen([sys.executable, "-m", "collectives.cluster", *flags], cwd=ROOT, env=ENV,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = job.communicate(timeout=timeout)
+    finally:
+        job.kill()
+    done = subprocess.CompletedProcess(job.args, job.returncode, stdout, stderr)
+    done.tag = f"mdl{job.pid}-"
+    return done
 
 
 @needs_namespaces
@@ -54,7 +64,6 @@ def test_ring_allreduce_across_two_hosts_goes_through_the_links(tmp_path):
     1 -> 2 and 3 -> 0 cross the links, each carrying 2 (p - 1) / p n bytes of the n-byte vector (plus
     headers), which the veths' and the token buckets' counters must both show; the result is checked
     bit for bit against MPI's own Allreduce by collectives.ring's demo (exit 1 otherwise)."""
-    before = namespaces()
     nbytes = 1 * MIB
     counters = tmp_path / "links.json"
     done = run_cluster("--hosts", "2", "--ranks-per-host", "2", "--rate", "1gbit", "--json", str(counters), "--",
@@ -67,7 +76,7 @@ def test_ring_allreduce_across_two_hosts_goes_through_the_links(tmp_path):
     assert min(record["sent"].values()) >= per_edge and min(record["qdisc_sent"].values()) >= per_edge, record
     assert record["bytes_between_hosts"] >= 2 * per_edge, record
     assert f"bytes between hosts {record['bytes_between_hosts']}" in done.stdout
-    assert namespaces() == before
+    assert namespaces(done.tag) == set()
 
 
 @needs_namespaces
@@ -91,28 +100,27 @@ def test_allreduce_sgd_across_two_hosts_gives_the_bits_of_one_host(tmp_path):
 
 @needs_namespaces
 def test_a_failing_job_gives_its_status_and_leaves_nothing():
-    before = namespaces()
     done = run_cluster("--hosts", "2", "--ranks-per-host", "1", "--", sys.executable, "-c", "import sys; sys.exit(3)")
     assert done.returncode == 3, done.stderr[-2000:]
-    assert namespaces() == before
+    assert namespaces(done.tag) == set()
 
 
 @needs_namespaces
 def test_ctrl_c_removes_the_hosts():
-    before = namespaces()
+    sleeping = f"time.sleep(60.{os.getpid()})"            # this test's ranks, by their command line
     job = subprocess.Popen([sys.executable, "-m", "collectives.cluster", "--hosts", "2", "--ranks-per-host", "1",
-                            "--", sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"],
+                            "--", sys.executable, "-c", f"import time; print('up', flush=True); {sleeping}"],
                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert job.stdout.readline().strip() == "up"
-        assert len(namespaces() - before) == 4           # h0, h1, the switch and the head
+        assert len(namespaces(f"mdl{job.pid}-")) == 4    # h0, h1, the switch and the head
         job.send_signal(signal.SIGINT)
         assert job.wait(timeout=15) == 130
     finally:
         job.kill()
     time.sleep(0.2)
-    assert namespaces() == before
-    assert "time.sleep(60)" not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert namespaces(f"mdl{job.pid}-") == set()
+    assert sleeping not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
 
 
 # ---- the error contract: one line `error: <why>`, exit status 2, nothing built ----
@@ -129,12 +137,12 @@ def test_ctrl_c_removes_the_hosts():
     (["--hosts", "2", "--ranks-per-host", "1", "--json", "/no/such/folder/x.json", "--", "true"], "--json"),
 ])
 def test_bad_flags_stop_with_error_and_status_2(flags, why, capsys):
-    before = namespaces() if shutil.which("ip") else set()
+    before = namespaces(f"mdl{os.getpid()}-") if shutil.which("ip") else set()
     assert cluster.main(flags) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and why in lines[0], lines
     if shutil.which("ip"):
-        assert namespaces() == before
+        assert namespaces(f"mdl{os.getpid()}-") == before == set()
 
 
 def test_a_bad_flag_stops_the_command_with_status_2_and_one_line():
