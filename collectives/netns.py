@@ -63,7 +63,8 @@ def ip(*args, namespace=None, check=True):
 class Counters:
     """Bytes each host's link carried: sent[h] out of host h, received[h] into it (its veth's
     counters, every frame with its Ethernet header), qdisc[h] what host h's tbf sent and dropped[h]
-    the packets its two tbf queues (out of h, into h) dropped for want of room (None without a rate), and the head's (mpiexec's) link: what it sent and received."""
+    the packets its two tbf queues (out of h, into h) dropped for want of room (None without a
+    rate), and the head's (mpiexec's) link: what it sent and received."""
     sent: dict = field(default_factory=dict)
     received: dict = field(default_factory=dict)
     qdisc: dict = field(default_factory=dict)

@@ -184,7 +184,8 @@ def test_tc_rates_in_bytes_per_second():
 
 def _make_10():
     import importlib.util
-    spec = importlib.util.spec_from_file_location("make_10_cluster", ROOT / "tutorials" / "figures" / "make_10_cluster.py")
+    script = ROOT / "tutorials" / "figures" / "make_10_cluster.py"
+    spec = importlib.util.spec_from_file_location("make_10_cluster", script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -1,6 +1,6 @@
 """Measure allreduce and allreduce SGD across emulated hosts (collectives.cluster); needs root.
 
-    python tutorials/figures/make_10_cluster.py            # about 10 minutes on 2 idle cores
+    python tutorials/figures/make_10_cluster.py            # about 7 minutes on 2 cores
     python tutorials/figures/make_10_cluster.py --quick    # 2 sizes, 2 epochs, into a temporary folder
     python tutorials/figures/make_10_cluster.py --out DIR --rate 1gbit
 
@@ -10,12 +10,13 @@ hosts, shared memory within one; ranks in block order (rank r on host r // R).
 
 1. The link: `collectives.bench`'s ping-pong between ranks 0 and 1 on two hosts of one rank
    (8 B .. 64 MiB), and on one host of two ranks for shared memory. alpha is the median one-way
-   time of the ping-pongs of <= 512 B; beta the slope through those of >= 8 MiB. Below that a ping-pong beats the rate: each
-   direction's bucket refills while the other direction sends, and a message that fits in the
-   bucket (2 ms of traffic) passes at memory speed. The bench's own one-line fit, pulled down by
-   those, is shown beside. And what one pair of ranks can push through the links: 8 MiB between
-   a rank on h0 and one on h1, one way or exchanged (both directions at once), one pair or two
-   pairs at once, with the links limited and unlimited. -> 10_link.json
+   time of the ping-pongs of <= 512 B; beta the slope through those of >= 8 MiB. Below that a
+   ping-pong beats the rate: each direction's bucket refills while the other direction sends,
+   and a message that fits in the bucket (2 ms of traffic) passes at memory speed. The bench's
+   own one-line fit, pulled down by those, is shown beside. And what one pair of ranks can push
+   through the links: 8 MiB between a rank on h0 and one on h1, one way or exchanged (both
+   directions at once), one pair or two pairs at once, with the links limited and unlimited.
+   -> 10_link.json
 2. Allreduce across hosts: `collectives.bench --algorithms ring,rabenseifner` on 2 and 4 hosts of
    2 ranks, sizes 64 KiB .. 16 MiB, each measured time beside the two-level model
    (`two_level_model`: each round as long as its slowest transfer, a transfer that crosses a link
@@ -163,7 +164,8 @@ def sgd(rate, epochs, folder):
     """allreduce_sgd on 2 hosts x 2 ranks and on this host alone: logs and whether the params are equal."""
     flags = ["-m", "algorithms.allreduce_sgd", "--epochs", str(epochs), "--seed", "0"]
     cluster(2, 2, rate, *flags, "--save", str(folder / "hosts.npz"), "--log", str(folder / "hosts.jsonl"))
-    run([MPIEXEC, "-n", "4", sys.executable, *flags, "--save", str(folder / "one.npz"), "--log", str(folder / "one.jsonl")])
+    run([MPIEXEC, "-n", "4", sys.executable, *flags, "--save", str(folder / "one.npz"),
+         "--log", str(folder / "one.jsonl")])
     logs = {name: [json.loads(line) for line in (folder / f"{name}.jsonl").read_text().splitlines()]
             for name in ("hosts", "one")}
     with np.load(folder / "hosts.npz") as a, np.load(folder / "one.npz") as b:
@@ -199,14 +201,16 @@ def markdown(link, shm, rows, sgd_result, rate):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out", help="folder for the results (default tutorials/figures/out; --quick: a temporary one)")
+    parser.add_argument("--out", help="folder for the results (default tutorials/figures/out; "
+                                      "--quick: a temporary one)")
     parser.add_argument("--rate", default="1gbit")
     parser.add_argument("--pairs-worker", action="store_true", help=argparse.SUPPRESS)   # a rank of part 1's pairs
     args = parser.parse_args()
     if args.pairs_worker:
         return pairs_worker()
     if os.geteuid() != 0:
-        raise SystemExit("error: the emulated hosts need root")
+        sys.stderr.write("error: the emulated hosts (collectives.cluster) need root\n")
+        sys.exit(2)
     out = Path(args.out) if args.out else (Path(tempfile.mkdtemp()) if args.quick else HERE / "out")
     out.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
