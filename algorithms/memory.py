@@ -8,8 +8,8 @@ device, K bytes of optimizer state per parameter, N_d data-parallel ranks: basel
 in mixed precision, stage 1 (P_os) 4 Psi + K Psi / N_d, stage 2 (P_os+g) 2 Psi + (2 + K) Psi / N_d,
 stage 3 (P_os+g+p) (2 + 2 + K) Psi / N_d. Written here for float32 (b = 4 bytes a value, no fp16
 copies) and SGD with momentum (one state value per parameter, k = 1; k = 0 without momentum).
-Chen et al. 2016 for recomputation; Huang et al. 2019 (GPipe) and Narayanan et al. 2019
-(PipeDream's 1F1B) for the activations in flight; Shoeybi et al. 2019 (Megatron-LM) for the
+Chen et al. 2016 for recomputation; Huang et al. 2019 (GPipe) and Narayanan et al. 2021
+(PipeDream-Flush's 1F1B) for the activations in flight; Shoeybi et al. 2019 (Megatron-LM) for the
 tensor split; Dean et al. 2012 for the spatial split. Full references: tutorials/references.md.
 
 Per rank, for n parameters, p ranks, a batch of B rows per replica (``--batch-size``) and A(layers, rows)
@@ -31,7 +31,7 @@ row-parallel: Megatron's MLP block), each pair's weights and the column layer's 
 p ways, an unpaired last Linear whole; n_c the other layers' parameters, w the widest row-parallel
 output. Pipeline: stage s holds n_s parameters of its contiguous layers (``pipeline_parallel``'s cut),
 m micro-batches, out_s its output bytes per row; the table shows stage 0, which holds the most
-micro-batches in flight (GPipe all m, 1F1B at most p: PipeDream's bound). Spatial: t the largest
+micro-batches in flight (GPipe all m, 1F1B at most p). Spatial: t the largest
 tile's share of a map's rows (``core.tiling``; the halo rows are left out).
 With ``--recompute`` (every row's second line), A keeps only about sqrt(L) segment outputs and
 recomputes the largest segment in the backward (``footprint.activations``).
@@ -39,7 +39,11 @@ recomputes the largest segment in the backward (``footprint.activations``).
 Measured: the data-parallel rows (with and without --recompute) run one real step of allreduce SGD
 phase by phase under tracemalloc (``algorithms.core.allocations``); its comm buffer only under
 ``mpiexec -n P`` (one process has no peers to allreduce with). The other rows print "not measured":
-their modules (ZeRO, tensor parallelism) are not in this tree, or their step is not instrumented yet.
+their formulas were written before their steps were instrumented (ZeRO and tensor parallelism were
+not yet in the tree; the pipeline, spatial and hybrid steps run forward and backward in one call).
+What the numbers say for LeNet-5: the conv workspaces (im2col columns) are most of its activations,
+and minidl's workspace pool keeps them whatever runs, so recomputation saves little there; on deep
+MLPs it saves what ``minidl.recompute`` predicts (tests/test_recompute.py).
 tests/test_memory.py: predicted and measured within 10% for LeNet-5 and the MLP.
 """
 import argparse
@@ -215,12 +219,13 @@ def main(argv=None):
     comm = MPI.COMM_WORLD
 
     def run_table():
-        cli.require("--ranks", args.ranks, integer=True, low=1)
-        cli.require("--batch-size", args.batch_size, integer=True, low=1)
-        cli.require("--micro-batches", args.micro_batches, integer=True, low=1, high=args.batch_size)
-        cli.require("--momentum", args.momentum, low=0, high=1, high_open=True)
-        if comm.Get_rank() == 0:
-            cli.check_output("--json", args.json)
+        with run.agreed(comm):                        # every rank refuses a bad flag together
+            cli.require("--ranks", args.ranks, integer=True, low=1)
+            cli.require("--batch-size", args.batch_size, integer=True, low=1)
+            cli.require("--micro-batches", args.micro_batches, integer=True, low=1, high=args.batch_size)
+            cli.require("--momentum", args.momentum, low=0, high=1, high_open=True)
+            if comm.Get_rank() == 0:
+                cli.check_output("--json", args.json)
         records = table(args.model, args.ranks, args.batch_size, args.micro_batches, args.momentum, comm)
         if comm.Get_rank() == 0:
             print(f"bytes per rank in KiB: --model {args.model}, p = {args.ranks}, batch {args.batch_size}, "

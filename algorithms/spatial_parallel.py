@@ -56,7 +56,6 @@ import numpy
 from mpi4py import MPI
 
 from algorithms.core import checkpoint, cli, run, tags
-from algorithms.core.objective import build_model, load_data
 from algorithms.core.tiling import Tiling
 from minidl import functional as F
 from minidl.nn import Sequential
@@ -193,16 +192,9 @@ def bytes_per_step(tiling, batch, itemsize):
     return tiling.halo_bytes(batch, itemsize) + tiling.gather_bytes(batch, itemsize) + weights
 
 
-def tiling_of(settings, size):
-    """The job's tiling, checked on every rank before the first message (SettingError if the model or P cannot)."""
+def no_problem(settings):
     if settings.problem is not None:
         raise cli.SettingError("the spatial split needs a convolutional network, not a convex problem")
-    data = settings.data or load_data(settings.dataset, settings.seed, settings.data_dir)
-    model = settings.model
-    net = model() if callable(model) else build_model(model, settings.seed, settings.dataset)
-    name = f"--model {model}" if isinstance(model, str) else "the model"
-    _, _, height, width = data.x_train.shape
-    return Tiling.of(net, height, width, size, name)
 
 
 def train(comm=None, **settings):
@@ -210,12 +202,14 @@ def train(comm=None, **settings):
     (final flat parameters, the same on every rank, history)."""
     comm = comm or MPI.COMM_WORLD
     settings = run.Settings.of(settings, epochs=10, momentum=0.9, partition="global")
-    job = run.start(comm, settings, check=lambda s: tiling_of(s, comm.Get_size()), reader=(0, 1),
+    job = run.start(comm, settings, check=no_problem, reader=(0, 1),
                     writer=checkpoint.Writer("spatial_parallel", checkpoint.SGD_FAMILY,
                                              layout={"tiles": comm.Get_size()}))
     objective = job.objective
     _, _, height, width = objective.data.x_train.shape
-    tiling = Tiling.of(objective.net, height, width, comm.Get_size())
+    with run.agreed(comm):                     # after the shared flags' checks, before any message of the run
+        name = f"--model {settings.model}" if isinstance(settings.model, str) else "the model"
+        tiling = Tiling.of(objective.net, height, width, comm.Get_size(), name)
     conv_gradient = objective.grad[:tiling.conv_parameters()]       # the conv layers come first in the flat vector
     allreduce = run.allreduce_function("ring")
 

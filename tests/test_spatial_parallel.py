@@ -61,6 +61,7 @@ def bytes_with_tag(comm, traced, tag):
     return comm.allreduce(sum(m.nbytes for m in traced.messages if m.direction == "send" and m.tag == tag))
 
 
+@pytest.mark.task("6.5")
 @pytest.mark.parallel(nprocs=[2, 3, 4])
 def test_spatial_split_forward_backward_and_ten_steps_equal_serial_and_halo_bytes_match():
     comm, data = MPI.COMM_WORLD, tiny_digits(n_test=20)
