@@ -15,25 +15,31 @@ tensor split; Dean et al. 2012 for the spatial split. Full references: tutorials
 Per rank, for n parameters, p ranks, a batch of B rows per replica (``--batch-size``) and A(layers, rows)
 the activations the forward keeps (``algorithms.core.footprint``, which counts minidl's own kernels):
 
-    method          params        grads         optimizer       activations               comm buffers
-    data parallel   n b           n b           k n b           A(all, B)                 n/p b (the ring's receive block)
-    ZeRO-1          n b           n b           k n b / p       A(all, B)                 n/p b (reduce-scatter block)
-    ZeRO-2          n b           n b / p       k n b / p       A(all, B)                 n b (the backward's whole gradient, reduce-scattered)
-    ZeRO-3          n b / p       n b / p       k n b / p       A(all, B)                 2 n_layer b (one layer's gathered weights and gradient)
-    tensor          n_c + n_f/p   as params     k x params      A(convs, B) + A(fc, B)/p  B w b (a row-parallel output, allreduced)
-    GPipe           n_s b         n_s b         k n_s b         m A(stage, B/m)           B/m out_s b (a gradient from stage 1)
-    1F1B            n_s b         n_s b         k n_s b         min(p, m) A(stage, B/m)   B/m out_s b
-    spatial         n b           n b           k n b           A(convs, B) t + A(fc, B)  B C_S H_S W_S b (the gathered map) + n_c/p b
-    hybrid          2-stage 1F1B over p/2 ... as 1F1B with p = 2, plus n_s/(p/2) b of the stage's ring
+    method         params       grads       optimizer   activations               comm buffers
+    data parallel  n b          n b         k n b       A(all, B)                 n/p b          (1)
+    ZeRO-1         n b          n b         k n b / p   A(all, B)                 n/p b          (2)
+    ZeRO-2         n b          n b / p     k n b / p   A(all, B)                 n b            (3)
+    ZeRO-3         n b / p      n b / p     k n b / p   A(all, B)                 2 n_layer b    (4)
+    tensor         n_c + n_f/p  as params   k params    A(convs, B) + A(fc, B)/p  B w b          (5)
+    GPipe          n_s b        n_s b       k n_s b     m A(stage, B/m)           (m + 1) B/m out_s b
+    1F1B           n_s b        n_s b       k n_s b     min(p, m) A(stage, B/m)   (m + 1) B/m out_s b
+    spatial        n b          n b         k n b       t A(convs, B) + A(fc, B)  B C H W b + n_c/p b  (6)
+    hybrid         2-stage 1F1B with p/2 replicas of each stage, plus n_s/(p/2) b of the stage's ring
+
+(1) the ring's receive block; (2) the reduce-scatter's block; (3) the backward's whole gradient before
+it is reduce-scattered (a bucketed backward: one bucket); (4) one layer's gathered weights and its
+gradient, freed after use; (5) a row-parallel output, allreduced; (6) the gathered last map (C, H, W)
+and the ring's block of the conv weights' gradient.
 
 n/p means the largest shard, ceil(n/p). tensor: the Linear layers in pairs (column-parallel, then
 row-parallel: Megatron's MLP block), each pair's weights and the column layer's activations split
 p ways, an unpaired last Linear whole; n_c the other layers' parameters, w the widest row-parallel
 output. Pipeline: stage s holds n_s parameters of its contiguous layers (``pipeline_parallel``'s cut),
-m micro-batches, out_s its output bytes per row; the table shows stage 0, which holds the most
-micro-batches in flight (GPipe all m, 1F1B at most p). Spatial: t the largest
-tile's share of a map's rows (``core.tiling``; the halo rows are left out).
-With ``--recompute`` (every row's second line), A keeps only about sqrt(L) segment outputs and
+m micro-batches, out_s its output bytes per row (the sends of all m micro-batches stay alive until
+the step's Waitall in ``pipeline_gradient``, and one gradient is received at a time); the table shows
+stage 0, which holds the most micro-batches in flight (GPipe all m, 1F1B at most p). Spatial: t the
+largest tile's share of a map's rows (``core.tiling``; the halo rows are left out).
+With ``--recompute`` (the table's second half), A keeps only about sqrt(L) segment outputs and
 recomputes the largest segment in the backward (``footprint.activations``).
 
 Measured: the data-parallel rows (with and without --recompute) run one real step of allreduce SGD
@@ -80,7 +86,8 @@ def row(params, grads, optimizer, activations, comm):
 
 def data_parallel(layers, p, batch, b, k, recompute):
     n = footprint.parameters(layers)
-    return row(n * b, n * b, k * n * b, footprint.activations(layers, batch, recompute), share(n, p) * b if p > 1 else 0)
+    comm = share(n, p) * b if p > 1 else 0
+    return row(n * b, n * b, k * n * b, footprint.activations(layers, batch, recompute), comm)
 
 
 def zero(stage, layers, p, batch, b, k, recompute):
@@ -112,15 +119,15 @@ def stage_layers(layers, p):
 
 
 def pipeline(layers, p, batch, b, k, recompute, micro_batches, kind):
-    """GPipe or 1F1B, stage 0 (the most micro-batches in flight); its comm buffer: one micro-batch's
-    gradient from stage 1."""
+    """GPipe or 1F1B, stage 0 (the most micro-batches in flight); its comm buffers: every micro-batch's
+    output, which ``pipeline_gradient``'s Isend holds until the step's Waitall, and one gradient received."""
     stage = stage_layers(layers, p)
     rows = share(batch, micro_batches)
     in_flight = micro_batches if kind == "gpipe" else min(p, micro_batches)
     n = footprint.parameters(stage)
     last = len(stage) == len(layers)
     activations = footprint.activations(stage, rows, recompute, copies=in_flight, loss=last)
-    comm = 0 if p == 1 else rows * stage[-1].out
+    comm = 0 if p == 1 else (micro_batches + 1) * rows * stage[-1].out
     return row(n * b, n * b, k * n * b, activations, comm)
 
 
