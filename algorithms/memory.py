@@ -23,7 +23,7 @@ the activations the forward keeps (``algorithms.core.footprint``, which counts m
     tensor         n_c + n_f/p  as params   k params    A(convs, B) + A(fc, B)/p  B w b          (5)
     GPipe          n_s b        n_s b       k n_s b     m A(stage, B/m)           (m + 1) B/m out_s b
     1F1B           n_s b        n_s b       k n_s b     min(p, m) A(stage, B/m)   (m + 1) B/m out_s b
-    spatial        n b          n b         k n b       t A(convs, B) + A(fc, B)  B C H W b + n_c/p b  (6)
+    spatial        n b          n b         k n b       A_tiles(r, B) + A(fc, B)  B C H W b + n_c/p b  (6)
     hybrid         2-stage 1F1B with p/2 replicas of each stage, plus n_s/(p/2) b of the stage's ring
 
 (1) the ring's receive block; (2) the reduce-scatter's block; (3) the backward's whole gradient before
@@ -37,16 +37,19 @@ p ways, an unpaired last Linear whole; n_c the other layers' parameters, w the w
 output. Pipeline: stage s holds n_s parameters of its contiguous layers (``pipeline_parallel``'s cut),
 m micro-batches, out_s its output bytes per row (the sends of all m micro-batches stay alive until
 the step's Waitall in ``pipeline_gradient``, and one gradient is received at a time); the table shows
-stage 0, which holds the most micro-batches in flight (GPipe all m, 1F1B at most p). Spatial: t the
-largest tile's share of a map's rows (``core.tiling``; the halo rows are left out).
+stage 0, which holds the most micro-batches in flight (GPipe all m, 1F1B at most p). Spatial: A_tiles
+the bytes rank r's tiles keep, halo and padding included (``Tiling.activation_bytes``), for the rank
+with the most; spatial_parallel runs no recomputation.
 With ``--recompute`` (the table's second half), A keeps only about sqrt(L) segment outputs and
 recomputes the largest segment in the backward (``footprint.activations``).
 
 Measured: the data-parallel rows (with and without --recompute) run one real step of allreduce SGD
-phase by phase under tracemalloc (``algorithms.core.allocations``); its comm buffer only under
-``mpiexec -n P`` (one process has no peers to allreduce with). The other rows print "not measured":
-their formulas were written before their steps were instrumented (ZeRO and tensor parallelism were
-not yet in the tree; the pipeline, spatial and hybrid steps run forward and backward in one call).
+phase by phase under tracemalloc (``algorithms.core.allocations``), its comm buffer only under
+``mpiexec -n P`` (one process has no peers to allreduce with); the spatial row runs
+``spatial_parallel``'s pieces phase by phase on the P ranks of ``mpiexec -n P`` (or P = 1), the
+largest figure over the ranks. The other rows print "not measured": their formulas were written
+before their steps were instrumented (ZeRO and tensor parallelism were not yet in the tree; the
+pipeline and hybrid steps interleave micro-batches' forwards, backwards and messages in one call).
 What the numbers say for LeNet-5: the conv workspaces (im2col columns) are most of its activations,
 and minidl's workspace pool keeps them whatever runs, so recomputation saves little there; on deep
 MLPs it saves what ``minidl.recompute`` predicts (tests/test_recompute.py).
@@ -59,12 +62,17 @@ import math
 
 from mpi4py import MPI
 
+from algorithms import spatial_parallel
 from algorithms.core import allocations, cli, footprint, run
 from algorithms.core.cli import SettingError
 from algorithms.core.objective import build_model
 from algorithms.core.tiling import Tiling
+from collectives.buffers import release_scratch
+from minidl import functional as F
+from minidl.conv.scratch import release
 from minidl.data import shard_sizes
-from minidl.nn import Conv2d, Linear, MaxPool2d, ReLU
+from minidl.nn import Sequential
+from minidl.tensor import Tensor
 
 PARTS = ("params", "grads", "optimizer", "activations", "comm")
 EXAMPLE = {"mlp": (1, 8, 8), "cnn": (1, 8, 8), "lenet5": (1, 28, 28)}
@@ -131,14 +139,13 @@ def pipeline(layers, p, batch, b, k, recompute, micro_batches, kind):
     return row(n * b, n * b, k * n * b, activations, comm)
 
 
-def spatial(net, layers, example, p, batch, b, k, recompute):
-    """Spatial tiles of the conv stages (largest tile), the head whole on the gathered map."""
+def spatial(net, layers, example, p, batch, b, k):
+    """Spatial tiles of the conv stages (the rank with the most), the head whole on the gathered map."""
     tiling = Tiling.of(net, example[1], example[2], p)       # SettingError where it cannot tile
     convs = len(layers) - len(tiling.head)                   # the conv stages' layers come first
-    tile = max((hi - lo) / stage.out[-1][1] for stage in tiling.stages for lo, hi in stage.out)
     n, n_conv = footprint.parameters(layers), tiling.conv_parameters()
-    activations = footprint.activations([scaled(layer, tile) if index < convs else layer
-                                         for index, layer in enumerate(layers)], batch, recompute)
+    activations = max(tiling.activation_bytes(rank, batch, b) for rank in range(p))
+    activations += footprint.activations(layers[convs:], batch)
     comm = batch * layers[convs - 1].out + (share(n_conv, p) * b if p > 1 else 0)
     return row(n * b, n * b, k * n * b, activations, comm)
 
@@ -156,7 +163,8 @@ def predicted_rows(model, p, batch, micro_batches, k, recompute):
         rows.append((name, pipeline(layers, p, batch, b, k, recompute, micro_batches, kind)
                      if p <= len(layers) else f"{p} stages for {len(layers)} layers"))
     try:
-        rows.append(("spatial", spatial(net, layers, example, p, batch, b, k, recompute)))
+        rows.append(("spatial", "spatial_parallel has no --recompute" if recompute else
+                     spatial(net, layers, example, p, batch, b, k)))
     except SettingError as error:
         rows.append(("spatial", str(error)))
     if p % 2 == 0 and p > 2:                                  # 2 pipeline stages x p/2 data replicas
@@ -166,6 +174,43 @@ def predicted_rows(model, p, batch, micro_batches, k, recompute):
     else:
         rows.append(("hybrid 2 x p/2", f"{p} ranks do not form a grid of 2 pipeline stages"))
     return rows
+
+
+def measure_spatial(comm, model, batch, momentum, seed=0):
+    """This rank's bytes per part of one step of ``spatial_parallel``, phase by phase as its heart runs:
+    the tiles' forward (activations), the gather (comm), the head's forward (activations), the conv
+    gradient's ring (comm), the update (optimizer)."""
+    x, labels = allocations.example_batch(EXAMPLE[model], batch, seed)
+    rank, meter = comm.Get_rank(), allocations.Meter()
+    try:
+        net, flat, optimizer, measured = allocations.set_up(meter, model, EXAMPLE[model], momentum=momentum, seed=seed)
+        tiling = Tiling.of(net, x.shape[2], x.shape[3], comm.Get_size())
+        release()
+        meter.take()
+        kept, tile = [], None
+        for s, stage in enumerate(tiling.stages):
+            lo, hi = stage.needed[rank]
+            window = x[:, :, lo:hi] if s == 0 else spatial_parallel.halo_exchange(comm, tile.data, stage)
+            leaf, tile = spatial_parallel.run_stage(stage, window, rank, need_grad=s > 0)
+            kept.append((leaf, tile))
+            del window
+        measured["activations"] = meter.take()
+        whole = Tensor(spatial_parallel.gather_rows(comm, tile.data, tiling.final[0]), requires_grad=True)
+        measured["comm"] = meter.take()
+        loss = F.softmax_cross_entropy(Sequential(*tiling.head)(whole), labels)
+        measured["activations"] += meter.take()
+        del loss, whole, kept, tile
+        release_scratch()
+        meter.take()
+        if comm.Get_size() > 1:
+            run.allreduce_function("ring")(comm, flat.grad[:tiling.conv_parameters()])
+        measured["comm"] += meter.take()
+        flat.grad[...] = 0
+        optimizer.step()
+        measured["optimizer"] = meter.take()
+    finally:
+        meter.stop()
+    return measured
 
 
 def measured_row(comm, model, p, batch, recompute, momentum):
@@ -190,6 +235,10 @@ def table(model, p, batch, micro_batches=8, momentum=0.9, comm=None, measure=Tru
                 record.update(predicted=None, note=predicted)
             elif method == "data parallel" and measure:
                 record["measured"] = measured_row(comm or MPI.COMM_WORLD, model, p, batch, recompute, momentum)
+            elif method == "spatial" and measure and (comm or MPI.COMM_WORLD).Get_size() == p:
+                mine = measure_spatial(comm or MPI.COMM_WORLD, model, batch, momentum)
+                record["measured"] = {part: (comm or MPI.COMM_WORLD).allreduce(value, op=MPI.MAX)   # the fullest rank
+                                      for part, value in mine.items()}
             records.append(record)
     return records
 

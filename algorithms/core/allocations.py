@@ -66,23 +66,31 @@ def largest_segment(segments, inputs):
     return largest
 
 
+def example_batch(example_shape, batch, seed=0):
+    """Random images (batch, *example_shape) in float32 and labels: memory does not depend on the values."""
+    rng = numpy.random.default_rng(seed)
+    return rng.standard_normal((batch,) + tuple(example_shape)).astype(numpy.float32), rng.integers(0, 10, batch)
+
+
+def set_up(meter, model, example_shape, recompute=False, momentum=0.9, seed=0):
+    """The model, its flat buffer and SGD, as a run builds them: (net, flat, optimizer, measured params and grads)."""
+    net = build_model(model, seed, "mnist" if example_shape[-1] == 28 else "digits")
+    measured = {"params": meter.take()}
+    if recompute:
+        net = checkpointed(net, max(1, round(math.sqrt(len(net)))))
+    flat = flatten(net)
+    measured["grads"] = meter.take()
+    return net, flat, SGD([flat.as_parameter()], lr=0.01, momentum=momentum), measured
+
+
 def data_parallel(comm, model, example_shape, batch, recompute=False, momentum=0.9, seed=0, allreduce=None):
     """This rank's measured bytes per part of one data-parallel step of ``model`` at ``batch`` rows.
 
     ``allreduce(comm, vector)``: the sum over ranks (default: none, for one rank)."""
-    rng = numpy.random.default_rng(seed)
-    dataset = "mnist" if example_shape[-1] == 28 else "digits"
-    x = rng.standard_normal((batch,) + tuple(example_shape)).astype(numpy.float32)
-    labels = rng.integers(0, 10, batch)
-    meter, measured = Meter(), {}
+    x, labels = example_batch(example_shape, batch, seed)
+    meter = Meter()
     try:
-        net = build_model(model, seed, dataset)
-        measured["params"] = meter.take()
-        if recompute:
-            net = checkpointed(net, max(1, round(math.sqrt(len(net)))))
-        flat = flatten(net)
-        measured["grads"] = meter.take()
-        optimizer = SGD([flat.as_parameter()], lr=0.01, momentum=momentum)
+        net, flat, optimizer, measured = set_up(meter, model, example_shape, recompute, momentum, seed)
         release()
         meter.take()
         # forward: what it keeps for the backward

@@ -145,5 +145,20 @@ class Tiling:
         _, (channels, rows, width) = self.final
         return (self.size - 1) * batch * channels * rows * width * itemsize
 
+    def activation_bytes(self, rank, batch, itemsize):
+        """Bytes rank ``rank``'s conv stages keep for the backward (``spatial_parallel.run_stage``): per stage
+        its zero-padded window, the conv output, the GEMM's result and the columns (minidl.conv's workspace
+        pool keeps both), the ReLU's output, and the pooling's k k window copy and output."""
+        total = 0
+        for stage in self.stages:
+            conv, (lo, hi), (top, bottom) = stage.conv, stage.out[rank], stage.padding(rank)
+            k, p, (need_lo, need_hi) = conv.kernel_size, conv.padding, stage.needed[rank]
+            rows, width = stage.pool * (hi - lo), stage.width + 2 * p - k + 1       # conv output rows, columns
+            out = conv.out_channels * rows * width
+            total += conv.in_channels * (need_hi - need_lo + top + bottom) * (stage.width + 2 * p)   # window
+            total += 2 * out + conv.in_channels * k * k * rows * width + (out if stage.relu else 0)
+            total += out // stage.pool ** 2 * (stage.pool ** 2 + 1) if stage.pool > 1 else 0
+        return batch * total * itemsize
+
     def conv_parameters(self):
         return sum(parameter.size for stage in self.stages for parameter in stage.conv.parameters())
