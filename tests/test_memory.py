@@ -19,6 +19,7 @@ from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
 from algorithms import memory
+from algorithms.core import accounts, allocations
 from tests.helpers import ENV, ROOT, assert_stopped
 
 MLP_PARAMETERS, MLP_ACTIVATIONS_PER_EXAMPLE, BATCH = 17226, 1616, 64
@@ -62,6 +63,15 @@ MEASURED = {"mlp": ROWS, "lenet5": ROWS | {("spatial", False)}}
 @pytest.mark.parametrize("model", ["mlp", "lenet5"])
 def test_predicted_and_measured_agree_within_ten_percent_for_every_measured_row(model):
     assert not disagreements(memory.table(model, 1, MEASURED_BATCH[model], comm=MPI.COMM_SELF), MEASURED[model])
+
+
+def test_a_batch_beyond_one_block_of_the_blocked_im2col_is_counted_as_it_runs():
+    """LeNet-5's first conv has 25 * 28 * 28 * 4 bytes of columns an image: 80 images fill the 6 MiB
+    block, so 200 rows run in blocks of 80, 80, 40, keeping no columns."""
+    predicted = dict(accounts.predicted_rows("lenet5", 1, 200, 8, 1, False))["data parallel"]
+    measured = allocations.data_parallel(MPI.COMM_SELF, "lenet5", (1, 28, 28), 200)
+    assert abs(measured["activations"] - predicted["activations"]) <= 0.1 * predicted["activations"], \
+        (measured["activations"], predicted["activations"])
 
 
 @pytest.mark.parallel(nprocs=[2])
