@@ -17,6 +17,7 @@ package lists its modules (mkdocstrings reads the source; nothing is imported). 
 ``python -m tutorials.assignments make`` has no answers file, so its book has none either.
 """
 import argparse
+import os
 import re
 import shutil
 import subprocess
@@ -123,7 +124,7 @@ def config(docs, site, nav, instructor, root=ROOT):
     }
 
 
-def build(out, instructor=False, root=ROOT, quiet=True):
+def build(out, instructor=False, root=ROOT):
     """Stage the pages and run ``mkdocs build --strict`` into ``out``; raises ValueError on any warning."""
     import yaml
 
@@ -134,10 +135,13 @@ def build(out, instructor=False, root=ROOT, quiet=True):
         settings = Path(work) / "mkdocs.yml"
         settings.write_text(yaml.safe_dump(config(docs, out, nav, instructor, root), sort_keys=False))
         command = [sys.executable, "-m", "mkdocs", "build", "--strict", "--clean", "-f", str(settings)]
-        done = subprocess.run(command + (["-q"] if quiet else []), capture_output=True, text=True)
+        # not -q: it would hide the warnings that strict mode counts. NO_MKDOCS_2_WARNING: Material's notice
+        # of its end of life (May 2027; the README says what follows), printed on every build otherwise
+        done = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ, NO_MKDOCS_2_WARNING="1"))
     if done.returncode != 0:
-        said = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
-        raise ValueError("mkdocs build --strict failed:\n" + "\n".join(said[-30:]))
+        said = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
+        problems = [line for line in said if re.match(r"(WARNING|ERROR|Error|Aborted)", line)] or said[-30:]
+        raise ValueError("mkdocs build --strict failed:\n" + "\n".join(problems[:40]))
     return out / "index.html"
 
 
