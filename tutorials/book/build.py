@@ -33,6 +33,21 @@ FIRST = "01_autograd_and_layers.md"
 CHAPTER_LINK = re.compile(r"\]\(" + re.escape(FIRST))
 
 
+# What Markdown must leave alone: fenced blocks, code spans, equations. Outside them, a '*' between two
+# letters or digits is the prose's multiplication sign (kh*kw), which Markdown would read as emphasis.
+VERBATIM = re.compile(r"^```.*?^```|`[^`\n]+`|\$\$.*?\$\$|\$[^$\n]+\$", re.S | re.M)
+TIMES = re.compile(r"(?<=\w)\*(?=\w)")
+
+
+def plain_stars(text):
+    """``text`` with each multiplication sign outside code and equations escaped, so it stays a '*'."""
+    pieces, start = [], 0
+    for match in VERBATIM.finditer(text):
+        pieces += [TIMES.sub(r"\\*", text[start:match.start()]), match.group(0)]
+        start = match.end()
+    return "".join(pieces + [TIMES.sub(r"\\*", text[start:])])
+
+
 def chapters(root=ROOT):
     return sorted((Path(root) / "tutorials").glob("[0-9][0-9]_*.md"))
 
@@ -69,7 +84,7 @@ def stage(docs, instructor, root=ROOT):
     nav_chapters = []
     for path in chapters(root):
         name = "index.md" if path.name == FIRST else path.name
-        (docs / name).write_text(CHAPTER_LINK.sub("](index.md", path.read_text()))
+        (docs / name).write_text(plain_stars(CHAPTER_LINK.sub("](index.md", path.read_text())))
         nav_chapters.append(name)
     for page in ("references.md", "cite_and_teach.md"):
         (docs / page).write_text(CHAPTER_LINK.sub("](index.md", (tutorials / page).read_text()))
@@ -84,7 +99,7 @@ def stage(docs, instructor, root=ROOT):
         answers = tutorials / "assignments" / "answers.md"
         if not answers.exists():
             raise ValueError(f"--instructor: {answers.relative_to(root)} is missing (a student tree has none)")
-        (docs / "answers.md").write_text(answers.read_text())
+        (docs / "answers.md").write_text(plain_stars(answers.read_text()))
         nav.append({"Worked answers": "answers.md"})
     (docs / "api").mkdir()
     api = []
