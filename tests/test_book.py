@@ -105,8 +105,13 @@ def test_a_broken_link_a_missing_figure_or_an_equation_that_does_not_convert_sto
         book.build(tmp_path / "site", root=tree)
 
 
-def test_the_instructors_book_refuses_a_tree_without_answers(tmp_path):
+def test_a_tree_without_answers_has_no_instructors_book_and_a_bad_out_is_one_error_line(tmp_path):
     from tutorials.book import build as book
+
+    (tmp_path / "file").write_text("")
+    done = build(tmp_path / "file" / "site")
+    assert done.returncode == 2 and done.stderr.startswith("error: --out ") and len(done.stderr.splitlines()) == 1, \
+        done.stderr
 
     tree = small_tree(tmp_path / "tree", "# Chapter 1\n")
     with pytest.raises(ValueError, match="answers.md is missing"):

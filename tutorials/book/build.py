@@ -17,6 +17,7 @@ package lists its modules (mkdocstrings reads the source; nothing is imported). 
 ``python -m tutorials.assignments make`` has no answers file, so its book has none either.
 """
 import argparse
+import importlib
 import os
 import re
 import shutil
@@ -155,8 +156,8 @@ def build(out, instructor=False, root=ROOT):
         done = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ, NO_MKDOCS_2_WARNING="1"))
     if done.returncode != 0:
         said = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
-        problems = [line for line in said if re.match(r"(WARNING|ERROR|Error|Aborted)", line)] or said[-30:]
-        raise ValueError("mkdocs build --strict failed:\n" + "\n".join(problems[:40]))
+        problems = [re.sub(r"\s+", " ", line) for line in said if re.match(r"(WARNING|ERROR)", line)] or said[-1:]
+        raise ValueError("mkdocs build --strict failed: " + " | ".join(problems[:20]))
     return out / "index.html"
 
 
@@ -168,16 +169,17 @@ def main(argv=None):
     args = parser.parse_args(argv)
     out = args.out or ROOT / "build" / ("book-instructor" if args.instructor else "book")
     try:
-        import mkdocs  # noqa: F401  (present: the build can start)
-        import material  # noqa: F401
-        import mkdocstrings  # noqa: F401
-        import latex2mathml  # noqa: F401
-        index = build(out, args.instructor)
+        for module in ("mkdocs", "material", "mkdocstrings", "latex2mathml"):     # all there: the build can start
+            importlib.import_module(module)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise ValueError(f"--out {out}: {error.strerror}") from None
+        print(build(out, args.instructor))
+        return 0
     except ImportError as error:
-        print(f"error: {error.name} is not installed: pip install -e \".[docs]\"", file=sys.stderr)
-        return 2
+        message = f"{error.name} is not installed: pip install -e \".[docs]\""
     except (ValueError, OSError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    print(index)
-    return 0
+        message = str(error)
+    print(f"error: {message}", file=sys.stderr)
+    return 2
