@@ -54,7 +54,11 @@ def test_every_chapter_the_references_and_each_packages_api_is_a_page_and_the_an
         assert f'id="{package}' in text, f"the API page of {package} shows none of its docstrings"
     # the prose's multiplication signs stay signs, not emphasis (chapter 1: "close to kh*kw = 9 times")
     assert "close to kh*kw = 9 times" in (site / "index.html").read_text()
-    assert 'id="collectives.ring.ring_allreduce_in_place"' in (site / "api" / "collectives.html").read_text()
+    ring = (site / "api" / "collectives.html").read_text()
+    assert 'id="collectives.ring.ring_allreduce_in_place"' in ring
+    # a docstring's citation links its entry in the references, as every chapter's does
+    assert '<a href="../references.html#thakur2005">Thakur, Rabenseifner &amp; Gropp' in ring
+    assert '<a href="../references.html#dean2012">Dean et al. 2012</a>' in (site / "api" / "algorithms.html").read_text()
     # every chapter's exercises are on its page; the worked answers only in the instructor's book
     for chapter in CHAPTERS:
         assert 'id="exercises"' in (site / page_of(chapter)).read_text(), f"{chapter.name}: no Exercises section"
