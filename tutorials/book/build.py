@@ -8,7 +8,9 @@ MkDocs with the Material theme builds it (``pip install -e ".[docs]"``), strict:
 anchor, a missing figure, a docstring the API pages cannot read, an equation that does not convert
 each stops the build with ``error:``. The site opens from disk (file://) with no network: no web
 fonts, the search index inlined (Material's offline plugin), and equations written as MathML when
-the site is built (``hooks.py``), which the browser draws without a script.
+the site is built (``hooks.py``), which the browser draws without a script. Every chapter links
+the works it cites to their entries in the references; on the API pages ``hooks.py`` links the
+docstrings' author-and-year citations the same way.
 
 The pages are staged in a temporary folder first: chapter 1 becomes ``index.md`` (the page the site
 opens on), the figures the chapters show come from ``tutorials/figures/out/``, and one API page per
