@@ -127,6 +127,13 @@ def test_chapter_code_runs(chapter, tmp_path, monkeypatch):
     written = tmp_path / f"{chapter.stem}.ipynb"
     nbformat.write(book, written)
     assert str(ROOT) not in written.read_text(), f"{written.name} names this checkout's path: it runs only here"
+    # its figures travel inside it, and no link of its prose points at a file beside it (it opens anywhere)
+    figures = set(re.findall(r"!\[[^\]]*\]\(figures/out/([^)\s]+)\)", chapter.read_text()))
+    attached = {name for cell in book.cells for name in cell.get("attachments", {})}
+    assert attached == figures, f"{written.name}: attached {sorted(attached)}, the chapter shows {sorted(figures)}"
+    prose = "".join(cell.source for cell in book.cells if cell.cell_type == "markdown")
+    assert not [target for target in LINK.findall(prose) if not re.match(r"[a-z]+:|#", target)], \
+        f"{written.name} links files by relative path"
     code = [index for index, cell in enumerate(book.cells) if cell.cell_type == "code"][1:]   # after set-up
     assert len(code) == len(python_blocks(chapter))
     waiting = None
