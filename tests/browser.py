@@ -55,7 +55,8 @@ class Browser:
     def __init__(self, executable, width=1280, height=1000, timeout=30):
         self.profile = Path(tempfile.mkdtemp(prefix="minidl-chromium-"))
         command = [executable, "--headless", "--disable-gpu", "--no-first-run", "--no-default-browser-check",
-                   "--disable-extensions", "--disable-background-networking", "--remote-debugging-port=0",
+                   "--disable-extensions", "--disable-background-networking", "--disable-dev-shm-usage",
+                   "--remote-debugging-port=0",
                    "--remote-allow-origins=*", f"--user-data-dir={self.profile}", f"--window-size={width},{height}",
                    "about:blank"]
         if os.geteuid() == 0:
