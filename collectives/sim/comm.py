@@ -71,9 +71,14 @@ class SimComm:
 
     def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=MPI.ANY_SOURCE, recvtag=MPI.ANY_TAG,
                  status=None):
-        send = self.Isend(sendbuf, dest, sendtag)
-        receive = self.Irecv(recvbuf, source, recvtag)
-        self.engine.wait(self.world_rank, (send, receive))
+        engine, me = self.engine, self.world_rank
+        if self.members is None and dest >= 0 and source >= 0 and recvtag >= 0:   # the common case, quickly
+            send = engine.post(me, True, dest, sendtag, sendbuf)
+            receive = engine.post(me, False, source, recvtag, recvbuf)
+        else:
+            send = self.Isend(sendbuf, dest, sendtag)
+            receive = self.Irecv(recvbuf, source, recvtag)
+        engine.wait(me, (send, receive))
         if status is not None:
             fill_status(status, receive)
 

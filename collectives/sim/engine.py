@@ -1,13 +1,14 @@
 """The discrete-event engine: one coroutine per rank, a clock per rank, a heap of wake-up times.
 
 How it runs. Each simulated rank runs its program (an allreduce heart, unchanged) in its own
-greenlet, a coroutine that can stop in the middle of a call and be resumed later. The engine's
-loop pops the earliest (time, rank) from a heap, sets that rank's clock to the time and switches
-to its greenlet, which runs Python as usual until it makes a blocking call (Send, Recv, Sendrecv,
-Wait, Barrier). The call posts its messages and switches back to the loop; the rank is pushed on
-the heap again at the time its call completes. Ranks therefore run one at a time, in the order
-of simulated time, and the run ends when every rank's program has returned (or, if some rank
-still waits when the heap is empty, with Deadlock, naming who waits for whom).
+greenlet, a coroutine that can stop in the middle of a call and be resumed later. A heap holds
+(time, rank) wake-ups. Popping the earliest sets that rank's clock to the time and switches to its
+greenlet, which runs Python as usual until it makes a blocking call (Send, Recv, Sendrecv, Wait,
+Barrier). The call posts its messages; the rank goes on the heap again at the time its call
+completes (as soon as that is known: when its messages have matched), and pops the next wake-up
+itself. Ranks therefore run one at a time, in the order of simulated time, and the run ends when
+every rank's program has returned (or, if some rank still waits when the heap is empty, with
+Deadlock, naming who waits for whom).
 
 Messages. A send and a receive match when their (source, destination, tag) agree, in the order
 they were posted (MPI's non-overtaking rule). A message starts once both sides are posted and
@@ -107,6 +108,7 @@ class Engine:
         self.finished = [None] * p
         self.messages = self.bytes = self.events = 0
         self.log = [] if record else None      # (source, dest, tag, bytes) of every message
+        self.overheads = bool(self.intra.o or self.inter.o)
 
     # ---- the loop ---------------------------------------------------------------------------
 
@@ -117,19 +119,15 @@ class Engine:
     def run(self, program, make_comm):
         """Run program(make_comm(engine, rank)) on every rank; returns the simulated time of the last."""
         self.scheduler = getcurrent()
-        ranks = []
+        self.ranks = ranks = []
         for rank in range(self.topology.ranks):
             coroutine = greenlet(self._body(program, make_comm, rank), parent=self.scheduler)
             coroutine.gr_context = contextvars.Context()      # its own scratch buffers (buffers.scratch)
             ranks.append(coroutine)
+            coroutine.switch()            # started from here, so it has this stack's depth, not a chain's
             self.push(0.0, rank)
-        heap, clock = self.heap, self.clock
-        while heap:
-            time, _, rank = heapq.heappop(heap)
-            self.events += 1
-            if time > clock[rank]:
-                clock[rank] = time
-            ranks[rank].switch()
+        while self.heap:                      # a rank that ends returns here; one that blocks goes on itself
+            self.next(None)
         stuck = [rank for rank, end in enumerate(self.finished) if end is None]
         if stuck:
             raise Deadlock(f"{len(stuck)} ranks wait forever, e.g. " + "; ".join(
@@ -139,6 +137,7 @@ class Engine:
     def _body(self, program, make_comm, rank):
         def body():
             SCRATCH_CACHE.set({})
+            self.scheduler.switch()                   # started; wait for the first wake-up
             program(make_comm(self, rank))
             self.finished[rank] = self.clock[rank]
         return body
@@ -147,6 +146,21 @@ class Engine:
         waiting = [f"{'send to' if q.is_send else 'receive from'} {q.peer} tag {q.tag}"
                    for q in self.waits_for[rank] if q.done is None]
         return f"rank {rank}: " + (", ".join(waiting) if waiting else "at a barrier")
+
+    def next(self, me):
+        """Run the earliest waiting event: go on as `me` if it is mine, else switch to its rank.
+        (A blocked rank calls this itself, so control passes from rank to rank without a detour
+        through the loop in run, and a rank whose own wake-up is the earliest does not switch.)"""
+        heap = self.heap
+        if not heap:
+            self.scheduler.switch()               # nothing left to run: back to run(), which reports
+            return
+        time, _, rank = heapq.heappop(heap)
+        self.events += 1
+        if time > self.clock[rank]:
+            self.clock[rank] = time
+        if rank != me:
+            self.ranks[rank].switch()
 
     # ---- blocking ---------------------------------------------------------------------------
 
@@ -163,13 +177,13 @@ class Engine:
             self.pending[rank], self.resume[rank], self.waits_for[rank] = pending, latest, requests
         else:
             self.push(latest, rank)
-        self.scheduler.switch()
+        self.next(rank)
 
     def idle(self, rank, until=None):
         """Let time move on: resume `rank` at `until`, or at the next event of another rank."""
         later = until if until is not None else (self.heap[0][0] if self.heap else self.clock[rank])
         self.push(max(later, self.clock[rank]), rank)
-        self.scheduler.switch()
+        self.next(rank)
 
     def barrier(self, rank):
         """Every rank resumes at the time the last one arrived (a barrier that costs nothing)."""
@@ -179,30 +193,35 @@ class Engine:
             for other in self.at_barrier:
                 self.push(time, other)
             self.at_barrier = []
-        self.scheduler.switch()
+        self.next(rank)
 
     # ---- messages ---------------------------------------------------------------------------
 
     def post(self, rank, is_send, peer, tag, buf):
         """Post a send (to peer) or receive (from peer) at `rank`'s clock; match it if its twin waits."""
-        if not 0 <= peer < self.topology.ranks:
+        if peer < 0 or peer >= self.topology.ranks:
             raise ValueError(f"rank {rank}: peer {peer} is not a rank of a {self.topology.ranks}-rank communicator")
-        nbytes = buf.nbytes
         if is_send:
-            link = self.intra if rank // self.c == peer // self.c else self.inter
-            self.clock[rank] += link.o                 # the sender's CPU posts the message
+            if self.overheads:                         # the sender's CPU posts the message
+                self.clock[rank] += (self.intra if rank // self.c == peer // self.c else self.inter).o
             key, mine, twins = (rank, peer, tag), self.sends, self.receives
         else:
             key, mine, twins = (peer, rank, tag), self.receives, self.sends
-        request = Request(self, rank, is_send, peer, tag, buf, nbytes, self.clock[rank])
+        request = Request(self, rank, is_send, peer, tag, buf, buf.nbytes, self.clock[rank])
         queue = twins.get(key)
         if queue:
             twin = queue.popleft()
             if not queue:
                 del twins[key]
-            self.transfer(*((request, twin) if is_send else (twin, request)))
+            if is_send:
+                self.transfer(request, twin)
+            else:
+                self.transfer(twin, request)
         else:
-            mine.setdefault(key, deque()).append(request)
+            queue = mine.get(key)
+            if queue is None:
+                queue = mine[key] = deque()
+            queue.append(request)
         return request
 
     def transfer(self, send, receive):

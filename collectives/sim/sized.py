@@ -41,10 +41,16 @@ class Sized:
         return f"Sized({self.size}, {self.dtype})"
 
     def __getitem__(self, index):
+        if type(index) is slice:
+            start, stop = index.start, index.stop           # the hearts' slices: [a:b], a, b >= 0
+            if index.step is None and type(start) is int and type(stop) is int and 0 <= start and 0 <= stop:
+                part = object.__new__(Sized)
+                part.size = max(0, min(stop, self.size) - min(start, self.size))
+                part.dtype = self.dtype
+                return part
+            return Sized(len(range(*index.indices(self.size))), self.dtype)
         if index is Ellipsis:
             return self
-        if isinstance(index, slice):
-            return Sized(len(range(*index.indices(self.size))), self.dtype)
         raise TypeError(f"a Sized vector has no elements to index with {index!r}")
 
     def __setitem__(self, index, value):
