@@ -13,6 +13,8 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
@@ -21,7 +23,9 @@ from collectives import auto, cost, hierarchical, simulate, trace
 from collectives.fold import largest_power_of_two
 from collectives.sim import Deadlock, Engine, LogGP, SimComm, Sized, Topology, alpha_beta
 from collectives.table import HEARTS
-from tests.helpers import ENV, fill
+from tests import strategies
+from tests.helpers import ENV, fill, same_on_every_rank
+from tests.test_collectives import expected_allreduce
 
 ALPHA, BETA = 3.7e-6, 2.3e-10                 # between nodes (and everywhere, on one node)
 INTRA_ALPHA, INTRA_BETA = 0.6e-6, 0.7e-10
@@ -161,6 +165,26 @@ def test_hierarchical_on_real_ranks_equals_the_exact_reduction_for_every_node_si
                 parallel_assert(bool(np.array_equal(result, exact)) and bool(np.array_equal(in_place, exact)),
                                 f"rank {comm.rank}, c = {c}, {op} of {length}: {result[:5]}, {in_place[:5]}, "
                                 f"expected {exact[:5]}")
+
+
+@pytest.mark.parallel(nprocs=[2, 3, 4])
+@settings(max_examples=6)
+@given(c=st.integers(1, 5), length=st.integers(0, 40), dtype=strategies.collective_dtypes,
+       op=strategies.reduction_ops, mode=st.sampled_from(["separate", "IN_PLACE", "same array"]),
+       across=st.sampled_from([None, "ring", "rabenseifner"]))
+def test_hierarchical_on_drawn_node_sizes_dtypes_ops_and_modes(c, length, dtype, op, mode, across):
+    comm = MPI.COMM_WORLD
+    mine = fill(comm.rank, length, dtype)
+    if mode == "separate":
+        result = hierarchical.allreduce(comm, mine, np.empty_like(mine), op=op, ranks_per_node=c, across=across)
+    else:
+        result = mine.copy()
+        hierarchical.allreduce(comm, MPI.IN_PLACE if mode == "IN_PLACE" else result, result, op=op,
+                               ranks_per_node=c, across=across)
+    expected = expected_allreduce(comm.size, length, dtype, op)
+    parallel_assert(bool(np.array_equal(result, expected)) and same_on_every_rank(comm, result)
+                    and bool(np.array_equal(mine, fill(comm.rank, length, dtype))),
+                    f"rank {comm.rank}, c = {c}, {op} {dtype} {mode}: {result[:5]}, expected {expected[:5]}")
 
 
 # ---- the engine's own rules ------------------------------------------------------------------
