@@ -9,7 +9,8 @@ running the algorithm's heart unchanged as a coroutine (collectives.sim.engine).
 collectives.bench prints its measurements: the simulated seconds, the closed form of
 collectives.cost beside it (cost.predict at L = alpha, G = beta of the link the critical path
 crosses: the network's when the ranks span several nodes; cost.predict_hierarchical for the
-hierarchy), the alpha-beta lower bound, the messages, the engine's events and its wall time and
+hierarchy), the alpha-beta lower bound (at the fastest link's alpha and beta: no message costs
+less), the messages, the engine's events and its wall time and
 events per second, and a target column:
 
     =model    with o = g = 0, one kind of link (or the hierarchy, which knows both) and blocks of
@@ -114,7 +115,8 @@ def row(algorithm, topology, nbytes, sizes_only):
     if wrong:
         raise RuntimeError(f"{algorithm} on {topology.ranks} simulated ranks gave a wrong sum on ranks {wrong[:8]}")
     model_seconds, model = closed_form(algorithm, topology, nbytes)
-    link = topology.inter if topology.nodes > 1 else topology.intra
+    links = (topology.intra, topology.inter) if topology.nodes > 1 else (topology.intra,)
+    fastest_alpha, fastest_beta = min(link.L for link in links), min(link.G for link in links)
     checks = []
     if exact_expected(algorithm if algorithm == "hierarchical" else model, topology, nbytes):
         checks.append(("=model", abs(seconds - model_seconds) <= 1e-9 * max(model_seconds, 1e-300)))
@@ -122,7 +124,7 @@ def row(algorithm, topology, nbytes, sizes_only):
         checks.append(("<60s", wall < 60))
     return {"algorithm": algorithm, "ranks": topology.ranks, "bytes": nbytes, "seconds": seconds,
             "closed_form_seconds": model_seconds, "model": model,
-            "lower_bound_seconds": cost.predict("lower bound", topology.ranks, nbytes, link.L, link.G),
+            "lower_bound_seconds": cost.predict("lower bound", topology.ranks, nbytes, fastest_alpha, fastest_beta),
             "ranks_per_node": topology.ranks_per_node, "sizes_only": sizes_only,
             "messages": engine.messages, "events": engine.events, "wall_seconds": wall,
             "events_per_second": engine.events / wall if wall > 0 else None,
