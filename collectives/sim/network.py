@@ -1,6 +1,6 @@
 """The network the simulator times messages on: LogGP parameters per link, ranks on nodes.
 
-LogGP (Alexandrov, Ionkov, Schauser & Scheiman 1995; the simulator's form follows Hoefler,
+LogGP (Alexandrov, Ionescu, Schauser & Scheiman 1995; the simulator's form follows Hoefler,
 Schneider & Lumsdaine's LogGOPSim, 2010) describes a link by four numbers:
 
     L   latency: seconds from the first byte leaving the sender to it arriving
