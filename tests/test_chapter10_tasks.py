@@ -13,19 +13,7 @@ from pytest_mpi import parallel_assert
 
 from collectives.hierarchical import hierarchical_allreduce_in_place
 from collectives.sim.network import LogGP, message_times
-from collectives.trace import WatchedComm
-
-
-class Destinations(WatchedComm):
-    """Records the destination of every message this rank sends."""
-
-    def __init__(self, comm):
-        super().__init__(comm)
-        self.sent_to = []
-
-    def watch(self, start, end, sent=None, received=None):
-        if sent is not None:
-            self.sent_to.append(sent[0])
+from collectives.trace import TracedComm
 
 
 def fill(rank, length):
@@ -54,12 +42,13 @@ def test_hierarchical_heart_is_the_exact_reduction_for_every_node_size():
 @pytest.mark.parallel(nprocs=[4])
 def test_hierarchical_heart_reads_source_and_only_leaders_cross_nodes():
     comm = MPI.COMM_WORLD
-    counted = Destinations(comm)
+    traced = TracedComm(comm)
     source = fill(comm.rank, 9)
     data = np.full(9, 1e6, np.float32)                       # garbage: the input is in `source`
-    hierarchical_allreduce_in_place(counted, data, "sum", source=source, ranks_per_node=2)
+    hierarchical_allreduce_in_place(traced, data, "sum", source=source, ranks_per_node=2)
     exact = np.stack([fill(rank, 9) for rank in range(comm.size)]).sum(axis=0)
-    crossing = sorted({(comm.rank, peer) for peer in counted.sent_to if peer // 2 != comm.rank // 2})
+    sent_to = [message.peer for message in traced.messages if message.direction == "send"]
+    crossing = sorted({(comm.rank, peer) for peer in sent_to if peer // 2 != comm.rank // 2})
     parallel_assert(bool(np.array_equal(data, exact)), f"rank {comm.rank}: {data}, expected {exact}")
     parallel_assert(all(rank % 2 == 0 and peer % 2 == 0 for rank, peer in crossing),
                     f"rank {comm.rank} sent across nodes to {crossing}: only the leaders (ranks 0 and 2) should")

@@ -16,19 +16,9 @@ from pytest_mpi import parallel_assert
 
 from collectives.hierarchical import hierarchical_allreduce_in_place
 from collectives.sim.network import LogGP, message_times
-from collectives.trace import WatchedComm
+from collectives.trace import TracedComm
 
 OPS = {"sum": np.sum, "max": np.max, "min": np.min}
-
-
-class Destinations(WatchedComm):
-    def __init__(self, comm):
-        super().__init__(comm)
-        self.sent_to = []
-
-    def watch(self, start, end, sent=None, received=None):
-        if sent is not None:
-            self.sent_to.append(sent[0])
 
 
 def fill(rank, length, dtype):
@@ -60,14 +50,15 @@ def test_only_leaders_cross_nodes_and_the_odd_ranks_of_a_node_send():
     comm = MPI.COMM_WORLD
     problems = []
     for c in (2, 3, 4):
-        watched = Destinations(comm)
+        traced = TracedComm(comm)
         data = fill(comm.rank, 17, "float64")
-        hierarchical_allreduce_in_place(watched, data, "sum", ranks_per_node=c)
+        hierarchical_allreduce_in_place(traced, data, "sum", ranks_per_node=c)
         leader = comm.rank % c == 0
-        crossing = [peer for peer in watched.sent_to if peer // c != comm.rank // c]
+        sent_to = [message.peer for message in traced.messages if message.direction == "send"]
+        crossing = [peer for peer in sent_to if peer // c != comm.rank // c]
         if crossing and not (leader and all(peer % c == 0 for peer in crossing)):
             problems.append((c, "crossed to", crossing))
-        if not leader and not watched.sent_to and comm.rank % c % 2 == 1:
+        if not leader and not sent_to and comm.rank % c % 2 == 1:
             problems.append((c, "an odd rank of its node sent nothing: it must send its part of the reduce"))
     parallel_assert(not problems, f"rank {comm.rank}: {problems}")
 
