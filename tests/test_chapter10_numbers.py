@@ -180,3 +180,30 @@ def test_section_8_quotes_the_pipeline():
     span, free = 64 * 0.030 / (1 - two["gpipe_network"]), 64 * 0.030 / (1 - two["gpipe_free"])
     assert abs(span - free - 2 * 64 * message) < 1e-6, (span - free, 2 * 64 * message)
     assert all(row["1f1b_held"] <= min(row["stages"], row["micro_batches"]) for row in rows.values())
+
+
+def test_the_summary_quotes_the_sections_above():
+    text = chapter()
+    summary = text[text.index("## Summary"):text.index("## Exercises")]
+    scaling = {row["ranks"]: row for row in load("10_scaling.json")["scaling"]}
+    links, top = load("10_scaling.json")["links"]["inter"], scaling[1024]
+    emulated = load("10_emulated.json")["emulated"]
+    ring = [r["simulated_over_measured"] for r in emulated if r["algorithm"] == "ring" and r["bytes"] >= 4 * MIB]
+    rab = [r["simulated_over_measured"] for r in emulated if r["algorithm"] == "rabenseifner"]
+    parallel = load("10_data_parallel.json")["data_parallel"]
+    best = {model: max(row["speedup"] for row in by["strong"]) for model, by in parallel.items()}
+    weak = {model: by["weak"][-1] for model, by in parallel.items()}
+    pipe = {(row["stages"], row["micro_batches"]): row for row in load("10_pipeline.json")["pipeline"]}[2, 64]
+    expected = [
+        f"stay under {ms(2 * MIB * links['beta']):.1f} ms of network time at any p",
+        f"take it to {ms(top['ring']):.2f} ms at p = 1024; the tree grows by {ms(top['tree'] - scaling[512]['tree']):.1f} ms",
+        f"within {(top['rabenseifner'] / top['network_bound'] - 1) * 100:.1f}% of the lower bound ({ms(top['rabenseifner']):.2f} ms)",
+        f"{ms(top['hierarchical_one_port']):.2f} ms against flat Rabenseifner's {ms(top['rabenseifner_one_port']):.2f} ms",
+        f"({min(ring):.2f} to {max(ring):.2f} of the measured time) and not for Rabenseifner ({min(rab):.2f} to {max(rab):.2f})",
+        f"a speed-up of {best['lenet5']:.1f} (strong scaling, batch 1024), the MLP {best['mlp']:.1f}",
+        f"at p = 1024 is {weak['lenet5']['efficiency']:.2f} for LeNet-5 and {weak['mlp']['efficiency']:.2f} for the MLP",
+        f"GPipe's is {pipe['gpipe_network']:.3f} against the formula's {pipe['formula']:.3f}",
+    ]
+    absent = [phrase for phrase in expected if phrase not in summary]
+    assert not absent, f"chapter 10's summary does not quote these as generated: {absent}"
+    assert weak["lenet5"]["ranks"] == weak["mlp"]["ranks"] == 1024
