@@ -18,8 +18,8 @@ error contract, ``algorithms.core.cli``). ``loop`` is the only epoch loop of the
         log {epoch, train_loss, evaluate(), bytes}
     --save
 
-Checkpoints (``--save`` / ``--resume``) are ``algorithms.core.checkpoint``'s; ``Run.keep`` registers an
-algorithm's own per-rank state (EASGD's centre, ADMM's z and u) so they resume bit for bit too.
+Checkpoints are ``core.checkpoint``'s; ``Run.keep`` registers an algorithm's own per-rank state
+(EASGD's centre, ADMM's z and u): it resumes bit for bit too.
 """
 import contextlib
 import dataclasses
@@ -66,6 +66,7 @@ class Settings:
     lr_decay: tuple = ()
     decay_factor: float = 10.0
     batch_schedule: bool = False
+    recompute: bool = False          # activations recomputed in the backward (minidl.recompute)
 
     @classmethod
     def of(cls, given, **defaults):
@@ -300,7 +301,8 @@ def start(comm, settings, check=None, model_seed=None, replicated=True, reader=N
             checkpoint.check_save(settings.save)
         meta = writer.meta(settings, size)
         objective = build_objective(settings.model, settings.dataset, settings.seed, settings.data,
-                                    settings.data_dir, settings.problem, model_seed=model_seed)
+                                    settings.data_dir, settings.problem, model_seed=model_seed,
+                                    recompute=settings.recompute)
         if size > objective.n:
             raise SettingError(f"{size} ranks but only {objective.n} training examples: every rank needs at "
                                f"least one (use fewer ranks)")
@@ -311,8 +313,7 @@ def start(comm, settings, check=None, model_seed=None, replicated=True, reader=N
     return job
 
 
-def sgd(parameters, settings):
-    """The family's optimizer: SGD with --lr and --momentum."""
+def sgd(parameters, settings):                               # the family's optimizer: --lr, --momentum
     return SGD(parameters, lr=settings.lr, momentum=settings.momentum)
 
 

@@ -1,0 +1,250 @@
+"""Memory accounts: the bytes each rank holds, by method, predicted by formula and measured on a real step.
+
+    python -m algorithms.memory --ranks 4 --model lenet5 [--batch-size 64] [--micro-batches 4] [--json out.json]
+    mpiexec -n 4 python -m algorithms.memory --ranks 4 --model lenet5      # measures the allreduce's buffer too
+
+Papers: Rajbhandari et al. 2020 (ZeRO), section 5 and Figure 1: model states of Psi parameters per
+device, K bytes of optimizer state per parameter, N_d data-parallel ranks: baseline (2 + 2 + K) Psi
+in mixed precision, stage 1 (P_os) 4 Psi + K Psi / N_d, stage 2 (P_os+g) 2 Psi + (2 + K) Psi / N_d,
+stage 3 (P_os+g+p) (2 + 2 + K) Psi / N_d. Written here for float32 (b = 4 bytes a value, no fp16
+copies) and SGD with momentum (one state value per parameter, k = 1; k = 0 without momentum).
+Chen et al. 2016 for recomputation; Huang et al. 2019 (GPipe) and Narayanan et al. 2021
+(PipeDream-Flush's 1F1B) for the activations in flight; Shoeybi et al. 2019 (Megatron-LM) for the
+tensor split; Dean et al. 2012 for the spatial split. Full references: tutorials/references.md.
+
+Per rank, for n parameters, p ranks, a batch of B rows per replica (``--batch-size``) and A(layers, rows)
+the activations the forward keeps (``algorithms.core.footprint``, which counts minidl's own kernels;
+the formulas are ``algorithms.core.accounts``):
+
+    method         params       grads       optimizer   activations               comm buffers
+    data parallel  n b          n b         k n b       A(all, B)                 n/p b          (1)
+    ZeRO-1         n b          n b         k n b / p   A(all, B)                 n/p b          (2)
+    ZeRO-2         n b          n b / p     k n b / p   A(all, B)                 n b            (3)
+    ZeRO-3         n b / p      n b / p     k n b / p   A(all, B)                 2 n_layer b    (4)
+    tensor         n_c + n_f/p  as params   k params    A(convs, B) + A(fc, B)/p  B w b          (5)
+    GPipe          n_s b        n_s b       k n_s b     m A(stage, B/m)           (m + 1) B/m out_s b
+    1F1B           n_s b        n_s b       k n_s b     min(p, m) A(stage, B/m)   (m + 1) B/m out_s b
+    spatial        n b          n b         k n b       A_tiles(r, B) + A(fc, B)  B C H W b + n_c/p b  (6)
+    hybrid         2-stage 1F1B with p/2 replicas of each stage, plus n_s/(p/2) b of the stage's ring
+
+(1) the ring's receive block; (2) the reduce-scatter's block; (3) the backward's whole gradient before
+it is reduce-scattered (a bucketed backward: one bucket); (4) one layer's gathered weights and its
+gradient, freed after use; (5) a row-parallel output, allreduced; (6) the gathered last map (C, H, W)
+and the ring's block of the conv weights' gradient.
+
+n/p means the largest shard, ceil(n/p). tensor: the Linear layers in pairs (column-parallel, then
+row-parallel: Megatron's MLP block), each pair's weights and the column layer's activations split
+p ways, an unpaired last Linear whole; n_c the other layers' parameters, w the widest row-parallel
+output. Pipeline: stage s holds n_s parameters of its contiguous layers (``pipeline_parallel``'s cut),
+m micro-batches, out_s its output bytes per row (the sends of all m micro-batches stay alive until
+the step's Waitall in ``pipeline_gradient``, and one gradient is received at a time); the table shows
+stage 0, which holds the most micro-batches in flight (GPipe all m, 1F1B at most p). Spatial: A_tiles
+the bytes rank r's tiles keep, halo and padding included (``Tiling.activation_bytes``), for the rank
+with the most; spatial_parallel runs no recomputation.
+With ``--recompute`` (the table's second half), A keeps only about sqrt(L) segment outputs and
+recomputes the largest segment in the backward (``footprint.activations``).
+
+Measured: the data-parallel rows (with and without --recompute) run one real step of allreduce SGD
+phase by phase under tracemalloc (``algorithms.core.allocations``), its comm buffer only under
+``mpiexec -n P`` (one process has no peers to allreduce with); the spatial row runs
+``spatial_parallel``'s pieces phase by phase on the P ranks of ``mpiexec -n P`` (or P = 1), the
+largest figure over the ranks; the pipeline rows run stage 0's micro-batches in the order of
+``pipeline_parallel.schedule`` in this process (``measure_pipeline``: activations in flight and send
+buffers; not its state, since pipeline_parallel keeps the whole model on every rank). The other rows
+print "not measured": ZeRO and tensor parallelism were not yet in the tree when their formulas were
+written, and the hybrid grid and the recomputed pipeline are not instrumented. At small micro-batches
+(a few rows) the Python objects of each graph node are a visible share of the MLP's bytes.
+
+What the numbers say for LeNet-5: the conv workspaces (im2col columns) are most of its activations,
+and minidl's workspace pool keeps them whatever runs, so recomputation saves little there; on deep
+MLPs it saves what ``minidl.recompute`` predicts (tests/test_recompute.py). 1F1B holds min(p, m)
+micro-batches where GPipe holds m. tests/test_memory.py: every measured row within 10% of its
+prediction for LeNet-5 (batch 64) and the MLP (batch 512), at p = 1 and 2.
+"""
+import argparse
+import json
+import tracemalloc
+
+import numpy
+
+from mpi4py import MPI
+
+from algorithms import pipeline_parallel, spatial_parallel
+from algorithms.core import allocations, cli, run
+from algorithms.core.accounts import EXAMPLE, PARTS, dataset_of, predicted_rows, row
+from algorithms.core.cli import SettingError
+from algorithms.core.objective import build_model
+from algorithms.core.tiling import Tiling
+from collectives.buffers import release_scratch
+from minidl import functional as F
+from minidl.conv.scratch import release
+from minidl.flat import flatten
+from minidl.nn import Sequential
+from minidl.tensor import Tensor
+
+def measure_spatial(comm, model, batch, momentum, seed=0):
+    """This rank's bytes per part of one step of ``spatial_parallel``, phase by phase as its heart runs:
+    the tiles' forward (activations), the gather (comm), the head's forward (activations), the conv
+    gradient's ring (comm), the update (optimizer)."""
+    x, labels = allocations.example_batch(EXAMPLE[model], batch, seed)
+    rank, meter = comm.Get_rank(), allocations.Meter()
+    try:
+        net, flat, optimizer, measured = allocations.set_up(meter, model, EXAMPLE[model], momentum=momentum, seed=seed)
+        tiling = Tiling.of(net, x.shape[2], x.shape[3], comm.Get_size())
+        release()
+        meter.take()
+        kept, tile = [], None
+        for s, stage in enumerate(tiling.stages):
+            lo, hi = stage.needed[rank]
+            window = x[:, :, lo:hi] if s == 0 else spatial_parallel.halo_exchange(comm, tile.data, stage)
+            leaf, tile = spatial_parallel.run_stage(stage, window, rank, need_grad=s > 0)
+            kept.append((leaf, tile))
+            del window
+        measured["activations"] = meter.take()
+        whole = Tensor(spatial_parallel.gather_rows(comm, tile.data, tiling.final[0]), requires_grad=True)
+        measured["comm"] = meter.take()
+        loss = F.softmax_cross_entropy(Sequential(*tiling.head)(whole), labels)
+        measured["activations"] += meter.take()
+        del loss, whole, kept, tile
+        release_scratch()
+        meter.take()
+        if comm.Get_size() > 1:
+            run.allreduce_function("ring")(comm, flat.grad[:tiling.conv_parameters()])
+        measured["comm"] += meter.take()
+        flat.grad[...] = 0
+        optimizer.step()
+        measured["optimizer"] = meter.take()
+    finally:
+        meter.stop()
+    return measured
+
+
+def measure_pipeline(model, p, batch, micro_batches, kind, seed=0):
+    """Stage 0's activations in flight and comm buffers over one step of ``pipeline_parallel``'s
+    schedule, run in this process: its forwards and backwards in the schedule's order, each output
+    kept as its Isend would keep it, a random gradient in place of stage 1's. The activations are the
+    most bytes alive after a forward, less the outputs only a send still holds (those are comm); the
+    conv workspaces a backward leaves in the pool are let go after it (scratch, not activations)."""
+    x, _ = allocations.example_batch(EXAMPLE[model], batch, seed)
+    rng, meter = numpy.random.default_rng(seed), allocations.Meter()
+    try:
+        net = build_model(model, seed, dataset_of(model))
+        flatten(net)                                      # gradients into the flat vector: no new arrays
+        stage = pipeline_parallel.Stage(net, 0, p, x[:1])
+        pieces = [x[rows] for rows in numpy.array_split(numpy.arange(batch), micro_batches)]  # the data: not counted
+        release()
+        meter.take()
+        held, sends, activations, received = {}, [], 0, 0
+        for step, i in pipeline_parallel.schedule(kind, 0, p, micro_batches):
+            if step == "forward":
+                out = stage.layers(Tensor(pieces[i]))
+                if stage.last:
+                    out = F.softmax_cross_entropy(out, numpy.zeros(len(pieces[i]), dtype=int))
+                else:
+                    sends.append(out.data)                 # micro-batch i's send buffer, until the Waitall
+                held[i] = out
+                sent_only = sum(buffer.nbytes for j, buffer in enumerate(sends) if j not in held)
+                activations = max(activations, tracemalloc.get_traced_memory()[0] - meter.mark - sent_only)
+            else:
+                out = held.pop(i)
+                gradient = None if stage.last else \
+                    rng.standard_normal((len(pieces[i]),) + stage.sends).astype(numpy.float32)
+                received = max(received, 0 if gradient is None else gradient.nbytes)
+                out.backward(gradient)
+                del out, gradient
+                release()        # the backward's workspaces: scratch the pool keeps, not activations
+    finally:
+        meter.stop()
+    # the state is not measured: pipeline_parallel keeps the whole model on every rank (evaluation and
+    # layout-free checkpoints use it), while the table counts what stage 0 needs
+    return row(None, None, None, activations, sum(buffer.nbytes for buffer in sends) + received)
+
+
+def measured_row(comm, model, p, batch, recompute, momentum):
+    """The data-parallel row measured on this process (the comm buffer only when comm has p ranks)."""
+    real = comm.Get_size() == p and p > 1
+    summed = run.allreduce_function("ring") if real else None
+    measured = allocations.data_parallel(comm if real else MPI.COMM_SELF, model, EXAMPLE[model], batch, recompute,
+                                         momentum, allreduce=summed)
+    if not real and p > 1:
+        measured["comm"] = None                               # not measured: no peers in this process
+    return measured
+
+
+def table(model, p, batch, micro_batches=8, momentum=0.9, comm=None, measure=True):
+    """Every method's per-rank account, predicted (and measured where it is): a list of dicts."""
+    comm = comm or MPI.COMM_WORLD
+    records = []
+    for recompute in (False, True):
+        for method, predicted in predicted_rows(model, p, batch, micro_batches, 1 if momentum else 0, recompute):
+            record = {"method": method, "recompute": recompute, "predicted": predicted, "measured": None}
+            if isinstance(predicted, str):               # the method does not apply: say why
+                record.update(predicted=None, note=predicted)
+            elif not measure:
+                pass
+            elif method == "data parallel":
+                record["measured"] = measured_row(comm, model, p, batch, recompute, momentum)
+            elif method.startswith("pipeline") and not recompute:
+                record["measured"] = measure_pipeline(model, p, batch, micro_batches, method.split()[1].lower())
+            elif method == "spatial" and comm.Get_size() == p:
+                mine = measure_spatial(comm, model, batch, momentum)
+                record["measured"] = {part: comm.allreduce(value, op=MPI.MAX) for part, value in mine.items()}
+            records.append(record)
+    return records
+
+
+def format_table(records):
+    """The records as text, in KiB: a predicted line per row, and its measured line (or why there is none)."""
+    def line(record, kind, values):
+        head = f"{record['method']:<16} {'yes' if record['recompute'] else 'no':<9} {kind:<9}"
+        if isinstance(values, str):
+            return f"{head} {values}"
+        cells = [f"{'-' if values[part] is None else format(values[part] / 1024, '.1f'):>12}" for part in PARTS]
+        total = sum(value for value in values.values() if value is not None)
+        return f"{head} {' '.join(cells)} {total / 1024:>12.1f}"
+    lines = [f"{'method':<16} {'recompute':<9} {'kind':<9} " + " ".join(f"{part:>12}" for part in PARTS)
+             + f" {'total':>12}"]
+    for record in records:
+        if record["predicted"] is None:
+            lines.append(line(record, "n/a", record["note"]))
+            continue
+        lines.append(line(record, "predicted", record["predicted"]))
+        lines.append(line(record, "measured", record["measured"] or "not measured"))
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, required=True, help="p: ranks of the layout (per-rank accounts)")
+    parser.add_argument("--model", default="lenet5", choices=sorted(EXAMPLE))
+    parser.add_argument("--batch-size", type=int, default=64, help="rows per replica per step")
+    parser.add_argument("--micro-batches", type=int, default=8, help="pipeline micro-batches per step")
+    parser.add_argument("--momentum", type=float, default=0.9, help="0: SGD keeps no optimizer state")
+    parser.add_argument("--json", default=None, help="write the table as JSON to this file")
+    args = parser.parse_args(argv)
+    comm = MPI.COMM_WORLD
+
+    def run_table():
+        with run.agreed(comm):                        # every rank refuses a bad flag together
+            cli.require("--ranks", args.ranks, integer=True, low=1)
+            cli.require("--batch-size", args.batch_size, integer=True, low=1)
+            cli.require("--micro-batches", args.micro_batches, integer=True, low=1, high=args.batch_size)
+            cli.require("--momentum", args.momentum, low=0, high=1, high_open=True)
+            if comm.Get_rank() == 0:
+                cli.check_output("--json", args.json)
+        records = table(args.model, args.ranks, args.batch_size, args.micro_batches, args.momentum, comm)
+        if comm.Get_rank() == 0:
+            print(f"bytes per rank in KiB: --model {args.model}, p = {args.ranks}, batch {args.batch_size}, "
+                  f"{args.micro_batches} micro-batches, float32\n" + format_table(records))
+            if args.json:
+                with open(args.json, "w") as out:
+                    json.dump({"model": args.model, "ranks": args.ranks, "batch": args.batch_size,
+                               "micro_batches": args.micro_batches, "rows": records}, out, indent=1)
+    try:
+        run_table()
+    except SettingError as error:
+        cli.fail(str(error))
+
+
+if __name__ == "__main__":
+    main()
