@@ -1,6 +1,6 @@
 """The figures and tables of chapter 10 (scaling past one machine), from the simulated network.
 
-    python tutorials/figures/make_10_figures.py            # about 6 minutes on 2 loaded cores
+    python tutorials/figures/make_10_figures.py            # about 5 minutes on 2 loaded cores
     python tutorials/figures/make_10_figures.py --quick    # p <= 64, a few sizes: seconds, into --out
     python tutorials/figures/make_10_figures.py --out DIR
 
@@ -47,12 +47,12 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
+os.environ.setdefault("OMP_NUM_THREADS", "1")     # BLAS on one thread: section 7 times one core
+import numpy as np  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from algorithms.core.objective import Data, NetworkObjective  # noqa: E402
 from algorithms.pipeline_parallel import schedule  # noqa: E402
@@ -83,7 +83,12 @@ TABLE = {                                         # Ben-Nun & Hoefler 2019, the 
 OURS = {"Tree": "tree", "Butterfly": "butterfly", "Pipeline": "ring", "RedScat+Gat": "rabenseifner"}
 
 
-def links(out):
+def fail(message):
+    sys.stderr.write(f"error: {message}\n")
+    raise SystemExit(2)
+
+
+def links():
     """(intra, inter, sources): LogGP links from chapter 3's fit and the emulated link's fit."""
     with open(OUT / "03_bench_p2.json") as handle:
         runs = json.load(handle)
@@ -424,8 +429,14 @@ def main(argv=None):
     parser.add_argument("--out", default=str(OUT), help="folder for the outputs (default tutorials/figures/out)")
     args = parser.parse_args(argv)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    intra, inter, sources = links(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        fail(f"--out {args.out}: {error.strerror}")
+    missing = [name for name in ("03_bench_p2.json", "10_link.json", "10_allreduce.json") if not (OUT / name).exists()]
+    if missing:
+        fail(f"{', '.join(missing)} not in {OUT}: run make_03_figures.py and make_10_cluster.py first")
+    intra, inter, sources = links()
     top = 64 if args.quick else 1024
     ps = [1 << k for k in range(1, int(math.log2(top)) + 1)]
     sizes = [1 << k for k in (range(8, 27, 6) if args.quick else range(8, 27, 2))]
