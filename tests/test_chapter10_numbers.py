@@ -9,6 +9,9 @@ compute times of section 7 are measured, and the claims made about them (one row
 two, the MLP's speed-up below one from p = 32) are checked against the JSON as well.
 """
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -207,3 +210,22 @@ def test_the_summary_quotes_the_sections_above():
     absent = [phrase for phrase in expected if phrase not in summary]
     assert not absent, f"chapter 10's summary does not quote these as generated: {absent}"
     assert weak["lenet5"]["ranks"] == weak["mlp"]["ranks"] == 1024
+
+
+def test_make_10_figures_quick_runs(tmp_path):
+    """The script's quick mode (p <= 16, a few sizes, one repeat, no figures), so that it does not rot;
+    and its error contract for an --out it cannot make."""
+    script = str(ROOT / "tutorials" / "figures" / "make_10_figures.py")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, script, "--quick", "--out", str(tmp_path)], capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    scaling = json.loads((tmp_path / "10_scaling.json").read_text())["scaling"]
+    assert [row["ranks"] for row in scaling] == [2, 4, 8, 16] and scaling[-1]["hierarchical_one_port"] > 0
+    pipeline = json.loads((tmp_path / "10_pipeline.json").read_text())["pipeline"]
+    assert all(abs(row["gpipe_free"] - row["formula"]) < 1e-12 for row in pipeline)
+    for name in ("10_sizes.json", "10_reproduction.md", "10_emulated.md", "10_data_parallel.json", "10_strong.md"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    bad = subprocess.run([sys.executable, script, "--quick", "--out", str(tmp_path / "10_scaling.json" / "x")],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: --out") and len(bad.stderr.splitlines()) == 1

@@ -1,7 +1,7 @@
 """The figures and tables of chapter 10 (scaling past one machine), from the simulated network.
 
     python tutorials/figures/make_10_figures.py            # about 5 minutes on 2 loaded cores
-    python tutorials/figures/make_10_figures.py --quick    # p <= 64, a few sizes: seconds, into --out
+    python tutorials/figures/make_10_figures.py --quick    # p <= 16, a few sizes: seconds, into --out
     python tutorials/figures/make_10_figures.py --out DIR
 
 Every allreduce runs its real heart on collectives.sim's simulated ranks (sizes only: no data),
@@ -425,7 +425,7 @@ def plots(result, out):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="p <= 64, few sizes, one repeat, no figures")
+    parser.add_argument("--quick", action="store_true", help="p <= 16, few sizes, one repeat, no figures")
     parser.add_argument("--out", default=str(OUT), help="folder for the outputs (default tutorials/figures/out)")
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -437,7 +437,7 @@ def main(argv=None):
     if missing:
         fail(f"{', '.join(missing)} not in {OUT}: run make_03_figures.py and make_10_cluster.py first")
     intra, inter, sources = links()
-    top = 64 if args.quick else 1024
+    top = 16 if args.quick else 1024
     ps = [1 << k for k in range(1, int(math.log2(top)) + 1)]
     sizes = [1 << k for k in (range(8, 27, 6) if args.quick else range(8, 27, 2))]
     start = time.perf_counter()
@@ -445,11 +445,11 @@ def main(argv=None):
                         "sources": sources, "ranks_per_node": PER_NODE}}
     result["scaling"] = scaling(ps, intra, inter)
     result["sizes"] = size_sweep(sizes, intra, inter)
-    result["reproduction"] = reproduction(inter)
+    result["reproduction"] = reproduction(inter, p=16 if args.quick else 64)
     result["emulated"] = emulated(intra, inter)
     result["data_parallel"] = data_parallel(ps, intra, inter, 1 if args.quick else 5)
-    result["pipeline"] = pipeline([2, 4, 8] if args.quick else [2, 4, 8, 16, 32, 64],
-                                  [1, 4, 16] if args.quick else [1, 2, 4, 8, 16, 32, 64], inter)
+    result["pipeline"] = pipeline([2, 4] if args.quick else [2, 4, 8, 16, 32, 64],
+                                  [1, 4] if args.quick else [1, 2, 4, 8, 16, 32, 64], inter)
     result["wall_seconds"] = time.perf_counter() - start
     result["quick"] = args.quick
     for name, part in (("10_scaling.json", "scaling"), ("10_sizes.json", "sizes"), ("10_reproduction.json", "reproduction"),
