@@ -83,6 +83,7 @@ def test_sections_2_and_3_quote_the_scaling_run():
     assert all(row["hierarchical_one_port"] < min(row.get(f"{n}_one_port", row[n]) for n in flat)
                for p, row in rows.items() if p >= 16)
     assert all(row["ring_one_port"] == row["ring"] for p, row in rows.items() if p <= 128)
+    assert all(row["hierarchical_one_port"] == row["hierarchical"] for row in rows.values())
     assert all(row["rabenseifner"] < row["hierarchical"] for p, row in rows.items() if p >= 16)
 
 

@@ -35,9 +35,10 @@ timed by LogGP with o = g = 0, on a two-level topology of 8 ranks per node:
    between stages over the network link. Bubble = 1 - busy / (P x span), against
    (P - 1) / (m + P - 1), with messages costed and free                 -> 10_pipeline.json/.png
 
-10_numbers.md gathers the tables the chapter quotes. The simulated times are deterministic (the
-same inputs give the same seconds); the compute times of part 5 are measured, so they move a
-little from run to run.
+The chapter quotes 10_scaling.md, 10_reproduction.md, 10_emulated.md and 10_strong.md verbatim and
+its other numbers from the JSON (tests/test_chapter10_numbers.py). The simulated times are
+deterministic (the same inputs give the same seconds); the compute times of part 5 are measured,
+so they move a little from run to run.
 """
 import argparse
 import json
