@@ -87,16 +87,23 @@ def node_size(comm, ranks_per_node=None):
     """c, the ranks per node (see the header for where it comes from)."""
     if ranks_per_node is None:
         ranks_per_node = getattr(comm, "ranks_per_node", None)          # the simulator's topology
-    if ranks_per_node is None and os.environ.get("MINIDL_RANKS_PER_NODE"):
-        text = os.environ["MINIDL_RANKS_PER_NODE"]
-        if not text.isdigit() or int(text) < 1:
-            raise ValueError(f"MINIDL_RANKS_PER_NODE must be an integer >= 1, got {text!r}")
-        ranks_per_node = int(text)
+    if ranks_per_node is None:
+        ranks_per_node = environment_ranks_per_node()
     if ranks_per_node is None:
         ranks_per_node = shared_memory_size(comm)
     if not isinstance(ranks_per_node, int) or ranks_per_node < 1:
         raise ValueError(f"ranks_per_node must be an integer >= 1, got {ranks_per_node!r}")
     return ranks_per_node
+
+
+def environment_ranks_per_node():
+    """MINIDL_RANKS_PER_NODE as an integer (None when unset or empty); ValueError if it is not one >= 1."""
+    text = os.environ.get("MINIDL_RANKS_PER_NODE", "")
+    if not text:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"MINIDL_RANKS_PER_NODE must be an integer >= 1, got {text!r}")
+    return int(text)
 
 
 def shared_memory_size(comm):

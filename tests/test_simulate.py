@@ -19,6 +19,8 @@ from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
 import collectives
+from algorithms.core import run as algorithm_run
+from algorithms.core.cli import SettingError
 from collectives import auto, cost, hierarchical, simulate, trace
 from collectives.fold import largest_power_of_two
 from collectives.sim import Deadlock, Engine, LogGP, SimComm, Sized, Topology, alpha_beta
@@ -157,7 +159,7 @@ def test_messages_equal_the_tracers_record_of_a_real_run():
     parallel_assert(not mismatched, f"real run vs simulation (real only, simulated only): {mismatched}")
 
 
-@pytest.mark.parallel(nprocs=[1, 2, 3, 4, 6])
+@pytest.mark.parallel(nprocs=[1, 3, 4])          # c = 1 .. p + 1: nodes that divide p and that do not
 def test_hierarchical_on_real_ranks_equals_the_exact_reduction_for_every_node_size():
     comm = MPI.COMM_WORLD
     for c in range(1, comm.size + 2):
@@ -261,3 +263,11 @@ def test_python_m_prints_the_table_and_writes_json(tmp_path):
         assert {"algorithm", "ranks", "bytes", "seconds", "closed_form_seconds"} <= set(row)
         assert (row["ranks"], row["bytes"], row["target"], row["met"]) == (6, 1536, "=model", True), row
     assert "hierarchical" in done.stdout and "=model" in done.stdout and " NO" not in done.stdout
+
+
+def test_allreduce_hierarchical_refuses_a_bad_node_size_from_the_environment_before_training(monkeypatch):
+    monkeypatch.setenv("MINIDL_RANKS_PER_NODE", "two")
+    with pytest.raises(SettingError, match="--allreduce hierarchical: MINIDL_RANKS_PER_NODE must be an integer >= 1"):
+        algorithm_run.allreduce_function("hierarchical")
+    monkeypatch.setenv("MINIDL_RANKS_PER_NODE", "2")
+    assert hierarchical.node_size(None) == 2 and algorithm_run.allreduce_function("hierarchical") is not None

@@ -38,6 +38,7 @@ from algorithms.schedule import Schedule
 from minidl import backend
 from minidl.data import rank_batches
 from minidl.optim import SGD
+from collectives.hierarchical import environment_ranks_per_node
 from collectives.trace import CountingComm
 
 
@@ -97,6 +98,11 @@ def allreduce_function(name):
         raise SettingError(f"unknown --allreduce {name!r}; choose one of {', '.join(cli.ALLREDUCE_NAMES)}")
     if name == "mpi":
         return mpi_allreduce
+    if name == "hierarchical":                   # its node size may come from the environment: check it now
+        try:
+            environment_ranks_per_node()
+        except ValueError as error:
+            raise SettingError(f"--allreduce hierarchical: {error}") from None
 
     def allreduce(comm, buffer):
         return collectives.allreduce(comm, MPI.IN_PLACE, buffer, op="sum", algorithm=name, check=False)

@@ -2,7 +2,8 @@
 
     Get_rank, Get_size, rank, size       as mpi4py
     Send, Recv, Sendrecv                 blocking: the rank stops until its messages are done
-    Isend, Irecv -> Request              Request.Wait, Request.Test, Request.Waitall (engine.py)
+    Isend, Irecv -> Request              Request.Wait, Request.Test, Request.Waitall(requests) (engine.py;
+                                         not mpi4py's MPI.Request.Waitall, which takes MPI requests only)
     Barrier                              every rank waits for the last (costs no time)
     Split(color, key)                    a sub-communicator (one collective call, like MPI's)
     ranks_per_node                       the topology's c (collectives.hierarchical reads it)
