@@ -13,7 +13,7 @@ Deadlock, naming who waits for whom).
 Messages. A send and a receive match when their (source, destination, tag) agree, in the order
 they were posted (MPI's non-overtaking rule). A message starts once both sides are posted and
 both ports are free (a rendezvous: MPI's protocol for long messages), and is timed by the link's
-LogGP parameters (network.py):
+LogGP parameters (network.message_times):
 
     start   = max(send posted + o, receive posted, sender's send port free, receiver's receive port free)
     ports busy until start + max(g, m G)
@@ -37,6 +37,7 @@ import numpy as np
 from greenlet import greenlet, getcurrent
 
 from ..buffers import SCRATCH_CACHE
+from .network import message_times
 
 
 class Deadlock(RuntimeError):
@@ -231,11 +232,9 @@ class Engine:
             raise ValueError(f"message truncated: rank {source} sent {nbytes} bytes (tag {send.tag}) into "
                              f"rank {dest}'s {receive.nbytes}-byte buffer")
         link = self.intra if source // self.c == dest // self.c else self.inter
-        start = max(send.ready, receive.ready, self.send_free[source], self.recv_free[dest])
-        wire = nbytes * link.G
-        self.send_free[source] = self.recv_free[dest] = start + (wire if wire > link.g else link.g)
-        send.done = start + link.L + wire
-        receive.done = send.done + link.o
+        _, free, send.done, receive.done = message_times(link, nbytes, send.ready, receive.ready,
+                                                         self.send_free[source], self.recv_free[dest])
+        self.send_free[source] = self.recv_free[dest] = free
         receive.count = nbytes
         if self.move_data and nbytes:
             byte_view(receive.buf)[:nbytes] = byte_view(send.buf)

@@ -1,6 +1,6 @@
 """The network the simulator times messages on: LogGP parameters per link, ranks on nodes.
 
-LogGP (Alexandrov, Ionkov, Schauser & Scheiman 1995; the simulator's form follows Hoefler,
+LogGP (Alexandrov, Ionescu, Schauser & Scheiman 1995; the simulator's form follows Hoefler,
 Schneider & Lumsdaine's LogGOPSim, 2010) describes a link by four numbers:
 
     L   latency: seconds from the first byte leaving the sender to it arriving
@@ -62,6 +62,27 @@ class Topology:
         c = self.ranks_per_node
         return self.intra if a // c == b // c else self.inter
 
+
+def message_times(link, nbytes, sent, posted, send_free, receive_free):
+    """The LogGP times of one matched message of `nbytes` bytes on `link` (a LogGP).
+
+    sent: when the sender posted it (its overhead o already spent); posted: when the receiver posted
+    its receive; send_free, receive_free: when the sender's send port and the receiver's receive port
+    are free. Returns (start, free, send_done, receive_done): the message starts once both sides
+    are posted and both ports free (a rendezvous), holds both ports until `free` (at least the gap g,
+    at most its bytes' m G), has arrived at send_done (L + m G after its start), and the receiver
+    has taken it in at receive_done (o later).
+    """
+    # BEGIN SOLUTION
+    # 1. a rendezvous: nothing moves before both sides are posted and both ports are free
+    start = max(sent, posted, send_free, receive_free)
+    # 2. the bytes leave at G seconds each; the ports take another message after max(g, m G)
+    wire = nbytes * link.G
+    free = start + (wire if wire > link.g else link.g)
+    # 3. the last byte arrives L after it left; the receiver's CPU spends o taking the message in
+    send_done = start + link.L + wire
+    return start, free, send_done, send_done + link.o
+    # END SOLUTION
 
 def alpha_beta(ranks, alpha, beta, ranks_per_node=None, intra_alpha=None, intra_beta=None):
     """A Topology with only alpha (= L) and beta (= G) set, o = g = 0: the closed forms' model.

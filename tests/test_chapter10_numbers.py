@@ -1,0 +1,232 @@
+"""Chapter 10 quotes the numbers that tutorials/figures/make_10_figures.py wrote, and no others.
+
+The generated tables (10_scaling.md, 10_reproduction.md, 10_emulated.md, 10_strong.md) must appear in
+the chapter verbatim. Each number quoted in the prose is formatted here from the JSON the script
+wrote (and, for the links, from 10_link.json and 03_bench_p2.json, which it read), with the rounding
+the prose uses, and must appear in the chapter (whitespace-insensitive). The simulated times are
+deterministic, so these fail only when the chapter or the script changes without the other; the
+compute times of section 7 are measured, and the claims made about them (one row costs more than
+two, the MLP's speed-up below one from p = 32) are checked against the JSON as well.
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FIGURES = ROOT / "tutorials" / "figures" / "out"
+MIB = 1 << 20
+
+
+def chapter():
+    return " ".join((ROOT / "tutorials" / "10_scaling.md").read_text().split())
+
+
+def load(name):
+    return json.loads((FIGURES / name).read_text())
+
+
+def ms(seconds):
+    return seconds * 1e3
+
+
+def missing(expected):
+    text = chapter()
+    return [phrase for phrase in expected if " ".join(phrase.split()) not in text]
+
+
+def test_the_generated_tables_are_in_the_chapter_verbatim():
+    text = chapter()
+    for name in ("10_scaling.md", "10_reproduction.md", "10_emulated.md", "10_strong.md"):
+        assert " ".join((FIGURES / name).read_text().split()) in text, f"{name} is not in chapter 10 as generated"
+
+
+def test_section_1_quotes_the_links_the_script_used():
+    links = load("10_scaling.json")["links"]
+    inter = load("10_link.json")["link"]
+    runs = load("03_bench_p2.json")
+    first = runs[0][0] if isinstance(runs[0], list) else runs[0]
+    assert (links["inter"]["alpha"], links["inter"]["beta"]) == (inter["alpha"], inter["beta"])
+    assert (links["intra"]["alpha"], links["intra"]["beta"]) == (first["alpha"], first["beta"])
+    a_i, b_i, a_e, b_e = first["alpha"], first["beta"], inter["alpha"], inter["beta"]
+    assert not missing([f"alpha = {a_i * 1e6:.2f} us and beta = {b_i * 1e9:.3f} ns/B",
+                        f"alpha = {a_e * 1e6:.1f} us and beta = {b_e * 1e9:.2f} ns/B",
+                        f"{a_e / a_i:.0f} times slower to start a message and {b_e / b_i:.0f} times slower per byte",
+                        # section 3's block and section 5's prose use the same links, rounded
+                        f"LogGP(L={a_i * 1e6:.2f}e-6, G={b_i * 1e9:.3f}e-9), LogGP(L={a_e * 1e6:.1f}e-6, G={b_e * 1e9:.2f}e-9)",
+                        f"network's: {a_e * 1e6:.1f} us, {b_e * 1e9:.2f} ns/B)"])
+
+
+def test_sections_2_and_3_quote_the_scaling_run():
+    result = load("10_scaling.json")
+    rows = {row["ranks"]: row for row in result["scaling"]}
+    a_e, b_e = result["links"]["inter"]["alpha"], result["links"]["inter"]["beta"]
+    top, half = rows[1024], rows[512]
+    expected = [
+        f"`2 n beta` = {ms(2 * MIB * b_e):.1f} ms of network time",
+        f"`2 (p-1) alpha` = {ms(2 * 1023 * a_e):.1f} ms of latency alone, most of the {ms(top['ring']):.2f} ms",
+        f"about {ms(top['tree'] - half['tree']):.1f} ms at 1 MiB (from {ms(half['tree']):.2f} to {ms(top['tree']):.2f} ms",
+        f"{ms(top['rabenseifner']):.2f} ms at p = 1024, within {(top['rabenseifner'] / top['network_bound'] - 1) * 100:.1f}% of the bound",
+        f"the butterfly, which sends the whole vector `lg p` times, takes {ms(top['butterfly']):.2f} ms",
+        f"which took {top['ring_wall']:.0f} s of wall time",
+        f"{ms(top['hierarchical']):.2f} ms against the ring's {ms(top['ring']):.2f}",
+        f"{ms(top['hierarchical']):.2f} against {ms(top['rabenseifner']):.2f} ms",
+        f"grows to {ms(top['rabenseifner_one_port']):.2f} ms at p = 1024",
+        f"keeps {ms(top['hierarchical_one_port']):.2f} ms",
+    ]
+    assert not missing(expected), missing(expected)
+    # the claims around them: Rabenseifner the fastest flat algorithm from p = 16; with one port per node the
+    # hierarchy is faster than every flat one; the ring is the same with one port (checked up to p = 128)
+    flat = ("ring", "tree", "butterfly", "rabenseifner")
+    assert all(min(flat, key=lambda name: row[name]) == "rabenseifner" for p, row in rows.items() if p >= 16)
+    assert all(row["hierarchical_one_port"] < min(row.get(f"{n}_one_port", row[n]) for n in flat)
+               for p, row in rows.items() if p >= 16)
+    assert all(row["ring_one_port"] == row["ring"] for p, row in rows.items() if p <= 128)
+    assert all(row["hierarchical_one_port"] == row["hierarchical"] for row in rows.values())
+    assert all(row["rabenseifner"] < row["hierarchical"] for p, row in rows.items() if p >= 16)
+
+
+def test_section_4_quotes_the_size_sweep():
+    sweep = load("10_sizes.json")["sizes"]
+    times, a_e = sweep["seconds"], load("10_scaling.json")["links"]["inter"]["alpha"]
+    assert [change["from"] + ">" + change["to"] for change in sweep["changes"]] == ["butterfly>rabenseifner"]
+    assert sweep["fastest"] == ["butterfly" if size <= 16384 else "rabenseifner" for size in sweep["bytes"]]
+    expected = [
+        f"at 256 B it takes {ms(times['butterfly'][0]):.3f} ms",
+        f"about {sweep['changes'][0]['bytes'] / 1024:.0f} KiB",
+        f"still {(times['ring'][-1] / times['rabenseifner'][-1] - 1) * 100:.0f}% slower than Rabenseifner",
+        f"only {ms(126 * a_e):.2f} ms of that",
+        f"Rabenseifner's {ms(times['rabenseifner'][-1]):.1f} ms is within "
+        f"{(times['rabenseifner'][-1] / sweep['bound'][-1] - 1) * 100:.1f}% of the bound",
+    ]
+    assert not missing(expected), missing(expected)
+
+
+def test_section_5_quotes_the_reproduction():
+    result = load("10_reproduction.json")["reproduction"]
+    low, high = result["simulated_crossover_bytes"]
+    expected = [f"= {result['table_crossover_bytes']:,.0f} bytes", f"between {low:,} and {high:,} bytes",
+                f"butterfly below about {result['table_crossover_bytes'] / 1024:.0f} KiB"]
+    assert not missing(expected), missing(expected)
+    assert low <= result["table_crossover_bytes"] * 1.01 and high >= result["table_crossover_bytes"]   # "near m*"
+    for row in result["rows"]:                       # "every row agrees to the printed digit"
+        if row["simulated"] is not None:
+            assert f"{row['simulated'] * 1e3:.3f}" == f"{row['table'] * 1e3:.3f}", row
+
+
+def test_section_6_quotes_the_emulated_hosts():
+    rows = load("10_emulated.json")["emulated"]
+    ring_large = [r["simulated_over_measured"] for r in rows if r["algorithm"] == "ring" and r["bytes"] >= 4 * MIB]
+    rab = [r["simulated_over_measured"] for r in rows if r["algorithm"] == "rabenseifner"]
+    small = [r for r in rows if r["algorithm"] == "ring" and r["hosts"] == 4 and r["bytes"] == 65536][0]
+    least = min((r for r in rows if r["bytes"] < MIB), key=lambda r: r["simulated_over_measured"])
+    cluster = load("10_allreduce.json")["rows"]
+    within = sum(1 for r in cluster if r["algorithm"] == "rabenseifner" and r["bytes"] >= MIB
+                 and abs(r["model_over_measured"] - 1) <= 0.25)
+    expected = [f"simulated / measured {min(ring_large):.2f} to {max(ring_large):.2f}",
+                f"predicts {min(rab):.2f} to {max(rab):.2f} of the measured time",
+                f"as little as {least['simulated_over_measured']:.2f} of the measured time (the {least['algorithm']} at "
+                f"{least['bytes'] // 1024} KiB on {least['hosts']} x {least['ranks_per_host']}; at 64 KiB on 4 x 2 the "
+                f"ring's ratio is {small['simulated_over_measured']:.2f})",
+                f"predicts {['none', 'one', 'two', 'three', 'four', 'five', 'all'][within]} of the six Rabenseifner rows"]
+    assert not missing(expected), missing(expected)
+
+
+def test_section_7_quotes_the_data_parallel_steps():
+    result = load("10_data_parallel.json")["data_parallel"]
+    strong = {model: {row["ranks"]: row for row in by["strong"]} for model, by in result.items()}
+    weak = {model: {row["ranks"]: row for row in by["weak"]} for model, by in result.items()}
+    lenet, mlp = strong["lenet5"], strong["mlp"]
+    best = {model: max(by["strong"], key=lambda row: row["speedup"]) for model, by in result.items()}
+    expected = [
+        f"{result['lenet5']['gradient_bytes']:,} bytes for LeNet-5 and {result['mlp']['gradient_bytes']:,} for the MLP",
+        f"at batch 1024 take {ms(lenet[1]['compute']):.1f} ms of one core",
+        f"(p = 8: {ms(lenet[8]['compute']):.1f} ms, speed-up {lenet[8]['speedup']:.1f}, efficiency {lenet[8]['efficiency']:.2f})",
+        f"jumps from {ms(lenet[8]['allreduce']):.2f} to {ms(lenet[16]['allreduce']):.2f} ms",
+        f"{lenet[64]['speedup']:.1f} at p = 64, at most {best['lenet5']['speedup']:.1f} (p = {best['lenet5']['ranks']}), "
+        f"{lenet[1024]['speedup']:.1f} at p = 1024",
+        f"one row for {ms(lenet[1024]['compute']):.2f} ms and then waits {ms(lenet[1024]['allreduce']):.2f} ms",
+        f"two rows' {ms(lenet[512]['compute']):.2f} ms",
+        f"{result['mlp']['gradient_bytes'] / result['lenet5']['gradient_bytes']:.1f} times LeNet-5's parameters",
+        f"({ms(mlp[1]['compute']):.1f} ms at batch 1024)",
+        f"peaks at {best['mlp']['speedup']:.1f} at p = {best['mlp']['ranks']}",
+        f"falls to {mlp[16]['speedup']:.1f} at p = 16",
+        f"({mlp[1024]['speedup']:.1f} at p = 1024)",
+        f"computes for {ms(weak['lenet5'][2]['compute']):.2f} ms at any p",
+        f"adds {ms(weak['lenet5'][2]['allreduce']):.2f} ms at p = 2",
+        f"from {weak['lenet5'][8]['efficiency']:.2f} at p = 8 to {weak['lenet5'][16]['efficiency']:.2f} at p = 16 "
+        f"and {weak['lenet5'][1024]['efficiency']:.2f} at p = 1024",
+        f"({ms(weak['mlp'][2]['compute']):.2f} ms of computation against a {ms(weak['mlp'][1024]['allreduce']):.2f} ms "
+        f"allreduce at p = 1024) it is {weak['mlp'][1024]['efficiency']:.2f}",
+    ]
+    assert not missing(expected), missing(expected)
+    assert lenet[1024]["compute"] > lenet[512]["compute"], "the chapter says one row costs more than two"
+    assert all(row["speedup"] < 1 for p, row in mlp.items() if p >= 32), "the chapter says below one from p = 32"
+
+
+def test_section_8_quotes_the_pipeline():
+    rows = {(row["stages"], row["micro_batches"]): row for row in load("10_pipeline.json")["pipeline"]}
+    links = load("10_scaling.json")["links"]["inter"]
+    error = max(abs(row[f"{kind}_free"] - row["formula"]) for row in rows.values() for kind in ("gpipe", "1f1b"))
+    two, sixty_four = rows[2, 64], rows[64, 64]
+    expected = [
+        f"over the network link: {ms(links['alpha'] + 32768 * links['beta']):.2f} ms each",
+        f"({error:.0e} at most)",
+        f"the formula says {two['formula']:.3f}, GPipe takes {two['gpipe_network']:.3f} and 1F1B {two['1f1b_network']:.3f}",
+        f"{sixty_four['formula']:.3f} against {sixty_four['gpipe_network']:.3f} and {sixty_four['1f1b_network']:.3f}",
+        f"at most P for 1F1B ({two['1f1b_held']} at P = 2, m = 64)",
+    ]
+    assert not missing(expected), missing(expected)
+    assert error < 1e-12 and all(row["gpipe_held"] == row["micro_batches"] for row in rows.values())
+    # "at P = 2 every one does": GPipe's span grows by 2 m messages (1 - bubble = busy / span, busy = m 30 ms)
+    message = links["alpha"] + 32768 * links["beta"]
+    span, free = 64 * 0.030 / (1 - two["gpipe_network"]), 64 * 0.030 / (1 - two["gpipe_free"])
+    assert abs(span - free - 2 * 64 * message) < 1e-6, (span - free, 2 * 64 * message)
+    assert all(row["1f1b_held"] <= min(row["stages"], row["micro_batches"]) for row in rows.values())
+
+
+def test_the_summary_quotes_the_sections_above():
+    text = chapter()
+    summary = text[text.index("## Summary"):text.index("## Exercises")]
+    scaling = {row["ranks"]: row for row in load("10_scaling.json")["scaling"]}
+    links, top = load("10_scaling.json")["links"]["inter"], scaling[1024]
+    emulated = load("10_emulated.json")["emulated"]
+    ring = [r["simulated_over_measured"] for r in emulated if r["algorithm"] == "ring" and r["bytes"] >= 4 * MIB]
+    rab = [r["simulated_over_measured"] for r in emulated if r["algorithm"] == "rabenseifner"]
+    parallel = load("10_data_parallel.json")["data_parallel"]
+    best = {model: max(row["speedup"] for row in by["strong"]) for model, by in parallel.items()}
+    weak = {model: by["weak"][-1] for model, by in parallel.items()}
+    pipe = {(row["stages"], row["micro_batches"]): row for row in load("10_pipeline.json")["pipeline"]}[2, 64]
+    expected = [
+        f"stay under {ms(2 * MIB * links['beta']):.1f} ms of network time at any p",
+        f"take it to {ms(top['ring']):.2f} ms at p = 1024; the tree grows by {ms(top['tree'] - scaling[512]['tree']):.1f} ms",
+        f"within {(top['rabenseifner'] / top['network_bound'] - 1) * 100:.1f}% of the lower bound ({ms(top['rabenseifner']):.2f} ms)",
+        f"{ms(top['hierarchical_one_port']):.2f} ms against flat Rabenseifner's {ms(top['rabenseifner_one_port']):.2f} ms",
+        f"({min(ring):.2f} to {max(ring):.2f} of the measured time) and not for Rabenseifner ({min(rab):.2f} to {max(rab):.2f})",
+        f"a speed-up of {best['lenet5']:.1f} (strong scaling, batch 1024), the MLP {best['mlp']:.1f}",
+        f"at p = 1024 is {weak['lenet5']['efficiency']:.2f} for LeNet-5 and {weak['mlp']['efficiency']:.2f} for the MLP",
+        f"GPipe's is {pipe['gpipe_network']:.3f} against the formula's {pipe['formula']:.3f}",
+    ]
+    absent = [phrase for phrase in expected if phrase not in summary]
+    assert not absent, f"chapter 10's summary does not quote these as generated: {absent}"
+    assert weak["lenet5"]["ranks"] == weak["mlp"]["ranks"] == 1024
+
+
+def test_make_10_figures_quick_runs(tmp_path):
+    """The script's quick mode (p <= 16, a few sizes, one repeat, no figures), so that it does not rot;
+    and its error contract for an --out it cannot make."""
+    script = str(ROOT / "tutorials" / "figures" / "make_10_figures.py")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, script, "--quick", "--out", str(tmp_path)], capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    scaling = json.loads((tmp_path / "10_scaling.json").read_text())["scaling"]
+    assert [row["ranks"] for row in scaling] == [2, 4, 8, 16] and scaling[-1]["hierarchical_one_port"] > 0
+    pipeline = json.loads((tmp_path / "10_pipeline.json").read_text())["pipeline"]
+    assert all(abs(row["gpipe_free"] - row["formula"]) < 1e-12 for row in pipeline)
+    for name in ("10_sizes.json", "10_reproduction.md", "10_emulated.md", "10_data_parallel.json", "10_strong.md"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    bad = subprocess.run([sys.executable, script, "--quick", "--out", str(tmp_path / "10_scaling.json" / "x")],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: --out") and len(bad.stderr.splitlines()) == 1
