@@ -39,6 +39,10 @@ by the same additions as in the blocking butterfly, so the parameters are bitwis
 nothing: the ranks that compute and the ones that communicate share the cores) and what the
 model predicts with a core per rank: tutorials/04_data_parallelism.md.
 
+Memory: ``--recompute`` keeps no activations inside about sqrt(layers) checkpointed segments of
+the model and recomputes them in the backward (``minidl.recompute``): bitwise the same gradients,
+so the same parameters; ``python -m algorithms.memory`` counts what it saves per rank.
+
 Restrictions: p <= number of training examples (every rank needs a row; checked on every rank
 before training); --buckets > 0 and only with --allreduce butterfly.
 
@@ -129,7 +133,8 @@ def train(comm=None, allreduce="ring", buckets=None, **settings):
 
 
 def main(argv=None):
-    parser = cli.parser(__doc__.splitlines()[0], epochs=20, momentum=0.9, partition="global", allreduce="ring")
+    parser = cli.parser(__doc__.splitlines()[0], epochs=20, momentum=0.9, partition="global", allreduce="ring",
+                        recompute=True)
     parser.add_argument("--buckets", type=float, default=None, metavar="MB",
                         help="overlap the sum with backward in buckets of about MB megabytes (needs --allreduce "
                              "butterfly; bitwise the same parameters)")

@@ -70,6 +70,12 @@ _SCRATCH = threading.local()   # per thread: (n, dtype) -> a cached numpy receiv
 _SUPPORTED = {}        # dtype -> whether dtype_problem accepts it (cached for fast_arguments)
 
 
+def release_scratch():
+    """Forget this thread's cached receive buffers (``scratch``): the next call allocates afresh.
+    For measuring what a collective allocates (``algorithms.memory``); never needed for correctness."""
+    _SCRATCH.__dict__.clear()
+
+
 def scratch(like, n=None):
     """A receive buffer of n (default len(like)) elements of like's dtype, reused between calls.
 

@@ -51,6 +51,7 @@ MODULES = sorted(info.name.removeprefix("algorithms.")
                  if hasattr(importlib.import_module(info.name), "main") and info.name != "algorithms.core.evaluate")
 # a short run of each, so that a flag the walk fails to have refused costs seconds, not minutes
 SHORT = {"pbt": ["--rounds", "1", "--ready", "2"], "bench": ["--quick", "--no-torch"], "sandblaster_lbfgs": ["--epochs", "1", "--max-iter", "2"],
+         "memory": ["--ranks", "2", "--model", "mlp"],
          "core.compare": ["--epochs", "1", "--algorithms", "allreduce_sgd", "--out", "/tmp/minidl-flags-compare.png"]}
 
 
@@ -151,7 +152,7 @@ def test_the_walk_reaches_every_algorithm_and_its_own_flags():
     assert {"--slow-factor", "--portions", "--backup-threshold"} <= tried["sandblaster_lbfgs"]
     assert {"--micro-batches", "--stages"} <= tried["hybrid_parallel"]
     assert all({"--epochs", "--lr", "--seed", "--log"} & flags for name, flags in tried.items()
-               if name != "bench")                 # the benchmark trains nothing: its flags are its own
+               if name not in ("bench", "memory"))   # these two train nothing: their flags are their own
     assert {"--ranks", "--steps", "--runs", "--json", "--markdown"} <= tried["bench"]
 
 

@@ -7,7 +7,8 @@
 Shared flags: --dataset digits|mnist [--data-dir D] --model cnn|mlp|lenet5 --epochs N --lr X
 --momentum M --batch-size B (per rank) --seed S --log run.jsonl --save params.npz
 --resume params.npz --quiet; the data-parallel ones add --partition and --check-every, and
---allreduce where the algorithm uses one (a flag an algorithm cannot honour is not offered).
+--allreduce where the algorithm uses one, --recompute where the whole model runs through the
+objective (a flag an algorithm cannot honour is not offered).
 
 The error contract (``run_main``): any bad input or failure stops every rank with one line
 ``error: <what, where>`` and exit status 2, never a traceback for something a user can cause and
@@ -37,13 +38,14 @@ class SettingError(ValueError):
 
 
 def parser(description, epochs=10, lr=0.05, batch_size=32, model="cnn", momentum=0.0,
-           partition=None, allreduce=None, files=True):
+           partition=None, allreduce=None, files=True, recompute=False):
     """An ArgumentParser with the flags every algorithm shares; modules add their own.
 
     ``partition`` (a default) adds --partition and --check-every (the data-parallel family);
     ``allreduce`` (a default) adds --allreduce; ``momentum`` None leaves --momentum out (an update
     without momentum, such as Hogwild's, does not offer the flag); ``files`` False leaves out --log,
-    --save and --resume (a command that runs several algorithms in turn).
+    --save and --resume (a command that runs several algorithms in turn); ``recompute`` True adds
+    --recompute (an algorithm whose whole model runs through the objective: serial, allreduce SGD).
     """
     p = argparse.ArgumentParser(description=description,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -69,6 +71,10 @@ def parser(description, epochs=10, lr=0.05, batch_size=32, model="cnn", momentum
         p.add_argument("--check-every", type=int, default=1,
                        help="agree on a non-finite loss every this many steps (0: at epoch ends only)")
         add_schedule_flags(p)
+    if recompute:
+        p.add_argument("--recompute", action="store_true",
+                       help="keep no activations inside about sqrt(layers) segments; recompute them in the "
+                            "backward (minidl.recompute: the same gradients, less memory)")
     if allreduce is not None:
         p.add_argument("--allreduce", default=allreduce, choices=ALLREDUCE_NAMES,
                        help="allreduce algorithm (mpi: MPI's own Allreduce)")
@@ -161,7 +167,7 @@ def parse_period(text):
 
 SHARED = ("dataset", "data_dir", "model", "epochs", "lr", "momentum", "batch_size", "seed", "log", "save",
           "resume", "quiet", "partition", "check_every", "lr_scaling", "reference_batch", "warmup_epochs", "lr_decay",
-          "decay_factor", "batch_schedule")
+          "decay_factor", "batch_schedule", "recompute")
 
 
 def shared_settings(args):

@@ -12,6 +12,7 @@ property tests use the latter). ``params`` and ``grad`` are the vectors of a
 ``minidl.flat.FlatParameters`` in both cases: the layers' own arrays are views into them.
 """
 import dataclasses
+import math
 
 import numpy
 
@@ -19,6 +20,7 @@ from algorithms.core import cli
 from minidl import backend, data as datasets, models
 from minidl import functional as F
 from minidl.flat import FlatParameters, flatten
+from minidl.recompute import checkpointed
 from minidl.tensor import Parameter, Tensor, no_grad
 
 
@@ -137,18 +139,22 @@ class ConvexObjective:
                 "distance_to_optimum": float(numpy.linalg.norm(self.params - self.problem.w_star))}
 
 
-def build(model="cnn", dataset="digits", seed=0, data=None, data_dir=None, problem=None, model_seed=None):
+def build(model="cnn", dataset="digits", seed=0, data=None, data_dir=None, problem=None, model_seed=None,
+          recompute=False):
     """The objective one rank trains: ``problem`` (a synthetic convex problem) if given, else a network.
 
     ``model`` is a name in ``minidl.models`` or a function returning a fresh ``Module`` (tests pass
     float64 models); it is built from ``model_seed`` (default ``seed``), so every rank starts from
-    the same weights unless an algorithm (ensembles) asks otherwise.
+    the same weights unless an algorithm (ensembles) asks otherwise. ``recompute``: the network in
+    checkpointed segments (``minidl.recompute``): the same gradients, fewer activations kept.
     """
     if problem is not None:
         return ConvexObjective(problem)
     data = data or load_data(dataset, seed, data_dir)
     seed = seed if model_seed is None else model_seed
     net = model() if callable(model) else build_model(model, seed, dataset)
+    if recompute:                # --recompute: about sqrt(layers) segments (Chen et al. 2016); the same parameters
+        net = checkpointed(net, max(1, round(math.sqrt(len(net)))))
     return NetworkObjective(net, data)
 
 

@@ -66,6 +66,7 @@ class Settings:
     lr_decay: tuple = ()
     decay_factor: float = 10.0
     batch_schedule: bool = False
+    recompute: bool = False          # activations recomputed in the backward (minidl.recompute)
 
     @classmethod
     def of(cls, given, **defaults):
@@ -300,7 +301,8 @@ def start(comm, settings, check=None, model_seed=None, replicated=True, reader=N
             checkpoint.check_save(settings.save)
         meta = writer.meta(settings, size)
         objective = build_objective(settings.model, settings.dataset, settings.seed, settings.data,
-                                    settings.data_dir, settings.problem, model_seed=model_seed)
+                                    settings.data_dir, settings.problem, model_seed=model_seed,
+                                    recompute=settings.recompute)
         if size > objective.n:
             raise SettingError(f"{size} ranks but only {objective.n} training examples: every rank needs at "
                                f"least one (use fewer ranks)")

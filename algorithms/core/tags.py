@@ -17,6 +17,8 @@ GOSSIP = 7201                   # gossip SGD: partners swap parameter vectors
 PBT_EXPLOIT = 7301              # PBT: a winner's [w, v] to its loser, tag PBT_EXPLOIT + loser
 PBT_MEMBERS = 600               # at most this many members, so PBT's range ends at 7900
 MODEL_PARALLEL = 7901           # model parallelism: every partition-crossing message
+SPATIAL_HALO = 7950             # spatial split: halo rows to a neighbour, and their gradients back
+SPATIAL_GATHER = 7951           # spatial split: the last map's tiles to every rank, before the head
 PIPELINE = 8000                 # pipeline: micro-batch i's activation 8000 + 2 i, its gradient 8001 + 2 i
 PIPELINE_MICRO_BATCHES = 10000  # at most this many micro-batches: the last tag is 27999
 
@@ -26,5 +28,6 @@ RANGES = {                      # name: (first tag, how many)
     "gossip": (GOSSIP, 1),
     "PBT exploit": (PBT_EXPLOIT, PBT_MEMBERS),
     "model parallelism": (MODEL_PARALLEL, 1),
+    "spatial split": (SPATIAL_HALO, 2),
     "pipeline": (PIPELINE, 2 * PIPELINE_MICRO_BATCHES),
 }

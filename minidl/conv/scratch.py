@@ -7,6 +7,13 @@ _workspace_lock = threading.Lock()
 _BUFFERS_PER_SHAPE = 4
 
 
+def release():
+    """Forget every pooled buffer (each is freed once nothing else holds it): the next calls allocate
+    afresh. For measuring what a step allocates (``algorithms.memory``); never needed for correctness."""
+    with _workspace_lock:
+        _workspaces.clear()
+
+
 def workspace(xp, shape, dtype, zero=False):
     """A reusable scratch array of ``shape`` and ``dtype`` (uninitialised unless ``zero``).
 

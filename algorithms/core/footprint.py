@@ -1,0 +1,91 @@
+"""What each layer of a network holds in memory: parameters, and per example what its forward keeps.
+
+    layers = footprint.of(net, (1, 28, 28))      # one LayerBytes per layer of a Sequential, in order
+    activations(layers, rows)                    # bytes the forward keeps for the backward, for ``rows`` examples
+    activations(layers, rows, recompute=True)    # the same with --recompute (minidl.recompute)
+
+The per-example bytes follow minidl's own kernels (float32 unless the model says otherwise):
+
+    Linear      its output (N, out) (its input is the previous layer's output, already counted)
+    ReLU        its output
+    Conv2d      its output, and scratch the workspace pool keeps (minidl.conv.scratch): the columns
+                (C k k, N Ho Wo) (the backward reads them), the GEMM's (F, N Ho Wo) result, and the
+                zero-padded input (C, H + 2p, W + 2p) when p > 0
+    MaxPool2d   its output and the copy of the k k window offsets (k k outputs) the backward compares
+    Flatten     nothing (a view)
+    the loss    the shifted logits (classes)
+
+With recomputation in S segments (``checkpointed``), the forward keeps each segment's output and the
+conv scratch (the pool keeps it whatever runs), and the backward, one segment at a time, the
+activations of one segment: the largest segment's is the peak.
+"""
+import dataclasses
+import math
+
+import numpy
+
+from minidl.nn import Conv2d, Linear, MaxPool2d, ReLU
+from minidl.tensor import Tensor, no_grad
+
+
+@dataclasses.dataclass
+class LayerBytes:
+    name: str
+    params: int               # parameter count
+    fresh: int                # bytes per example of arrays the forward allocates and keeps
+    scratch: int              # bytes per example of the workspace pool's arrays (conv)
+    out: int                  # bytes per example of the layer's output
+
+
+def of(net, example_shape):
+    """One LayerBytes per layer of the Sequential ``net`` for inputs of ``example_shape`` (no batch axis)."""
+    dtype = next(iter(net.parameters())).dtype
+    x, layers = numpy.zeros((1,) + tuple(example_shape), dtype=dtype), []
+    with no_grad():
+        for layer in net:
+            y = layer(Tensor(x)).data
+            fresh, scratch = 0, 0
+            if isinstance(layer, (Linear, ReLU)):
+                fresh = y.nbytes
+            elif isinstance(layer, Conv2d):
+                k, p, (c, h, w) = layer.kernel_size, layer.padding, x.shape[1:]
+                fresh = y.nbytes
+                scratch = y.nbytes + c * k * k * y.shape[2] * y.shape[3] * y.itemsize
+                scratch += c * (h + 2 * p) * (w + 2 * p) * y.itemsize if p else 0
+            elif isinstance(layer, MaxPool2d):
+                fresh = y.nbytes * (layer.kernel_size ** 2 + 1)
+            params = sum(parameter.size for parameter in layer.parameters())
+            layers.append(LayerBytes(type(layer).__name__, params, fresh, scratch, y.nbytes))
+            x = y
+    return layers
+
+
+def segments_of(count):
+    """(start, stop) layer ranges of the round(sqrt(count)) segments ``--recompute`` cuts ``count`` layers
+    into (``minidl.recompute.checkpointed``, as ``algorithms.core.objective.build``)."""
+    segments = max(1, round(math.sqrt(count)))
+    base, extra = divmod(count, segments)
+    ranges, start = [], 0
+    for k in range(segments):
+        ranges.append((start, start + base + (k < extra)))
+        start = ranges[-1][1]
+    return ranges
+
+
+def activations(layers, rows, recompute=False, copies=1, loss=True):
+    """Bytes of activations a rank holds for ``copies`` batches of ``rows`` examples through ``layers``
+    (a pipeline stage holds several micro-batches at once): plain, all that the forward keeps; with
+    ``recompute``, each segment's output (and one copy of the conv scratch), plus the largest
+    segment of one batch recomputed. ``loss``: the layers end in the loss, which keeps its logits."""
+    logits = layers[-1].out if loss else 0
+    scratch = sum(layer.scratch for layer in layers)
+    if not recompute:
+        return copies * rows * (sum(layer.fresh for layer in layers) + scratch + logits)
+    cut = segments_of(len(layers))
+    kept = sum(layers[stop - 1].out for _, stop in cut) + logits
+    largest = max(sum(layer.fresh for layer in layers[start:stop]) for start, stop in cut)
+    return copies * rows * kept + rows * (scratch + largest)
+
+
+def parameters(layers):
+    return sum(layer.params for layer in layers)

@@ -1,0 +1,232 @@
+"""Spatial model parallelism (DistBelief): every feature map cut into blocks of rows, one per rank.
+
+    mpiexec -n 2 python -m algorithms.spatial_parallel [--model cnn]
+    mpiexec -n 4 python -m algorithms.spatial_parallel --model lenet5 --dataset mnist --data-dir DIR
+
+Paper: Dean et al. 2012, section 3 and Figure 1: a locally connected or convolutional layer is
+partitioned by blocks of the feature map, so "only those nodes with edges that cross partition
+boundaries will need to have their state transmitted between machines". Ben-Nun & Hoefler 2019
+call it spatial (domain) decomposition. Full references: tutorials/references.md.
+
+Rank r holds rows [lo_r, hi_r) of every feature map, all channels, the whole width and the whole
+batch (``algorithms.core.tiling``: uneven tiles allowed, aligned to the pooling windows). A k x k
+convolution with padding p needs, for its output rows, k - 1 rows more than it owns: the halo, which
+the neighbours r - 1 (above) and r + 1 (below) own. Per stage s (``spatial_gradient``):
+
+    forward   window_s = [top halo from r-1 | my rows | bottom halo from r+1]   (halo_exchange)
+              tile_s+1 = maxpool_q(relu(conv_s(window_s zero-padded at the map's edges only)))
+    head      map = the tiles of the last stage, gathered on every rank (gather_rows); the FC
+              layers and the loss run whole on every rank: the same numbers everywhere
+    backward  d map -> my rows of it (no message); per stage, backward through pool, relu, conv:
+              d window_s, whose halo rows go back to the neighbour that owns them and are added
+              there (return_halo_gradient): the adjoint of the exchange
+    weights   every rank holds every weight (the convolution's weights are shared by all
+              positions); its conv gradient is its tiles' share, summed over ranks by the ring
+              allreduce; the head's gradient is already whole on every rank
+
+so the step is serial SGD's up to the order of the additions in the conv weights' gradient sum
+(tests/test_spatial_parallel.py: loss, gradients and 10 SGD steps against serial, float64).
+
+Pooling and the head, a choice: tiles are aligned to pooling windows (a rank's conv rows are
+[q c_r, q d_r) for its pooled rows [c_r, d_r)), so pooling needs no message; the FC head sees
+every pixel, so the last map is gathered before it (an allgather of (N, C, H, W) per step) and run
+whole everywhere, rather than cutting the FC layers too (that is ``model_parallel``).
+The first convolution reads its halo from the image, which every rank holds: no message.
+
+Communication per step (batch N, itemsize b; ``bytes_per_step``), all ranks together:
+
+    halo     2 sum_{s >= 1} H_s^halo N C_s W_s b      H_s^halo: halo rows of stage s over all ranks
+                                                      (a same-padded k x k conv: 2 (P - 1) (k - 1)/2)
+    gather   (P - 1) N C_S H_S W_S b                  the last map, every tile to every other rank
+    weights  2 (P - 1) n_conv b                       ring allreduce of the conv weights' gradient
+
+The halo pays per boundary row, not per pixel of the map: DistBelief's argument for large maps.
+The channel split (``model_parallel``) sends whole maps at every layer instead: tutorials/06.
+
+Restrictions: a network of Conv2d (stride 1) [-> ReLU] [-> MaxPool2d with stride = kernel] stages
+then a head of Flatten, Linear and ReLU layers; every rank owns >= 1 pooled row of every map (the
+small CNN on 8x8 digits: P <= 2; LeNet-5 on 28x28: P <= 5); a halo no wider than a neighbour's tile.
+Checkpoints: every rank holds the whole model, so --save writes the same layout-free ``params`` as
+allreduce_sgd, and --resume reads any SGD-family file.
+
+Default run (small CNN, digits, 10 epochs, batch 32, lr 0.05, momentum 0.9): serial SGD's
+trajectory, 98.9% test accuracy at P = 2 as ``serial_sgd``.
+"""
+import numpy
+from mpi4py import MPI
+
+from algorithms.core import checkpoint, cli, run, tags
+from algorithms.core.tiling import Tiling
+from minidl import functional as F
+from minidl.nn import Sequential
+from minidl.tensor import Tensor
+
+HALO, GATHER = tags.SPATIAL_HALO, tags.SPATIAL_GATHER
+
+
+def shift(comm, dest, sendbuf, source, recvbuf, tag=HALO):
+    """One hop along the chain of ranks: send to ``dest``, receive from ``source`` (None: no partner).
+
+    Within one call every message goes the same way (all down or all up), so the waits form a chain,
+    never a cycle: no deadlock, whatever MPI's eager limit."""
+    if dest is not None and source is not None:
+        comm.Sendrecv(sendbuf, dest=dest, sendtag=tag, recvbuf=recvbuf, source=source, recvtag=tag)
+    elif dest is not None:
+        comm.Send(sendbuf, dest=dest, tag=tag)
+    elif source is not None:
+        comm.Recv(recvbuf, source=source, tag=tag)
+
+
+def rows_of(array, lo, hi, first):
+    """Rows [lo, hi) (absolute) of ``array`` whose row 0 is absolute row ``first``, as a contiguous copy."""
+    return numpy.ascontiguousarray(array[:, :, lo - first:hi - first])
+
+
+def halo_exchange(comm, tile, stage):
+    """My tile (N, C, my rows, W) -> my window (N, C, needed rows, W): halo rows from both neighbours."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    (own_lo, own_hi), (need_lo, need_hi) = stage.owned[rank], stage.needed[rank]
+    window = numpy.empty(tile.shape[:2] + (need_hi - need_lo,) + tile.shape[3:], dtype=tile.dtype)
+    lo, hi = max(need_lo, own_lo), min(need_hi, own_hi)
+    window[:, :, lo - need_lo:hi - need_lo] = tile[:, :, lo - own_lo:hi - own_lo]
+    # down: rank + 1's top halo (my last rows) to it, mine from rank - 1; then up, the mirror image
+    for to, source, halo in ((rank + 1, rank - 1, stage.top), (rank - 1, rank + 1, stage.bottom)):
+        send_lo, send_hi = halo(to) if 0 <= to < size else (0, 0)
+        recv_lo, recv_hi = halo(rank)
+        received = numpy.empty(tile.shape[:2] + (recv_hi - recv_lo,) + tile.shape[3:], dtype=tile.dtype)
+        shift(comm, to if send_hi > send_lo else None, rows_of(tile, send_lo, send_hi, own_lo),
+              source if recv_hi > recv_lo else None, received)
+        window[:, :, recv_lo - need_lo:recv_hi - need_lo] = received
+    return window
+
+
+def return_halo_gradient(comm, grad_window, stage):
+    """d window (N, C, needed rows, W) -> d my tile: my rows of it, plus the gradients of the rows my
+    neighbours borrowed, sent back by them (the adjoint of ``halo_exchange``: receives become sends)."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    (own_lo, own_hi), (need_lo, need_hi) = stage.owned[rank], stage.needed[rank]
+    grad_tile = numpy.zeros(grad_window.shape[:2] + (own_hi - own_lo,) + grad_window.shape[3:],
+                            dtype=grad_window.dtype)
+    lo, hi = max(need_lo, own_lo), min(need_hi, own_hi)
+    grad_tile[:, :, lo - own_lo:hi - own_lo] += grad_window[:, :, lo - need_lo:hi - need_lo]
+    # down: my bottom halo's gradient to rank + 1, whose rows they are; rank - 1's of my first rows to me
+    for to, source, halo in ((rank + 1, rank - 1, stage.bottom), (rank - 1, rank + 1, stage.top)):
+        send_lo, send_hi = halo(rank)
+        recv_lo, recv_hi = halo(source) if 0 <= source < size else (0, 0)
+        received = numpy.empty(grad_window.shape[:2] + (recv_hi - recv_lo,) + grad_window.shape[3:],
+                               dtype=grad_window.dtype)
+        shift(comm, to if send_hi > send_lo else None, rows_of(grad_window, send_lo, send_hi, need_lo),
+              source if recv_hi > recv_lo else None, received)
+        grad_tile[:, :, recv_lo - own_lo:recv_hi - own_lo] += received
+    return grad_tile
+
+
+def gather_rows(comm, tile, tiles):
+    """Every rank's tile (N, C, rows_r, W), in row order, on every rank: P - 1 steps around the ring
+    (step k: pass on the tile of rank r - k to r + 1, receive rank r - k - 1's from r - 1)."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    parts = [numpy.empty(tile.shape[:2] + (hi - lo,) + tile.shape[3:], dtype=tile.dtype) for lo, hi in tiles]
+    parts[rank] = numpy.ascontiguousarray(tile)
+    for step in range(size - 1):
+        send, receive = (rank - step) % size, (rank - step - 1) % size
+        comm.Sendrecv(parts[send], dest=(rank + 1) % size, sendtag=GATHER, recvbuf=parts[receive],
+                      source=(rank - 1) % size, recvtag=GATHER)
+    return numpy.concatenate(parts, axis=2)
+
+
+def run_stage(stage, window, rank, need_grad):
+    """conv (zero padding only at the map's edges) -> ReLU -> pooling, through minidl's autograd;
+    (the padded window as a leaf, my rows of the next map)."""
+    top, bottom = stage.padding(rank)
+    p = stage.conv.padding
+    padded = numpy.pad(window, ((0, 0), (0, 0), (top, bottom), (p, p)))
+    leaf = Tensor(padded, requires_grad=need_grad)
+    out = F.conv2d(leaf, stage.conv.weight, stage.conv.bias, 1, 0, stage.conv.algorithm)
+    out = F.relu(out) if stage.relu else out
+    out = F.max_pool2d(out, stage.pool) if stage.pool > 1 else out
+    return leaf, out
+
+
+def spatial_gradient(comm, tiling, x, labels, sum_conv_gradient):
+    """The gradient of the whole model for the batch (x, labels) on every rank (the heart); the mean loss.
+
+    Every rank holds the whole model (``tiling``'s layers); gradients accumulate into their .grad,
+    and ``sum_conv_gradient()`` sums the conv layers' over ranks at the end."""
+    # BEGIN SOLUTION
+    rank = comm.Get_rank()
+    kept, tile = [], None
+    # forward, stage by stage: my window (my rows and the halo), then my rows of the next map
+    for s, stage in enumerate(tiling.stages):
+        if s == 0:                                     # the image: every rank reads its window itself
+            lo, hi = stage.needed[rank]
+            window = x[:, :, lo:hi]
+        else:                                          # the halo from the neighbours
+            window = halo_exchange(comm, tile.data, stage)
+        leaf, tile = run_stage(stage, window, rank, need_grad=s > 0)
+        kept.append((leaf, tile))
+    # head: the whole last map on every rank, the FC layers and the loss on it (the same on every rank)
+    tiles, _ = tiling.final
+    whole = Tensor(gather_rows(comm, tile.data, tiles), requires_grad=True)
+    loss = F.softmax_cross_entropy(Sequential(*tiling.head)(whole), labels)
+    loss.backward()
+    lo, hi = tiles[rank]
+    grad = whole.grad[:, :, lo:hi]                     # my rows: no message
+    # backward, stage by stage: through pool, ReLU, conv; the halo's gradient back to its owner
+    for s in range(len(tiling.stages) - 1, -1, -1):
+        leaf, tile = kept[s]
+        tile.backward(numpy.ascontiguousarray(grad))
+        if s > 0:
+            stage, p = tiling.stages[s], tiling.stages[s].conv.padding
+            top, bottom = stage.padding(rank)
+            grad_window = leaf.grad[:, :, top:leaf.shape[2] - bottom, p:leaf.shape[3] - p]
+            grad = return_halo_gradient(comm, grad_window, stage)
+    # the shared conv weights: every rank's tiles contributed, so sum over ranks
+    sum_conv_gradient()
+    # END SOLUTION
+    return float(loss.item())
+
+
+def bytes_per_step(tiling, batch, itemsize):
+    """Bytes all ranks send in one step (the formula of the docstring)."""
+    weights = 2 * (tiling.size - 1) * tiling.conv_parameters() * itemsize
+    return tiling.halo_bytes(batch, itemsize) + tiling.gather_bytes(batch, itemsize) + weights
+
+
+def no_problem(settings):
+    if settings.problem is not None:
+        raise cli.SettingError("the spatial split needs a convolutional network, not a convex problem")
+
+
+def train(comm=None, **settings):
+    """Spatially partitioned SGD on ``comm``: one replica, every feature map in P row blocks; returns
+    (final flat parameters, the same on every rank, history)."""
+    comm = comm or MPI.COMM_WORLD
+    settings = run.Settings.of(settings, epochs=10, momentum=0.9, partition="global")
+    job = run.start(comm, settings, check=no_problem, reader=(0, 1),
+                    writer=checkpoint.Writer("spatial_parallel", checkpoint.SGD_FAMILY,
+                                             layout={"tiles": comm.Get_size()}))
+    objective = job.objective
+    _, _, height, width = objective.data.x_train.shape
+    with run.agreed(comm):                     # after the shared flags' checks, before any message of the run
+        name = f"--model {settings.model}" if isinstance(settings.model, str) else "the model"
+        tiling = Tiling.of(objective.net, height, width, comm.Get_size(), name)
+    conv_gradient = objective.grad[:tiling.conv_parameters()]       # the conv layers come first in the flat vector
+    allreduce = run.allreduce_function("ring")
+
+    def step(batch):
+        objective.flat.zero_grad()
+        loss = spatial_gradient(job.counting, tiling, objective.data.x_train[batch.index],
+                                objective.data.y_train[batch.index], lambda: allreduce(job.counting, conv_gradient))
+        job.optimizer.step()                            # the same update on every rank
+        return loss
+
+    return job.loop(step)
+
+
+def main(argv=None):
+    args = cli.parser(__doc__.splitlines()[0], epochs=10, momentum=0.9).parse_args(argv)
+    cli.run_main(train, args)
+
+
+if __name__ == "__main__":
+    main()
