@@ -1,4 +1,4 @@
-"""The tables and figures of chapter 11 (memory as the limit); about 10 minutes on 2 shared cores.
+"""The tables and figures of chapter 11 (memory as the limit); 2 to 6 minutes on 2 shared cores.
 
     mpiexec -n 2 python tutorials/figures/make_11_figures.py [--quick] [--out DIR]
 
@@ -17,9 +17,11 @@ The training runs (all at P = 2, digits, a global batch of 32 examples per step:
 ZeRO 16 per rank, the one-replica methods 32): allreduce SGD (ring) with and without --recompute,
 ZeRO 1/2/3 and pipeline (1F1B, 4 micro-batches) on the MLP; tensor parallelism on the MLP; allreduce
 SGD with and without --recompute and the spatial split on the small CNN (spatial_parallel needs
-convolutions, tensor_parallel a Linear, ReLU, Linear block). ZeRO and --recompute give allreduce
-SGD's bits (same seed, same bits), which the script checks: one seed says all; the others differ
-from allreduce SGD in the order of their sums or their batches, and run 3 seeds.
+convolutions, tensor_parallel a Linear, ReLU, Linear block), 10 epochs, 3 seeds each. ZeRO and
+--recompute give allreduce SGD's bits (same seed, same bits), which the script checks seed by seed;
+the others sum in another order (the ring over the blocks' columns, the tiles' conv gradients), so
+their accuracy is compared seed by seed with allreduce SGD's (the difference per seed, and its mean
+± the 95% t interval: inside the noise where the interval holds 0).
 --quick: one epoch, one seed, p up to 8: a check that the script runs, not numbers for the chapter.
 """
 import argparse
@@ -72,8 +74,11 @@ def memory_tables(out, quick):
                           indent=1)
         comm.Barrier()
         tables[model] = path
-    if comm.Get_rank() != 0:
-        return None
+    return predicted_sweep(out, quick) if comm.Get_rank() == 0 else None
+
+
+def predicted_sweep(out, quick):
+    """{model: {method: {p: {"total": bytes, "states": params + grads + optimizer}}}}, predicted, p = 1..64."""
     sweep = {}
     for model in ("lenet5", "mlp"):
         for p in range(1, (8 if quick else 64) + 1):
@@ -81,7 +86,9 @@ def memory_tables(out, quick):
                 if record["predicted"] is None:
                     continue
                 key = record["method"] + (" + recompute" if record["recompute"] else "")
-                sweep.setdefault(model, {}).setdefault(key, {})[p] = sum(record["predicted"].values())
+                parts = record["predicted"]
+                sweep.setdefault(model, {}).setdefault(key, {})[p] = {
+                    "total": sum(parts.values()), "states": parts["params"] + parts["grads"] + parts["optimizer"]}
     with open(os.path.join(out, "11_memory_vs_p.json"), "w") as handle:
         json.dump(sweep, handle, indent=1)
     return sweep
@@ -102,27 +109,37 @@ def measured_points(out):
     return points
 
 
+COLOURS = {"data parallel": "C0", "ZeRO-1": "C1", "ZeRO-2": "C2", "ZeRO-3": "C3", "tensor": "C4",
+           "pipeline GPipe": "C5", "pipeline 1F1B": "C6", "spatial": "C7", "hybrid 2 x p/2": "C8",
+           "data parallel + recompute": "C9"}
+
+
 def plot_memory(sweep, points, path):
+    """Per-rank bytes against p: the model states (left) and everything (right), one row per model."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    figure, panels = plt.subplots(1, 2, figsize=(11, 4.2))
-    for axes, model, title in zip(panels, ("lenet5", "mlp"), ("LeNet-5 (28x28)", "the MLP (64-128-64-10)")):
-        for index, (method, line) in enumerate(sweep[model].items()):
-            if "recompute" in method and not method.startswith("data"):
-                continue                        # the recomputed lines of the other methods: in the JSON
-            ps = sorted(line, key=int)
-            style = "--" if "recompute" in method else "-"
-            drawn = axes.plot([int(p) for p in ps], [line[p] / 1024 for p in ps], style, label=method,
-                              color=f"C{index % 10}")
-            for p, value in points.get(model, {}).get(method, {}).items():
-                axes.plot(int(p), value / 1024, "o", color=drawn[0].get_color())
-        axes.set_xscale("log", base=2)
-        axes.set_yscale("log")
-        axes.set_xlabel("ranks p")
-        axes.set_ylabel("bytes per rank (KiB), batch 64")
-        axes.set_title(f"{title}: predicted lines, measured dots")
-    panels[1].legend(frameon=False, fontsize=7, ncol=2)
+    figure, panels = plt.subplots(2, 2, figsize=(11, 8))
+    for row, (model, title) in enumerate((("lenet5", "LeNet-5, 28 x 28"), ("mlp", "the MLP 64-128-64-10"))):
+        for column, part in enumerate(("states", "total")):
+            axes = panels[row][column]
+            for method, colour in COLOURS.items():
+                line = sweep[model].get(method)
+                if not line:
+                    continue
+                ps = sorted(line, key=int)
+                axes.plot([int(p) for p in ps], [line[p][part] / 1024 for p in ps], ".-" if len(ps) > 1 else "o",
+                          color=colour, markersize=3, label=method, linestyle="--" if "recompute" in method else "-")
+                for p, value in points.get(model, {}).get(method, {}).items():
+                    if part == "total":
+                        axes.plot(int(p), value / 1024, "o", color=colour, markersize=8, markerfacecolor="none")
+            axes.set_xscale("log", base=2)
+            axes.set_yscale("log")
+            axes.set_xlabel("ranks p")
+            axes.set_ylabel("KiB per rank" + (", batch 64 per replica" if part == "total" else ""))
+            axes.set_title(f"{title}: " + ("parameters + gradients + optimizer state" if part == "states"
+                                          else "everything (predicted; circles measured)"), fontsize=9)
+    panels[0][1].legend(frameon=False, fontsize=7, ncol=2)
     figure.tight_layout()
     figure.savefig(path, dpi=80)
     plt.close(figure)
@@ -188,7 +205,7 @@ def training_runs(out, quick):
     runs = []
     reference = {}
     for name, model, train, kwargs in methods():
-        for seed in seeds[:1] if name in BITWISE else seeds:
+        for seed in seeds:
             counter = MessageCounter(comm)
             started = time.perf_counter()
             params, history = train(counter, model=model, epochs=epochs, seed=seed, quiet=True, **kwargs)
@@ -240,17 +257,21 @@ def memory_markdown(path):
     return lines
 
 
-def mean_pm(values):
-    """mean ± the half-width of the 95% t interval (3 seeds: t = 4.303), in percent."""
+T_975 = {2: 4.303}          # t's 97.5% point for 2 degrees of freedom (3 seeds)
+
+
+def mean_pm(values, sign=""):
+    """mean ± the half-width of the 95% t interval, in percent (one value: the value alone)."""
+    digits = 2 if sign else 1
     if len(values) == 1:
-        return f"{values[0] * 100:.1f}% (1 seed: the bits of allreduce SGD)"
+        return f"{values[0] * 100:{sign}.{digits}f}% (1 seed)"
     mean, sd = np.mean(values), np.std(values, ddof=1)
-    return f"{mean * 100:.1f} ± {4.303 * sd / np.sqrt(len(values)) * 100:.1f}%"
+    return f"{mean * 100:{sign}.{digits}f} ± {T_975[len(values) - 1] * sd / np.sqrt(len(values)) * 100:.{digits}f}%"
 
 
 def runs_markdown(runs):
-    lines = ["| method | model | test accuracy | bytes per step, predicted | measured | messages per step, "
-             "predicted | measured |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| method | model | test accuracy | minus allreduce SGD's, same seed | bytes per step, predicted | "
+             "measured | messages per step, predicted | measured |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     seen = []
     for record in runs:
         key = (record["method"], record["model"])
@@ -259,37 +280,47 @@ def runs_markdown(runs):
         seen.append(key)
         same = [r for r in runs if (r["method"], r["model"]) == key]
         accuracy = mean_pm([r["test_accuracy"] for r in same])
-        lines.append(f"| {key[0]} | {key[1]} | {accuracy} | {record['predicted_bytes_per_step']:.0f} | "
+        base = {r["seed"]: r["test_accuracy"] for r in runs if (r["method"], r["model"]) == ("allreduce SGD", key[1])}
+        if key[0] == "allreduce SGD":
+            difference = "-"
+        elif all(r.get("same_bits_as_allreduce") for r in same):
+            difference = "0 (the same bits, every seed)"
+        else:
+            difference = mean_pm([r["test_accuracy"] - base[r["seed"]] for r in same], sign="+")
+        lines.append(f"| {key[0]} | {key[1]} | {accuracy} | {difference} | {record['predicted_bytes_per_step']:.0f} | "
                      f"{record['bytes_per_step']:.0f} | {record['predicted_messages_per_step']:.0f} | "
                      f"{record['messages_per_step']:.1f} |")
     return lines
 
 
-def main():
+def write_outputs(out, sweep, runs, plot):
+    """The plot (unless ``plot`` is False) and 11_tables.md; 11_runs.json when there are runs."""
+    if plot:
+        plot_memory(sweep, measured_points(out), os.path.join(out, "11_memory_vs_p.png"))
+    lines = []
+    for model in ("lenet5", "mlp"):
+        lines += [f"<!-- memory {model}, p = {P} -->"] + memory_markdown(os.path.join(out, f"11_memory_{model}.json"))
+        lines.append("")
+    if runs is not None:
+        with open(os.path.join(out, "11_runs.json"), "w") as handle:
+            json.dump({"ranks": P, "global_batch": GLOBAL_BATCH, "runs": runs}, handle, indent=1)
+        lines += ["<!-- runs -->"] + runs_markdown(runs)
+    with open(os.path.join(out, "11_tables.md"), "w") as handle:
+        handle.write("\n".join(lines) + "\n")
+
+
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one epoch, one seed, p <= 8: a check that it runs")
     parser.add_argument("--out", default=os.path.join(HERE, "out"))
-    parser.add_argument("--skip-runs", action="store_true", help="only the memory tables and the plot")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if comm.Get_rank() == 0:
         os.makedirs(args.out, exist_ok=True)
     comm.Barrier()
     sweep = memory_tables(args.out, args.quick)
-    runs = None if args.skip_runs else training_runs(args.out, args.quick)
-    if comm.Get_rank() != 0:
-        return
-    if not args.quick:
-        plot_memory(sweep, measured_points(args.out), os.path.join(args.out, "11_memory_vs_p.png"))
-    lines = []
-    for model in ("lenet5", "mlp"):
-        lines += [f"<!-- memory {model}, p = {P} -->"] + memory_markdown(os.path.join(args.out, f"11_memory_{model}.json"))
-        lines.append("")
-    if runs is not None:
-        with open(os.path.join(args.out, "11_runs.json"), "w") as handle:
-            json.dump({"ranks": P, "global_batch": GLOBAL_BATCH, "runs": runs}, handle, indent=1)
-        lines += ["<!-- runs -->"] + runs_markdown(runs)
-    with open(os.path.join(args.out, "11_tables.md"), "w") as handle:
-        handle.write("\n".join(lines) + "\n")
+    runs = training_runs(args.out, args.quick)
+    if comm.Get_rank() == 0:
+        write_outputs(args.out, sweep, runs, plot=not args.quick)
 
 
 if __name__ == "__main__":
