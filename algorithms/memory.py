@@ -13,7 +13,8 @@ Chen et al. 2016 for recomputation; Huang et al. 2019 (GPipe) and Narayanan et a
 tensor split; Dean et al. 2012 for the spatial split. Full references: tutorials/references.md.
 
 Per rank, for n parameters, p ranks, a batch of B rows per replica (``--batch-size``) and A(layers, rows)
-the activations the forward keeps (``algorithms.core.footprint``, which counts minidl's own kernels):
+the activations the forward keeps (``algorithms.core.footprint``, which counts minidl's own kernels;
+the formulas are ``algorithms.core.accounts``):
 
     method         params       grads       optimizer   activations               comm buffers
     data parallel  n b          n b         k n b       A(all, B)                 n/p b          (1)
@@ -47,134 +48,39 @@ Measured: the data-parallel rows (with and without --recompute) run one real ste
 phase by phase under tracemalloc (``algorithms.core.allocations``), its comm buffer only under
 ``mpiexec -n P`` (one process has no peers to allreduce with); the spatial row runs
 ``spatial_parallel``'s pieces phase by phase on the P ranks of ``mpiexec -n P`` (or P = 1), the
-largest figure over the ranks. The other rows print "not measured": their formulas were written
-before their steps were instrumented (ZeRO and tensor parallelism were not yet in the tree; the
-pipeline and hybrid steps interleave micro-batches' forwards, backwards and messages in one call).
+largest figure over the ranks; the pipeline rows run stage 0's micro-batches in the order of
+``pipeline_parallel.schedule`` in this process (``measure_pipeline``: activations in flight and send
+buffers; not its state, since pipeline_parallel keeps the whole model on every rank). The other rows
+print "not measured": ZeRO and tensor parallelism were not yet in the tree when their formulas were
+written, and the hybrid grid and the recomputed pipeline are not instrumented. At small micro-batches
+(a few rows) the Python objects of each graph node are a visible share of the MLP's bytes.
+
 What the numbers say for LeNet-5: the conv workspaces (im2col columns) are most of its activations,
 and minidl's workspace pool keeps them whatever runs, so recomputation saves little there; on deep
-MLPs it saves what ``minidl.recompute`` predicts (tests/test_recompute.py).
-tests/test_memory.py: predicted and measured within 10% for LeNet-5 and the MLP.
+MLPs it saves what ``minidl.recompute`` predicts (tests/test_recompute.py). 1F1B holds min(p, m)
+micro-batches where GPipe holds m. tests/test_memory.py: every measured row within 10% of its
+prediction for LeNet-5 (batch 64) and the MLP (batch 512), at p = 1 and 2.
 """
 import argparse
-import dataclasses
 import json
-import math
+import tracemalloc
+
+import numpy
 
 from mpi4py import MPI
 
-from algorithms import spatial_parallel
-from algorithms.core import allocations, cli, footprint, run
+from algorithms import pipeline_parallel, spatial_parallel
+from algorithms.core import allocations, cli, run
+from algorithms.core.accounts import EXAMPLE, PARTS, dataset_of, predicted_rows, row
 from algorithms.core.cli import SettingError
 from algorithms.core.objective import build_model
 from algorithms.core.tiling import Tiling
 from collectives.buffers import release_scratch
 from minidl import functional as F
 from minidl.conv.scratch import release
-from minidl.data import shard_sizes
+from minidl.flat import flatten
 from minidl.nn import Sequential
 from minidl.tensor import Tensor
-
-PARTS = ("params", "grads", "optimizer", "activations", "comm")
-EXAMPLE = {"mlp": (1, 8, 8), "cnn": (1, 8, 8), "lenet5": (1, 28, 28)}
-
-
-def share(n, p):
-    return math.ceil(n / p)
-
-
-def scaled(layer, fraction):
-    """``layer``'s per-example activation bytes times ``fraction`` (a rank's share of them)."""
-    return dataclasses.replace(layer, fresh=math.ceil(layer.fresh * fraction),
-                               scratch=math.ceil(layer.scratch * fraction), out=math.ceil(layer.out * fraction))
-
-
-def row(params, grads, optimizer, activations, comm):
-    return dict(zip(PARTS, (params, grads, optimizer, activations, comm)))
-
-
-def data_parallel(layers, p, batch, b, k, recompute):
-    n = footprint.parameters(layers)
-    comm = share(n, p) * b if p > 1 else 0
-    return row(n * b, n * b, k * n * b, footprint.activations(layers, batch, recompute), comm)
-
-
-def zero(stage, layers, p, batch, b, k, recompute):
-    """ZeRO stage 1, 2 or 3 (the formulas of the header)."""
-    n = footprint.parameters(layers)
-    largest = max(layer.params for layer in layers)
-    comm = {1: share(n, p) * b, 2: n * b, 3: 2 * largest * b}[stage] if p > 1 else 0
-    return row((share(n, p) if stage >= 3 else n) * b, (share(n, p) if stage >= 2 else n) * b, k * share(n, p) * b,
-               footprint.activations(layers, batch, recompute), comm)
-
-
-def tensor(layers, p, batch, b, k, recompute):
-    """Megatron's split of the Linear layers in (column, row) pairs; the rest replicated."""
-    linear = [index for index, layer in enumerate(layers) if layer.name == "Linear"]
-    pairs = [(linear[i], linear[i + 1]) for i in range(0, len(linear) - 1, 2)]
-    split = {index for pair in pairs for index in pair}
-    params = sum(share(layer.params, p) if index in split else layer.params for index, layer in enumerate(layers))
-    # the column layer's output and the ReLU behind it are split p ways; the row layer's output is whole
-    column = {first + offset for first, _ in pairs for offset in (0, 1)}
-    activations = footprint.activations([scaled(layer, 1 / p) if index in column else layer
-                                         for index, layer in enumerate(layers)], batch, recompute)
-    width = max((layers[second].out for _, second in pairs), default=0)
-    return row(params * b, params * b, k * params * b, activations, batch * width if p > 1 else 0)
-
-
-def stage_layers(layers, p):
-    """Stage 0's layers and the layer after them (``pipeline_parallel``'s cut: L/p each, the first stages one more)."""
-    return layers[:int(shard_sizes(len(layers), p)[0])]
-
-
-def pipeline(layers, p, batch, b, k, recompute, micro_batches, kind):
-    """GPipe or 1F1B, stage 0 (the most micro-batches in flight); its comm buffers: every micro-batch's
-    output, which ``pipeline_gradient``'s Isend holds until the step's Waitall, and one gradient received."""
-    stage = stage_layers(layers, p)
-    rows = share(batch, micro_batches)
-    in_flight = micro_batches if kind == "gpipe" else min(p, micro_batches)
-    n = footprint.parameters(stage)
-    last = len(stage) == len(layers)
-    activations = footprint.activations(stage, rows, recompute, copies=in_flight, loss=last)
-    comm = 0 if p == 1 else (micro_batches + 1) * rows * stage[-1].out
-    return row(n * b, n * b, k * n * b, activations, comm)
-
-
-def spatial(net, layers, example, p, batch, b, k):
-    """Spatial tiles of the conv stages (the rank with the most), the head whole on the gathered map."""
-    tiling = Tiling.of(net, example[1], example[2], p)       # SettingError where it cannot tile
-    convs = len(layers) - len(tiling.head)                   # the conv stages' layers come first
-    n, n_conv = footprint.parameters(layers), tiling.conv_parameters()
-    activations = max(tiling.activation_bytes(rank, batch, b) for rank in range(p))
-    activations += footprint.activations(layers[convs:], batch)
-    comm = batch * layers[convs - 1].out + (share(n_conv, p) * b if p > 1 else 0)
-    return row(n * b, n * b, k * n * b, activations, comm)
-
-
-def predicted_rows(model, p, batch, micro_batches, k, recompute):
-    """[(method, row or the reason it does not apply)] for every method, predicted."""
-    example = EXAMPLE[model]
-    net = build_model(model, 0, "mnist" if model == "lenet5" else "digits")
-    layers = footprint.of(net, example)
-    b = next(iter(net.parameters())).dtype.itemsize
-    rows = [("data parallel", data_parallel(layers, p, batch, b, k, recompute))]
-    rows += [(f"ZeRO-{stage}", zero(stage, layers, p, batch, b, k, recompute)) for stage in (1, 2, 3)]
-    rows.append(("tensor", tensor(layers, p, batch, b, k, recompute)))
-    for kind, name in (("gpipe", "pipeline GPipe"), ("1f1b", "pipeline 1F1B")):
-        rows.append((name, pipeline(layers, p, batch, b, k, recompute, micro_batches, kind)
-                     if p <= len(layers) else f"{p} stages for {len(layers)} layers"))
-    try:
-        rows.append(("spatial", "spatial_parallel has no --recompute" if recompute else
-                     spatial(net, layers, example, p, batch, b, k)))
-    except SettingError as error:
-        rows.append(("spatial", str(error)))
-    if p % 2 == 0 and p > 2:                                  # 2 pipeline stages x p/2 data replicas
-        hybrid = pipeline(layers, 2, batch, b, k, recompute, micro_batches, "1f1b")
-        hybrid["comm"] += share(hybrid["params"] // b, p // 2) * b
-        rows.append(("hybrid 2 x p/2", hybrid))
-    else:
-        rows.append(("hybrid 2 x p/2", f"{p} ranks do not form a grid of 2 pipeline stages"))
-    return rows
-
 
 def measure_spatial(comm, model, batch, momentum, seed=0):
     """This rank's bytes per part of one step of ``spatial_parallel``, phase by phase as its heart runs:
@@ -213,6 +119,47 @@ def measure_spatial(comm, model, batch, momentum, seed=0):
     return measured
 
 
+def measure_pipeline(model, p, batch, micro_batches, kind, seed=0):
+    """Stage 0's activations in flight and comm buffers over one step of ``pipeline_parallel``'s
+    schedule, run in this process: its forwards and backwards in the schedule's order, each output
+    kept as its Isend would keep it, a random gradient in place of stage 1's. The activations are the
+    most bytes alive after a forward, less the outputs only a send still holds (those are comm); the
+    conv workspaces a backward leaves in the pool are let go after it (scratch, not activations)."""
+    x, _ = allocations.example_batch(EXAMPLE[model], batch, seed)
+    rng, meter = numpy.random.default_rng(seed), allocations.Meter()
+    try:
+        net = build_model(model, seed, dataset_of(model))
+        flatten(net)                                      # gradients into the flat vector: no new arrays
+        stage = pipeline_parallel.Stage(net, 0, p, x[:1])
+        pieces = [x[rows] for rows in numpy.array_split(numpy.arange(batch), micro_batches)]  # the data: not counted
+        release()
+        meter.take()
+        held, sends, activations, received = {}, [], 0, 0
+        for step, i in pipeline_parallel.schedule(kind, 0, p, micro_batches):
+            if step == "forward":
+                out = stage.layers(Tensor(pieces[i]))
+                if stage.last:
+                    out = F.softmax_cross_entropy(out, numpy.zeros(len(pieces[i]), dtype=int))
+                else:
+                    sends.append(out.data)                 # micro-batch i's send buffer, until the Waitall
+                held[i] = out
+                sent_only = sum(buffer.nbytes for j, buffer in enumerate(sends) if j not in held)
+                activations = max(activations, tracemalloc.get_traced_memory()[0] - meter.mark - sent_only)
+            else:
+                out = held.pop(i)
+                gradient = None if stage.last else \
+                    rng.standard_normal((len(pieces[i]),) + stage.sends).astype(numpy.float32)
+                received = max(received, 0 if gradient is None else gradient.nbytes)
+                out.backward(gradient)
+                del out, gradient
+                release()        # the backward's workspaces: scratch the pool keeps, not activations
+    finally:
+        meter.stop()
+    # the state is not measured: pipeline_parallel keeps the whole model on every rank (evaluation and
+    # layout-free checkpoints use it), while the table counts what stage 0 needs
+    return row(None, None, None, activations, sum(buffer.nbytes for buffer in sends) + received)
+
+
 def measured_row(comm, model, p, batch, recompute, momentum):
     """The data-parallel row measured on this process (the comm buffer only when comm has p ranks)."""
     real = comm.Get_size() == p and p > 1
@@ -226,19 +173,22 @@ def measured_row(comm, model, p, batch, recompute, momentum):
 
 def table(model, p, batch, micro_batches=8, momentum=0.9, comm=None, measure=True):
     """Every method's per-rank account, predicted (and measured where it is): a list of dicts."""
-    k = 1 if momentum else 0
+    comm = comm or MPI.COMM_WORLD
     records = []
     for recompute in (False, True):
-        for method, predicted in predicted_rows(model, p, batch, micro_batches, k, recompute):
+        for method, predicted in predicted_rows(model, p, batch, micro_batches, 1 if momentum else 0, recompute):
             record = {"method": method, "recompute": recompute, "predicted": predicted, "measured": None}
-            if isinstance(predicted, str):
+            if isinstance(predicted, str):               # the method does not apply: say why
                 record.update(predicted=None, note=predicted)
-            elif method == "data parallel" and measure:
-                record["measured"] = measured_row(comm or MPI.COMM_WORLD, model, p, batch, recompute, momentum)
-            elif method == "spatial" and measure and (comm or MPI.COMM_WORLD).Get_size() == p:
-                mine = measure_spatial(comm or MPI.COMM_WORLD, model, batch, momentum)
-                record["measured"] = {part: (comm or MPI.COMM_WORLD).allreduce(value, op=MPI.MAX)   # the fullest rank
-                                      for part, value in mine.items()}
+            elif not measure:
+                pass
+            elif method == "data parallel":
+                record["measured"] = measured_row(comm, model, p, batch, recompute, momentum)
+            elif method.startswith("pipeline") and not recompute:
+                record["measured"] = measure_pipeline(model, p, batch, micro_batches, method.split()[1].lower())
+            elif method == "spatial" and comm.Get_size() == p:
+                mine = measure_spatial(comm, model, batch, momentum)
+                record["measured"] = {part: comm.allreduce(value, op=MPI.MAX) for part, value in mine.items()}
             records.append(record)
     return records
 

@@ -45,7 +45,8 @@ The channel split (``model_parallel``) sends whole maps at every layer instead: 
 
 Restrictions: a network of Conv2d (stride 1) [-> ReLU] [-> MaxPool2d with stride = kernel] stages
 then a head of Flatten, Linear and ReLU layers; every rank owns >= 1 pooled row of every map (the
-small CNN on 8x8 digits: P <= 2; LeNet-5 on 28x28: P <= 5); a halo no wider than a neighbour's tile.
+small CNN on 8x8 digits: P <= 2; LeNet-5 on 28x28: P <= 4, its second conv's 4-row halo outgrowing
+a neighbour's tile at 5); a halo no wider than a neighbour's tile.
 Checkpoints: every rank holds the whole model, so --save writes the same layout-free ``params`` as
 allreduce_sgd, and --resume reads any SGD-family file.
 

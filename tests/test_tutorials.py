@@ -1,9 +1,11 @@
-"""Every tutorial chapter's code runs, as written, on small settings.
+"""Every tutorial chapter's code runs, as written, on small settings, as a notebook.
 
-In each chapter, ``tutorials/NN_*.md``, the ```python blocks run in order in one namespace, in
-this process, from the repository root. A ```python block whose first line is a comment like
-``# mpiexec -n 4`` is an MPI program: it is written to a file and run as ``mpiexec -n 4 python FILE``
-(timeout 120 s) and must exit 0. Other blocks (```bash, ```text) are shown, not run.
+Each chapter, ``tutorials/NN_*.md``, becomes its notebook (tutorials/notebook.py), which a python3
+kernel runs from a temporary folder: the ```python blocks run in order in one namespace, in the
+kernel, from the repository root (the notebook's set-up cell moves there). A ```python block whose
+first line is a comment like ``# mpiexec -n 4`` is an MPI program: its cell runs it as
+``mpiexec -n 4 python FILE`` (the ``%%mpiexec`` magic) and must exit 0. Other blocks (```bash,
+```text) are shown, not run. Outputs the prose quotes, where deterministic, are checked.
 
 A block that runs a course-assignment task's code (tutorials/assignments/tasks.toml) says so in a
 comment line ``# needs: 3.4, 3.5`` (its first line, or its second after ``# mpiexec -n N``). In a
@@ -90,31 +92,75 @@ def test_the_assignments_readme_plans_with_the_registrys_numbers():
             f"chapter {chapter}: the README's points and hours differ from tasks.toml"
 
 
+# Numbers a chapter's prose quotes from the output of its own blocks, where that output is deterministic:
+# (chapter, a pattern that finds the number in the prose, the output line that must show it). The notebook's
+# cells must print them. Chapter 1's first block prints the gradient 2x + 3 at x = 1, 2, 3, worked by hand.
+QUOTED_OUTPUTS = [
+    ("01", None, r"dy/dx = \[5\. 7\. 9\.\]"),
+    ("02", r"its total \((\d+\.\d) MiB\)", r"winograd .*scratch +{} MiB in float32"),
+    ("04", r"On 4 ranks it prints a spread of (\S+) from round 2 on", r"after +2 rounds: spread {},"),
+    ("06", r"only below a batch of about (\d+) here", r"sends less than data parallelism below batch {}$"),
+]
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=[path.stem for path in CHAPTERS])
 def test_chapter_code_runs(chapter, tmp_path, monkeypatch):
-    monkeypatch.chdir(ROOT)
-    mpiexec = Path(sys.executable).parent / "mpiexec"
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
-               PYTHONPATH=str(ROOT))
-    namespace = {"__name__": f"tutorial_{chapter.stem}"}
-    for number, code in enumerate(python_blocks(chapter), 1):
-        not_done = [task for task in needs(code) if stubbed(task, root=ROOT)]
+    # The chapter runs once, as a student runs it: its generated notebook (tutorials/notebook.py), written
+    # into a temporary folder and run there by a python3 kernel of this environment (nbclient). Its serial
+    # blocks run in the kernel in order, in one namespace; each MPI block runs as an '%%mpiexec -n N' cell
+    # (tutorials/block.py's run_mpi); any failing cell fails the test. The notebook has no path of this
+    # checkout in it (it finds the root from the minidl it imports), and its deterministic outputs are the
+    # numbers the prose quotes (QUOTED_OUTPUTS). In a student tree the cells stop at the first block that
+    # needs a task still stubbed, and the test skips, saying which.
+    for module in ("jupytext", "nbclient", "ipykernel"):
+        pytest.importorskip(module, reason=f"{module} comes with the test extra: pip install -e '.[test]'")
+    import nbformat
+    from nbclient.exceptions import CellExecutionError
+    from tutorials import notebook
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))   # the kernel's connection file
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))            # and its profile: not in $HOME
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    book = notebook.notebook(chapter.name[:2], out=tmp_path)
+    written = tmp_path / f"{chapter.stem}.ipynb"
+    nbformat.write(book, written)
+    assert str(ROOT) not in written.read_text(), f"{written.name} names this checkout's path: it runs only here"
+    # its figures travel inside it, and no link of its prose points at a file beside it (it opens anywhere)
+    figures = set(re.findall(r"!\[[^\]]*\]\(figures/out/([^)\s]+)\)", chapter.read_text()))
+    attached = {name for cell in book.cells for name in cell.get("attachments", {})}
+    assert attached == figures, f"{written.name}: attached {sorted(attached)}, the chapter shows {sorted(figures)}"
+    prose = "".join(cell.source for cell in book.cells if cell.cell_type == "markdown")
+    assert not [target for target in LINK.findall(prose) if not re.match(r"[a-z]+:|#", target)], \
+        f"{written.name} links files by relative path"
+    code = [index for index, cell in enumerate(book.cells) if cell.cell_type == "code"][1:]   # after set-up
+    assert len(code) == len(python_blocks(chapter))
+    waiting = None
+    for number, index in enumerate(code, 1):
+        not_done = [task for task in needs(book.cells[index].source) if stubbed(task, root=ROOT)]
         if not_done:                     # a student tree: this block and the rest of the chapter wait
-            pytest.skip(f"{chapter.name}: block {number} needs task {not_done[0]}, which is not done yet")
-        first = code.lstrip().splitlines()[0] if code.strip() else ""
-        match = MPI_LINE.match(first)
-        if match:
-            script = tmp_path / f"block{number}.py"
-            script.write_text(code)
-            command = [str(mpiexec) if mpiexec.exists() else "mpiexec", "-n", match.group(1), sys.executable, str(script)]
-            done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
-            assert done.returncode == 0, f"{chapter.name} block {number} (MPI) failed:\n{done.stdout}\n{done.stderr}"
-        else:
-            try:
-                exec(compile(code, f"{chapter.name}:block{number}", "exec"), namespace)
-            except Exception as error:
-                raise AssertionError(f"{chapter.name} block {number} failed: {error!r}") from error
+            waiting = f"{chapter.name}: block {number} needs task {not_done[0]}, which is not done yet"
+            book.cells = book.cells[:index]
+            break
+    try:
+        notebook.execute(book, timeout=240, folder=tmp_path)
+    except CellExecutionError as error:
+        failed = next((number for number, index in enumerate(code, 1)
+                       if index < len(book.cells) and any(output.get("output_type") == "error"
+                                                          for output in book.cells[index].get("outputs", []))), "?")
+        raise AssertionError(f"{chapter.name} block {failed} failed in the notebook:\n{error}") from None
+    printed = "".join(output.get("text", "") for cell in book.cells if cell.cell_type == "code"
+                      for output in cell.outputs)
+    for number, prose, shown in QUOTED_OUTPUTS:
+        if chapter.name.startswith(number) and waiting is None:
+            if prose:
+                quoted = re.search(prose, chapter.read_text())
+                assert quoted, f"{chapter.name}: the sentence that quotes the output ({prose!r}) is gone"
+                shown = shown.format(re.escape(quoted.group(1)))
+            assert re.search(shown, printed, re.M), f"{chapter.name}: no output line matches {shown!r}"
+    if waiting:
+        pytest.skip(waiting)
 
 
 def test_the_block_runner_runs_one_block_after_the_serial_blocks_it_builds_on(tmp_path):

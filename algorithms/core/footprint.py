@@ -8,9 +8,10 @@ The per-example bytes follow minidl's own kernels (float32 unless the model says
 
     Linear      its output (N, out) (its input is the previous layer's output, already counted)
     ReLU        its output
-    Conv2d      its output, and scratch the workspace pool keeps (minidl.conv.scratch): the columns
-                (C k k, N Ho Wo) (the backward reads them), the GEMM's (F, N Ho Wo) result, and the
-                zero-padded input (C, H + 2p, W + 2p) when p > 0
+    Conv2d      its output, and arrays of the workspace pool (minidl.conv.scratch): the columns
+                (C k k, N Ho Wo), which the backward reads, so each batch in flight holds its own;
+                the GEMM's (F, N Ho Wo) result and the zero-padded input (C, H + 2p, W + 2p) when
+                p > 0, free again after the forward (the pool keeps them for the next one)
     MaxPool2d   its output and the copy of the k k window offsets (k k outputs) the backward compares
     Flatten     nothing (a view)
     the loss    the shifted logits (classes)
@@ -24,6 +25,7 @@ import math
 
 import numpy
 
+from minidl.conv.im2col_blocked import BLOCK_BYTES, image_blocks
 from minidl.nn import Conv2d, Linear, MaxPool2d, ReLU
 from minidl.tensor import Tensor, no_grad
 
@@ -33,8 +35,19 @@ class LayerBytes:
     name: str
     params: int               # parameter count
     fresh: int                # bytes per example of arrays the forward allocates and keeps
-    scratch: int              # bytes per example of the workspace pool's arrays (conv)
+    columns: int              # bytes per example of the conv's columns: pooled, held until the backward
+    scratch: int              # bytes per example of pooled arrays free again after the forward (conv)
     out: int                  # bytes per example of the layer's output
+    block: int = 0            # conv: images per block of minidl's blocked im2col (0: not a conv)
+
+    def held_and_free(self, rows):
+        """(bytes kept until the backward, bytes of pooled scratch free after the forward) for ``rows``
+        examples. A conv whose columns fit one block keeps them; a larger batch runs in blocks, keeps
+        only its input (counted already) and pools one block's columns and scratch, and the last,
+        shorter block's as well (their shapes differ; minidl.conv.im2col_blocked)."""
+        if not self.block or rows <= self.block:
+            return rows * (self.fresh + self.columns), rows * self.scratch
+        return rows * self.fresh, (self.block + rows % self.block) * (self.columns + self.scratch)
 
 
 def of(net, example_shape):
@@ -44,18 +57,19 @@ def of(net, example_shape):
     with no_grad():
         for layer in net:
             y = layer(Tensor(x)).data
-            fresh, scratch = 0, 0
+            fresh, columns, scratch, block = 0, 0, 0, 0
             if isinstance(layer, (Linear, ReLU)):
                 fresh = y.nbytes
             elif isinstance(layer, Conv2d):
                 k, p, (c, h, w) = layer.kernel_size, layer.padding, x.shape[1:]
-                fresh = y.nbytes
-                scratch = y.nbytes + c * k * k * y.shape[2] * y.shape[3] * y.itemsize
-                scratch += c * (h + 2 * p) * (w + 2 * p) * y.itemsize if p else 0
+                fresh, columns = y.nbytes, c * k * k * y.shape[2] * y.shape[3] * y.itemsize
+                scratch = y.nbytes + (c * (h + 2 * p) * (w + 2 * p) * y.itemsize if p else 0)
+                enough = BLOCK_BYTES // columns + 2              # images for at least two blocks
+                block = image_blocks((enough,) + x.shape[1:], layer.weight.shape, layer.stride, p, y.itemsize)[0][1]
             elif isinstance(layer, MaxPool2d):
                 fresh = y.nbytes * (layer.kernel_size ** 2 + 1)
             params = sum(parameter.size for parameter in layer.parameters())
-            layers.append(LayerBytes(type(layer).__name__, params, fresh, scratch, y.nbytes))
+            layers.append(LayerBytes(type(layer).__name__, params, fresh, columns, scratch, y.nbytes, block))
             x = y
     return layers
 
@@ -78,13 +92,13 @@ def activations(layers, rows, recompute=False, copies=1, loss=True):
     ``recompute``, each segment's output (and one copy of the conv scratch), plus the largest
     segment of one batch recomputed. ``loss``: the layers end in the loss, which keeps its logits."""
     logits = layers[-1].out if loss else 0
-    scratch = sum(layer.scratch for layer in layers)
-    if not recompute:
-        return copies * rows * (sum(layer.fresh for layer in layers) + scratch + logits)
+    held, free = [sum(parts) for parts in zip(*(layer.held_and_free(rows) for layer in layers))]
+    if not recompute:          # every batch in flight holds what it keeps; the pooled scratch is reused
+        return copies * (held + rows * logits) + free
     cut = segments_of(len(layers))
     kept = sum(layers[stop - 1].out for _, stop in cut) + logits
     largest = max(sum(layer.fresh for layer in layers[start:stop]) for start, stop in cut)
-    return copies * rows * kept + rows * (scratch + largest)
+    return copies * rows * kept + held + free - rows * sum(layer.fresh for layer in layers) + rows * largest
 
 
 def parameters(layers):

@@ -18,8 +18,8 @@ error contract, ``algorithms.core.cli``). ``loop`` is the only epoch loop of the
         log {epoch, train_loss, evaluate(), bytes}
     --save
 
-Checkpoints (``--save`` / ``--resume``) are ``algorithms.core.checkpoint``'s; ``Run.keep`` registers an
-algorithm's own per-rank state (EASGD's centre, ADMM's z and u) so they resume bit for bit too.
+Checkpoints are ``core.checkpoint``'s; ``Run.keep`` registers an algorithm's own per-rank state
+(EASGD's centre, ADMM's z and u): it resumes bit for bit too.
 """
 import contextlib
 import dataclasses
@@ -313,8 +313,7 @@ def start(comm, settings, check=None, model_seed=None, replicated=True, reader=N
     return job
 
 
-def sgd(parameters, settings):
-    """The family's optimizer: SGD with --lr and --momentum."""
+def sgd(parameters, settings):                               # the family's optimizer: --lr, --momentum
     return SGD(parameters, lr=settings.lr, momentum=settings.momentum)
 
 

@@ -27,6 +27,7 @@ the head, which every rank runs whole on the gathered map.
 import dataclasses
 
 from algorithms.core.cli import SettingError
+from minidl.conv.im2col_blocked import BLOCK_BYTES, image_blocks
 from minidl.data import shard_sizes
 from minidl.nn import Conv2d, Flatten, Linear, MaxPool2d, ReLU
 
@@ -148,17 +149,24 @@ class Tiling:
     def activation_bytes(self, rank, batch, itemsize):
         """Bytes rank ``rank``'s conv stages keep for the backward (``spatial_parallel.run_stage``): per stage
         its zero-padded window, the conv output, the GEMM's result and the columns (minidl.conv's workspace
-        pool keeps both), the ReLU's output, and the pooling's k k window copy and output."""
+        pool keeps both; a batch too large for one block of its blocked im2col pools one block's), the
+        ReLU's output, and the pooling's k k window copy and output."""
         total = 0
         for stage in self.stages:
             conv, (lo, hi), (top, bottom) = stage.conv, stage.out[rank], stage.padding(rank)
             k, p, (need_lo, need_hi) = conv.kernel_size, conv.padding, stage.needed[rank]
             rows, width = stage.pool * (hi - lo), stage.width + 2 * p - k + 1       # conv output rows, columns
-            out = conv.out_channels * rows * width
-            total += conv.in_channels * (need_hi - need_lo + top + bottom) * (stage.width + 2 * p)   # window
-            total += 2 * out + conv.in_channels * k * k * rows * width + (out if stage.relu else 0)
-            total += out // stage.pool ** 2 * (stage.pool ** 2 + 1) if stage.pool > 1 else 0
-        return batch * total * itemsize
+            out, columns = conv.out_channels * rows * width, conv.in_channels * k * k * rows * width
+            window = conv.in_channels * (need_hi - need_lo + top + bottom) * (stage.width + 2 * p)
+            kept = window + out + (out if stage.relu else 0)
+            kept += out // stage.pool ** 2 * (stage.pool ** 2 + 1) if stage.pool > 1 else 0
+            block = image_blocks((BLOCK_BYTES // (columns * itemsize) + 2, conv.in_channels, need_hi - need_lo
+                                  + top + bottom, stage.width + 2 * p), conv.weight.shape, 1, 0, itemsize)[0][1]
+            if batch <= block:            # one block: the columns kept, the GEMM's result pooled
+                total += batch * (kept + columns + out)
+            else:                         # blocks (minidl.conv.im2col_blocked): one block's and the last's pooled
+                total += batch * kept + (block + batch % block) * (columns + out)
+        return total * itemsize
 
     def conv_parameters(self):
         return sum(parameter.size for stage in self.stages for parameter in stage.conv.parameters())

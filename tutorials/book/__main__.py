@@ -1,0 +1,5 @@
+import sys
+
+from tutorials.book.build import main
+
+sys.exit(main())
