@@ -84,7 +84,7 @@ def test_the_assignments_readme_plans_with_the_registrys_numbers():
     assert f"The {len(tasks)} hearts" in text, "the README's task count differs from tasks.toml"
     assert f"are {len(tasks)} course tasks" in (ROOT / "README.md").read_text(), \
         "README.md's 'Teaching with minidl' counts the tasks differently from tasks.toml"
-    rows = re.findall(r"^\| (\d) \| [^|]+ \| ([\d.]+) \| ([\d.]+) \|", text, re.M)
+    rows = re.findall(r"^\| (\d+) \| [^|]+ \| ([\d.]+) \| ([\d.]+) \|", text, re.M)
     assert [int(chapter) for chapter, _, _ in rows] == sorted({task.chapter for task in tasks})
     for chapter, points, hours in rows:
         mine = [task for task in tasks if task.chapter == int(chapter)]

@@ -127,8 +127,8 @@ def plot_memory(sweep, points, path):
                 line = sweep[model].get(method)
                 if not line:
                     continue
-                ps = sorted(line, key=int)
-                axes.plot([int(p) for p in ps], [line[p][part] / 1024 for p in ps], ".-" if len(ps) > 1 else "o",
+                ps = [p for p in sorted(line, key=int) if line[p][part] > 0]      # a log axis: no empty stage
+                axes.plot([int(p) for p in ps], [line[p][part] / 1024 for p in ps], marker="." if len(ps) > 1 else "o",
                           color=colour, markersize=3, label=method, linestyle="--" if "recompute" in method else "-")
                 for p, value in points.get(model, {}).get(method, {}).items():
                     if part == "total":
