@@ -30,7 +30,8 @@ def load(name):
 
 
 def row(model, method, recompute=False):
-    return next(r for r in load(f"11_memory_{model}.json")["rows"] if r["method"] == method and r["recompute"] == recompute)
+    rows = load(f"11_memory_{model}.json")["rows"]
+    return next(r for r in rows if r["method"] == method and r["recompute"] == recompute)
 
 
 def kib(value):
@@ -65,7 +66,8 @@ def test_section_1_quotes_lenet5_and_the_mlp():
     quoted(f"(64-128-64-10: {mlp['params'] // 4:,} parameters)",
            f"(weights, gradient, momentum: {kib(mlp['params'] + mlp['grads'] + mlp['optimizer'])} KiB)")
     gpipe = row("mlp", "pipeline GPipe")
-    quoted(f"{kib(gpipe['measured']['activations'])} measured against {kib(gpipe['predicted']['activations'])} predicted")
+    quoted(f"{kib(gpipe['measured']['activations'])} measured against "
+           f"{kib(gpipe['predicted']['activations'])} predicted")
 
 
 def test_sections_3_to_7_quote_the_accounts():

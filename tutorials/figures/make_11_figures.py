@@ -271,7 +271,8 @@ def mean_pm(values, sign=""):
 
 def runs_markdown(runs):
     lines = ["| method | model | test accuracy | minus allreduce SGD's, same seed | bytes per step, predicted | "
-             "measured | messages per step, predicted | measured |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "measured | messages per step, predicted | measured |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     seen = []
     for record in runs:
         key = (record["method"], record["model"])
