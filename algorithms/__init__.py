@@ -11,7 +11,8 @@ in two sub-packages:
 
     core/   cli.py        the shared flags, the one validation helper, run_main (the error contract)
             objective.py  the network or convex problem one rank trains, as one flat parameter vector
-            run.py        the agreed set-up, the one epoch loop, the log, checkpoints
+            run.py        the agreed set-up, the one epoch loop, checkpoints
+            log.py        the per-epoch log: printed on rank 0, --log as JSON lines
             divergence.py a nan, inf or hundredfold loss stops every rank together, one message
             checkpoint.py what --save writes and --resume reads (layout-free)
             tags.py       the MPI tags of every family, in one registry

@@ -45,6 +45,7 @@ from mpi4py import MPI
 
 from algorithms.core import checkpoint, cli, divergence, run
 from algorithms.core.cli import SettingError
+from algorithms.core.log import Log
 from algorithms.core.objective import build as build_objective, evaluate_at
 from minidl import backend
 from minidl.data import batches, epoch_order, shard, sparse_logistic_regression
@@ -125,7 +126,7 @@ class Job:
                     arrays = checkpoint.read_for(settings, len(self.initial), self.meta)
                     self.first_epoch, self.steps = int(arrays["epoch"]), int(arrays["optimizer.steps"])
                     self.initial = arrays["params"].astype(self.initial.dtype)
-                self.logger = run.Log(settings.log, rank=rank, quiet=settings.quiet)
+                self.logger = Log(settings.log, rank=rank, quiet=settings.quiet)
         except SettingError:
             node.Free()
             raise

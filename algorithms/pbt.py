@@ -61,6 +61,7 @@ from mpi4py import MPI
 from algorithms.allreduce_sgd import data_parallel_step
 from algorithms.core import checkpoint, cli, divergence, run, tags
 from algorithms.core.cli import SettingError
+from algorithms.core.log import Log
 from algorithms.core.objective import evaluate, load_data
 from algorithms.core.stream import Stream, split_validation
 from collectives.trace import CountingComm
@@ -210,7 +211,7 @@ def train(comm=None, population=None, ready=40, rounds=12, fraction=0.25, search
         initial = flat_state(job.objective, job.optimizer)  # every member's start: evolution restarts from it
         if settings.resume:                     # this rank's own member state, the shared table, the lineage
             resumed = checkpoint.resume(settings, job.objective, job.optimizer, rank, size, writer.meta(settings, size))
-        logger = run.Log(log, rank=rank, quiet=settings.quiet)
+        logger = Log(log, rank=rank, quiet=settings.quiet)
     objective, optimizer = job.objective, job.optimizer
     stream = Stream(objective.n, settings.seed, member, piece, per_member)
     world = CountingComm(comm)

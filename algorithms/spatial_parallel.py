@@ -43,10 +43,11 @@ Communication per step (batch N, itemsize b; ``bytes_per_step``), all ranks toge
 The halo pays per boundary row, not per pixel of the map: DistBelief's argument for large maps.
 The channel split (``model_parallel``) sends whole maps at every layer instead: tutorials/06.
 
-Restrictions: a network of Conv2d (stride 1), optionally -> ReLU, optionally -> MaxPool2d (stride = kernel) stages
-then a head of Flatten, Linear and ReLU layers; every rank owns >= 1 pooled row of every map (the
-small CNN on 8x8 digits: P <= 2; LeNet-5 on 28x28: P <= 4, its second conv's 4-row halo outgrowing
-a neighbour's tile at 5); a halo no wider than a neighbour's tile.
+Restrictions: a network of stages, each a Conv2d of stride 1 (then, optionally, a ReLU and a
+MaxPool2d whose stride is its kernel), then a head of Flatten, Linear and ReLU layers; every rank
+owns >= 1 pooled row of every map (the small CNN on 8x8 digits: P <= 2; LeNet-5 on 28x28: P <= 4,
+its second conv's 4-row halo outgrowing a neighbour's tile at 5); a halo no wider than a neighbour's
+tile.
 Checkpoints: every rank holds the whole model, so --save writes the same layout-free ``params`` as
 allreduce_sgd, and --resume reads any SGD-family file.
 

@@ -9,6 +9,7 @@ its header and its heart in one function (`<name>_allreduce_in_place`):
     ring.py          reduce-scatter ring + allgather ring         (+ public reduce_scatter, allgather)
     rabenseifner.py  recursive halving + recursive doubling       (large vectors)
     auto.py          butterfly below a measured size, Rabenseifner from it (any p)
+    hierarchical.py  reduce in each node, allreduce across nodes, broadcast in each node
     persistent.py    allreduce_init: arguments checked once, start() per call (MPI 4.0's persistent collectives)
 
 and around them:
@@ -19,6 +20,7 @@ and around them:
     trace.py    message tracer and byte counter, space-time    bench.py    measured vs MPI and model
     demo.py     what `python -m collectives.<name>` runs: one allreduce, traced and checked
     table.py    the algorithms by name, for `allreduce(..., algorithm=name)`
+    simulate.py the hearts on a simulated LogGP network (collectives.sim), p up to thousands
 
 Every algorithm is `allreduce(comm, sendbuf, recvbuf=None, op="sum", check=True)` on
 contiguous 1-D numpy (or CuPy) buffers, uses only Send, Recv and Sendrecv, works for any

@@ -42,6 +42,7 @@ MINIDL_CUDA_AWARE_MPI=1 when it is), the vector is copied to host memory, reduce
 numpy, and copied back; if it is, device pointers go to MPI directly and `ops.combine`
 reduces on the device and synchronises before the next send.
 """
+import contextvars
 import os
 import threading
 
@@ -67,6 +68,9 @@ def block_offsets(counts):
 
 
 _SCRATCH = threading.local()   # per thread: (n, dtype) -> a cached numpy receive buffer, see scratch()
+# a cache of one's own where one thread runs several hearts in turn (collectives.sim: one coroutine
+# per simulated rank sets it to a fresh dict); None: the thread's
+SCRATCH_CACHE = contextvars.ContextVar("collectives_scratch", default=None)
 _SUPPORTED = {}        # dtype -> whether dtype_problem accepts it (cached for fast_arguments)
 
 
@@ -82,13 +86,17 @@ def scratch(like, n=None):
     Numpy vectors come from a cache keyed by (n, dtype); its content is garbage on entry. Only
     one heart runs at a time in a thread and none calls another while it holds its scratch, so
     one buffer per key and thread is enough (collectives.nonblocking runs several hearts at once,
-    each in its own thread). CuPy vectors get a fresh allocation (CuPy's pool caches).
+    each in its own thread; collectives.sim runs every simulated rank's heart as a coroutine in one
+    thread, so each coroutine gets its own cache through SCRATCH_CACHE). CuPy vectors get a fresh
+    allocation (CuPy's pool caches).
     """
     n = len(like) if n is None else n
     if type(like) is not np.ndarray:
         return array_module(like).empty(n, dtype=like.dtype)
     key = (n, like.dtype)
-    cache = _SCRATCH.__dict__
+    cache = SCRATCH_CACHE.get()
+    if cache is None:
+        cache = _SCRATCH.__dict__
     buffer = cache.get(key)
     if buffer is None:
         buffer = cache[key] = np.empty(n, dtype=like.dtype)

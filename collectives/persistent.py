@@ -30,10 +30,10 @@ both forms, beside MPI's own Allreduce and its persistent Allreduce_init).
 import numpy as np
 from mpi4py import MPI
 
-from .auto import HEARTS, choose_name
+from .auto import choose_name
 from .buffers import allreduce_arguments, from_mpi, to_mpi
 from .ops import array_module, finish
-from .table import algorithm_module
+from .table import HEARTS, algorithm_module
 
 
 class PersistentAllreduce:

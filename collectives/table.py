@@ -1,9 +1,12 @@
 """The allreduce algorithms by name: the table that ``collectives.allreduce(..., algorithm=name)`` reads."""
-from . import auto, butterfly, naive, rabenseifner, ring, tree
+from . import auto, butterfly, hierarchical, naive, rabenseifner, ring, tree
 
-ALGORITHMS = ("naive", "tree", "butterfly", "ring", "rabenseifner", "auto")
+ALGORITHMS = ("naive", "tree", "butterfly", "ring", "rabenseifner", "auto", "hierarchical")
 MODULES = {"naive": naive, "tree": tree, "butterfly": butterfly, "ring": ring, "rabenseifner": rabenseifner,
-           "auto": auto}
+           "auto": auto, "hierarchical": hierarchical}
+# every algorithm's heart, `heart(comm, data, op, source=None)` (collectives.persistent, collectives.simulate)
+HEARTS = {**auto.HEARTS, "auto": auto.auto_allreduce_in_place,
+          "hierarchical": hierarchical.hierarchical_allreduce_in_place}
 
 
 def algorithm_module(name):

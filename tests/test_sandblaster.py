@@ -36,7 +36,7 @@ from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
 from algorithms import sandblaster_lbfgs as sandblaster
-from algorithms.core import run
+from algorithms.core.log import Log
 from algorithms.core.objective import ConvexObjective, build as build_objective, evaluate_at
 from algorithms.sandblaster import wire
 from algorithms.sandblaster.batch import Batch
@@ -73,7 +73,7 @@ class InProcessCoordinator(Coordinator):
     """The real coordinator on in-process shards; a batch is f and g of ``function`` at the trial point."""
 
     def __init__(self, roles, w, function, **options):
-        super().__init__(NoMessages(), roles, options, run.Log(quiet=True), sandblaster.sharded_direction)
+        super().__init__(NoMessages(), roles, options, Log(quiet=True), sandblaster.sharded_direction)
         self.shards = InProcessShards([Shard(NoMessages(), roles, k, w, history_size=options["history"])
                                        for k in range(roles.servers)])
         self.function, self.trials = function, []

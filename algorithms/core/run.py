@@ -23,7 +23,6 @@ Checkpoints are ``core.checkpoint``'s; ``Run.keep`` registers an algorithm's own
 """
 import contextlib
 import dataclasses
-import json
 import time
 
 import numpy
@@ -33,11 +32,13 @@ import collectives
 from algorithms.core import checkpoint, cli
 from algorithms.core.cli import SettingError
 from algorithms.core.divergence import FiniteCheck, check_divergence
+from algorithms.core.log import Log
 from algorithms.core.objective import build as build_objective
 from algorithms.schedule import Schedule
 from minidl import backend
 from minidl.data import rank_batches
 from minidl.optim import SGD
+from collectives.hierarchical import environment_ranks_per_node
 from collectives.trace import CountingComm
 
 
@@ -97,6 +98,11 @@ def allreduce_function(name):
         raise SettingError(f"unknown --allreduce {name!r}; choose one of {', '.join(cli.ALLREDUCE_NAMES)}")
     if name == "mpi":
         return mpi_allreduce
+    if name == "hierarchical":                   # its node size may come from the environment: check it now
+        try:
+            environment_ranks_per_node()
+        except ValueError as error:
+            raise SettingError(f"--allreduce hierarchical: {error}") from None
 
     def allreduce(comm, buffer):
         return collectives.allreduce(comm, MPI.IN_PLACE, buffer, op="sum", algorithm=name, check=False)
@@ -110,45 +116,6 @@ def mpi_allreduce(comm, buffer):
     if host is not buffer:
         buffer[...] = backend.asarray(host)
     return buffer
-
-
-# ---- the log --------------------------------------------------------------------------------------
-
-class Log:
-    """Per-epoch records: printed on rank 0 and, with ``path``, written as JSON lines by rank 0."""
-
-    def __init__(self, path=None, rank=0, quiet=False):
-        self.rank, self.quiet = rank, quiet
-        self.history = []
-        self.started = time.perf_counter()
-        if path and rank == 0:
-            cli.check_output("--log", path)
-            self.file = open(path, "w")
-        else:
-            self.file = None
-
-    def epoch(self, **record):
-        record.setdefault("seconds", round(time.perf_counter() - self.started, 3))
-        self.history.append(record)
-        if self.rank == 0:
-            if not self.quiet:
-                print(self.format(record), flush=True)
-            if self.file:
-                self.file.write(json.dumps(record) + "\n")
-                self.file.flush()
-
-    @staticmethod
-    def format(record):
-        parts = []
-        for key, value in record.items():
-            if isinstance(value, float):
-                value = f"{value:.4f}" if abs(value) < 1000 else f"{value:.3g}"
-            parts.append(f"{key} {value}")
-        return "  ".join(parts)
-
-    def close(self):
-        if self.file:
-            self.file.close()
 
 
 @contextlib.contextmanager

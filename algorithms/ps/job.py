@@ -45,6 +45,7 @@ from mpi4py import MPI
 
 from algorithms.core import checkpoint, cli, divergence, objective as objectives, partition, run
 from algorithms.core.cli import SettingError
+from algorithms.core.log import Log
 from algorithms.ps import loop, replica as ps_replica, server as parameter_server, wire
 from algorithms.ps.loop import JobFailed
 from algorithms.ps.log import EpochLog
@@ -164,7 +165,7 @@ class Job:
     objective: object                  # this rank's model and data (objective.build)
     optimizer: object                  # the server optimizer over the whole vector: --resume, --save
     first_epoch: int
-    logger: run.Log
+    logger: Log
     meta: dict = None                  # what --save records (checkpoint.Writer.meta)
 
 
@@ -200,7 +201,7 @@ def start(comm, settings, ps, writer):
         resumed = checkpoint.resume(settings, objective, optimizer, rank, size, meta) if settings.resume else {}
         first_epoch = int(resumed.get("epoch", 0))
         ps.check_layout(layout, objective.n, settings.batch_size, settings.epochs - first_epoch)
-        logger = run.Log(settings.log, rank=rank, quiet=settings.quiet)
+        logger = Log(settings.log, rank=rank, quiet=settings.quiet)
         job = Job(comm, settings, ps, layout, objective, optimizer, first_epoch, logger, meta)
     return job
 

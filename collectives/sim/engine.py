@@ -1,0 +1,253 @@
+"""The discrete-event engine: one coroutine per rank, a clock per rank, a heap of wake-up times.
+
+How it runs. Each simulated rank runs its program (an allreduce heart, unchanged) in its own
+greenlet, a coroutine that can stop in the middle of a call and be resumed later. A heap holds
+(time, rank) wake-ups. Popping the earliest sets that rank's clock to the time and switches to its
+greenlet, which runs Python as usual until it makes a blocking call (Send, Recv, Sendrecv, Wait,
+Barrier). The call posts its messages; the rank goes on the heap again at the time its call
+completes (as soon as that is known: when its messages have matched), and pops the next wake-up
+itself. Ranks therefore run one at a time, in the order of simulated time, and the run ends when
+every rank's program has returned (or, if some rank still waits when the heap is empty, with
+Deadlock, naming who waits for whom).
+
+Messages. A send and a receive match when their (source, destination, tag) agree, in the order
+they were posted (MPI's non-overtaking rule). A message starts once both sides are posted and
+both ports are free (a rendezvous: MPI's protocol for long messages), and is timed by the link's
+LogGP parameters (network.py):
+
+    start   = max(send posted + o, receive posted, sender's send port free, receiver's receive port free)
+    ports busy until start + max(g, m G)
+    done    = start + L + m G          (the sender's call completes: the data has arrived)
+    done + o                           (the receiver's call completes: it has taken the data in)
+
+A blocking call completes when all its messages are done, so with o = g = 0 every message on a
+chain of blocking calls costs L + m G = alpha + m beta, exactly what collectives.cost charges per
+message on the critical path. Isend and Irecv return at once; their Wait blocks.
+
+Data. With move_data the bytes are copied from the send buffer into the receive buffer when the
+message is matched (the sender cannot touch its buffer until its call completes, nor the receiver
+read its buffer), so an allreduce ends with the real sum. Without it (sizes only) nothing is
+copied: only each buffer's nbytes is read, and the buffers may be sim.sized.Sized stand-ins.
+"""
+import contextvars
+import heapq
+from collections import deque
+
+import numpy as np
+from greenlet import greenlet, getcurrent
+
+from ..buffers import SCRATCH_CACHE
+
+
+class Deadlock(RuntimeError):
+    """Some rank waits for a message that no rank will send."""
+
+
+class Request:
+    """One posted send or receive; `done` is its completion time once matched (None before)."""
+    __slots__ = ("engine", "owner", "peer", "tag", "buf", "nbytes", "ready", "done", "waited", "is_send", "count")
+
+    def __init__(self, engine, owner, is_send, peer, tag, buf, nbytes, ready):
+        self.engine, self.owner, self.is_send, self.peer, self.tag = engine, owner, is_send, peer, tag
+        self.buf, self.nbytes, self.ready = buf, nbytes, ready
+        self.done, self.waited, self.count = None, False, 0
+
+    def Wait(self, status=None):
+        self.engine.wait(self.owner, (self,))
+        if status is not None and not self.is_send:
+            fill_status(status, self)
+
+    def Test(self, status=None):
+        """True if done by now; if not, this rank lets simulated time move on to the next event."""
+        engine = self.engine
+        if self.done is None or self.done > engine.clock[self.owner]:
+            engine.idle(self.owner, self.done)
+        finished = self.done is not None and self.done <= engine.clock[self.owner]
+        if finished and status is not None and not self.is_send:
+            fill_status(status, self)
+        return finished
+
+    @staticmethod
+    def Waitall(requests, statuses=None):
+        if requests:
+            requests[0].engine.wait(requests[0].owner, tuple(requests))
+        for request, status in zip(requests, statuses or ()):
+            if not request.is_send:
+                fill_status(status, request)
+
+
+def fill_status(status, request):
+    """An mpi4py Status as MPI would fill it for this receive: source, tag, bytes received."""
+    from mpi4py import MPI
+    status.Set_source(request.peer)
+    status.Set_tag(request.tag)
+    status.Set_elements(MPI.BYTE, request.count)
+
+
+def byte_view(buffer):
+    """The bytes of a contiguous numpy array (a message's payload)."""
+    return buffer.reshape(-1).view(np.uint8)
+
+
+class Engine:
+    """Runs `program(comm)` on every rank of `topology` (network.Topology) and times the messages."""
+
+    def __init__(self, topology, move_data=True, record=False):
+        p = topology.ranks
+        self.topology, self.move_data = topology, move_data
+        self.c, self.intra, self.inter = topology.ranks_per_node, topology.intra, topology.inter
+        self.clock = [0.0] * p                 # each rank's simulated time
+        self.send_free = [0.0] * p             # when each rank's send port is free again
+        self.recv_free = [0.0] * p
+        self.sends, self.receives = {}, {}     # (source, dest, tag) -> deque of unmatched Requests
+        self.heap, self.sequence = [], 0       # (time, sequence, rank): who runs next
+        self.pending = [0] * p                 # requests a blocked rank still waits for
+        self.resume = [0.0] * p                # when a blocked rank may go on (the latest done so far)
+        self.waits_for = [()] * p
+        self.at_barrier = []
+        self.finished = [None] * p
+        self.messages = self.bytes = self.events = 0
+        self.log = [] if record else None      # (source, dest, tag, bytes) of every message
+        self.overheads = bool(self.intra.o or self.inter.o)
+
+    # ---- the loop ---------------------------------------------------------------------------
+
+    def push(self, time, rank):
+        self.sequence += 1
+        heapq.heappush(self.heap, (time, self.sequence, rank))
+
+    def run(self, program, make_comm):
+        """Run program(make_comm(engine, rank)) on every rank; returns the simulated time of the last."""
+        self.scheduler = getcurrent()
+        self.ranks = ranks = []
+        for rank in range(self.topology.ranks):
+            coroutine = greenlet(self._body(program, make_comm, rank), parent=self.scheduler)
+            coroutine.gr_context = contextvars.Context()      # its own scratch buffers (buffers.scratch)
+            ranks.append(coroutine)
+            coroutine.switch()            # started from here, so it has this stack's depth, not a chain's
+            self.push(0.0, rank)
+        while self.heap:                      # a rank that ends returns here; one that blocks goes on itself
+            self.next(None)
+        stuck = [rank for rank, end in enumerate(self.finished) if end is None]
+        if stuck:
+            raise Deadlock(f"{len(stuck)} ranks wait forever, e.g. " + "; ".join(
+                self.describe(rank) for rank in stuck[:4]))
+        return max(self.finished)
+
+    def _body(self, program, make_comm, rank):
+        def body():
+            SCRATCH_CACHE.set({})
+            self.scheduler.switch()                   # started; wait for the first wake-up
+            program(make_comm(self, rank))
+            self.finished[rank] = self.clock[rank]
+        return body
+
+    def describe(self, rank):
+        waiting = [f"{'send to' if q.is_send else 'receive from'} {q.peer} tag {q.tag}"
+                   for q in self.waits_for[rank] if q.done is None]
+        return f"rank {rank}: " + (", ".join(waiting) if waiting else "at a barrier")
+
+    def next(self, me):
+        """Run the earliest waiting event: go on as `me` if it is mine, else switch to its rank.
+        (A blocked rank calls this itself, so control passes from rank to rank without a detour
+        through the loop in run, and a rank whose own wake-up is the earliest does not switch.)"""
+        heap = self.heap
+        if not heap:
+            self.scheduler.switch()               # nothing left to run: back to run(), which reports
+            return
+        time, _, rank = heapq.heappop(heap)
+        self.events += 1
+        if time > self.clock[rank]:
+            self.clock[rank] = time
+        if rank != me:
+            self.ranks[rank].switch()
+
+    # ---- blocking ---------------------------------------------------------------------------
+
+    def wait(self, rank, requests):
+        """Block `rank` until every request is done; it resumes at the latest completion time."""
+        latest, pending = self.clock[rank], 0
+        for request in requests:
+            if request.done is None:
+                request.waited = True
+                pending += 1
+            elif request.done > latest:
+                latest = request.done
+        if pending:
+            self.pending[rank], self.resume[rank], self.waits_for[rank] = pending, latest, requests
+        else:
+            self.push(latest, rank)
+        self.next(rank)
+
+    def idle(self, rank, until=None):
+        """Let time move on: resume `rank` at `until`, or at the next event of another rank."""
+        later = until if until is not None else (self.heap[0][0] if self.heap else self.clock[rank])
+        self.push(max(later, self.clock[rank]), rank)
+        self.next(rank)
+
+    def barrier(self, rank):
+        """Every rank resumes at the time the last one arrived (a barrier that costs nothing)."""
+        self.at_barrier.append(rank)
+        if len(self.at_barrier) == self.topology.ranks:
+            time = max(self.clock[other] for other in self.at_barrier)
+            for other in self.at_barrier:
+                self.push(time, other)
+            self.at_barrier = []
+        self.next(rank)
+
+    # ---- messages ---------------------------------------------------------------------------
+
+    def post(self, rank, is_send, peer, tag, buf):
+        """Post a send (to peer) or receive (from peer) at `rank`'s clock; match it if its twin waits."""
+        if peer < 0 or peer >= self.topology.ranks:
+            raise ValueError(f"rank {rank}: peer {peer} is not a rank of a {self.topology.ranks}-rank communicator")
+        if is_send:
+            if self.overheads:                         # the sender's CPU posts the message
+                self.clock[rank] += (self.intra if rank // self.c == peer // self.c else self.inter).o
+            key, mine, twins = (rank, peer, tag), self.sends, self.receives
+        else:
+            key, mine, twins = (peer, rank, tag), self.receives, self.sends
+        request = Request(self, rank, is_send, peer, tag, buf, buf.nbytes, self.clock[rank])
+        queue = twins.get(key)
+        if queue:
+            twin = queue.popleft()
+            if not queue:
+                del twins[key]
+            if is_send:
+                self.transfer(request, twin)
+            else:
+                self.transfer(twin, request)
+        else:
+            queue = mine.get(key)
+            if queue is None:
+                queue = mine[key] = deque()
+            queue.append(request)
+        return request
+
+    def transfer(self, send, receive):
+        """Time one matched message (LogGP, see the header) and move its bytes."""
+        source, dest, nbytes = receive.peer, send.peer, send.nbytes
+        if nbytes > receive.nbytes:
+            raise ValueError(f"message truncated: rank {source} sent {nbytes} bytes (tag {send.tag}) into "
+                             f"rank {dest}'s {receive.nbytes}-byte buffer")
+        link = self.intra if source // self.c == dest // self.c else self.inter
+        start = max(send.ready, receive.ready, self.send_free[source], self.recv_free[dest])
+        wire = nbytes * link.G
+        self.send_free[source] = self.recv_free[dest] = start + (wire if wire > link.g else link.g)
+        send.done = start + link.L + wire
+        receive.done = send.done + link.o
+        receive.count = nbytes
+        if self.move_data and nbytes:
+            byte_view(receive.buf)[:nbytes] = byte_view(send.buf)
+        self.messages += 1
+        self.bytes += nbytes
+        if self.log is not None:
+            self.log.append((source, dest, send.tag, nbytes))
+        for request in (send, receive):
+            if request.waited:
+                owner = request.owner
+                if request.done > self.resume[owner]:
+                    self.resume[owner] = request.done
+                self.pending[owner] -= 1
+                if not self.pending[owner]:
+                    self.push(self.resume[owner], owner)

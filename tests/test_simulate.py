@@ -1,0 +1,273 @@
+"""collectives.sim and collectives.simulate: the hearts on a simulated LogGP network.
+
+The simulated times are checked against collectives.cost's closed forms (alpha-beta only: L = alpha,
+G = beta, o = g = 0), where the vector splits into equal blocks; the messages against the tracer's
+record of the same allreduce on real MPI ranks; the results against the exact sum, computed here
+with numpy from every rank's fill values. The engine's LogGP rules (o, g, port sharing) are checked
+on hand-timed examples.
+"""
+import json
+import subprocess
+import sys
+from collections import Counter
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from mpi4py import MPI
+from pytest_mpi import parallel_assert
+
+import collectives
+from algorithms.core import run as algorithm_run
+from algorithms.core.cli import SettingError
+from collectives import auto, cost, hierarchical, simulate, trace
+from collectives.fold import largest_power_of_two
+from collectives.sim import Deadlock, Engine, LogGP, SimComm, Sized, Topology, alpha_beta
+from collectives.table import HEARTS
+from tests import strategies
+from tests.helpers import ENV, fill, same_on_every_rank
+from tests.test_collectives import expected_allreduce
+
+ALPHA, BETA = 3.7e-6, 2.3e-10                 # between nodes (and everywhere, on one node)
+INTRA_ALPHA, INTRA_BETA = 0.6e-6, 0.7e-10
+FLAT = ("naive", "tree", "butterfly", "ring", "rabenseifner", "auto")
+
+
+def run(topology, heart, count, dtype="float32", sizes_only=False, record=False):
+    """(seconds, engine, results by rank): `heart` on every rank, rank r holding fill(r, count)."""
+    results = {}
+
+    def program(comm):
+        rank = comm.Get_rank()
+        data = Sized(count, dtype) if sizes_only else fill(rank, count, dtype)
+        if topology.ranks > 1 and count:
+            heart(comm, data, "sum")
+        results[rank] = data
+
+    engine = Engine(topology, move_data=not sizes_only, record=record)
+    return engine.run(program, SimComm), engine, results
+
+
+def even_count(p, size_class):
+    """Elements that split evenly into p blocks and into pof2 blocks: small, middle, about 1 MiB."""
+    unit = np.lcm(p, largest_power_of_two(p))
+    return int(unit * {0: 1, 1: 5, 2: -(-(1 << 18) // unit)}[size_class])
+
+
+# ---- times: the closed forms, exactly ---------------------------------------------------------
+
+@pytest.mark.parametrize("p", range(2, 65))
+def test_alpha_beta_simulation_equals_every_closed_form(p):
+    count = even_count(p, p % 3)                 # each p one size; the sizes take turns over p
+    nbytes = 4 * count
+    topology = alpha_beta(p, ALPHA, BETA)
+    for name in FLAT:
+        seconds, _, _ = run(topology, HEARTS[name], count, sizes_only=True)
+        model = auto.choose_name(nbytes, p) if name == "auto" else name
+        assert seconds == pytest.approx(cost.predict(model, p, nbytes, ALPHA, BETA), rel=1e-12), (name, p, nbytes)
+    for c in (3, 4) if p > 12 else sorted({1, 3, 4, p}):    # node sizes that divide p and that do not
+        nodes = -(-p // c)
+        count_h = count * nodes // np.gcd(count, nodes)                   # even blocks across nodes too
+        two_level = Topology(p, c, LogGP(L=INTRA_ALPHA, G=INTRA_BETA), LogGP(L=ALPHA, G=BETA))
+        seconds, _, _ = run(two_level, HEARTS["hierarchical"], count_h, sizes_only=True)
+        expected = cost.predict_hierarchical(p, 4 * count_h, c, (INTRA_ALPHA, INTRA_BETA), (ALPHA, BETA))
+        assert seconds == pytest.approx(expected, rel=1e-12), ("hierarchical", p, c, count_h)
+
+
+def test_two_level_closed_form_by_hand():
+    # p = 10, c = 4: nodes of 4, 4, 2 ranks; ceil(lg 4) = 2 tree levels up and down; 3 leaders, a ring
+    a_i, b_i, a_e, b_e, n = 1.0, 0.01, 10.0, 0.1, 300
+    by_hand = 2 * 2 * (a_i + n * b_i) + 2 * 2 * a_e + 2 * 2 / 3 * n * b_e
+    assert cost.predict_hierarchical(10, n, 4, (a_i, b_i), (a_e, b_e)) == pytest.approx(by_hand)
+    # 4 nodes of 2: a power of two of leaders runs Rabenseifner (2 lg 4 alpha_e), one node is a tree
+    assert cost.predict_hierarchical(8, n, 2, (a_i, b_i), (a_e, b_e)) == pytest.approx(
+        2 * (a_i + n * b_i) + 4 * a_e + 2 * 3 / 4 * n * b_e)
+    assert cost.predict_hierarchical(8, n, 8, (a_i, b_i), (a_e, b_e)) == pytest.approx(6 * (a_i + n * b_i))
+
+
+def test_loggp_overhead_gap_and_ports_by_hand():
+    # rank 0 sends two 100-byte messages to rank 1 with Isend; o = 1, g = 50, L = 3, G = 0.1
+    link = LogGP(L=3.0, o=1.0, g=50.0, G=0.1)
+    times = {}
+
+    def program(comm):
+        if comm.rank == 0:
+            first, second = comm.Isend(np.zeros(25, np.float32), 1, 5), comm.Isend(np.zeros(25, np.float32), 1, 6)
+            collectives.sim.engine.Request.Waitall([first, second])
+        else:
+            buffers = np.empty(25, np.float32), np.empty(25, np.float32)
+            comm.Recv(buffers[0], 0, 5)
+            times["first"] = comm.engine.clock[1]
+            comm.Recv(buffers[1], 0, 6)
+        times[comm.rank] = comm.engine.clock[comm.rank]
+
+    Engine(Topology(2, 2, link, link)).run(program, SimComm)
+    # first: posted at o = 1, arrives 1 + 3 + 10 = 14, taken in at 15; second: posted at 2, but the
+    # port is busy until 1 + max(g, 100 G) = 51: arrives 51 + 13 = 64, taken in at 65
+    assert times["first"] == pytest.approx(15.0)
+    assert times[1] == pytest.approx(65.0) and times[0] == pytest.approx(64.0)
+
+
+def test_sizes_only_takes_the_time_and_messages_of_the_run_with_data():
+    for name in ("ring", "rabenseifner", "auto", "hierarchical"):
+        topology = Topology(12, 5, LogGP(L=INTRA_ALPHA, G=INTRA_BETA), LogGP(L=ALPHA, G=BETA))
+        with_data, engine, _ = run(topology, HEARTS[name], 1001)
+        sizes_only, sized, _ = run(topology, HEARTS[name], 1001, sizes_only=True)
+        assert (sizes_only, sized.messages, sized.bytes) == (with_data, engine.messages, engine.bytes), name
+
+
+# ---- results: the exact sum --------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, p, c", [(name, p, c) for name in FLAT for p, c in ((7, 7), (16, 16))]
+                         + [("hierarchical", 7, 3), ("hierarchical", 16, 4), ("tree", 1024, 1024),
+                            ("hierarchical", 1024, 32)])
+def test_results_equal_the_exact_sum(name, p, c):
+    count = 37
+    _, _, results = run(Topology(p, c), HEARTS[name], count, dtype="float64")
+    exact = np.sum([fill(rank, count, "float64") for rank in range(p)], axis=0)
+    wrong = [rank for rank in range(p) if not np.array_equal(results[rank], exact)]
+    assert not wrong, f"{name}, p = {p}: ranks {wrong[:5]} got {results[wrong[0]][:5]}, expected {exact[:5]}"
+
+
+# ---- messages: the tracer's, on real MPI ranks ------------------------------------------------
+
+@pytest.mark.parallel(nprocs=[3, 4])
+def test_messages_equal_the_tracers_record_of_a_real_run():
+    comm = MPI.COMM_WORLD
+    count, mismatched = 37, []
+    for name in FLAT + ("hierarchical",):
+        traced = trace.TracedComm(comm)
+        mine = fill(comm.rank, count, "float64")
+        if name == "hierarchical":
+            hierarchical.allreduce(traced, mine, ranks_per_node=2, check=False)
+        else:
+            collectives.allreduce(traced, mine, algorithm=name, check=False)
+        real = trace.gather(traced)
+        if comm.rank == 0:                           # an error here goes to every rank's assert, not a hang
+            try:
+                _, engine, _ = run(Topology(comm.size, 2), HEARTS[name], count, dtype="float64", record=True)
+                simulated = Counter(engine.log)
+            except Exception as error:                   # noqa: BLE001
+                mismatched.append((name, repr(error)))
+                continue
+            sent = Counter((m.rank, m.peer, m.tag, m.nbytes) for m in real if m.direction == "send")
+            if sent != simulated:
+                mismatched.append((name, sorted((sent - simulated).items())[:3],
+                                   sorted((simulated - sent).items())[:3]))
+    mismatched = comm.bcast(mismatched, root=0)
+    parallel_assert(not mismatched, f"real run vs simulation (real only, simulated only): {mismatched}")
+
+
+@pytest.mark.parallel(nprocs=[1, 3, 4])          # c = 1 .. p + 1: nodes that divide p and that do not
+def test_hierarchical_on_real_ranks_equals_the_exact_reduction_for_every_node_size():
+    comm = MPI.COMM_WORLD
+    for c in range(1, comm.size + 2):
+        for op, reduce in (("sum", np.sum), ("max", np.max)):
+            for length in (0, 1, 13):
+                exact = reduce(np.stack([fill(rank, length, "float32") for rank in range(comm.size)]), axis=0)
+                result = hierarchical.allreduce(comm, fill(comm.rank, length, "float32"), op=op, ranks_per_node=c)
+                in_place = fill(comm.rank, length, "float32")
+                hierarchical.allreduce(comm, MPI.IN_PLACE, in_place, op=op, ranks_per_node=c, across="ring")
+                parallel_assert(bool(np.array_equal(result, exact)) and bool(np.array_equal(in_place, exact)),
+                                f"rank {comm.rank}, c = {c}, {op} of {length}: {result[:5]}, {in_place[:5]}, "
+                                f"expected {exact[:5]}")
+
+
+@pytest.mark.parallel(nprocs=[2, 3, 4])
+@settings(max_examples=6)
+@given(c=st.integers(1, 5), length=st.integers(0, 40), dtype=strategies.collective_dtypes,
+       op=strategies.reduction_ops, mode=st.sampled_from(["separate", "IN_PLACE", "same array"]),
+       across=st.sampled_from([None, "ring", "rabenseifner"]))
+def test_hierarchical_on_drawn_node_sizes_dtypes_ops_and_modes(c, length, dtype, op, mode, across):
+    comm = MPI.COMM_WORLD
+    mine = fill(comm.rank, length, dtype)
+    if mode == "separate":
+        result = hierarchical.allreduce(comm, mine, np.empty_like(mine), op=op, ranks_per_node=c, across=across)
+    else:
+        result = mine.copy()
+        hierarchical.allreduce(comm, MPI.IN_PLACE if mode == "IN_PLACE" else result, result, op=op,
+                               ranks_per_node=c, across=across)
+    expected = expected_allreduce(comm.size, length, dtype, op)
+    parallel_assert(bool(np.array_equal(result, expected)) and same_on_every_rank(comm, result)
+                    and bool(np.array_equal(mine, fill(comm.rank, length, dtype))),
+                    f"rank {comm.rank}, c = {c}, {op} {dtype} {mode}: {result[:5]}, expected {expected[:5]}")
+
+
+# ---- the engine's own rules ------------------------------------------------------------------
+
+def test_a_receive_nobody_sends_is_reported_as_a_deadlock():
+    def program(comm):
+        comm.Recv(np.empty(1), source=1 - comm.rank, tag=3)
+    with pytest.raises(Deadlock, match="receive from 1 tag 3"):
+        Engine(alpha_beta(2, 1.0, 0.0)).run(program, SimComm)
+
+
+def test_a_message_longer_than_its_receive_buffer_is_refused():
+    def program(comm):
+        if comm.rank == 0:
+            comm.Send(np.zeros(4), 1, 0)
+        else:
+            comm.Recv(np.empty(3), 0, 0)
+    with pytest.raises(ValueError, match="truncated"):
+        Engine(alpha_beta(2, 1.0, 0.0)).run(program, SimComm)
+
+
+def test_split_barrier_and_proc_null_behave_as_in_mpi():
+    seen = {}
+
+    def program(comm):
+        half = comm.Split(comm.rank % 2, -comm.rank)          # key reverses the order
+        buffer = np.array([float(comm.rank)])
+        right = (half.rank + 1) % half.size
+        half.Sendrecv(buffer.copy(), right, 1, buffer, (half.rank - 1) % half.size, 1)
+        comm.Send(buffer, MPI.PROC_NULL, 0)
+        comm.Barrier()
+        seen[comm.rank] = (half.rank, half.size, float(buffer[0]), comm.engine.clock[comm.rank])
+
+    Engine(alpha_beta(4, 1.0, 0.0)).run(program, SimComm)
+    # evens {0, 2}: rank 2 first (key -2 < 0); each receives the other's rank; everyone leaves the barrier at 1
+    assert seen == {0: (1, 2, 2.0, 1.0), 1: (1, 2, 3.0, 1.0), 2: (0, 2, 0.0, 1.0), 3: (0, 2, 1.0, 1.0)}
+
+
+# ---- the command line ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("flags, message", [
+    (["--ranks", "0", "--bytes", "64"], "--ranks must be an integer >= 1"),
+    (["--ranks", "x", "--bytes", "64"], "--ranks must be an integer"),
+    (["--ranks", "4", "--bytes", "6"], "--bytes must be >= 0 and a multiple of 4"),
+    (["--ranks", "4", "--bytes", "lots"], "--bytes must be a size"),
+    (["--ranks", "4", "--bytes", "64", "--ranks-per-node", "0"], "--ranks-per-node must be an integer >= 1"),
+    (["--ranks", "4", "--bytes", "64", "--algorithms", "ring,hypercube"], "unknown --algorithms hypercube"),
+    (["--ranks", "4", "--bytes", "64", "--alpha", "-1"], "--alpha must be a finite number >= 0"),
+    (["--ranks", "4", "--bytes", "64", "--beta", "nan"], "--beta must be a finite number"),
+    (["--ranks", "4", "--bytes", "64", "--json", "/no/such/folder/out.json"], "--json"),
+    (["--bytes", "64"], "the following arguments are required: --ranks"),
+])
+def test_bad_flags_stop_with_one_error_line_and_status_2(flags, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        simulate.main(flags)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.startswith("error: ") and message in err and err.count("\n") == 1, err
+
+
+def test_python_m_prints_the_table_and_writes_json(tmp_path):
+    path = tmp_path / "rows.json"
+    done = subprocess.run([sys.executable, "-m", "collectives.simulate", "--ranks", "6", "--bytes", "1536",
+                           "--ranks-per-node", "4", "--json", str(path)], capture_output=True, text=True,
+                          timeout=60, env=ENV)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(path.read_text())
+    assert [row["algorithm"] for row in rows] == list(collectives.ALGORITHMS)
+    for row in rows:
+        assert {"algorithm", "ranks", "bytes", "seconds", "closed_form_seconds"} <= set(row)
+        assert (row["ranks"], row["bytes"], row["target"], row["met"]) == (6, 1536, "=model", True), row
+    assert "hierarchical" in done.stdout and "=model" in done.stdout and " NO" not in done.stdout
+
+
+def test_allreduce_hierarchical_refuses_a_bad_node_size_from_the_environment_before_training(monkeypatch):
+    monkeypatch.setenv("MINIDL_RANKS_PER_NODE", "two")
+    with pytest.raises(SettingError, match="--allreduce hierarchical: MINIDL_RANKS_PER_NODE must be an integer >= 1"):
+        algorithm_run.allreduce_function("hierarchical")
+    monkeypatch.setenv("MINIDL_RANKS_PER_NODE", "2")
+    assert hierarchical.node_size(None) == 2 and algorithm_run.allreduce_function("hierarchical") is not None
