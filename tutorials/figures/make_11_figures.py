@@ -1,4 +1,4 @@
-"""The tables and figures of chapter 11 (memory as the limit); 2 to 6 minutes on 2 shared cores.
+"""The tables and figures of chapter 11 (memory as the limit); 10 s to 4 min on 2 cores, as loaded.
 
     mpiexec -n 2 python tutorials/figures/make_11_figures.py [--quick] [--out DIR]
 
