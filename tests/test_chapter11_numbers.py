@@ -98,6 +98,10 @@ def test_sections_3_to_7_quote_the_accounts():
            f"and {kib(one_f['measured']['activations'])})",
            f"{kib(row('lenet5', 'pipeline GPipe', True)['predicted']['activations'])} and "
            f"{kib(row('lenet5', 'pipeline 1F1B', True)['predicted']['activations'])} KiB predicted")
+    lenet = load("11_memory_vs_p.json")["lenet5"]
+    quoted(f"For LeNet-5 at p = 4 that is {kib(lenet['hybrid 2 x p/2']['4']['total'])} KiB per rank",
+           f"about the 2-stage pipeline's {kib(lenet['pipeline 1F1B']['2']['total'])}",
+           f"a 4-stage 1F1B pipeline on the same 4 ranks would hold {kib(lenet['pipeline 1F1B']['4']['total'])}")
 
 
 def runs_of(method, model):
