@@ -39,9 +39,9 @@ log adds both counts (bytes_pipeline or bytes_model, and bytes_allreduce).
 
 Restrictions: size divisible by --stages; the pipeline's (P <= layers, 1 <= m <= --batch-size,
 --batch-size is per replica) or the model's (P <= every split width), and the data-parallel one
-(R <= training rows); --split only with --group model, --schedule and --micro-batches only with
---group pipeline. Checkpoints are layout-free: --save writes the serial model and its momentum
-(gathered), which any SGD-family algorithm resumes on any layout, this one included.
+(R <= training rows); --split only with --group model, --schedule, --micro-batches and --recompute
+(each stage one checkpointed segment, as in pipeline_parallel) only with --group pipeline.
+Checkpoints are layout-free: --save writes the serial model and its momentum (gathered), which any SGD-family algorithm resumes on any layout, this one included.
 
 Default run (the small CNN on the embedded digits, 20 epochs, batch 32 per replica, 2 stages,
 1F1B with 4 micro-batches, ring allreduce, lr 0.05, momentum 0.9): the trajectory of serial SGD at
@@ -104,17 +104,18 @@ def model_share_gradient(row, share, batch):
 
 
 def train(comm=None, stages=2, group="pipeline", split=None, schedule=None, micro_batches=None, allreduce="ring",
-          **settings):
+          recompute=False, **settings):
     """Hybrid SGD on ``comm``: size / stages replicas, each a ``stages``-deep pipeline (``group``
     "pipeline", ``schedule`` and ``micro_batches`` as in pipeline_parallel, default 1f1b and 4) or
     partitioned into ``stages`` model pieces (``group`` "model", ``split`` as in model_parallel,
     default output); returns (final flat parameters, on every rank, history). A setting of the other
-    group is refused."""
+    group is refused; ``recompute`` (each stage one checkpointed segment) only with "pipeline"."""
     comm = comm or MPI.COMM_WORLD
     size, rank = comm.Get_size(), comm.Get_rank()
     settings = run.Settings.of(settings, epochs=20, momentum=0.9, partition="global")
 
-    given = {"pipeline": {"--split": split}, "model": {"--schedule": schedule, "--micro-batches": micro_batches}}
+    given = {"pipeline": {"--split": split},
+             "model": {"--schedule": schedule, "--micro-batches": micro_batches, "--recompute": recompute or None}}
     split, schedule, micro_batches = split or "output", schedule or "1f1b", micro_batches or 4
 
     def check_all(s):
@@ -135,7 +136,8 @@ def train(comm=None, stages=2, group="pipeline", split=None, schedule=None, micr
     column = CountingComm(comm.Split(color=position, key=replica))       # the same share in every replica
     summed = run.allreduce_function(allreduce)
     if group == "pipeline":
-        stage = pipeline_parallel.Stage(job.objective.net, position, stages, job.objective.data.x_train[:1])
+        stage = pipeline_parallel.Stage(job.objective.net, position, stages, job.objective.data.x_train[:1],
+                                        recompute)
         share, optimizer = job.objective.grad[stage.start:stage.end], job.optimizer
 
         def replica_gradient(batch):
@@ -166,7 +168,7 @@ def train(comm=None, stages=2, group="pipeline", split=None, schedule=None, micr
 
 
 def main(argv=None):
-    parser = cli.parser(__doc__.splitlines()[0], epochs=20, momentum=0.9, allreduce="ring")
+    parser = cli.parser(__doc__.splitlines()[0], epochs=20, momentum=0.9, allreduce="ring", recompute=True)
     parser.add_argument("--stages", type=int, default=2,
                         help="ranks per replica P (pipeline stages, or model pieces); size / P replicas")
     parser.add_argument("--group", default="pipeline", choices=GROUPS, help="how each replica is split")

@@ -58,6 +58,12 @@ own layers. At each epoch's end every stage's slice and its momentum are gathere
 (``share_stages``; evaluation only, not counted), which overwrites the stale copies, so every rank
 evaluates, saves and returns the whole trained model, and a --save file is the serial model's.
 
+--recompute (Huang et al. 2019's re-materialization; Chen et al. 2016): each stage runs as one
+checkpointed segment (``minidl.recompute``), so a micro-batch in flight keeps only the stage's input
+and output, and its backward runs the stage's forward again first: the same bits, the activations
+in flight m (GPipe) or P - s (1F1B) stage inputs and outputs plus one micro-batch's stage at a time
+(``algorithms.core.accounts`` predicts the bytes, ``algorithms.memory`` measures them).
+
 Restrictions: P <= L (a stage needs a layer); 1 <= m <= --batch-size (a micro-batch needs a row;
 the epoch's last, shorter batch uses min(m, its rows)); a Sequential model (not --problem). Stages
 are cut by layer count, not balanced by cost as GPipe's partitioner does.
@@ -77,6 +83,7 @@ from minidl import backend
 from minidl import functional as F
 from minidl.data import shard
 from minidl.nn import Sequential
+from minidl.recompute import Checkpoint
 from minidl.tensor import Tensor, no_grad
 
 SCHEDULES = ("gpipe", "1f1b")
@@ -114,7 +121,7 @@ class Stage:
     """Rank ``stage``'s part of the network: layers [first, stop), their slice [start, end) of the flat
     parameter vector, the feature shapes it receives and sends, and the most micro-batches it held."""
 
-    def __init__(self, net, stage, stages, sample):
+    def __init__(self, net, stage, stages, sample, recompute=False):
         self.stage, self.stages = stage, stages
         self.bounds = [stage_layers(len(net), s, stages) for s in range(stages)]
         layers = list(net)
@@ -130,6 +137,8 @@ class Stage:
         self.slices = [(sum(sizes[:first]), sum(sizes[:stop])) for first, stop in self.bounds]
         first, stop = self.bounds[stage]
         self.layers = Sequential(*layers[first:stop])
+        if recompute:            # --recompute: the whole stage one segment, only its input kept (GPipe's re-materialization)
+            self.layers = Checkpoint(self.layers)
         self.receives, self.sends = self.shapes[first], self.shapes[stop]
         self.start, self.end = self.slices[stage]
         self.first, self.last = stage == 0, stage == stages - 1
@@ -229,11 +238,12 @@ def check(settings, stages, kind, micro_batches):
                            f"every stage needs at least one (use at most {len(net)} ranks)")
 
 
-def train(comm=None, schedule="1f1b", micro_batches=4, **settings):
+def train(comm=None, schedule="1f1b", micro_batches=4, recompute=False, **settings):
     """Pipeline-parallel SGD on ``comm`` (rank s = stage s); returns (final flat parameters, history).
 
     ``--batch-size`` is the pipeline's global batch (the one replica's), cut into ``micro_batches``.
-    Every rank returns the whole trained parameter vector.
+    Every rank returns the whole trained parameter vector. ``recompute``: each stage one checkpointed
+    segment (the same bits, fewer activations in flight).
     """
     comm = comm or MPI.COMM_WORLD
     kind = schedule                                # the argument's name hides the function schedule() here
@@ -242,7 +252,7 @@ def train(comm=None, schedule="1f1b", micro_batches=4, **settings):
                                layout={"stages": comm.Get_size(), "schedule": kind, "micro_batches": micro_batches})
     job = run.start(comm, settings, check=lambda s: check(s, comm.Get_size(), kind, micro_batches),
                     reader=(0, 1), writer=writer)
-    stage = Stage(job.objective.net, job.rank, job.size, job.objective.data.x_train[:1])
+    stage = Stage(job.objective.net, job.rank, job.size, job.objective.data.x_train[:1], recompute)
     last = job.size - 1
 
     def step(batch):
@@ -258,7 +268,7 @@ def train(comm=None, schedule="1f1b", micro_batches=4, **settings):
 
 
 def main(argv=None):
-    parser = cli.parser(__doc__.splitlines()[0], epochs=20, momentum=0.9)
+    parser = cli.parser(__doc__.splitlines()[0], epochs=20, momentum=0.9, recompute=True)
     parser.add_argument("--schedule", default="1f1b", choices=SCHEDULES,
                         help="gpipe: all forwards, then all backwards; 1f1b: one forward, one backward")
     parser.add_argument("--micro-batches", type=int, default=4, help="micro-batches per global batch")
