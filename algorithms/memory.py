@@ -63,102 +63,12 @@ prediction for LeNet-5 (batch 64) and the MLP (batch 512), at p = 1 and 2.
 """
 import argparse
 import json
-import tracemalloc
-
-import numpy
 
 from mpi4py import MPI
 
-from algorithms import pipeline_parallel, spatial_parallel
-from algorithms.core import allocations, cli, run
-from algorithms.core.accounts import EXAMPLE, PARTS, dataset_of, predicted_rows, row
+from algorithms.core import allocations, cli, measured, run
+from algorithms.core.accounts import EXAMPLE, PARTS, predicted_rows
 from algorithms.core.cli import SettingError
-from algorithms.core.objective import build_model
-from algorithms.core.tiling import Tiling
-from collectives.buffers import release_scratch
-from minidl import functional as F
-from minidl.conv.scratch import release
-from minidl.flat import flatten
-from minidl.nn import Sequential
-from minidl.tensor import Tensor
-
-def measure_spatial(comm, model, batch, momentum, seed=0):
-    """This rank's bytes per part of one step of ``spatial_parallel``, phase by phase as its heart runs:
-    the tiles' forward (activations), the gather (comm), the head's forward (activations), the conv
-    gradient's ring (comm), the update (optimizer)."""
-    x, labels = allocations.example_batch(EXAMPLE[model], batch, seed)
-    rank, meter = comm.Get_rank(), allocations.Meter()
-    try:
-        net, flat, optimizer, measured = allocations.set_up(meter, model, EXAMPLE[model], momentum=momentum, seed=seed)
-        tiling = Tiling.of(net, x.shape[2], x.shape[3], comm.Get_size())
-        release()
-        meter.take()
-        kept, tile = [], None
-        for s, stage in enumerate(tiling.stages):
-            lo, hi = stage.needed[rank]
-            window = x[:, :, lo:hi] if s == 0 else spatial_parallel.halo_exchange(comm, tile.data, stage)
-            leaf, tile = spatial_parallel.run_stage(stage, window, rank, need_grad=s > 0)
-            kept.append((leaf, tile))
-            del window
-        measured["activations"] = meter.take()
-        whole = Tensor(spatial_parallel.gather_rows(comm, tile.data, tiling.final[0]), requires_grad=True)
-        measured["comm"] = meter.take()
-        loss = F.softmax_cross_entropy(Sequential(*tiling.head)(whole), labels)
-        measured["activations"] += meter.take()
-        del loss, whole, kept, tile
-        release_scratch()
-        meter.take()
-        if comm.Get_size() > 1:
-            run.allreduce_function("ring")(comm, flat.grad[:tiling.conv_parameters()])
-        measured["comm"] += meter.take()
-        flat.grad[...] = 0
-        optimizer.step()
-        measured["optimizer"] = meter.take()
-    finally:
-        meter.stop()
-    return measured
-
-
-def measure_pipeline(model, p, batch, micro_batches, kind, seed=0):
-    """Stage 0's activations in flight and comm buffers over one step of ``pipeline_parallel``'s
-    schedule, run in this process: its forwards and backwards in the schedule's order, each output
-    kept as its Isend would keep it, a random gradient in place of stage 1's. The activations are the
-    most bytes alive after a forward, less the outputs only a send still holds (those are comm); the
-    conv workspaces a backward leaves in the pool are let go after it (scratch, not activations)."""
-    x, _ = allocations.example_batch(EXAMPLE[model], batch, seed)
-    rng, meter = numpy.random.default_rng(seed), allocations.Meter()
-    try:
-        net = build_model(model, seed, dataset_of(model))
-        flatten(net)                                      # gradients into the flat vector: no new arrays
-        stage = pipeline_parallel.Stage(net, 0, p, x[:1])
-        pieces = [x[rows] for rows in numpy.array_split(numpy.arange(batch), micro_batches)]  # the data: not counted
-        release()
-        meter.take()
-        held, sends, activations, received = {}, [], 0, 0
-        for step, i in pipeline_parallel.schedule(kind, 0, p, micro_batches):
-            if step == "forward":
-                out = stage.layers(Tensor(pieces[i]))
-                if stage.last:
-                    out = F.softmax_cross_entropy(out, numpy.zeros(len(pieces[i]), dtype=int))
-                else:
-                    sends.append(out.data)                 # micro-batch i's send buffer, until the Waitall
-                held[i] = out
-                sent_only = sum(buffer.nbytes for j, buffer in enumerate(sends) if j not in held)
-                activations = max(activations, tracemalloc.get_traced_memory()[0] - meter.mark - sent_only)
-            else:
-                out = held.pop(i)
-                gradient = None if stage.last else \
-                    rng.standard_normal((len(pieces[i]),) + stage.sends).astype(numpy.float32)
-                received = max(received, 0 if gradient is None else gradient.nbytes)
-                out.backward(gradient)
-                del out, gradient
-                release()        # the backward's workspaces: scratch the pool keeps, not activations
-    finally:
-        meter.stop()
-    # the state is not measured: pipeline_parallel keeps the whole model on every rank (evaluation and
-    # layout-free checkpoints use it), while the table counts what stage 0 needs
-    return row(None, None, None, activations, sum(buffer.nbytes for buffer in sends) + received)
-
 
 def measured_row(comm, model, p, batch, recompute, momentum):
     """The data-parallel row measured on this process (the comm buffer only when comm has p ranks)."""
@@ -171,8 +81,27 @@ def measured_row(comm, model, p, batch, recompute, momentum):
     return measured
 
 
+def measure_method(comm, method, model, p, batch, micro_batches, recompute, momentum):
+    """The measured row of ``method`` (``allocations`` for data parallelism, ``measured`` for the rest),
+    or None where it cannot be measured here (spatial needs its p ranks)."""
+    if method == "data parallel":
+        return measured_row(comm, model, p, batch, recompute, momentum)
+    if method.startswith("ZeRO"):
+        return measured.zero(comm, model, p, int(method[-1]), batch, recompute, momentum)
+    if method == "tensor":
+        return measured.tensor(comm, model, p, batch, momentum)
+    if method.startswith("pipeline"):
+        return measured.pipeline(model, p, batch, micro_batches, method.split()[1].lower(), recompute, momentum)
+    if method.startswith("hybrid"):
+        return measured.hybrid(comm, model, p, batch, micro_batches, recompute, momentum)
+    if method == "spatial" and comm.Get_size() == p:
+        mine = measured.spatial(comm, model, batch, momentum)
+        return {part: comm.allreduce(value, op=MPI.MAX) for part, value in mine.items()}
+    return None
+
+
 def table(model, p, batch, micro_batches=8, momentum=0.9, comm=None, measure=True):
-    """Every method's per-rank account, predicted (and measured where it is): a list of dicts."""
+    """Every method's per-rank account, predicted and measured: a list of dicts."""
     comm = comm or MPI.COMM_WORLD
     records = []
     for recompute in (False, True):
@@ -180,15 +109,8 @@ def table(model, p, batch, micro_batches=8, momentum=0.9, comm=None, measure=Tru
             record = {"method": method, "recompute": recompute, "predicted": predicted, "measured": None}
             if isinstance(predicted, str):               # the method does not apply: say why
                 record.update(predicted=None, note=predicted)
-            elif not measure:
-                pass
-            elif method == "data parallel":
-                record["measured"] = measured_row(comm, model, p, batch, recompute, momentum)
-            elif method.startswith("pipeline") and not recompute:
-                record["measured"] = measure_pipeline(model, p, batch, micro_batches, method.split()[1].lower())
-            elif method == "spatial" and comm.Get_size() == p:
-                mine = measure_spatial(comm, model, batch, momentum)
-                record["measured"] = {part: comm.allreduce(value, op=MPI.MAX) for part, value in mine.items()}
+            elif measure:
+                record["measured"] = measure_method(comm, method, model, p, batch, micro_batches, recompute, momentum)
             records.append(record)
     return records
 

@@ -1,6 +1,6 @@
 """ZeRO: data-parallel SGD whose optimizer state (stage 1), gradients (2) and parameters (3) are sharded.
 
-    mpiexec -n 4 python -m algorithms.zero --stage 1|2|3 [--optimizer sgd|adam]
+    mpiexec -n 4 python -m algorithms.zero --stage 1|2|3 [--optimizer sgd|adam] [--recompute]
 
 Paper: Rajbhandari, Rasley, Ruwase & He 2020 (ZeRO: Memory Optimizations Toward Training Trillion
 Parameter Models), section 5 (ZeRO-DP: P_os, P_os+g, P_os+g+p) and section 7 (communication).
@@ -50,6 +50,9 @@ the parameters and the optimizer state (not counted in the log's bytes).
 (default --lr 0.001). --save writes the gathered model and optimizer state, layout-free: a
 momentum-SGD file is one of the SGD family (allreduce_sgd, the other stages, any p resume it), an
 Adam file resumes in this module with --optimizer adam, any stage, any p.
+
+--recompute: the model in about sqrt(layers) checkpointed segments (``minidl.recompute``), as in
+allreduce_sgd: the same bits, fewer activations kept.
 
 Restrictions: p <= n (every rank owns a shard) and p <= the training examples; --stage 1, 2 or 3.
 
@@ -183,7 +186,7 @@ def train(comm=None, stage=3, optimizer="sgd", **settings):
 
 
 def main(argv=None):
-    parser = cli.parser(__doc__.splitlines()[0], epochs=20, momentum=0.9, partition="global", lr=None)
+    parser = cli.parser(__doc__.splitlines()[0], epochs=20, momentum=0.9, partition="global", lr=None, recompute=True)
     parser.add_argument("--stage", type=int, default=3, help="1: shard the optimizer state; 2: and the gradients; "
                         "3: and the parameters")
     parser.add_argument("--optimizer", default="sgd", choices=OPTIMIZERS,

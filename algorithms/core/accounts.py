@@ -45,26 +45,38 @@ def data_parallel(layers, p, batch, b, k, recompute):
 
 
 def zero(stage, layers, p, batch, b, k, recompute):
-    """ZeRO stage 1, 2 or 3 (the formulas of the header)."""
+    """ZeRO stage 1, 2 or 3 (the formulas of the header): the paper's model states, and as comm the
+    units ``algorithms.zero`` keeps whole: stage 2 the gradient the backward fills before the
+    reduce-scatter, stage 3 that and the gathered parameters (one gathering unit, the whole model);
+    plus the ring's receive block."""
     n = footprint.parameters(layers)
-    largest = max(layer.params for layer in layers)
-    comm = {1: share(n, p) * b, 2: n * b, 3: 2 * largest * b}[stage] if p > 1 else 0
+    units = {1: 0, 2: n * b, 3: 2 * n * b}[stage]
+    comm = units + (share(n, p) * b if p > 1 else 0)
     return row((share(n, p) if stage >= 3 else n) * b, (share(n, p) if stage >= 2 else n) * b, k * share(n, p) * b,
                footprint.activations(layers, batch, recompute), comm)
 
 
-def tensor(layers, p, batch, b, k, recompute):
+def tensor(layers, p, batch, b, k):
     """Megatron's split of the Linear layers in (column, row) pairs; the rest replicated."""
     linear = [index for index, layer in enumerate(layers) if layer.name == "Linear"]
     pairs = [(linear[i], linear[i + 1]) for i in range(0, len(linear) - 1, 2)]
-    split = {index for pair in pairs for index in pair}
-    params = sum(share(layer.params, p) if index in split else layer.params for index, layer in enumerate(layers))
-    # the column layer's output and the ReLU behind it are split p ways; the row layer's output is whole
+    columns, rows = {first for first, _ in pairs}, {second for _, second in pairs}
+    # a column layer's weights and bias are split; a row layer's weights, its bias (o values) is whole
+    params = sum(share(layer.params, p) if index in columns else
+                 share(layer.params - layer.out // b, p) + layer.out // b if index in rows else layer.params
+                 for index, layer in enumerate(layers))
+    # the column layer's output and the ReLU behind it are split p ways; the row layer keeps three
+    # whole (N, o) arrays: its partial product, g's sum of them, and the sum plus the bias
     column = {first + offset for first, _ in pairs for offset in (0, 1)}
-    activations = footprint.activations([scaled(layer, 1 / p) if index in column else layer
-                                         for index, layer in enumerate(layers)], batch, recompute)
-    width = max((layers[second].out for _, second in pairs), default=0)
-    return row(params * b, params * b, k * params * b, activations, batch * width if p > 1 else 0)
+    activations = footprint.activations([scaled(layer, 1 / p) if index in column else
+                                         scaled(layer, 3) if index in rows else layer
+                                         for index, layer in enumerate(layers)], batch)
+    # comm: the ring's receive block of g's allreduce (N o), and of f's (N i) where the block's input
+    # needs a gradient (a layer with parameters before it)
+    blocks = {share(batch * layers[second].out // b, p) for _, second in pairs}
+    blocks |= {share(batch * layers[first - 1].out // b, p) for first, _ in pairs
+               if footprint.parameters(layers[:first])}
+    return row(params * b, params * b, k * params * b, activations, sum(blocks) * b if p > 1 else 0)
 
 
 def stage_layers(layers, p):
@@ -74,13 +86,21 @@ def stage_layers(layers, p):
 
 def pipeline(layers, p, batch, b, k, recompute, micro_batches, kind):
     """GPipe or 1F1B, stage 0 (the most micro-batches in flight); its comm buffers: every micro-batch's
-    output, which ``pipeline_gradient``'s Isend holds until the step's Waitall, and one gradient received."""
+    output, which ``pipeline_gradient``'s Isend holds until the step's Waitall, and one gradient received.
+    With ``recompute`` the stage is one segment: each micro-batch in flight keeps its output (its
+    input is the data, or the previous stage's message), and a backward first runs one micro-batch's
+    stage again, while its own output is held only by its send."""
     stage = stage_layers(layers, p)
     rows = share(batch, micro_batches)
     in_flight = micro_batches if kind == "gpipe" else min(p, micro_batches)
     n = footprint.parameters(stage)
     last = len(stage) == len(layers)
-    activations = footprint.activations(stage, rows, recompute, copies=in_flight, loss=last)
+    if recompute:
+        held, free = [sum(parts) for parts in zip(*(layer.held_and_free(rows) for layer in stage))]
+        kept = rows * (stage[-1].out + (layers[-1].out if last else 0))      # the loss keeps its logits too
+        activations = free + (in_flight * kept + held if last else max(in_flight * kept, (in_flight - 1) * kept + held))
+    else:
+        activations = footprint.activations(stage, rows, copies=in_flight, loss=last)
     comm = 0 if p == 1 else (micro_batches + 1) * rows * stage[-1].out
     return row(n * b, n * b, k * n * b, activations, comm)
 
@@ -104,7 +124,7 @@ def predicted_rows(model, p, batch, micro_batches, k, recompute):
     b = next(iter(net.parameters())).dtype.itemsize
     rows = [("data parallel", data_parallel(layers, p, batch, b, k, recompute))]
     rows += [(f"ZeRO-{stage}", zero(stage, layers, p, batch, b, k, recompute)) for stage in (1, 2, 3)]
-    rows.append(("tensor", tensor(layers, p, batch, b, k, recompute)))
+    rows.append(("tensor", "tensor_parallel has no --recompute" if recompute else tensor(layers, p, batch, b, k)))
     for kind, name in (("gpipe", "pipeline GPipe"), ("1f1b", "pipeline 1F1B")):
         rows.append((name, pipeline(layers, p, batch, b, k, recompute, micro_batches, kind)
                      if p <= len(layers) else f"{p} stages for {len(layers)} layers"))
@@ -113,9 +133,9 @@ def predicted_rows(model, p, batch, micro_batches, k, recompute):
                      spatial(net, layers, example, p, batch, b, k)))
     except SettingError as error:
         rows.append(("spatial", str(error)))
-    if p % 2 == 0 and p > 2:                                  # 2 pipeline stages x p/2 data replicas
+    if p % 2 == 0:                                           # 2 pipeline stages x p/2 data replicas
         hybrid = pipeline(layers, 2, batch, b, k, recompute, micro_batches, "1f1b")
-        hybrid["comm"] += share(hybrid["params"] // b, p // 2) * b
+        hybrid["comm"] += share(hybrid["params"] // b, p // 2) * b if p > 2 else 0    # the column's ring block
         rows.append(("hybrid 2 x p/2", hybrid))
     else:
         rows.append(("hybrid 2 x p/2", f"{p} ranks do not form a grid of 2 pipeline stages"))

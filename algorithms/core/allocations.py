@@ -66,6 +66,24 @@ def largest_segment(segments, inputs):
     return largest
 
 
+def forward(meter, layers, x, labels, recompute=False):
+    """The forward and the loss, from an emptied conv workspace pool: (loss, the bytes kept for the
+    backward); with ``recompute`` (``layers`` checkpointed segments), plus the largest segment's
+    activations recorded again, as the backward does one segment at a time."""
+    release()
+    meter.take()
+    h, inputs = Tensor(x), []
+    for layer in layers:
+        inputs.append(h)
+        h = layer(h)
+    loss = F.softmax_cross_entropy(h, labels)
+    kept = meter.take()
+    if recompute:
+        kept += largest_segment(list(layers), inputs)
+        meter.take()
+    return loss, kept
+
+
 def example_batch(example_shape, batch, seed=0):
     """Random images (batch, *example_shape) in float32 and labels: memory does not depend on the values."""
     rng = numpy.random.default_rng(seed)
@@ -91,19 +109,7 @@ def data_parallel(comm, model, example_shape, batch, recompute=False, momentum=0
     meter = Meter()
     try:
         net, flat, optimizer, measured = set_up(meter, model, example_shape, recompute, momentum, seed)
-        release()
-        meter.take()
-        # forward: what it keeps for the backward
-        h, inputs = Tensor(x), []
-        for layer in net:
-            inputs.append(h)
-            h = layer(h)
-        loss = F.softmax_cross_entropy(h, labels)
-        measured["activations"] = meter.take()
-        if recompute:
-            measured["activations"] += largest_segment(list(net), inputs)
-            meter.take()
-        del h, inputs
+        loss, measured["activations"] = forward(meter, net, x, labels, recompute)
         loss.backward()
         del loss
         release_scratch()

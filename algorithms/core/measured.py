@@ -1,0 +1,249 @@
+"""Measured: one rank's bytes per part of one step of each sharded or split method, by tracemalloc.
+
+    zero(comm, "mlp", p=4, stage=2, batch=64)          # {"params": ..., "grads": ..., "optimizer": ...,
+    tensor(comm, "lenet5", p=2, batch=64)              #  "activations": ..., "comm": ...} on this rank
+    pipeline("mlp", p=4, batch=64, micro_batches=8, kind="gpipe", recompute=True)
+    hybrid(comm, "mlp", p=4, batch=64, micro_batches=8, recompute=False)
+    spatial(comm, "lenet5", batch=64)
+
+Each runs one step with the module's own pieces (``zero.Shard`` and ``zero_step``'s collectives,
+``tensor_parallel.split_network``, ``pipeline_parallel.Stage`` and ``schedule``,
+``spatial_parallel``'s stages), phase by phase as the module's heart runs, and reads tracemalloc's
+live bytes between the phases (``allocations.Meter``), as ``allocations.data_parallel`` does for
+allreduce SGD. The layout is rank ``comm``'s of ``p`` when ``comm`` has p ranks (the collectives
+run for real and their buffers are measured); otherwise rank 0's, in this process, with the sums
+over ranks left out and "comm" None (not measured: no peers). Only spatial needs its p ranks.
+
+Comm buffers are what the collectives keep: the receive blocks the ring caches (measured as the
+bytes ``release_scratch`` hands back), the sends still in flight, and, for ZeRO, the whole vectors
+its stages keep only as gathering or reducing units. What pipeline, tensor and hybrid modules
+also keep, the whole serial model for evaluation and layout-free checkpoints, is no part of the
+method's step and is built before the meter starts.
+"""
+import tracemalloc
+from types import SimpleNamespace
+
+import numpy
+
+import collectives
+from algorithms import pipeline_parallel, spatial_parallel, tensor_parallel, zero as zero_module
+from algorithms.core import allocations, run
+from algorithms.core.accounts import EXAMPLE, dataset_of, row
+from algorithms.core.objective import build_model
+from algorithms.core.tiling import Tiling
+from collectives.buffers import release_scratch
+from minidl import functional as F
+from minidl.conv.scratch import release
+from minidl.flat import FlatParameters, flatten
+from minidl.nn import Sequential
+from minidl.optim import SGD
+from minidl.tensor import Tensor
+from mpi4py import MPI
+
+
+def layout(comm, p):
+    """(rank, real): this rank's place, and whether ``comm`` holds the p ranks to run the collectives."""
+    real = comm.Get_size() == p
+    return (comm.Get_rank() if real else 0), real
+
+
+def freed_scratch(meter):
+    """The bytes of the collectives' cached receive blocks, handed back now (measured)."""
+    meter.take()
+    release_scratch()
+    return -meter.take()
+
+
+def zero(comm, model, p, stage, batch, recompute=False, momentum=0.9, seed=0):
+    """ZeRO stage ``stage``, phase by phase as ``zero_step``: the whole vectors (built as a run builds
+    them), the shard (``zero.Shard``), forward, backward, the reduction, the update, the allgather."""
+    rank, real = layout(comm, p)
+    x, labels = allocations.example_batch(EXAMPLE[model], batch, seed)
+    release_scratch()
+    meter = allocations.Meter()
+    try:
+        net, flat, whole, built = allocations.set_up(meter, model, EXAMPLE[model], recompute, momentum, seed)
+        # built: the whole w (stages 1, 2: the parameters; stage 3: the gathering unit) and the whole
+        # gradient (stage 1: the gradients; stages 2, 3: the reducing unit)
+        job = SimpleNamespace(objective=SimpleNamespace(params=flat.data, grad=flat.grad), rank=rank, size=p,
+                              settings=SimpleNamespace(lr=whole.lr, momentum=momentum), optimizer=whole)
+        shard = zero_module.Shard(job, stage, zero_module.make_optimizer("sgd"))
+        own = meter.take()                     # stage 2: the gradient's block; stage 3: and the parameters'
+        shard_grad = shard.grad.nbytes if stage >= 2 else 0
+        loss, activations = allocations.forward(meter, net, x, labels, recompute)
+        loss.backward()
+        del loss
+        release()
+        meter.take()
+        if real and p > 1 and stage == 1:
+            collectives.allreduce(comm, MPI.IN_PLACE, flat.grad, algorithm="ring", check=False)
+        elif real and p > 1:
+            collectives.reduce_scatter(comm, flat.grad, shard.grad, check=False)
+        measured_comm = meter.take()
+        shard.optimizer.step()
+        optimizer = meter.take()
+        if real and p > 1 and stage < 3:
+            collectives.allgather(comm, MPI.IN_PLACE, flat.data, check=False)
+        measured_comm += meter.take()
+    finally:
+        meter.stop()
+    whole_w, whole_grad = built["params"], built["grads"]
+    params, grads = (whole_w, whole_grad) if stage == 1 else (whole_w, shard_grad) if stage == 2 else \
+        (own - shard_grad, shard_grad)
+    units = {1: 0, 2: whole_grad, 3: whole_w + whole_grad}[stage]
+    return row(params, grads, optimizer, activations, units + measured_comm if real else None)
+
+
+def tensor(comm, model, p, batch, momentum=0.9, seed=0):
+    """Tensor parallelism, phase by phase: this rank's pieces (``split_network``) and their flat
+    vector, forward (g's allreduce: its receive block is comm), backward (f's), the update."""
+    rank, real = layout(comm, p)
+    x, labels = allocations.example_batch(EXAMPLE[model], batch, seed)
+    net = build_model(model, seed, dataset_of(model))              # the serial model: not counted
+    serial = flatten(net)
+    summed = run.allreduce_function("ring") if real and p > 1 else None
+
+    def total(array):
+        if summed is not None:
+            summed(comm, array.reshape(-1))
+        return array
+    release_scratch()
+    meter = allocations.Meter()
+    try:
+        layers, parameters = tensor_parallel.split_network(net, serial, rank, p, total)[:2]
+        params = meter.take()
+        flat = FlatParameters(parameters)
+        grads = meter.take()
+        optimizer = SGD([flat.as_parameter()], lr=0.01, momentum=momentum)
+        loss, activations = allocations.forward(meter, layers, x, labels)
+        comm_bytes = freed_scratch(meter)
+        activations -= comm_bytes              # g's receive block, cached during the forward
+        loss.backward()
+        del loss
+        release()
+        comm_bytes += freed_scratch(meter)     # f's, during the backward
+        optimizer.step()
+        optimizer_bytes = meter.take()
+    finally:
+        meter.stop()
+    return row(params, grads, optimizer_bytes, activations, comm_bytes if real else None)
+
+
+def stage_state(meter, model, p, sample, recompute, momentum, seed):
+    """Stage 0's layers alone (the rest of the model dropped), measured: (stage, flat, SGD, {params, grads})."""
+    net = build_model(model, seed, dataset_of(model))
+    stage = pipeline_parallel.Stage(net, 0, p, sample, recompute)
+    del net                                    # only stage 0's layers stay
+    measured = {"params": meter.take()}
+    flat = flatten(stage.layers)
+    measured["grads"] = meter.take()
+    return stage, flat, SGD([flat.as_parameter()], lr=0.01, momentum=momentum), measured
+
+
+def pipeline(model, p, batch, micro_batches, kind, recompute=False, momentum=0.9, seed=0):
+    """Stage 0 of ``pipeline_parallel`` over one step, in this process: its state, its forwards and
+    backwards in the order of ``schedule``, each output kept as its Isend keeps it, a random gradient
+    in place of stage 1's. The activations are the most bytes alive after a forward (or, with
+    ``recompute``, while a backward runs its stage again), less the outputs only a send still
+    holds (those are comm); the conv workspaces a backward leaves in the pool are let go after it."""
+    x, _ = allocations.example_batch(EXAMPLE[model], batch, seed)
+    rng, meter = numpy.random.default_rng(seed), allocations.Meter()
+    try:
+        stage, flat, optimizer, measured = stage_state(meter, model, p, x[:1], recompute, momentum, seed)
+        pieces = [x[rows] for rows in numpy.array_split(numpy.arange(batch), micro_batches)]  # the data: not counted
+        release()
+        meter.take()
+        held, sends, activations, received = {}, [], 0, 0
+
+        def alive():                           # activation bytes alive now: less what only a send holds
+            return tracemalloc.get_traced_memory()[0] - meter.mark - \
+                sum(buffer.nbytes for j, buffer in enumerate(sends) if j not in held)
+        for step, i in pipeline_parallel.schedule(kind, 0, p, micro_batches):
+            if step == "forward":
+                out = stage.layers(Tensor(pieces[i]))
+                if stage.last:
+                    out = F.softmax_cross_entropy(out, numpy.zeros(len(pieces[i]), dtype=int))
+                else:
+                    sends.append(out.data)                 # micro-batch i's send buffer, until the Waitall
+                held[i] = out
+                activations = max(activations, alive())
+                continue
+            out = held.pop(i)
+            if recompute:                      # the backward's first act: stage 0's forward again, recorded
+                again = stage.layers.module(Tensor(pieces[i]))
+                activations = max(activations, alive())
+                del again
+            gradient = None if stage.last else \
+                rng.standard_normal((len(pieces[i]),) + stage.sends).astype(numpy.float32)
+            received = max(received, 0 if gradient is None else gradient.nbytes)
+            out.backward(gradient)
+            del out, gradient
+            release()            # the backward's workspaces: scratch the pool keeps, not activations
+        meter.take()
+        optimizer.step()
+        measured["optimizer"] = meter.take()
+    finally:
+        meter.stop()
+    return row(measured["params"], measured["grads"], measured["optimizer"], activations,
+                           sum(buffer.nbytes for buffer in sends) + received)
+
+
+def hybrid(comm, model, p, batch, micro_batches, recompute=False, momentum=0.9, seed=0):
+    """Stage 0 of a 2-stage 1F1B pipeline (``pipeline``), and its gradient's ring allreduce over the
+    p/2 replicas of its column (``hybrid_step``), whose receive block is added to the comm buffers."""
+    measured = pipeline(model, 2, batch, micro_batches, "1f1b", recompute, momentum, seed)
+    rank, real = layout(comm, p)
+    if not real:                               # no column to allreduce over at p = 2
+        return {**measured, "comm": None if p > 2 else measured["comm"]}
+    column = comm.Split(color=rank % 2, key=rank // 2)        # hybrid_parallel's grid: rank = replica * 2 + stage
+    net = build_model(model, seed, dataset_of(model))
+    stage = pipeline_parallel.Stage(net, rank % 2, 2, allocations.example_batch(EXAMPLE[model], 1)[0])
+    gradient = numpy.zeros(stage.end - stage.start, dtype=numpy.float32)
+    meter = allocations.Meter()
+    try:
+        release_scratch()
+        meter.take()
+        if column.Get_size() > 1:
+            run.allreduce_function("ring")(column, gradient)
+        block = meter.take()
+    finally:
+        meter.stop()
+        column.Free()
+    return {**measured, "comm": measured["comm"] + comm.allreduce(block if rank % 2 == 0 else 0, op=MPI.MAX)}
+
+
+def spatial(comm, model, batch, momentum=0.9, seed=0):
+    """This rank's bytes per part of one step of ``spatial_parallel``, phase by phase as its heart runs:
+    the tiles' forward (activations), the gather (comm), the head's forward (activations), the conv
+    gradient's ring (comm), the update (optimizer)."""
+    x, labels = allocations.example_batch(EXAMPLE[model], batch, seed)
+    rank, meter = comm.Get_rank(), allocations.Meter()
+    try:
+        net, flat, optimizer, measured = allocations.set_up(meter, model, EXAMPLE[model], momentum=momentum, seed=seed)
+        tiling = Tiling.of(net, x.shape[2], x.shape[3], comm.Get_size())
+        release()
+        meter.take()
+        kept, tile = [], None
+        for s, stage in enumerate(tiling.stages):
+            lo, hi = stage.needed[rank]
+            window = x[:, :, lo:hi] if s == 0 else spatial_parallel.halo_exchange(comm, tile.data, stage)
+            leaf, tile = spatial_parallel.run_stage(stage, window, rank, need_grad=s > 0)
+            kept.append((leaf, tile))
+            del window
+        measured["activations"] = meter.take()
+        whole = Tensor(spatial_parallel.gather_rows(comm, tile.data, tiling.final[0]), requires_grad=True)
+        measured["comm"] = meter.take()
+        loss = F.softmax_cross_entropy(Sequential(*tiling.head)(whole), labels)
+        measured["activations"] += meter.take()
+        del loss, whole, kept, tile
+        release_scratch()
+        meter.take()
+        if comm.Get_size() > 1:
+            run.allreduce_function("ring")(comm, flat.grad[:tiling.conv_parameters()])
+        measured["comm"] += meter.take()
+        flat.grad[...] = 0
+        optimizer.step()
+        measured["optimizer"] = meter.take()
+    finally:
+        meter.stop()
+    return measured
