@@ -97,7 +97,7 @@ def pipeline(layers, p, batch, b, k, recompute, micro_batches, kind):
     last = len(stage) == len(layers)
     if recompute:
         held, free = [sum(parts) for parts in zip(*(layer.held_and_free(rows) for layer in stage))]
-        kept = rows * (stage[-1].out + (layers[-1].out if last else 0))      # the loss keeps its logits too
+        kept = rows * (stage[-1].out + (layers[-1].out + footprint.LOSS_EXTRA if last else 0))    # and the loss's
         activations = free + (in_flight * kept + held if last else max(in_flight * kept, (in_flight - 1) * kept + held))
     else:
         activations = footprint.activations(stage, rows, copies=in_flight, loss=last)

@@ -14,7 +14,8 @@ The per-example bytes follow minidl's own kernels (float32 unless the model says
                 p > 0, free again after the forward (the pool keeps them for the next one)
     MaxPool2d   its output and the copy of the k k window offsets (k k outputs) the backward compares
     Flatten     nothing (a view)
-    the loss    the shifted logits (classes)
+    the loss    the shifted logits (classes), the log-sum (one value) and two int64 vectors (the
+                labels and the row indices its backward reads): LOSS_EXTRA bytes a row beyond the logits
 
 With recomputation in S segments (``checkpointed``), the forward keeps each segment's output and the
 conv scratch (the pool keeps it whatever runs), and the backward, one segment at a time, the
@@ -28,6 +29,8 @@ import numpy
 from minidl.conv.im2col_blocked import BLOCK_BYTES, image_blocks
 from minidl.nn import Conv2d, Linear, MaxPool2d, ReLU
 from minidl.tensor import Tensor, no_grad
+
+LOSS_EXTRA = 4 + 8 + 8        # bytes per row the loss keeps beside its logits: float32 log-sum, labels, row indices
 
 
 @dataclasses.dataclass
@@ -91,7 +94,7 @@ def activations(layers, rows, recompute=False, copies=1, loss=True):
     (a pipeline stage holds several micro-batches at once): plain, all that the forward keeps; with
     ``recompute``, each segment's output (and one copy of the conv scratch), plus the largest
     segment of one batch recomputed. ``loss``: the layers end in the loss, which keeps its logits."""
-    logits = layers[-1].out if loss else 0
+    logits = layers[-1].out + LOSS_EXTRA if loss else 0
     held, free = [sum(parts) for parts in zip(*(layer.held_and_free(rows) for layer in layers))]
     if not recompute:          # every batch in flight holds what it keeps; the pooled scratch is reused
         return copies * (held + rows * logits) + free

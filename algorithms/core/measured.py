@@ -134,6 +134,7 @@ def stage_state(meter, model, p, sample, recompute, momentum, seed):
     net = build_model(model, seed, dataset_of(model))
     stage = pipeline_parallel.Stage(net, 0, p, sample, recompute)
     del net                                    # only stage 0's layers stay
+    release()                                  # the conv workspaces of Stage's one-row pass
     measured = {"params": meter.take()}
     flat = flatten(stage.layers)
     measured["grads"] = meter.take()
