@@ -171,9 +171,9 @@ def pipeline(model, p, batch, micro_batches, kind, recompute=False, momentum=0.9
                 continue
             out = held.pop(i)
             if recompute:                      # the backward's first act: stage 0's forward again, recorded
-                again = stage.layers.module(Tensor(pieces[i]))
+                held["again"] = stage.layers.module(Tensor(pieces[i]))
                 activations = max(activations, alive())
-                del again
+                del held["again"]
             gradient = None if stage.last else \
                 rng.standard_normal((len(pieces[i]),) + stage.sends).astype(numpy.float32)
             received = max(received, 0 if gradient is None else gradient.nbytes)

@@ -3,9 +3,9 @@
     mpiexec -n 2 python tutorials/figures/make_11_figures.py [--quick] [--out DIR]
 
 11_memory_<model>.json  ``python -m algorithms.memory --ranks 2 --model <model> --json``, run in this
-                        process on the 2 ranks (LeNet-5 and the MLP): every method's per-rank bytes,
-                        predicted, and measured where algorithms.memory measures (data parallel with
-                        and without --recompute, spatial); 11_memory_<model>_p1.json the same at p = 1
+                        process on the 2 ranks (LeNet-5 at batch 64 in 8 micro-batches, the MLP at
+                        512 in 4): every method's per-rank bytes, predicted and measured (every row
+                        that applies); 11_memory_<model>_p1.json the same at p = 1
 11_memory_vs_p.json     every method's predicted per-rank total for p = 1 .. 64 (the plot's lines)
 11_memory_vs_p.png      the plot: per-rank bytes against p, LeNet-5 and the MLP, measured points marked
 11_runs.json            the training runs: per method, model and seed, the final test accuracy, the
@@ -60,17 +60,24 @@ class MessageCounter(WatchedComm):
 
 # ---- memory tables ---------------------------------------------------------------------------------
 
+# (batch per replica, micro-batches) of each model's tables: the MLP's arrays are small, so it runs 128
+# rows a micro-batch, where the Python objects of the graph (no formula counts them) stay under 5%
+SHAPE = {"lenet5": (64, 8), "mlp": (512, 4)}
+
+
 def memory_tables(out, quick):
     """algorithms.memory's own command at p = P (and at p = 1 on rank 0), both models; the plot's lines."""
     tables = {}
     for model in ("lenet5", "mlp"):
         path = os.path.join(out, f"11_memory_{model}.json")
-        memory.main(["--ranks", str(P), "--model", model, "--json", path])
+        batch, micro_batches = SHAPE[model]
+        memory.main(["--ranks", str(P), "--model", model, "--batch-size", str(batch), "--micro-batches",
+                     str(micro_batches), "--json", path])
         if comm.Get_rank() == 0:
-            records = memory.table(model, 1, 64, comm=MPI.COMM_SELF)
+            records = memory.table(model, 1, batch, micro_batches, comm=MPI.COMM_SELF)
             with open(os.path.join(out, f"11_memory_{model}_p1.json"), "w") as handle:
-                json.dump({"model": model, "ranks": 1, "batch": 64, "micro_batches": 8, "rows": records}, handle,
-                          indent=1)
+                json.dump({"model": model, "ranks": 1, "batch": batch, "micro_batches": micro_batches,
+                           "rows": records}, handle, indent=1)
         comm.Barrier()
         tables[model] = path
     return predicted_sweep(out, quick) if comm.Get_rank() == 0 else None
@@ -81,7 +88,7 @@ def predicted_sweep(out, quick):
     sweep = {}
     for model in ("lenet5", "mlp"):
         for p in range(1, (8 if quick else 64) + 1):
-            for record in memory.table(model, p, 64, measure=False):
+            for record in memory.table(model, p, *SHAPE[model], measure=False):
                 if record["predicted"] is None:
                     continue
                 key = record["method"] + (" + recompute" if record["recompute"] else "")
@@ -110,7 +117,7 @@ def measured_points(out):
 
 COLOURS = {"data parallel": "C0", "ZeRO-1": "C1", "ZeRO-2": "C2", "ZeRO-3": "C3", "tensor": "C4",
            "pipeline GPipe": "C5", "pipeline 1F1B": "C6", "spatial": "C7", "hybrid 2 x p/2": "C8",
-           "data parallel + recompute": "C9"}
+           "data parallel + recompute": "C9", "pipeline 1F1B + recompute": "C6"}
 
 
 def plot_memory(sweep, points, path):
@@ -119,7 +126,8 @@ def plot_memory(sweep, points, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     figure, panels = plt.subplots(2, 2, figsize=(11, 8))
-    for row, (model, title) in enumerate((("lenet5", "LeNet-5, 28 x 28"), ("mlp", "the MLP 64-128-64-10"))):
+    for row, (model, title) in enumerate((("lenet5", "LeNet-5, 28 x 28, batch 64"),
+                                          ("mlp", "the MLP 64-128-64-10, batch 512"))):
         for column, part in enumerate(("states", "total")):
             axes = panels[row][column]
             for method, colour in COLOURS.items():
@@ -135,7 +143,7 @@ def plot_memory(sweep, points, path):
             axes.set_xscale("log", base=2)
             axes.set_yscale("log")
             axes.set_xlabel("ranks p")
-            axes.set_ylabel("KiB per rank" + (", batch 64 per replica" if part == "total" else ""))
+            axes.set_ylabel("KiB per rank" + (", the batch per replica" if part == "total" else ""))
             axes.set_title(f"{title}: " + ("parameters + gradients + optimizer state" if part == "states"
                                           else "everything (predicted; circles measured)"), fontsize=9)
     panels[0][1].legend(frameon=False, fontsize=7, ncol=2)
