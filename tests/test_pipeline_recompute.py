@@ -1,5 +1,6 @@
 """Pipeline recomputation (pipeline_parallel and hybrid_parallel --recompute): each stage one checkpointed
-segment, the same bits as without, and stage 0's activations in flight lower by what the stage predicts.
+segment, the same bits as without, and stage 0's activations in flight lower by what the stage predicts;
+and ZeRO's --recompute (sqrt(L) segments, as allreduce SGD's), the same bits too.
 
 Run: python tests/run.py --max-ranks 4 -- tests/test_pipeline_recompute.py
 
@@ -21,10 +22,10 @@ import pytest
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
-from algorithms import hybrid_parallel, pipeline_parallel
+from algorithms import hybrid_parallel, pipeline_parallel, zero
 from algorithms.core import cli, measured
 from minidl.recompute import Checkpoint
-from tests.helpers import small_data
+from tests.helpers import expect_error_on_every_rank, small_data
 
 KIB = 1024
 SAVED = {"gpipe": 192 * KIB, "1f1b": 64 * KIB}
@@ -59,3 +60,18 @@ def test_hybrid_with_recompute_trains_bit_for_bit_as_without():
     runs = [hybrid_parallel.train(MPI.COMM_WORLD, stages=2, model="mlp", data=small_data(), epochs=1, quiet=True,
                                   recompute=flag)[0] for flag in (False, True)]
     parallel_assert(np.array_equal(*runs), "--recompute changed the hybrid's parameters")
+
+
+@pytest.mark.parallel(nprocs=[4])
+def test_hybrid_refuses_recompute_for_a_model_parallel_replica_on_every_rank():
+    expect_error_on_every_rank(lambda: hybrid_parallel.train(MPI.COMM_WORLD, stages=2, group="model", model="mlp",
+                                                             data=small_data(), epochs=1, quiet=True, recompute=True),
+                               "--recompute sets how a pipeline replica runs")
+
+
+@pytest.mark.parallel(nprocs=[2])
+@pytest.mark.parametrize("stage", [2, 3])
+def test_zero_with_recompute_trains_bit_for_bit_as_without(stage):
+    runs = [zero.train(MPI.COMM_WORLD, stage=stage, model="mlp", data=small_data(), epochs=1, quiet=True,
+                       recompute=flag)[0] for flag in (False, True)]
+    parallel_assert(np.array_equal(*runs), f"--recompute changed ZeRO-{stage}'s parameters")
