@@ -168,7 +168,7 @@ def train(comm=None, stages=2, group="pipeline", split=None, schedule=None, micr
 
 
 def main(argv=None):
-    parser = cli.parser(__doc__.splitlines()[0], epochs=20, momentum=0.9, allreduce="ring", recompute=True)
+    parser = cli.parser(__doc__.splitlines()[0], epochs=20, momentum=0.9, allreduce="ring", recompute="stage")
     parser.add_argument("--stages", type=int, default=2,
                         help="ranks per replica P (pipeline stages, or model pieces); size / P replicas")
     parser.add_argument("--group", default="pipeline", choices=GROUPS, help="how each replica is split")

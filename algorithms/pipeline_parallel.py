@@ -268,7 +268,7 @@ def train(comm=None, schedule="1f1b", micro_batches=4, recompute=False, **settin
 
 
 def main(argv=None):
-    parser = cli.parser(__doc__.splitlines()[0], epochs=20, momentum=0.9, recompute=True)
+    parser = cli.parser(__doc__.splitlines()[0], epochs=20, momentum=0.9, recompute="stage")
     parser.add_argument("--schedule", default="1f1b", choices=SCHEDULES,
                         help="gpipe: all forwards, then all backwards; 1f1b: one forward, one backward")
     parser.add_argument("--micro-batches", type=int, default=4, help="micro-batches per global batch")

@@ -45,7 +45,8 @@ def parser(description, epochs=10, lr=0.05, batch_size=32, model="cnn", momentum
     ``allreduce`` (a default) adds --allreduce; ``momentum`` None leaves --momentum out (an update
     without momentum, such as Hogwild's, does not offer the flag); ``files`` False leaves out --log,
     --save and --resume (a command that runs several algorithms in turn); ``recompute`` True adds
-    --recompute (an algorithm whose whole model runs through the objective: serial, allreduce SGD).
+    --recompute (an algorithm whose whole model runs through the objective: serial, allreduce SGD,
+    ZeRO); "stage" adds it for the pipelines, which recompute each stage whole.
     """
     p = argparse.ArgumentParser(description=description,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -73,8 +74,10 @@ def parser(description, epochs=10, lr=0.05, batch_size=32, model="cnn", momentum
         add_schedule_flags(p)
     if recompute:
         p.add_argument("--recompute", action="store_true",
-                       help="keep no activations inside about sqrt(layers) segments; recompute them in the "
-                            "backward (minidl.recompute: the same gradients, less memory)")
+                       help=("each stage one checkpointed segment: a micro-batch in flight keeps only the "
+                             "stage's output, and its backward runs the stage again" if recompute == "stage" else
+                             "keep no activations inside about sqrt(layers) segments; recompute them in the "
+                             "backward") + " (minidl.recompute: the same gradients, less memory)")
     if allreduce is not None:
         p.add_argument("--allreduce", default=allreduce, choices=ALLREDUCE_NAMES,
                        help="allreduce algorithm (mpi: MPI's own Allreduce)")
