@@ -139,8 +139,8 @@ def format_table(records):
         if isinstance(values, str):
             return f"{head} {values}"
         cells = [f"{'-' if values[part] is None else format(values[part] / 1024, '.1f'):>12}" for part in PARTS]
-        total = sum(value for value in values.values() if value is not None)
-        return f"{head} {' '.join(cells)} {total / 1024:>12.1f}"
+        total = "-" if None in values.values() else format(sum(values.values()) / 1024, ".1f")   # no part left out
+        return f"{head} {' '.join(cells)} {total:>12}"
     lines = [f"{'method':<16} {'recompute':<9} {'kind':<9} " + " ".join(f"{part:>12}" for part in PARTS)
              + f" {'total':>12}"]
     for record in records:
