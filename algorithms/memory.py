@@ -37,7 +37,7 @@ W) and the ring's block of the conv weights' gradient.
 Terms the measurements showed missing from the first formulas, now in them: ZeRO-2 and ZeRO-3's
 comm had only the paper's per-layer gathering buffers (2 x the largest layer); zero.py keeps the
 whole gradient and, in stage 3, the whole w as its reducing and gathering units, and the
-reduce-scatter receives into the ring's cached block (at p = 2 the old ZeRO-3 comm was 65 KiB where
+reduce-scatter receives into the ring's cached block (at p = 2 the old ZeRO-3 comm was 65.0 KiB where about
 173 KiB were measured for the MLP). The tensor row counted the row-parallel layer's output once:
 the block keeps three (B, o) arrays (its partial product, g's sum, the sum plus the bias), and its
 comm buffers are the ring's blocks, not a whole (B, o) output. The loss keeps, beside its shifted
