@@ -37,14 +37,14 @@ import os
 for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_variable] = "1"
 
-import argparse          # noqa: E402  (after the thread pinning on purpose)
-import json              # noqa: E402
+import json              # noqa: E402  (after the thread pinning on purpose)
 
 import numpy as np       # noqa: E402
 from mpi4py import MPI   # noqa: E402
 
-from . import auto, butterfly, cost, naive, persistent, rabenseifner, ring, tree   # noqa: E402
-from .calibrate import cores, fit_alpha_beta, fit_gamma, fit_rates, timed   # noqa: E402
+from . import auto, butterfly, calibration, cost, naive, persistent, rabenseifner, ring, tree   # noqa: E402
+from .calibrate import LADDER, cores, fit_alpha_beta, fit_gamma, fit_rates, measure_calibration, timed  # noqa: E402
+from .cli import Parser, fail, number, output_path   # noqa: E402
 
 ALGORITHMS = {"naive": naive.allreduce, "tree": tree.allreduce, "butterfly": butterfly.allreduce,
               "ring": ring.allreduce, "rabenseifner": rabenseifner.allreduce, "auto": auto.allreduce}
@@ -65,8 +65,9 @@ def human(nbytes):
     return f"{nbytes} B"
 
 
-def target(name, nbytes, ratio, refined_ratio):
-    """(text, met) for the performance targets on this row: met is True, False or None (no target)."""
+def target(name, nbytes, ratio, refined_ratio, calibrated_ratio=None):
+    """(text, met) for the performance targets on this row: met is True, False or None (no target).
+    calibrated_ratio: calibrated model / measured, None where no calibration for this p applies."""
     checks = []
     if name in ("auto", "auto_init"):               # auto_init: against MPI's persistent Allreduce_init
         checks.append(("<=1.5x", ratio <= 1.5))
@@ -74,6 +75,8 @@ def target(name, nbytes, ratio, refined_ratio):
         checks.append(("<=1.0x", ratio <= 1.0))
     if refined_ratio is not None and nbytes >= 1 << 20:
         checks.append(("model+-25%", 0.75 <= refined_ratio <= 1.25))
+    if calibrated_ratio is not None and nbytes >= 4 << 10:
+        checks.append(("cal+-25%", 0.75 <= calibrated_ratio <= 1.25))
     if not checks:
         return "-", None
     return ",".join(text for text, _ in checks), all(ok for _, ok in checks)
@@ -110,13 +113,14 @@ def describe(rows):
     return ", ".join(f"{name} from {human(nbytes)}" for nbytes, name in rows)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def settings(argv, size):
+    """The checked flags (each rank checks its own argv before its first message: error: and exit 2)."""
+    parser = Parser(prog="python -m collectives.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", help="comma-separated message sizes, e.g. 4K,1M,64M")
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
     parser.add_argument("--quick", action="store_true", help="two small sizes, short batches")
-    parser.add_argument("--min-time", type=float, default=0.02, help="seconds per timed batch")
-    parser.add_argument("--rounds", type=int, default=7, help="batches per measurement (best kept)")
+    parser.add_argument("--min-time", default="0.02", help="seconds per timed batch")
+    parser.add_argument("--rounds", default="7", help="batches per measurement (best kept)")
     parser.add_argument("--json", help="write one JSON object per measurement to this file")
     parser.add_argument("--plot", help="write a PNG of time against size")
     parser.add_argument("--persistent", action="store_true",
@@ -125,14 +129,71 @@ def main(argv=None):
     parser.add_argument("--write-selection", action="store_true",
                         help="store, for this p, the algorithm measured fastest at each size in "
                              "collectives/selection.json, which collectives.auto reads")
+    parser.add_argument("--calibration", default=str(calibration.CALIBRATION_FILE),
+                        help="the calibrated model's JSON (collectives.calibration), read for the 'calibrated' "
+                             "column and written by --calibrate (default: %(default)s)")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="first measure the micro-benchmark ladder and two 8-byte allreduces, fit the "
+                             "calibrated model and write it to --calibration")
+    parser.add_argument("--levels", default="3", help="cache levels the calibration fits (default 3: L2, L3, memory)")
     args = parser.parse_args(argv)
+    try:
+        args.sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else (
+            QUICK_SIZES if args.quick else DEFAULT_SIZES)
+    except (ValueError, KeyError, IndexError):
+        fail(f"--sizes {args.sizes}: expected sizes such as 4K,1M,64M")
+    if any(n < 4 or n % 4 for n in args.sizes):
+        fail(f"--sizes: every size must be a multiple of 4 bytes (float32), >= 4; got {args.sizes}")
+    args.names = [name.strip() for name in args.algorithms.split(",") if name.strip()]
+    unknown = [name for name in args.names if name not in ALGORITHMS]
+    if unknown:
+        fail(f"--algorithms: unknown {', '.join(unknown)}; choose from {', '.join(ALGORITHMS)}")
+    args.min_time, args.rounds = number("--min-time", args.min_time, 1e-6), number("--rounds", args.rounds, 1, True)
+    if args.quick:
+        args.min_time, args.rounds = 0.002, 1
+    args.levels = number("--levels", args.levels, 1, integer=True)
+    for flag in ("json", "plot"):
+        output_path("--" + flag, getattr(args, flag))
+    if args.calibrate:
+        output_path("--calibration", args.calibration)
+        if size < 2:
+            fail("--calibrate needs at least 2 ranks (it times messages between them)")
+        if args.levels * calibration.MIN_RUN > len(LADDER):
+            fail(f"--levels {args.levels}: at most {len(LADDER) // calibration.MIN_RUN} ({len(LADDER)} sizes measured, "
+                 f"{calibration.MIN_RUN} per level)")
+        args.model = None
+    else:
+        try:
+            args.model = calibration.load(args.calibration,
+                                          required=args.calibration != str(calibration.CALIBRATION_FILE))
+        except ValueError as error:
+            fail(str(error))
+    return args
+
+
+def calibrate(comm, args):
+    """Measure, fit and (rank 0) write the calibrated model; returns it on every rank."""
+    ladder, small = measure_calibration(comm, args.min_time, args.rounds)
+    model = calibration.fit(ladder, small, comm.Get_size(), args.levels)
+    if comm.Get_rank() == 0:
+        calibration.save(model, args.calibration, {"ladder": ladder, "allreduce_8_bytes": small,
+                                                   "load_average": os.getloadavg()})
+        level = ", ".join(f"{human(int(b // model.footprint))}" for b in model.bounds)
+        print(f"# calibrated (p = {model.p}, load {os.getloadavg()[0]:.2f}): o = "
+              + ", ".join(f"{name} {o * 1e6:.1f}" for name, o in model.overhead.items()) + " us, "
+              f"alpha = {'/'.join(f'{a * 1e6:.2f}' for a in model.alpha)} us, cache levels end at n = {level or '-'}; "
+              f"per level, ns/B: "
+              + "; ".join(f"{name} " + "/".join(f"{r * 1e9:.3f}" for r in model.rates[name])
+                          for name in calibration.RATES) + f"; wrote {args.calibration}", flush=True)
+    return model
+
+
+def main(argv=None):
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
-    sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else (
-        QUICK_SIZES if args.quick else DEFAULT_SIZES)
-    min_time = 0.002 if args.quick else args.min_time
-    rounds = 1 if args.quick else args.rounds
-    names = [name.strip() for name in args.algorithms.split(",")]
+    args = settings(argv, size)
+    sizes, min_time, rounds, names = args.sizes, args.min_time, args.rounds, args.names
+    model_cal = calibrate(comm, args) if args.calibrate else args.model
 
     if size > 1:
         alpha, beta, points = fit_alpha_beta(comm, min_time)
@@ -140,7 +201,10 @@ def main(argv=None):
         alpha, beta, points = 0.0, 0.0, []
     gamma = fit_gamma(comm, min_time)
     if rank == 0:
-        print(f"# p = {size}; {MPI.Get_library_version().splitlines()[0].strip()}")
+        print(f"# p = {size}; {MPI.Get_library_version().splitlines()[0].strip()}; load average "
+              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
+        print(f"# calibrated model: {args.calibration}" + (f" (fitted at p = {model_cal.p}; its target only at "
+              f"that p)" if model_cal else " (none: `--calibrate` writes it)"))
         print(f"# ping-pong fit: alpha = {alpha * 1e6:.2f} us, beta = {beta * 1e9:.4f} ns/B "
               f"({1 / beta / 1e9 if beta > 0 else float('inf'):.2f} GB/s); gamma = {gamma * 1e9:.4f} ns/B")
         for nbytes, seconds in points:
@@ -149,7 +213,7 @@ def main(argv=None):
         print(f"# refined model: rates per size from exchange/add/add3/copy micro-benchmarks at that size, "
               f"every rank at once; share = max(1, p / {cores()} cores) = {max(1.0, size / cores()):g}")
         print(f"{'bytes':>9} {'algorithm':<18} {'measured us':>12} {'x MPI':>7} {'model us':>10} {'model/meas':>10}"
-              f" {'refined us':>10} {'ref/meas':>8}  {'target':<18} met")
+              f" {'refined us':>10} {'ref/meas':>8} {'cal us':>10} {'cal/meas':>8}  {'target':<27} met")
 
     records = []
     for nbytes in sizes:
@@ -199,12 +263,18 @@ def main(argv=None):
                        if model_name != "lower bound" else None)     # MPI's own: no refined model
             refined_ratio = None if refined is None else refined / best[name]
             reference = best.get("mpi_init", best["mpi"]) if name == "auto_init" else best["mpi"]   # persistent vs persistent
-            goal, met = target(name, count * 4, best[name] / reference, refined_ratio)
+            calibrated = (cost.predict_calibrated(model_name, size, count * 4, model_cal)
+                          if model_cal and model_name != "lower bound" else None)
+            calibrated_ratio = None if calibrated is None else calibrated / best[name]
+            goal, met = target(name, count * 4, best[name] / reference, refined_ratio,
+                               calibrated_ratio if model_cal and model_cal.p == size else None)
             record = {"algorithm": name, "p": size, "bytes": count * 4, "seconds": best[name],
                       "mpi_seconds": reference, "ratio": best[name] / reference,
                       "model_seconds": model, "model": model_name,
                       "alpha": alpha, "beta": beta, "gamma": gamma,
                       "refined_seconds": refined, "refined_ratio": refined_ratio,
+                      "calibrated_seconds": calibrated, "calibrated_ratio": calibrated_ratio,
+                      "load_average": os.getloadavg()[0],
                       "rates": {"alpha": alpha, "beta_x": rates.beta_x, "beta_1": rates.beta_1,
                                 "beta_solo": rates.beta_solo, "beta_ring": rates.beta_ring,
                                 "beta_gather": rates.beta_gather, "beta_scatter": rates.beta_scatter,
@@ -217,7 +287,9 @@ def main(argv=None):
                 print(f"{human(count * 4):>9} {label:<18} {best[name] * 1e6:12.1f} {record['ratio']:7.2f} "
                       f"{model * 1e6:10.1f} {model / best[name]:10.2f} "
                       f"{'-' if refined is None else f'{refined * 1e6:.1f}':>10} "
-                      f"{'-' if refined is None else f'{refined_ratio:.2f}':>8}  {goal:<18} "
+                      f"{'-' if refined is None else f'{refined_ratio:.2f}':>8} "
+                      f"{'-' if calibrated is None else f'{calibrated * 1e6:.1f}':>10} "
+                      f"{'-' if calibrated is None else f'{calibrated_ratio:.2f}':>8}  {goal:<27} "
                       f"{'-' if met is None else 'met' if met else 'NO'}", flush=True)
 
     measured = selection(records)

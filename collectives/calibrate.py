@@ -201,3 +201,27 @@ def cores():
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
+
+
+LADDER = [1 << k for k in range(12, 27)]          # 4 KiB, 8 KiB, ..., 64 MiB
+
+
+def measure_calibration(comm, min_seconds, rounds=3, sizes=LADDER):
+    """What collectives.calibration.fit takes: (ladder, small). ladder: per size, the seconds of each
+    fit_rates micro-benchmark (exchange, one-way, add in place, add into a third, copy); small: per
+    algorithm of cost.ALGORITHMS, the best time of an 8-byte allreduce (check=False) on comm."""
+    from .table import MODULES
+    ladder = []
+    for nbytes in sizes:
+        rates = fit_rates(comm, min_seconds, nbytes, 0.0, rounds)
+        ladder.append({"bytes": nbytes, "beta_x": rates.beta_x * nbytes, "beta_1": rates.beta_1 * nbytes,
+                       "gamma_m": rates.gamma_m * nbytes, "gamma_3": rates.gamma_3 * nbytes,
+                       "copy": rates.copy * nbytes})
+    sendbuf, recvbuf = np.ones(2, dtype=np.float32), np.empty(2, dtype=np.float32)
+    small = {}
+    for _ in range(max(rounds, 5)):                  # interleaved, best kept
+        for name in cost.ALGORITHMS:
+            allreduce = MODULES[name].allreduce
+            seconds = timed(comm, lambda: allreduce(comm, sendbuf, recvbuf, check=False), min_seconds)
+            small[name] = min(small.get(name, np.inf), seconds)
+    return ladder, small

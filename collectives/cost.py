@@ -298,6 +298,15 @@ def predict_refined(algorithm, p, nbytes, rates, in_place=False):
             + rates.copy * nbytes * extra_copies(algorithm, in_place, p))
 
 
+def predict_calibrated(algorithm, p, nbytes, calibration, in_place=False):
+    """Predicted seconds with rates fitted once on this machine (collectives.calibration: the
+    algorithm's overhead o per call, a step's alpha, each per-byte rate at the footprint's cache level)."""
+    if p == 1 or nbytes == 0:
+        return 0.0
+    overhead = calibration.overhead.get(algorithm, 0.0)          # none for the lower bound
+    return overhead + predict_refined(algorithm, p, nbytes, calibration.at(nbytes), in_place)
+
+
 def table(p, nbytes, alpha, beta, gamma=0.0):
     """Text table of every algorithm's critical path and predicted time at p, nbytes."""
     lines = [f"p = {p}, n = {nbytes} bytes, alpha = {alpha:.3g} s, beta = {beta:.3g} s/B, "

@@ -35,16 +35,14 @@ sizes_only, messages, events, wall_seconds, cpu_seconds, events_per_second (per 
 target, met.
 Bad flags stop with one line `error: ...` and exit status 2.
 """
-import argparse
 import json
-import os
-import sys
 import time
 
 import numpy as np
 
 from . import auto, cost
 from .bench import human, parse_size
+from .cli import Parser, fail, number, output_path
 from .fold import largest_power_of_two
 from .sim import Engine, LogGP, SimComm, Sized, Topology
 from .table import ALGORITHMS, HEARTS
@@ -136,29 +134,6 @@ def row(algorithm, topology, nbytes, sizes_only):
 
 # ---- the command line ----------------------------------------------------------------------------
 
-class Parser(argparse.ArgumentParser):
-    """argparse, with the error contract: one line `error: ...` on stderr, exit status 2."""
-
-    def error(self, message):
-        fail(message)
-
-
-def fail(message):
-    sys.stderr.write(f"error: {message}\n")
-    raise SystemExit(2)
-
-
-def number(flag, text, low=0.0, integer=False):
-    """float(text) (int if integer), finite and >= low; else error."""
-    try:
-        value = int(text) if integer else float(text)
-    except ValueError:
-        value = None
-    if value is None or not np.isfinite(value) or value < low:
-        fail(f"{flag} must be {'an integer' if integer else 'a finite number'} >= {low:g}, got {text!r}")
-    return value
-
-
 def settings(argv):
     """The parsed and checked flags: (topology, nbytes, algorithms, sizes_only, json path)."""
     parser = Parser(prog="python -m collectives.simulate", description=__doc__.splitlines()[0])
@@ -191,10 +166,7 @@ def settings(argv):
     intra_alpha = alpha if args.intra_alpha is None else number("--intra-alpha", args.intra_alpha)
     intra_beta = beta if args.intra_beta is None else number("--intra-beta", args.intra_beta)
     o, g = number("--overhead", args.overhead), number("--gap", args.gap)
-    if args.json:
-        folder = os.path.dirname(os.path.abspath(args.json))
-        if not os.path.isdir(folder) or os.path.isdir(args.json):
-            fail(f"--json {args.json}: {'is a folder' if os.path.isdir(args.json) else 'no folder ' + folder}")
+    output_path("--json", args.json)
     topology = Topology(ranks, per_node, LogGP(L=intra_alpha, o=o, g=g, G=intra_beta), LogGP(L=alpha, o=o, g=g, G=beta))
     return topology, nbytes, names, args.sizes_only, args.json
 
