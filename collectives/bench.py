@@ -4,6 +4,7 @@
     mpiexec -n 2 python -m collectives.bench --quick             # a few seconds, for a smoke test
     mpiexec -n 4 python -m collectives.bench --sizes 4K,1M,64M --algorithms ring,auto
     mpiexec -n 4 python -m collectives.bench --sizes 4K,16K,64K --persistent   # + allreduce_init rows
+    mpiexec -n 2 python -m collectives.bench --calibrate --median     # fit the calibrated model first
 
 1. the machine's rates, from micro-benchmarks that are not allreduces (collectives.calibrate):
    alpha and beta from a ping-pong between ranks 0 and 1, gamma from numpy's element-wise add
@@ -20,13 +21,18 @@
    algorithm from 1 MiB. And auto's table: at each size, the point-to-point algorithm measured
    fastest; --write-selection stores it for this p in collectives/selection.json, which
    collectives.auto reads (so auto's row is only as good as the last such run on this machine).
-5. with --persistent, two more rows: MPI's persistent Allreduce_init (Start + Wait per call, "mpi_init")
+5. the calibrated model (cost.predict_calibrated, collectives.calibration): rates per cache level
+   and a per-call overhead, fitted once by --calibrate and read from --calibration (default
+   collectives/calibration.json); target: within 25% of the measured time at every size >= 4 KiB,
+   at the p it was fitted at. Bad flags or a bad calibration file: `error: ...`, exit 2, every rank;
+6. with --persistent, two more rows: MPI's persistent Allreduce_init (Start + Wait per call, "mpi_init")
    and collectives.persistent's auto (allreduce_init once, start() per call, "auto_init"), whose
    ratio and <= 1.5x target are against mpi_init: both sides check their arguments once.
 
 A time is the slowest rank's mean over a batch of calls between barriers (batches of >= 0.02 s),
 and the best of seven batches, taken in turn with the other algorithms so that noise from
-other processes on the machine hits all of them alike.
+other processes on the machine hits all of them alike. --median: the slowest rank's median of
+single calls, each after a barrier (calibration and table alike), for a loaded machine.
 
 Each rank's BLAS thread variables are set to 1 below, for what loads after this module (the
 package, ``collectives/__init__.py``, has loaded numpy already; the collectives themselves use no
@@ -135,6 +141,9 @@ def settings(argv, size):
     parser.add_argument("--calibrate", action="store_true",
                         help="first measure the micro-benchmark ladder and two 8-byte allreduces, fit the "
                              "calibrated model and write it to --calibration")
+    parser.add_argument("--median", action="store_true",
+                        help="time single calls after a barrier and keep the median (calibration and table "
+                             "alike): less moved by other processes on a loaded machine than batch means")
     parser.add_argument("--levels", default="3", help="cache levels the calibration fits (default 3: L2, L3, memory)")
     args = parser.parse_args(argv)
     try:
@@ -173,11 +182,11 @@ def settings(argv, size):
 
 def calibrate(comm, args):
     """Measure, fit and (rank 0) write the calibrated model; returns it on every rank."""
-    ladder, small = measure_calibration(comm, args.min_time, args.rounds)
+    ladder, small = measure_calibration(comm, args.min_time, args.rounds, median=args.median)
     model = calibration.fit(ladder, small, comm.Get_size(), args.levels)
     if comm.Get_rank() == 0:
         calibration.save(model, args.calibration, {"ladder": ladder, "allreduce_8_bytes": small,
-                                                   "load_average": os.getloadavg()})
+                                                   "load_average": os.getloadavg(), "median": args.median})
         level = ", ".join(f"{human(int(b // model.footprint))}" for b in model.bounds)
         print(f"# calibrated (p = {model.p}, load {os.getloadavg()[0]:.2f}): o = "
               + ", ".join(f"{name} {o * 1e6:.1f}" for name, o in model.overhead.items()) + " us, "
@@ -196,10 +205,10 @@ def main(argv=None):
     model_cal = calibrate(comm, args) if args.calibrate else args.model
 
     if size > 1:
-        alpha, beta, points = fit_alpha_beta(comm, min_time)
+        alpha, beta, points = fit_alpha_beta(comm, min_time, args.median)
     else:
         alpha, beta, points = 0.0, 0.0, []
-    gamma = fit_gamma(comm, min_time)
+    gamma = fit_gamma(comm, min_time, median=args.median)
     if rank == 0:
         print(f"# p = {size}; {MPI.Get_library_version().splitlines()[0].strip()}; load average "
               f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
@@ -222,7 +231,7 @@ def main(argv=None):
         recvbuf = np.empty_like(sendbuf)
         expected = np.float32(size * (size + 1) / 2)
 
-        rates = fit_rates(comm, min_time, count * 4, alpha, rounds)     # best of as many batches as below
+        rates = fit_rates(comm, min_time, count * 4, alpha, rounds, args.median)     # best of as many batches as below
         if rank == 0:
             print(f"# {human(count * 4)}: exchange beta_x = {rates.beta_x * 1e9:.4f} ns/B, one-way beta_1 = "
                   f"{rates.beta_1 * 1e9:.4f} ns/B, alone beta_solo = {rates.beta_solo * 1e9:.4f} ns/B, gather "
@@ -245,7 +254,7 @@ def main(argv=None):
         best = {}
         for _ in range(rounds):                    # interleaved, best batch kept
             for name, call in calls.items():
-                seconds = timed(comm, call, min_time)
+                seconds = timed(comm, call, min_time, args.median)
                 best[name] = min(best.get(name, np.inf), seconds)
                 if not np.all(recvbuf == expected):
                     raise SystemExit(f"rank {rank}: {name} gave a wrong sum at {nbytes} bytes")
@@ -311,35 +320,9 @@ def main(argv=None):
         with open(args.json, "w") as file:
             json.dump(records, file, indent=1)
     if rank == 0 and args.plot:
-        plot(records, args.plot, size)
+        from .figures import plot_bench
+        plot_bench(records, args.plot, size)
     return records
-
-
-def plot(records, path, size):
-    """Time against size, log-log: measured points, model lines, MPI_Allreduce in black."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    figure, axes = plt.subplots(figsize=(7, 4.5))
-    names = list(dict.fromkeys(r["algorithm"] for r in records))
-    colours = dict(zip([n for n in names if n != "mpi"], plt.get_cmap("tab10").colors))
-    for name in names:
-        mine = [r for r in records if r["algorithm"] == name]
-        x = [r["bytes"] for r in mine]
-        colour = "black" if name == "mpi" else colours[name]
-        axes.plot(x, [r["seconds"] for r in mine], "o-" if name == "mpi" else "o", color=colour,
-                  label="MPI_Allreduce" if name == "mpi" else name, ms=4)
-        if name not in ("mpi",):
-            axes.plot(x, [r["model_seconds"] for r in mine], "--", color=colour, lw=1)
-    axes.set_xscale("log", base=2)
-    axes.set_yscale("log")
-    axes.set_xlabel("bytes per rank")
-    axes.set_ylabel("seconds per allreduce")
-    axes.set_title(f"allreduce on p = {size}: measured (dots) and alpha-beta-gamma model (dashes)")
-    axes.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=80)
-    plt.close(figure)
 
 
 if __name__ == "__main__":
