@@ -51,7 +51,7 @@ FOOTPRINT = 3                                     # n-byte vectors per rank an a
 MESSAGES = ("beta_x", "beta_1")                   # fitted with an intercept (a message's latency)
 MEMORY = ("gamma_m", "gamma_3", "copy")           # fitted through the origin
 RATES = MESSAGES + MEMORY
-MIN_RUN = 3                                       # ladder sizes per cache level, at least
+MIN_RUN = 4                                       # ladder sizes per cache level, at least
 
 
 @dataclass(frozen=True)

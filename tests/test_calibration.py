@@ -9,12 +9,12 @@ import json
 
 import pytest
 
-from collectives import calibration, cost
+from collectives import bench, calibration, cost
 from tests.helpers import assert_stopped, mpiexec
 
 KIB, MIB = 1 << 10, 1 << 20
 LADDER = [1 << k for k in range(12, 27)]                  # 4 KiB .. 64 MiB, as collectives.calibrate's
-TRUE_BOUNDS = (3 * 600 * KIB, 3 * 6 * MIB)                # footprints: n <= 600 KiB, n <= 6 MiB, beyond
+TRUE_BOUNDS = (3 * 48 * KIB, 3 * 1536 * KIB)             # footprints: n <= 48 KiB, n <= 1.5 MiB, beyond
 TRUE_ALPHA = (4e-6, 15e-6, 30e-6)
 TRUE = {"beta_x": (1.2e-11, 1.5e-10, 4e-10), "beta_1": (1.0e-11, 1.2e-10, 3e-10),
         "gamma_m": (0.5e-11, 3e-11, 1e-10), "gamma_3": (0.7e-11, 5e-11, 1.5e-10), "copy": (0.4e-11, 2e-11, 9e-11)}
@@ -46,7 +46,7 @@ def synthetic_small():
 def test_fitting_measurements_made_from_known_parameters_gives_them_back():
     model = calibration.fit(synthetic_ladder(), synthetic_small(), p=2, levels=3)
     assert model.p == 2 and len(model.bounds) == 2
-    for true, fitted, n in zip(TRUE_BOUNDS, model.bounds, (600 * KIB, 6 * MIB)):
+    for true, fitted, n in zip(TRUE_BOUNDS, model.bounds, (48 * KIB, 1536 * KIB)):
         below = max(m for m in LADDER if m <= n)           # the cut lies between the two ladder sizes around n
         assert 3 * below < fitted < 3 * 2 * below, (true, fitted)
     assert model.alpha == pytest.approx(TRUE_ALPHA, rel=1e-6)
@@ -70,7 +70,7 @@ def hand_model():
     return calibration.Calibration(2, dict(TRUE_O), TRUE_ALPHA, TRUE_BOUNDS, rates)
 
 
-@pytest.mark.parametrize("n", [64 * KIB, 1 * MIB, 32 * MIB])
+@pytest.mark.parametrize("n", [32 * KIB, 64 * KIB, 1 * MIB, 32 * MIB])
 def test_the_calibrated_ring_at_p2_is_its_formula_at_the_footprints_level(n):
     """Ring, p = 2, out of place: o + 2 alpha[k] + n beta_x[k] (two exchanges of n/2) + n/2 gamma_3[k]
     (one reduction of half the vector, read from sendbuf), k the level of 3 n."""
@@ -81,7 +81,7 @@ def test_the_calibrated_ring_at_p2_is_its_formula_at_the_footprints_level(n):
 
 def test_the_calibrated_tree_at_p2_sends_one_way():
     """Tree, p = 2: o + 2 alpha + 2 n beta_1 (up and down, one pair alone) + n gamma_3 (root's reduction)."""
-    n, k = 256 * KIB, 0
+    n, k = 256 * KIB, 1
     expected = TRUE_O["tree"] + 2 * TRUE_ALPHA[k] + 2 * n * TRUE["beta_1"][k] + n * TRUE["gamma_3"][k]
     assert cost.predict_calibrated("tree", 2, n, hand_model()) == pytest.approx(expected, rel=1e-12)
 
@@ -119,10 +119,22 @@ def test_bad_calibration_files_are_refused_with_what_is_wrong(tmp_path):
     (["--sizes", "6"], "multiple of 4"),
     (["--algorithms", "ring,bogus"], "unknown bogus"),
     (["--rounds", "0"], "--rounds must be an integer >= 1"),
-    (["--bogus-flag"], "unrecognized arguments: --bogus-flag"),
+    (["--min-time", "nan"], "--min-time must be a finite number"),
     (["--json", "/nonexistent-folder/x.json"], "--json /nonexistent-folder/x.json"),
     (["--calibration", "/nonexistent-folder/c.json"], "--calibration /nonexistent-folder/c.json: no such file"),
     (["--calibrate", "--levels", "9"], "--levels 9"),
+])
+def test_bad_bench_flags_are_one_error_line_and_status_2(flags, message, capsys):
+    """The checks every rank runs on its own argv (bench.settings), here on one process."""
+    with pytest.raises(SystemExit) as stop:
+        bench.settings(["--quick", *flags], 2)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.startswith("error: ") and message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--bogus-flag"], "unrecognized arguments: --bogus-flag"),
+    (["--sizes", "6"], "multiple of 4"),
 ])
 def test_bad_bench_flags_stop_every_rank_before_any_message(flags, message):
     done = mpiexec(2, "-m", "collectives.bench", "--quick", *flags, timeout=60)
