@@ -9,6 +9,7 @@ compute times of section 7 are measured, and the claims made about them (one row
 two, the MLP's speed-up below one from p = 32) are checked against the JSON as well.
 """
 import json
+import math
 import os
 import subprocess
 import sys
@@ -38,7 +39,8 @@ def missing(expected):
 
 def test_the_generated_tables_are_in_the_chapter_verbatim():
     text = chapter()
-    for name in ("10_scaling.md", "10_reproduction.md", "10_emulated.md", "10_strong.md"):
+    for name in ("10_scaling.md", "10_reproduction.md", "10_emulated.md", "10_strong.md", "10_hierarchy.md",
+                 "10_calibrated.md"):
         assert " ".join((FIGURES / name).read_text().split()) in text, f"{name} is not in chapter 10 as generated"
 
 
@@ -230,3 +232,37 @@ def test_make_10_figures_quick_runs(tmp_path):
     bad = subprocess.run([sys.executable, script, "--quick", "--out", str(tmp_path / "10_scaling.json" / "x")],
                          capture_output=True, text=True, timeout=60, env=env)
     assert bad.returncode == 2 and bad.stderr.startswith("error: --out") and len(bad.stderr.splitlines()) == 1
+
+
+def hierarchy_phrases():
+    """The numbers the hierarchy subsection of section 6 quotes, from 10_hierarchy.json."""
+    rows = load("10_hierarchy.json")["rows"]
+    losses = [f"{r['hosts']} x {r['ranks_per_host']} at {r['bytes'] >> 20} MiB" if r["bytes"] >= MIB else
+              f"{r['hosts']} x {r['ranks_per_host']} at {r['bytes'] >> 10} KiB" for r in rows if r["measured_speedup"] <= 1]
+    return {"HIER_MODEL_WINS": f"{sum(r['model_speedup'] > 1 for r in rows)} of {len(rows)}",
+            "HIER_MEASURED_WINS": f"{sum(r['measured_speedup'] > 1 for r in rows)}",
+            "HIER_LOSSES": ", ".join(losses) or "none"}
+
+
+def calibration_phrases():
+    """The numbers the calibrated-model subsection of section 9 quotes, from 10_calibrated.json."""
+    rows = load("10_calibrated.json")["rows"]
+    worst = max(rows, key=lambda r: abs(math.log(r["calibrated_ratio"])))
+    size = f"{worst['bytes'] >> 20} MiB" if worst["bytes"] >= MIB else f"{worst['bytes'] >> 10} KiB"
+    return {"CAL_MET": f"{sum(r['within'] for r in rows)} of {len(rows)}",
+            "PLAIN_MET": f"{sum(0.75 <= r['model_seconds'] / r['seconds'] <= 1.25 for r in rows)}",
+            "CAL_WORST": f"{worst['algorithm']} at {size} (calibrated / measured {worst['calibrated_ratio']:.2f})"}
+
+
+def test_section_6_quotes_the_hierarchy_on_slow_links():
+    phrases = hierarchy_phrases()
+    fits = load("10_hierarchy.json")["fits"].values()     # "gave the shared memory a larger alpha than the link"
+    assert all(fit["shared_memory"]["alpha"] > fit["link"]["alpha"] for fit in fits)
+    assert not missing([f"The model expects the hierarchy to win in {phrases['HIER_MODEL_WINS']} rows",
+                        f"It won in {phrases['HIER_MEASURED_WINS']} of them. Where it did not ({phrases['HIER_LOSSES']})"])
+
+
+def test_section_9_quotes_the_calibrated_model():
+    phrases = calibration_phrases()
+    assert not missing([f"it was met in {phrases['CAL_MET']} rows, the plain model within 25% in {phrases['PLAIN_MET']}",
+                        f"the largest miss was {phrases['CAL_WORST']}"])
