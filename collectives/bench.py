@@ -135,15 +135,10 @@ def settings(argv, size):
     parser.add_argument("--write-selection", action="store_true",
                         help="store, for this p, the algorithm measured fastest at each size in "
                              "collectives/selection.json, which collectives.auto reads")
-    parser.add_argument("--calibration", default=str(calibration.CALIBRATION_FILE),
-                        help="the calibrated model's JSON (collectives.calibration), read for the 'calibrated' "
-                             "column and written by --calibrate (default: %(default)s)")
-    parser.add_argument("--calibrate", action="store_true",
-                        help="first measure the micro-benchmark ladder and two 8-byte allreduces, fit the "
-                             "calibrated model and write it to --calibration")
-    parser.add_argument("--median", action="store_true",
-                        help="time single calls after a barrier and keep the median (calibration and table "
-                             "alike): less moved by other processes on a loaded machine than batch means")
+    calibrated = "the calibrated model's JSON, read for the 'calibrated' column, written by --calibrate"
+    parser.add_argument("--calibration", default=str(calibration.CALIBRATION_FILE), help=calibrated + " (%(default)s)")
+    parser.add_argument("--calibrate", action="store_true", help="fit the calibrated model first (see the header)")
+    parser.add_argument("--median", action="store_true", help="median of single calls (a loaded machine)")
     parser.add_argument("--levels", default="3", help="cache levels the calibration fits (default 3: L2, L3, memory)")
     args = parser.parse_args(argv)
     try:

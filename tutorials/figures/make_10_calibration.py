@@ -47,14 +47,13 @@ def markdown(rows, model, load):
              "| calibrated / measured | target | met |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in rows:
-        lines.append(f"| {human(row['bytes'])} | {row['algorithm']} | {row['seconds'] * 1e6:.1f} | "
-                     f"{row['model_seconds'] * 1e6:.1f} | {row['model_seconds'] / row['seconds']:.2f} | "
-                     f"{row['calibrated_seconds'] * 1e6:.1f} | {row['calibrated_ratio']:.2f} | 0.75-1.25 | "
-                     f"{'yes' if row['within'] else 'NO'} |")
-    met = sum(row["within"] for row in rows)
-    lines += ["", f"Within 25%: {met} of {len(rows)} rows (calibrated); the plain model: "
-              f"{sum(0.75 <= r['model_seconds'] / r['seconds'] <= 1.25 for r in rows)} of {len(rows)}."]
-    return "\n".join(lines) + "\n"
+        cells = [human(row["bytes"]), row["algorithm"], f"{row['seconds'] * 1e6:.1f}", f"{row['model_seconds'] * 1e6:.1f}",
+                 f"{row['model_seconds'] / row['seconds']:.2f}", f"{row['calibrated_seconds'] * 1e6:.1f}",
+                 f"{row['calibrated_ratio']:.2f}", "0.75-1.25", "yes" if row["within"] else "NO"]
+        lines.append("| " + " | ".join(cells) + " |")
+    plain = sum(0.75 <= r["model_seconds"] / r["seconds"] <= 1.25 for r in rows)
+    return "\n".join(lines + ["", f"Within 25%: {sum(r['within'] for r in rows)} of {len(rows)} rows (calibrated); "
+                                   f"the plain model: {plain} of {len(rows)}."]) + "\n"
 
 
 def main():

@@ -37,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent.parent))
 
-from make_10_cluster import cluster, two_level_model  # noqa: E402
+from make_10_cluster import cluster, prepare, two_level_model  # noqa: E402
 
 from collectives import cost  # noqa: E402
 
@@ -157,12 +157,7 @@ def main():
     sizes = [int(s[:-1]) << (10 if s[-1] == "K" else 20) for s in args.sizes.split(",")]
     if args.worker:
         return worker(sizes, args.rounds, args.min_time)
-    if os.geteuid() != 0:
-        sys.stderr.write("error: the emulated hosts (collectives.cluster) need root\n")
-        sys.exit(2)
-    out = Path(args.out) if args.out else (Path(tempfile.mkdtemp()) if args.quick else HERE / "out")
-    out.mkdir(parents=True, exist_ok=True)
-    load_before = os.getloadavg()
+    out, load_before = prepare(args)
     rows, fits = [], {}
     with tempfile.TemporaryDirectory() as scratch:
         for hosts in (2,) if args.quick else (2, 4):
