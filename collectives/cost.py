@@ -73,6 +73,10 @@ they ran from cache and the model came out 1.5-2x optimistic there. Cycling, the
 more often than the allreduce, which reuses its buffers call after call: at 1 MiB (p = 2) the
 model is now up to 1.35x pessimistic (chapter 3, section 5); from 4 MiB up neither fits.
 
+Calibrated model (`predict_calibrated`): predict_refined's counts at rates fitted once on this
+machine per cache level, plus each algorithm's per-call overhead (collectives.calibration, written
+by `collectives.bench --calibrate`).
+
 `per_rank(algorithm, p, n, itemsize, rank)` gives what one rank does, exactly, counting the
 uneven blocks (block_counts: n elements in `parts` blocks, the first n % parts one longer):
 the messages it sends, the bytes it sends, and the bytes it receives and reduces into its own
