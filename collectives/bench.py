@@ -135,7 +135,7 @@ def settings(argv, size):
     parser.add_argument("--write-selection", action="store_true",
                         help="store, for this p, the algorithm measured fastest at each size in "
                              "collectives/selection.json, which collectives.auto reads")
-    calibrated = "the calibrated model's JSON, read for the 'calibrated' column, written by --calibrate"
+    calibrated = "the calibrated model's JSON, read for the 'calibrated' column, written by --calibrate; none: no column"
     parser.add_argument("--calibration", default=str(calibration.CALIBRATION_FILE), help=calibrated + " (%(default)s)")
     parser.add_argument("--calibrate", action="store_true", help="fit the calibrated model first (see the header)")
     parser.add_argument("--median", action="store_true", help="median of single calls (a loaded machine)")
@@ -158,7 +158,11 @@ def settings(argv, size):
     args.levels = number("--levels", args.levels, 1, integer=True)
     for flag in ("json", "plot"):
         output_path("--" + flag, getattr(args, flag))
-    if args.calibrate:
+    if args.calibration == "none":                  # no calibrated column (chapter 3's tables)
+        if args.calibrate:
+            fail("--calibrate needs a --calibration file to write, not none")
+        args.model = None
+    elif args.calibrate:
         output_path("--calibration", args.calibration)
         if size < 2:
             fail("--calibrate needs at least 2 ranks (it times messages between them)")

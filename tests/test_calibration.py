@@ -86,6 +86,10 @@ def test_the_calibrated_tree_at_p2_sends_one_way():
     assert cost.predict_calibrated("tree", 2, n, hand_model()) == pytest.approx(expected, rel=1e-12)
 
 
+def test_calibration_none_leaves_the_column_out():
+    assert bench.settings(["--quick", "--calibration", "none"], 2).model is None
+
+
 def test_a_written_calibration_reads_back_equal(tmp_path):
     path = tmp_path / "c.json"
     calibration.save(hand_model(), path, {"ladder": []})
@@ -123,6 +127,7 @@ def test_bad_calibration_files_are_refused_with_what_is_wrong(tmp_path):
     (["--json", "/nonexistent-folder/x.json"], "--json /nonexistent-folder/x.json"),
     (["--calibration", "/nonexistent-folder/c.json"], "--calibration /nonexistent-folder/c.json: no such file"),
     (["--calibrate", "--levels", "9"], "--levels 9"),
+    (["--calibrate", "--calibration", "none"], "--calibrate needs a --calibration file"),
 ])
 def test_bad_bench_flags_are_one_error_line_and_status_2(flags, message, capsys):
     """The checks every rank runs on its own argv (bench.settings), here on one process."""
