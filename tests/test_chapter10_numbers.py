@@ -271,3 +271,12 @@ def test_section_9_quotes_the_calibrated_model():
     assert not missing([f"it was met in {phrases['CAL_MET']} rows, the plain model within 25% in {phrases['PLAIN_MET']}",
                         f"the largest miss was {phrases['CAL_WORST']}",
                         f"ratio stays within {phrases['BFLY_RANGE']}, while", f"come out at {phrases['DEP_RANGE']}:"])
+
+
+def test_the_summary_quotes_the_hierarchy_and_the_calibration():
+    hierarchy, calibrated = hierarchy_phrases(), calibration_phrases()
+    assert not missing([f"the hierarchy beat the flat ring in {hierarchy['HIER_MEASURED_WINS']} of the "
+                        f"{len(load('10_hierarchy.json')['rows'])} measured rows, where the model expected it in "
+                        f"{hierarchy['HIER_MODEL_WINS']}",
+                        f"came within 25% of {calibrated['CAL_MET']} measured allreduces at p = 2, the plain one of "
+                        f"{calibrated['PLAIN_MET']}"])
