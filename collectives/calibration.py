@@ -8,7 +8,7 @@ Why. On one node a message is two memory copies and a reduction a pass over memo
 per-byte costs depend on whether the allreduce's footprint (three n-byte vectors per rank:
 sendbuf, recvbuf, scratch) stays in cache; and a Python allreduce pays a fixed cost per call and
 per step that a bare ping-pong does not. The plain alpha-beta-gamma model (one ping-pong, one
-in-cache add) misses all three and comes out 1.3-5x optimistic at p = 2 from 1 MiB up.
+in-cache add) misses all three (collectives.bench prints it beside the calibrated one).
 
 The model (cost.predict_calibrated): with steps, bytes exchanged / sent one way, bytes reduced and
 whole-vector copies on the critical path as in cost.traffic,
@@ -17,8 +17,8 @@ whole-vector copies on the critical path as in cost.traffic,
              + gamma_m[k] reduced in place + gamma_3[k] reduced from sendbuf + copy[k] n copies
 
 where k is the cache level of the footprint 3 n: level 0 up to bounds[0], level 1 up to bounds[1],
-..., the last beyond (on a core with 2 MiB of L2 and 32 MiB of L3 shared by two ranks: about
-n <= 0.7 MiB, n <= 5 MiB, and beyond). Fitting (`fit`), from measurements none of which is an
+..., the last beyond (a core with 2 MiB of L2 and 32 MiB of L3 shared by two ranks suggests about
+n <= 0.7 MiB, n <= 5 MiB and beyond; the fit decides where). Fitting (`fit`), from measurements none of which is an
 allreduce of >= 4 KiB:
 
 1. per-byte rates: the micro-benchmarks of collectives.calibrate.fit_rates on a ladder of sizes
@@ -26,8 +26,7 @@ allreduce of >= 4 KiB:
    through three n-byte vectors, every rank at once). For every way of cutting the ladder into
    `levels` runs of at least MIN_RUN consecutive sizes, least squares on relative error fits
    t = a[k] + n r[k] to each micro-benchmark (an intercept per level for the messages, since MPI
-   changes protocol with the size, eager below 64 KiB here and rendezvous above; none for the
-   memory passes); the cut with the least total squared error wins, and a bound lies at the
+   changes protocol with the message size; none for the memory passes); the cut with the least total squared error wins, and a bound lies at the
    geometric mean of the footprints either side of the cut. alpha[k] is the exchange's a[k];
 2. o, per algorithm: its allreduce of 8 bytes, minus its steps at alpha (and the per-byte terms,
    negligible there): the Python around the messages, one call's worth, which a ping-pong does
@@ -36,7 +35,8 @@ allreduce of >= 4 KiB:
 
 The file (JSON, CALIBRATION_FILE unless a tool's --calibration says otherwise) holds p, levels,
 footprint, alpha, bounds, one list per rate (one number per level), o per algorithm ("overhead"),
-and the measurements it was fitted on. `load` refuses a file that is not that (ValueError saying what and where).
+and the measurements it was fitted on. `load` refuses a file that is not that (ValueError saying
+what and where).
 """
 import itertools
 import json
@@ -102,7 +102,7 @@ def _least_squares(sizes, seconds, starts, intercept):
     return a, r, error
 
 
-def fit(ladder, small, p, levels=2, footprint=FOOTPRINT):
+def fit(ladder, small, p, levels=3, footprint=FOOTPRINT):
     """Calibration from measurements.
 
     ladder: [{"bytes": n, "beta_x": seconds, "beta_1": ..., "gamma_m": ..., "gamma_3": ..., "copy": ...}]
