@@ -4,6 +4,7 @@
     mpiexec -n 2 python -m collectives.bench --quick             # a few seconds, for a smoke test
     mpiexec -n 4 python -m collectives.bench --sizes 4K,1M,64M --algorithms ring,auto
     mpiexec -n 4 python -m collectives.bench --sizes 4K,16K,64K --persistent   # + allreduce_init rows
+    mpiexec -n 2 python -m collectives.bench --calibrate --median     # fit the calibrated model first
 
 1. the machine's rates, from micro-benchmarks that are not allreduces (collectives.calibrate):
    alpha and beta from a ping-pong between ranks 0 and 1, gamma from numpy's element-wise add
@@ -20,13 +21,18 @@
    algorithm from 1 MiB. And auto's table: at each size, the point-to-point algorithm measured
    fastest; --write-selection stores it for this p in collectives/selection.json, which
    collectives.auto reads (so auto's row is only as good as the last such run on this machine).
-5. with --persistent, two more rows: MPI's persistent Allreduce_init (Start + Wait per call, "mpi_init")
+5. the calibrated model (cost.predict_calibrated, collectives.calibration): rates per cache level
+   and a per-call overhead, fitted once by --calibrate and read from --calibration (default
+   collectives/calibration.json); target: within 25% of the measured time at every size >= 4 KiB,
+   at the p it was fitted at. Bad flags or a bad calibration file: `error: ...`, exit 2, every rank;
+6. with --persistent, two more rows: MPI's persistent Allreduce_init (Start + Wait per call, "mpi_init")
    and collectives.persistent's auto (allreduce_init once, start() per call, "auto_init"), whose
    ratio and <= 1.5x target are against mpi_init: both sides check their arguments once.
 
 A time is the slowest rank's mean over a batch of calls between barriers (batches of >= 0.02 s),
 and the best of seven batches, taken in turn with the other algorithms so that noise from
-other processes on the machine hits all of them alike.
+other processes on the machine hits all of them alike. --median: the slowest rank's median of
+single calls, each after a barrier (calibration and table alike), for a loaded machine.
 
 Each rank's BLAS thread variables are set to 1 below, for what loads after this module (the
 package, ``collectives/__init__.py``, has loaded numpy already; the collectives themselves use no
@@ -37,14 +43,14 @@ import os
 for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_variable] = "1"
 
-import argparse          # noqa: E402  (after the thread pinning on purpose)
-import json              # noqa: E402
+import json              # noqa: E402  (after the thread pinning on purpose)
 
 import numpy as np       # noqa: E402
 from mpi4py import MPI   # noqa: E402
 
-from . import auto, butterfly, cost, naive, persistent, rabenseifner, ring, tree   # noqa: E402
-from .calibrate import cores, fit_alpha_beta, fit_gamma, fit_rates, timed   # noqa: E402
+from . import auto, butterfly, calibration, cost, naive, persistent, rabenseifner, ring, tree   # noqa: E402
+from .calibrate import LADDER, cores, fit_alpha_beta, fit_gamma, fit_rates, measure_calibration, timed  # noqa: E402
+from .cli import Parser, fail, number, output_path   # noqa: E402
 
 ALGORITHMS = {"naive": naive.allreduce, "tree": tree.allreduce, "butterfly": butterfly.allreduce,
               "ring": ring.allreduce, "rabenseifner": rabenseifner.allreduce, "auto": auto.allreduce}
@@ -65,8 +71,9 @@ def human(nbytes):
     return f"{nbytes} B"
 
 
-def target(name, nbytes, ratio, refined_ratio):
-    """(text, met) for the performance targets on this row: met is True, False or None (no target)."""
+def target(name, nbytes, ratio, refined_ratio, calibrated_ratio=None):
+    """(text, met) for the performance targets on this row: met is True, False or None (no target).
+    calibrated_ratio: calibrated model / measured, None where no calibration for this p applies."""
     checks = []
     if name in ("auto", "auto_init"):               # auto_init: against MPI's persistent Allreduce_init
         checks.append(("<=1.5x", ratio <= 1.5))
@@ -74,6 +81,8 @@ def target(name, nbytes, ratio, refined_ratio):
         checks.append(("<=1.0x", ratio <= 1.0))
     if refined_ratio is not None and nbytes >= 1 << 20:
         checks.append(("model+-25%", 0.75 <= refined_ratio <= 1.25))
+    if calibrated_ratio is not None and nbytes >= 4 << 10:
+        checks.append(("cal+-25%", 0.75 <= calibrated_ratio <= 1.25))
     if not checks:
         return "-", None
     return ",".join(text for text, _ in checks), all(ok for _, ok in checks)
@@ -110,13 +119,14 @@ def describe(rows):
     return ", ".join(f"{name} from {human(nbytes)}" for nbytes, name in rows)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def settings(argv, size):
+    """The checked flags (each rank checks its own argv before its first message: error: and exit 2)."""
+    parser = Parser(prog="python -m collectives.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", help="comma-separated message sizes, e.g. 4K,1M,64M")
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
     parser.add_argument("--quick", action="store_true", help="two small sizes, short batches")
-    parser.add_argument("--min-time", type=float, default=0.02, help="seconds per timed batch")
-    parser.add_argument("--rounds", type=int, default=7, help="batches per measurement (best kept)")
+    parser.add_argument("--min-time", default="0.02", help="seconds per timed batch")
+    parser.add_argument("--rounds", default="7", help="batches per measurement (best kept)")
     parser.add_argument("--json", help="write one JSON object per measurement to this file")
     parser.add_argument("--plot", help="write a PNG of time against size")
     parser.add_argument("--persistent", action="store_true",
@@ -125,22 +135,84 @@ def main(argv=None):
     parser.add_argument("--write-selection", action="store_true",
                         help="store, for this p, the algorithm measured fastest at each size in "
                              "collectives/selection.json, which collectives.auto reads")
+    calibrated = "the calibrated model's JSON, read for the 'calibrated' column, written by --calibrate; none: no column"
+    parser.add_argument("--calibration", default=str(calibration.CALIBRATION_FILE), help=calibrated + " (%(default)s)")
+    parser.add_argument("--calibrate", action="store_true", help="fit the calibrated model first (see the header)")
+    parser.add_argument("--median", action="store_true", help="median of single calls (a loaded machine)")
+    parser.add_argument("--levels", default="3", help="cache levels the calibration fits (default 3: L2, L3, memory)")
     args = parser.parse_args(argv)
+    try:
+        args.sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else (
+            QUICK_SIZES if args.quick else DEFAULT_SIZES)
+    except (ValueError, KeyError, IndexError):
+        fail(f"--sizes {args.sizes}: expected sizes such as 4K,1M,64M")
+    if any(n < 4 or n % 4 for n in args.sizes):
+        fail(f"--sizes: every size must be a multiple of 4 bytes (float32), >= 4; got {args.sizes}")
+    args.names = [name.strip() for name in args.algorithms.split(",") if name.strip()]
+    unknown = [name for name in args.names if name not in ALGORITHMS]
+    if unknown:
+        fail(f"--algorithms: unknown {', '.join(unknown)}; choose from {', '.join(ALGORITHMS)}")
+    args.min_time, args.rounds = number("--min-time", args.min_time, 1e-6), number("--rounds", args.rounds, 1, True)
+    if args.quick:
+        args.min_time, args.rounds = 0.002, 1
+    args.levels = number("--levels", args.levels, 1, integer=True)
+    for flag in ("json", "plot"):
+        output_path("--" + flag, getattr(args, flag))
+    if args.calibration == "none":                  # no calibrated column (chapter 3's tables)
+        if args.calibrate:
+            fail("--calibrate needs a --calibration file to write, not none")
+        args.model = None
+    elif args.calibrate:
+        output_path("--calibration", args.calibration)
+        if size < 2:
+            fail("--calibrate needs at least 2 ranks (it times messages between them)")
+        if args.levels * calibration.MIN_RUN > len(LADDER):
+            fail(f"--levels {args.levels}: at most {len(LADDER) // calibration.MIN_RUN} ({len(LADDER)} sizes measured, "
+                 f"{calibration.MIN_RUN} per level)")
+        args.model = None
+    else:
+        try:
+            args.model = calibration.load(args.calibration,
+                                          required=args.calibration != str(calibration.CALIBRATION_FILE))
+        except ValueError as error:
+            fail(str(error))
+    return args
+
+
+def calibrate(comm, args):
+    """Measure, fit and (rank 0) write the calibrated model; returns it on every rank."""
+    ladder, small = measure_calibration(comm, args.min_time, args.rounds, median=args.median)
+    model = calibration.fit(ladder, small, comm.Get_size(), args.levels)
+    if comm.Get_rank() == 0:
+        calibration.save(model, args.calibration, {"ladder": ladder, "allreduce_8_bytes": small,
+                                                   "load_average": os.getloadavg(), "median": args.median})
+        level = ", ".join(f"{human(int(b // model.footprint))}" for b in model.bounds)
+        print(f"# calibrated (p = {model.p}, load {os.getloadavg()[0]:.2f}): o = "
+              + ", ".join(f"{name} {o * 1e6:.1f}" for name, o in model.overhead.items()) + " us, "
+              f"alpha = {'/'.join(f'{a * 1e6:.2f}' for a in model.alpha)} us, cache levels end at n = {level or '-'}; "
+              f"per level, ns/B: "
+              + "; ".join(f"{name} " + "/".join(f"{r * 1e9:.3f}" for r in model.rates[name])
+                          for name in calibration.RATES) + f"; wrote {args.calibration}", flush=True)
+    return model
+
+
+def main(argv=None):
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
-    sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else (
-        QUICK_SIZES if args.quick else DEFAULT_SIZES)
-    min_time = 0.002 if args.quick else args.min_time
-    rounds = 1 if args.quick else args.rounds
-    names = [name.strip() for name in args.algorithms.split(",")]
+    args = settings(argv, size)
+    sizes, min_time, rounds, names = args.sizes, args.min_time, args.rounds, args.names
+    model_cal = calibrate(comm, args) if args.calibrate else args.model
 
     if size > 1:
-        alpha, beta, points = fit_alpha_beta(comm, min_time)
+        alpha, beta, points = fit_alpha_beta(comm, min_time, args.median)
     else:
         alpha, beta, points = 0.0, 0.0, []
-    gamma = fit_gamma(comm, min_time)
+    gamma = fit_gamma(comm, min_time, median=args.median)
     if rank == 0:
-        print(f"# p = {size}; {MPI.Get_library_version().splitlines()[0].strip()}")
+        print(f"# p = {size}; {MPI.Get_library_version().splitlines()[0].strip()}; load average "
+              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
+        print(f"# calibrated model: {args.calibration}" + (f" (fitted at p = {model_cal.p}; its target only at "
+              f"that p)" if model_cal else " (none: `--calibrate` writes it)"))
         print(f"# ping-pong fit: alpha = {alpha * 1e6:.2f} us, beta = {beta * 1e9:.4f} ns/B "
               f"({1 / beta / 1e9 if beta > 0 else float('inf'):.2f} GB/s); gamma = {gamma * 1e9:.4f} ns/B")
         for nbytes, seconds in points:
@@ -149,7 +221,7 @@ def main(argv=None):
         print(f"# refined model: rates per size from exchange/add/add3/copy micro-benchmarks at that size, "
               f"every rank at once; share = max(1, p / {cores()} cores) = {max(1.0, size / cores()):g}")
         print(f"{'bytes':>9} {'algorithm':<18} {'measured us':>12} {'x MPI':>7} {'model us':>10} {'model/meas':>10}"
-              f" {'refined us':>10} {'ref/meas':>8}  {'target':<18} met")
+              f" {'refined us':>10} {'ref/meas':>8} {'cal us':>10} {'cal/meas':>8}  {'target':<27} met")
 
     records = []
     for nbytes in sizes:
@@ -158,7 +230,7 @@ def main(argv=None):
         recvbuf = np.empty_like(sendbuf)
         expected = np.float32(size * (size + 1) / 2)
 
-        rates = fit_rates(comm, min_time, count * 4, alpha, rounds)     # best of as many batches as below
+        rates = fit_rates(comm, min_time, count * 4, alpha, rounds, args.median)     # best of as many batches as below
         if rank == 0:
             print(f"# {human(count * 4)}: exchange beta_x = {rates.beta_x * 1e9:.4f} ns/B, one-way beta_1 = "
                   f"{rates.beta_1 * 1e9:.4f} ns/B, alone beta_solo = {rates.beta_solo * 1e9:.4f} ns/B, gather "
@@ -181,7 +253,7 @@ def main(argv=None):
         best = {}
         for _ in range(rounds):                    # interleaved, best batch kept
             for name, call in calls.items():
-                seconds = timed(comm, call, min_time)
+                seconds = timed(comm, call, min_time, args.median)
                 best[name] = min(best.get(name, np.inf), seconds)
                 if not np.all(recvbuf == expected):
                     raise SystemExit(f"rank {rank}: {name} gave a wrong sum at {nbytes} bytes")
@@ -199,12 +271,18 @@ def main(argv=None):
                        if model_name != "lower bound" else None)     # MPI's own: no refined model
             refined_ratio = None if refined is None else refined / best[name]
             reference = best.get("mpi_init", best["mpi"]) if name == "auto_init" else best["mpi"]   # persistent vs persistent
-            goal, met = target(name, count * 4, best[name] / reference, refined_ratio)
+            calibrated = (cost.predict_calibrated(model_name, size, count * 4, model_cal)
+                          if model_cal and model_name != "lower bound" else None)
+            calibrated_ratio = None if calibrated is None else calibrated / best[name]
+            goal, met = target(name, count * 4, best[name] / reference, refined_ratio,
+                               calibrated_ratio if model_cal and model_cal.p == size else None)
             record = {"algorithm": name, "p": size, "bytes": count * 4, "seconds": best[name],
                       "mpi_seconds": reference, "ratio": best[name] / reference,
                       "model_seconds": model, "model": model_name,
                       "alpha": alpha, "beta": beta, "gamma": gamma,
                       "refined_seconds": refined, "refined_ratio": refined_ratio,
+                      "calibrated_seconds": calibrated, "calibrated_ratio": calibrated_ratio,
+                      "load_average": os.getloadavg()[0],
                       "rates": {"alpha": alpha, "beta_x": rates.beta_x, "beta_1": rates.beta_1,
                                 "beta_solo": rates.beta_solo, "beta_ring": rates.beta_ring,
                                 "beta_gather": rates.beta_gather, "beta_scatter": rates.beta_scatter,
@@ -217,7 +295,9 @@ def main(argv=None):
                 print(f"{human(count * 4):>9} {label:<18} {best[name] * 1e6:12.1f} {record['ratio']:7.2f} "
                       f"{model * 1e6:10.1f} {model / best[name]:10.2f} "
                       f"{'-' if refined is None else f'{refined * 1e6:.1f}':>10} "
-                      f"{'-' if refined is None else f'{refined_ratio:.2f}':>8}  {goal:<18} "
+                      f"{'-' if refined is None else f'{refined_ratio:.2f}':>8} "
+                      f"{'-' if calibrated is None else f'{calibrated * 1e6:.1f}':>10} "
+                      f"{'-' if calibrated is None else f'{calibrated_ratio:.2f}':>8}  {goal:<27} "
                       f"{'-' if met is None else 'met' if met else 'NO'}", flush=True)
 
     measured = selection(records)
@@ -239,35 +319,9 @@ def main(argv=None):
         with open(args.json, "w") as file:
             json.dump(records, file, indent=1)
     if rank == 0 and args.plot:
-        plot(records, args.plot, size)
+        from .figures import plot_bench
+        plot_bench(records, args.plot, size)
     return records
-
-
-def plot(records, path, size):
-    """Time against size, log-log: measured points, model lines, MPI_Allreduce in black."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    figure, axes = plt.subplots(figsize=(7, 4.5))
-    names = list(dict.fromkeys(r["algorithm"] for r in records))
-    colours = dict(zip([n for n in names if n != "mpi"], plt.get_cmap("tab10").colors))
-    for name in names:
-        mine = [r for r in records if r["algorithm"] == name]
-        x = [r["bytes"] for r in mine]
-        colour = "black" if name == "mpi" else colours[name]
-        axes.plot(x, [r["seconds"] for r in mine], "o-" if name == "mpi" else "o", color=colour,
-                  label="MPI_Allreduce" if name == "mpi" else name, ms=4)
-        if name not in ("mpi",):
-            axes.plot(x, [r["model_seconds"] for r in mine], "--", color=colour, lw=1)
-    axes.set_xscale("log", base=2)
-    axes.set_yscale("log")
-    axes.set_xlabel("bytes per rank")
-    axes.set_ylabel("seconds per allreduce")
-    axes.set_title(f"allreduce on p = {size}: measured (dots) and alpha-beta-gamma model (dashes)")
-    axes.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=80)
-    plt.close(figure)
 
 
 if __name__ == "__main__":

@@ -36,13 +36,23 @@ from . import cost
 from .tags import PING_PONG
 
 
-def timed(comm, call, min_seconds, rounds_done=None):
-    """Seconds per call: slowest rank's mean over a batch lasting >= min_seconds."""
+def timed(comm, call, min_seconds, median=False):
+    """Seconds per call: slowest rank's mean over a batch lasting >= min_seconds; median=True: the
+    slowest rank's median of single calls, each after a barrier, for >= min_seconds (at least 5),
+    which a process that takes the core for a moment moves less (a loaded machine)."""
     comm.Barrier()
     start = time.perf_counter()
     call()
-    first = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
+    first = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)      # every rank: the same count below
     repeats = max(1, min(10000, int(min_seconds / max(first, 1e-7))))
+    if median:
+        times = []
+        for _ in range(max(repeats, 5)):
+            comm.Barrier()
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+        return comm.allreduce(float(np.median(times)), op=MPI.MAX)
     comm.Barrier()
     start = time.perf_counter()
     for _ in range(repeats):
@@ -51,7 +61,7 @@ def timed(comm, call, min_seconds, rounds_done=None):
     return comm.allreduce(mine, op=MPI.MAX)
 
 
-def fit_alpha_beta(comm, min_seconds):
+def fit_alpha_beta(comm, min_seconds, median=False):
     """Ping-pong between ranks 0 and 1; returns (alpha, beta, [(bytes, seconds)])."""
     rank = comm.Get_rank()
     points = []
@@ -65,7 +75,7 @@ def fit_alpha_beta(comm, min_seconds):
             elif rank == 1:
                 comm.Recv(message, source=0, tag=PING_PONG)
                 comm.Send(message, dest=0, tag=PING_PONG)
-        best = min(timed(comm, ping_pong, min_seconds) for _ in range(3))
+        best = min(timed(comm, ping_pong, min_seconds, median) for _ in range(3))
         points.append((nbytes, best / 2))
     sizes = np.array([p[0] for p in points], dtype=float)
     seconds = np.array([p[1] for p in points])
@@ -75,11 +85,11 @@ def fit_alpha_beta(comm, min_seconds):
     return float(alpha), float(beta), points
 
 
-def fit_gamma(comm, min_seconds, nbytes=4 << 20):
+def fit_gamma(comm, min_seconds, nbytes=4 << 20, median=False):
     """Seconds per byte of an element-wise float32 add, all ranks at once."""
     into = np.ones(nbytes // 4, dtype=np.float32)
     incoming = np.ones_like(into)
-    return min(timed(comm, lambda: np.add(into, incoming, out=into), min_seconds) for _ in range(3)) / nbytes
+    return min(timed(comm, lambda: np.add(into, incoming, out=into), min_seconds, median) for _ in range(3)) / nbytes
 
 
 FOOTPRINT = 3       # an allreduce of n bytes touches sendbuf, recvbuf and a scratch vector: 3 n bytes
@@ -97,7 +107,7 @@ def rotating_pairs(nbytes, dtype):
     return next_pair
 
 
-def fit_memory(comm, min_seconds, nbytes, rounds=3):
+def fit_memory(comm, min_seconds, nbytes, rounds=3, median=False):
     """(gamma_m, gamma_3, copy): seconds per byte of np.add(a, b, out=a), np.add(a, b, out=c)
     and np.copyto(a, b) on n-byte float32 vectors, all ranks at once, cycling through FOOTPRINT
     vectors (the out-of-place add uses all three at every call, each in every role in turn)."""
@@ -115,13 +125,13 @@ def fit_memory(comm, min_seconds, nbytes, rounds=3):
     def copy():
         into, source = next_pair()
         np.copyto(into, source)
-    add_seconds = min(timed(comm, add, min_seconds) for _ in range(rounds))
-    add3_seconds = min(timed(comm, add3, min_seconds) for _ in range(rounds))
-    copy_seconds = min(timed(comm, copy, min_seconds) for _ in range(rounds))
+    add_seconds = min(timed(comm, add, min_seconds, median) for _ in range(rounds))
+    add3_seconds = min(timed(comm, add3, min_seconds, median) for _ in range(rounds))
+    copy_seconds = min(timed(comm, copy, min_seconds, median) for _ in range(rounds))
     return add_seconds / nbytes, add3_seconds / nbytes, copy_seconds / nbytes
 
 
-def fit_rates(comm, min_seconds, nbytes, alpha, rounds=3):
+def fit_rates(comm, min_seconds, nbytes, alpha, rounds=3, median=False):
     """cost.Rates for vectors of `nbytes` bytes, from micro-benchmarks at that size (none an
     allreduce), each cycling through FOOTPRINT vectors of n bytes as the allreduce does: per-byte
     rates depend on whether the footprint fits in cache, so each size gets its own.
@@ -184,13 +194,13 @@ def fit_rates(comm, min_seconds, nbytes, alpha, rounds=3):
     gather, scatter = root_phase(True, 7), root_phase(False, 8)
     beta_x = beta_1 = beta_solo = beta_ring = beta_gather = beta_scatter = 0.0
     if size > 1:
-        beta_ring = min(timed(comm, ring_shift, min_seconds) for _ in range(rounds)) / block
-        beta_x = min(timed(comm, exchange, min_seconds) for _ in range(rounds)) / nbytes
-        beta_1 = min(timed(comm, one_way, min_seconds) for _ in range(rounds)) / nbytes
-        beta_solo = min(timed(comm, solo, min_seconds) for _ in range(rounds)) / nbytes
-        beta_gather = min(timed(comm, gather, min_seconds) for _ in range(rounds)) / ((size - 1) * nbytes)
-        beta_scatter = min(timed(comm, scatter, min_seconds) for _ in range(rounds)) / ((size - 1) * nbytes)
-    gamma_m, gamma_3, copy = fit_memory(comm, min_seconds, nbytes, rounds)
+        beta_ring = min(timed(comm, ring_shift, min_seconds, median) for _ in range(rounds)) / block
+        beta_x = min(timed(comm, exchange, min_seconds, median) for _ in range(rounds)) / nbytes
+        beta_1 = min(timed(comm, one_way, min_seconds, median) for _ in range(rounds)) / nbytes
+        beta_solo = min(timed(comm, solo, min_seconds, median) for _ in range(rounds)) / nbytes
+        beta_gather = min(timed(comm, gather, min_seconds, median) for _ in range(rounds)) / ((size - 1) * nbytes)
+        beta_scatter = min(timed(comm, scatter, min_seconds, median) for _ in range(rounds)) / ((size - 1) * nbytes)
+    gamma_m, gamma_3, copy = fit_memory(comm, min_seconds, nbytes, rounds, median)
     return cost.Rates(alpha, beta_x, gamma_m, copy, max(1.0, size / cores()), beta_1, beta_solo, beta_ring,
                       gamma_3, beta_gather, beta_scatter)
 
@@ -201,3 +211,27 @@ def cores():
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
+
+
+LADDER = [1 << k for k in range(12, 27)]          # 4 KiB, 8 KiB, ..., 64 MiB
+
+
+def measure_calibration(comm, min_seconds, rounds=3, sizes=LADDER, median=False):
+    """What collectives.calibration.fit takes: (ladder, small). ladder: per size, the seconds of each
+    fit_rates micro-benchmark (exchange, one-way, add in place, add into a third, copy); small: per
+    algorithm of cost.ALGORITHMS, the best time of an 8-byte allreduce (check=False) on comm."""
+    from .table import MODULES
+    ladder = []
+    for nbytes in sizes:
+        rates = fit_rates(comm, min_seconds, nbytes, 0.0, rounds, median)
+        ladder.append({"bytes": nbytes, "beta_x": rates.beta_x * nbytes, "beta_1": rates.beta_1 * nbytes,
+                       "gamma_m": rates.gamma_m * nbytes, "gamma_3": rates.gamma_3 * nbytes,
+                       "copy": rates.copy * nbytes})
+    sendbuf, recvbuf = np.ones(2, dtype=np.float32), np.empty(2, dtype=np.float32)
+    small = {}
+    for _ in range(max(rounds, 5)):                  # interleaved, best kept
+        for name in cost.ALGORITHMS:
+            allreduce = MODULES[name].allreduce
+            seconds = timed(comm, lambda: allreduce(comm, sendbuf, recvbuf, check=False), min_seconds, median)
+            small[name] = min(small.get(name, np.inf), seconds)
+    return ladder, small

@@ -73,6 +73,10 @@ they ran from cache and the model came out 1.5-2x optimistic there. Cycling, the
 more often than the allreduce, which reuses its buffers call after call: at 1 MiB (p = 2) the
 model is now up to 1.35x pessimistic (chapter 3, section 5); from 4 MiB up neither fits.
 
+Calibrated model (`predict_calibrated`): predict_refined's counts at rates fitted once on this
+machine per cache level, plus each algorithm's per-call overhead (collectives.calibration, written
+by `collectives.bench --calibrate`).
+
 `per_rank(algorithm, p, n, itemsize, rank)` gives what one rank does, exactly, counting the
 uneven blocks (block_counts: n elements in `parts` blocks, the first n % parts one longer):
 the messages it sends, the bytes it sends, and the bytes it receives and reduces into its own
@@ -296,6 +300,15 @@ def predict_refined(algorithm, p, nbytes, rates, in_place=False):
     return (rates.share * rates.alpha * steps + beta_x * exchanged + beta_1 * busy + solo_seconds
             + rates.gamma_m * (reduced - from_source) + gamma_3 * from_source
             + rates.copy * nbytes * extra_copies(algorithm, in_place, p))
+
+
+def predict_calibrated(algorithm, p, nbytes, calibration, in_place=False):
+    """Predicted seconds with rates fitted once on this machine (collectives.calibration: the
+    algorithm's overhead o per call, a step's alpha, each per-byte rate at the footprint's cache level)."""
+    if p == 1 or nbytes == 0:
+        return 0.0
+    overhead = calibration.overhead.get(algorithm, 0.0)          # none for the lower bound
+    return overhead + predict_refined(algorithm, p, nbytes, calibration.at(nbytes), in_place)
 
 
 def table(p, nbytes, alpha, beta, gamma=0.0):

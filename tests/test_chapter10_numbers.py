@@ -9,6 +9,7 @@ compute times of section 7 are measured, and the claims made about them (one row
 two, the MLP's speed-up below one from p = 32) are checked against the JSON as well.
 """
 import json
+import math
 import os
 import subprocess
 import sys
@@ -38,7 +39,8 @@ def missing(expected):
 
 def test_the_generated_tables_are_in_the_chapter_verbatim():
     text = chapter()
-    for name in ("10_scaling.md", "10_reproduction.md", "10_emulated.md", "10_strong.md"):
+    for name in ("10_scaling.md", "10_reproduction.md", "10_emulated.md", "10_strong.md", "10_hierarchy.md",
+                 "10_calibrated.md"):
         assert " ".join((FIGURES / name).read_text().split()) in text, f"{name} is not in chapter 10 as generated"
 
 
@@ -230,3 +232,57 @@ def test_make_10_figures_quick_runs(tmp_path):
     bad = subprocess.run([sys.executable, script, "--quick", "--out", str(tmp_path / "10_scaling.json" / "x")],
                          capture_output=True, text=True, timeout=60, env=env)
     assert bad.returncode == 2 and bad.stderr.startswith("error: --out") and len(bad.stderr.splitlines()) == 1
+
+
+def hierarchy_phrases():
+    """The numbers the hierarchy subsection of section 6 quotes, from 10_hierarchy.json."""
+    rows = load("10_hierarchy.json")["rows"]
+    losses = [f"{r['hosts']} x {r['ranks_per_host']} at {r['bytes'] >> 20} MiB" if r["bytes"] >= MIB else
+              f"{r['hosts']} x {r['ranks_per_host']} at {r['bytes'] >> 10} KiB" for r in rows if r["measured_speedup"] <= 1]
+    fits = load("10_hierarchy.json")["fits"].values()
+    slower = sorted(fit["link"]["beta"] / fit["shared_memory"]["beta"] for fit in fits)
+    return {"SLOWER_RANGE": f"{slower[0]:.0f} to {slower[-1]:.0f}",
+            "HIER_MODEL_WINS": f"{sum(r['model_speedup'] > 1 for r in rows)} of {len(rows)}",
+            "HIER_MEASURED_WINS": f"{sum(r['measured_speedup'] > 1 for r in rows)}",
+            "HIER_LOSSES": ", ".join(losses) or "none"}
+
+
+def calibration_phrases():
+    """The numbers the calibrated-model subsection of section 9 quotes, from 10_calibrated.json."""
+    rows = load("10_calibrated.json")["rows"]
+    worst = max(rows, key=lambda r: abs(math.log(r["calibrated_ratio"])))
+    size = f"{worst['bytes'] >> 20} MiB" if worst["bytes"] >= MIB else f"{worst['bytes'] >> 10} KiB"
+    middle = [r for r in rows if 16 << 10 <= r["bytes"] <= MIB]
+    butterfly = [r["calibrated_ratio"] for r in middle if r["algorithm"] == "butterfly"]
+    dependent = [r["calibrated_ratio"] for r in middle if r["algorithm"] != "butterfly"]
+    return {"BFLY_RANGE": f"{min(butterfly):.2f}-{max(butterfly):.2f}", "DEP_RANGE": f"{min(dependent):.2f}-{max(dependent):.2f}",
+            "CAL_MET": f"{sum(r['within'] for r in rows)} of {len(rows)}",
+            "PLAIN_MET": f"{sum(0.75 <= r['model_seconds'] / r['seconds'] <= 1.25 for r in rows)}",
+            "CAL_WORST": f"{worst['algorithm']} at {size} (calibrated / measured {worst['calibrated_ratio']:.2f})"}
+
+
+def test_section_6_quotes_the_hierarchy_on_slow_links():
+    phrases = hierarchy_phrases()
+    fits = load("10_hierarchy.json")["fits"].values()     # "gave the shared memory a larger alpha than the link"
+    assert all(fit["shared_memory"]["alpha"] > fit["link"]["alpha"] for fit in fits)
+    large = [r for r in load("10_hierarchy.json")["rows"] if r["bytes"] >= MIB]   # "won by less than the model says"
+    assert all(r["measured_speedup"] < r["model_speedup"] for r in large if r["measured_speedup"] > 1)
+    assert not missing([f"({phrases['SLOWER_RANGE']} times slower per byte than shared memory",
+                        f"The model expects the hierarchy to win in {phrases['HIER_MODEL_WINS']} rows",
+                        f"It won in {phrases['HIER_MEASURED_WINS']} of them. Where it did not ({phrases['HIER_LOSSES']})"])
+
+
+def test_section_9_quotes_the_calibrated_model():
+    phrases = calibration_phrases()
+    assert not missing([f"it was met in {phrases['CAL_MET']} rows, the plain model within 25% in {phrases['PLAIN_MET']}",
+                        f"the largest miss was {phrases['CAL_WORST']}",
+                        f"ratio stays within {phrases['BFLY_RANGE']}, while", f"come out at {phrases['DEP_RANGE']}:"])
+
+
+def test_the_summary_quotes_the_hierarchy_and_the_calibration():
+    hierarchy, calibrated = hierarchy_phrases(), calibration_phrases()
+    assert not missing([f"the hierarchy beat the flat ring in {hierarchy['HIER_MEASURED_WINS']} of the "
+                        f"{len(load('10_hierarchy.json')['rows'])} measured rows, where the model expected it in "
+                        f"{hierarchy['HIER_MODEL_WINS']}",
+                        f"came within 25% of {calibrated['CAL_MET']} measured allreduces at p = 2, the plain one of "
+                        f"{calibrated['PLAIN_MET']}"])

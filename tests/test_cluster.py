@@ -79,6 +79,37 @@ def test_ring_allreduce_across_two_hosts_goes_through_the_links(tmp_path):
     assert namespaces(done.tag) == set()
 
 
+HIERARCHY_JOB = """
+import sys
+import numpy as np
+from mpi4py import MPI
+from collectives import hierarchical
+comm = MPI.COMM_WORLD
+count, p, rank = int(sys.argv[1]), comm.Get_size(), comm.Get_rank()
+result = hierarchical.allreduce(comm, np.arange(count, dtype=np.float32) % 7 + rank, check=False)
+exact = p * (np.arange(count) % 7) + p * (p - 1) / 2          # small integers: exact in float32
+sys.exit(0 if np.array_equal(result, exact.astype(np.float32)) else 1)
+"""
+
+
+@needs_namespaces
+def test_the_hierarchy_sends_less_across_the_links_than_the_flat_ring(tmp_path):
+    """The hierarchical allreduce (c = 2 from MINIDL_RANKS_PER_NODE) of n bytes on 2 hosts x 2 ranks: only
+    the leaders (ranks 0 and 2) cross, Rabenseifner on 2 ranks, n/2 each way halving and n/2 doubling,
+    so each host's link sends n bytes plus headers, against the flat ring's 1.5 n above; and the sum is
+    exact (the job exits 1 otherwise)."""
+    nbytes = 1 * MIB
+    counters, program = tmp_path / "links.json", tmp_path / "job.py"
+    program.write_text(HIERARCHY_JOB)
+    done = subprocess.run([sys.executable, "-m", "collectives.cluster", "--hosts", "2", "--ranks-per-host", "2",
+                           "--json", str(counters), "--", sys.executable, str(program), str(nbytes // 4)],
+                          cwd=ROOT, env={**ENV, "MINIDL_RANKS_PER_NODE": "2"}, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    sent = json.loads(counters.read_text())["sent"].values()
+    assert all(nbytes <= bytes_ < 1.25 * nbytes for bytes_ in sent), sent
+
+
 @needs_namespaces
 def test_allreduce_sgd_across_two_hosts_gives_the_bits_of_one_host(tmp_path):
     """One epoch of allreduce SGD (ring, the digits CNN: 6090 float32 parameters, 12 steps at p = 4 and

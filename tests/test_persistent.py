@@ -99,4 +99,5 @@ def test_bench_persistent_rows_compare_auto_init_with_mpis_allreduce_init(tmp_pa
                     f"rows {sorted(rows)}")
     parallel_assert(rows["auto_init"]["mpi_seconds"] == reference["seconds"]
                     and rows["auto"]["mpi_seconds"] == rows["mpi"]["seconds"], "each auto row against its own MPI")
-    parallel_assert(rows["auto_init"]["target"] == "<=1.5x", "auto_init has the auto target")
+    # the auto target; beside it the calibrated model's where collectives/calibration.json was fitted at this p
+    parallel_assert(rows["auto_init"]["target"].split(",")[0] == "<=1.5x", "auto_init has the auto target")

@@ -23,7 +23,7 @@ from algorithms.core import run as algorithm_run
 from algorithms.core.cli import SettingError
 from collectives import auto, cost, hierarchical, simulate, trace
 from collectives.fold import largest_power_of_two
-from collectives.sim import Deadlock, Engine, LogGP, SimComm, Sized, Topology, alpha_beta
+from collectives.sim import Deadlock, Engine, FatTree, LogGP, SimComm, Sized, Topology, alpha_beta
 from collectives.table import HEARTS
 from tests import strategies
 from tests.helpers import ENV, fill, same_on_every_rank
@@ -243,6 +243,8 @@ def test_split_barrier_and_proc_null_behave_as_in_mpi():
     (["--ranks", "4", "--bytes", "64", "--beta", "nan"], "--beta must be a finite number"),
     (["--ranks", "4", "--bytes", "64", "--json", "/no/such/folder/out.json"], "--json"),
     (["--bytes", "64"], "the following arguments are required: --ranks"),
+    (["--ranks", "4", "--bytes", "64", "--uplinks", "2"], "--uplinks needs --nodes-per-switch"),
+    (["--ranks", "4", "--bytes", "64", "--nodes-per-switch", "2", "--uplinks", "0"], "--uplinks must be an integer >= 1"),
 ])
 def test_bad_flags_stop_with_one_error_line_and_status_2(flags, message, capsys):
     with pytest.raises(SystemExit) as stop:
@@ -271,3 +273,61 @@ def test_allreduce_hierarchical_refuses_a_bad_node_size_from_the_environment_bef
         algorithm_run.allreduce_function("hierarchical")
     monkeypatch.setenv("MINIDL_RANKS_PER_NODE", "2")
     assert hierarchical.node_size(None) == 2 and algorithm_run.allreduce_function("hierarchical") is not None
+
+
+# ---- the two-level fat tree (collectives.sim.FatTree) -----------------------------------------------
+
+def on_fat_tree(topology, name, count, nodes_per_switch, uplinks):
+    """(seconds, results by rank) of `name`'s heart on a FatTree, rank r holding fill(r, count)."""
+    results = {}
+
+    def program(comm):
+        data = fill(comm.Get_rank(), count, "float32")
+        HEARTS[name](comm, data, "sum")
+        results[comm.Get_rank()] = data
+    engine = FatTree(topology, nodes_per_switch=nodes_per_switch, uplinks=uplinks)
+    return engine.run(program, SimComm), results
+
+
+@pytest.mark.parametrize("p, c, switch", [(12, 2, 2), (8, 1, 4), (10, 1, 3)])
+def test_a_fat_tree_at_full_bisection_times_every_allreduce_as_the_flat_network(p, c, switch):
+    topology = Topology(p, c, LogGP(L=INTRA_ALPHA, G=INTRA_BETA), LogGP(L=ALPHA, G=BETA))
+    for name in FLAT + ("hierarchical",):
+        flat, _, _ = run(topology, HEARTS[name], 301)
+        seconds, results = on_fat_tree(topology, name, 301, switch, switch * c)     # one uplink per rank under a leaf
+        assert seconds == flat, name
+        expected = expected_allreduce(p, 301, "float32", "sum")
+        assert all(np.array_equal(results[r], expected) for r in range(p)), name
+
+
+@pytest.mark.parametrize("switch, uplinks", [(4, 1), (4, 2), (3, 2), (4, 4)])
+def test_messages_leaving_a_leaf_at_once_take_turns_on_its_uplinks(switch, uplinks):
+    """The `switch` ranks of leaf 0 each send m bytes to the rank `switch` places on, under leaf 1, at
+    once: with K uplinks they go K at a time, so the last arrives at L + ceil(S / K) m G."""
+    m, link = 1000, LogGP(L=5.0, G=0.5)
+    done = {}
+
+    def program(comm):
+        rank, message = comm.Get_rank(), np.zeros(m // 4, np.float32)
+        if rank < switch:
+            comm.Send(message, rank + switch, 3)
+        else:
+            comm.Recv(message, rank - switch, 3)
+        done[rank] = comm.engine.clock[rank]
+    seconds = FatTree(Topology(2 * switch, 1, link, link), nodes_per_switch=switch, uplinks=uplinks).run(
+        program, SimComm)
+    turns = -(-switch // uplinks)
+    assert seconds == pytest.approx(5.0 + turns * m * 0.5)
+    assert sorted(done.values())[0] == pytest.approx(5.0 + m * 0.5)          # the first K go at once
+
+
+def test_the_ring_in_block_order_keeps_its_closed_form_on_one_uplink_per_leaf():
+    """At each step of the ring one message leaves each leaf (the leaf's last rank to the next leaf's
+    first): one uplink is enough, so the time stays 2 (p - 1) (alpha + n / p beta)."""
+    p, count = 16, 16 * 25
+    seconds, _ = on_fat_tree(alpha_beta(p, ALPHA, BETA, ranks_per_node=1), "ring", count, 4, 1)
+    assert seconds == pytest.approx(cost.predict("ring", p, 4 * count, ALPHA, BETA), rel=1e-12)
+    large = count * 64                           # 100 KiB: the bytes outweigh the latencies
+    limited, _ = on_fat_tree(alpha_beta(p, ALPHA, BETA, ranks_per_node=1), "rabenseifner", large, 4, 1)
+    # Rabenseifner's first halving steps (distance 8 and 4) send 4 messages out of each leaf at once
+    assert limited > 2 * cost.predict("rabenseifner", p, 4 * large, ALPHA, BETA)

@@ -12,6 +12,7 @@ unchanged, at any p.
                  times; message matching, LogGP timing, data movement
     comm.py      SimComm: Get_rank, Get_size, Send, Recv, Sendrecv, Isend, Irecv, Barrier, Split
     sized.py     Sized: a vector with a length but no elements, for sizes-only runs at large p
+    fattree.py   FatTree: the engine on leaf switches with a few uplinks each (a bisection limit)
 
     from collectives.sim import Engine, SimComm, alpha_beta
     engine = Engine(alpha_beta(ranks=64, alpha=2e-6, beta=1e-10))
@@ -23,12 +24,14 @@ o = g = 0) the two agree exactly, which is what ties the engine to the model (te
 
 What the simulation leaves out: computation (a reduction costs no time: gamma = 0), the memory
 bus and caches that make a message on one node cost more than alpha + m beta, contention inside the
-network (two messages on different ports never slow each other), and MPI's eager protocol (every
+network (two messages on different ports never slow each other; FatTree limits how many cross
+between leaf switches at once), and MPI's eager protocol (every
 message waits for its receive: a rendezvous).
 """
 from .comm import SimComm
 from .engine import Deadlock, Engine
+from .fattree import FatTree
 from .network import LogGP, Topology, alpha_beta
 from .sized import Sized
 
-__all__ = ["Engine", "SimComm", "Deadlock", "LogGP", "Topology", "alpha_beta", "Sized"]
+__all__ = ["Engine", "FatTree", "SimComm", "Deadlock", "LogGP", "Topology", "alpha_beta", "Sized"]

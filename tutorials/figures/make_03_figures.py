@@ -13,7 +13,7 @@ select: collectives/selection.json, auto's table, from --repeats launches of the
     launches of the five algorithms alone and 17-21 us in launches of the whole bench), the table must
     come from runs like the ones it is judged by. Run it before bench, whose auto rows use the table.
     --quick writes nothing to collectives/ (it only checks that the selection can be computed).
-bench: `mpiexec -n P python -m collectives.bench --json ...` for P = 2 and 4 (runs kept in OUT/03_bench_pP.json), then
+bench: `mpiexec -n P python -m collectives.bench --calibration none --json ...` for P = 2 and 4 (runs kept in OUT/03_bench_pP.json), then
     03_bench_pP.png: each algorithm's time divided by MPI_Allreduce's at the same size (1.0 marked),
     size on a log axis: the median of --repeats launches (default 3), shaded from min to max. --quick: the
     bench's --quick sizes, one launch. --keep: redraw from the JSON already in OUT without running the
@@ -131,7 +131,8 @@ def select(out, quick, repeats):
         runs = []
         for _ in range(repeats):
             part = out / f"03_select_p{p}.run.json"
-            mpiexec(p, "-m", "collectives.bench", "--json", str(part), *(["--quick"] if quick else []))
+            mpiexec(p, "-m", "collectives.bench", "--calibration", "none", "--json", str(part),
+                    *(["--quick"] if quick else []))
             runs.append(json.loads(part.read_text()))
             part.unlink()
         sizes = sorted({r["bytes"] for run in runs for r in run})
@@ -156,7 +157,8 @@ def bench(out, quick, keep, repeats):
             runs = []
             for _ in range(repeats):                       # separate launches: the noise between runs shows
                 part = out / f"03_bench_p{p}.run.json"
-                mpiexec(p, "-m", "collectives.bench", "--json", str(part), *(["--quick"] if quick else []))
+                mpiexec(p, "-m", "collectives.bench", "--calibration", "none", "--json", str(part),
+                        *(["--quick"] if quick else []))
                 runs.append(json.loads(part.read_text()))
                 part.unlink()
             data.write_text(json.dumps(runs, indent=1))

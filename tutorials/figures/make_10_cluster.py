@@ -198,6 +198,16 @@ def markdown(link, shm, rows, sgd_result, rate):
     return "\n".join(lines) + "\n"
 
 
+def prepare(args):
+    """(the output folder, made; the load average now), after `error:` and exit 2 if not root."""
+    if os.geteuid() != 0:
+        sys.stderr.write("error: the emulated hosts (collectives.cluster) need root\n")
+        sys.exit(2)
+    out = Path(args.out) if args.out else (Path(tempfile.mkdtemp()) if args.quick else HERE / "out")
+    out.mkdir(parents=True, exist_ok=True)
+    return out, os.getloadavg()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -208,12 +218,7 @@ def main():
     args = parser.parse_args()
     if args.pairs_worker:
         return pairs_worker()
-    if os.geteuid() != 0:
-        sys.stderr.write("error: the emulated hosts (collectives.cluster) need root\n")
-        sys.exit(2)
-    out = Path(args.out) if args.out else (Path(tempfile.mkdtemp()) if args.quick else HERE / "out")
-    out.mkdir(parents=True, exist_ok=True)
-    load_before = os.getloadavg()
+    out, load_before = prepare(args)
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
         link = ping_pong(2, 1, args.rate, folder)
