@@ -106,13 +106,13 @@ def measure_method(comm, method, model, p, batch, micro_batches, recompute, mome
     if method.startswith("ZeRO"):
         return measured.zero(comm, model, p, int(method[-1]), batch, recompute, momentum)
     if method == "tensor":
-        return measured.tensor(comm, model, p, batch, momentum)
+        return measured.tensor(comm, model, p, batch, recompute, momentum)
     if method.startswith("pipeline"):
         return measured.pipeline(model, p, batch, micro_batches, method.split()[1].lower(), recompute, momentum)
     if method.startswith("hybrid"):
         return measured.hybrid(comm, model, p, batch, micro_batches, recompute, momentum)
     if method == "spatial" and comm.Get_size() == p:
-        mine = measured.spatial(comm, model, batch, momentum)
+        mine = measured.spatial(comm, model, batch, recompute, momentum)
         return {part: comm.allreduce(value, op=MPI.MAX) for part, value in mine.items()}
     return None
 
