@@ -51,7 +51,7 @@ The channel split (``model_parallel``) sends whole maps at every layer instead: 
 its output tile (the next stage's input); the backward, stage by stage from the last, exchanges
 that stage's halo again, runs it again recording, and back-propagates. A rank then holds the
 stages' output tiles and one stage's activations instead of every stage's; the same operations
-on the same rows, so the same bits (tests/test_spatial_recompute.py).
+on the same rows, so the same bits (tests/test_split_recompute.py).
 
 Restrictions: a network of stages, each a Conv2d of stride 1 (then, optionally, a ReLU and a
 MaxPool2d whose stride is its kernel), then a head of Flatten, Linear and ReLU layers; every rank

@@ -38,7 +38,7 @@ g and the bias after it. The forward keeps only the block's input and Z_r, not t
 arrays inside; the backward runs the segment again from X. That recomputed forward communicates
 nothing: f is the identity forward, and g, outside the segment, is not run again. So a step
 still pays two allreduces per block (g's forward, f's backward, counted by
-tests/test_tensor_parallel_recompute.py) and the parameters are bitwise those of the plain run.
+tests/test_split_recompute.py) and the parameters are bitwise those of the plain run.
 
 Restrictions: p <= h of every block (a rank needs a column; more ranks are refused); one replica
 (see hybrid_parallel for replicas of a split model). Checkpoints are layout-free: --save writes
