@@ -163,6 +163,15 @@ def run_stage(stage, window, rank, need_grad):
     return leaf, out
 
 
+def window(comm, tiling, s, x, tile):
+    """Stage s's input rows on this rank: the image's own (every rank holds the image: no message), or
+    my tile of the previous stage's output with the halo from the neighbours (``halo_exchange``)."""
+    if s == 0:
+        lo, hi = tiling.stages[0].needed[comm.Get_rank()]
+        return x[:, :, lo:hi]
+    return halo_exchange(comm, tile.data, tiling.stages[s])
+
+
 def spatial_gradient(comm, tiling, x, labels, sum_conv_gradient, recompute=False):
     """The gradient of the whole model for the batch (x, labels) on every rank (the heart); the mean loss.
 
@@ -172,16 +181,10 @@ def spatial_gradient(comm, tiling, x, labels, sum_conv_gradient, recompute=False
     # BEGIN SOLUTION
     rank = comm.Get_rank()
     kept, tile = [], None
-
-    def window(s, tile):
-        if s == 0:                                     # the image: every rank reads its window itself
-            lo, hi = tiling.stages[0].needed[rank]
-            return x[:, :, lo:hi]
-        return halo_exchange(comm, tile.data, tiling.stages[s])       # the halo from the neighbours
     # forward, stage by stage: my window (my rows and the halo), then my rows of the next map
     for s, stage in enumerate(tiling.stages):
         with no_grad() if recompute else contextlib.nullcontext():   # recompute: nothing recorded
-            leaf, tile = run_stage(stage, window(s, tile), rank, need_grad=s > 0)
+            leaf, tile = run_stage(stage, window(comm, tiling, s, x, tile), rank, need_grad=s > 0)
         kept.append((None if recompute else leaf, tile))            # recompute: the output tile only
     # head: the whole last map on every rank, the FC layers and the loss on it (the same on every rank)
     tiles, _ = tiling.final
@@ -194,7 +197,9 @@ def spatial_gradient(comm, tiling, x, labels, sum_conv_gradient, recompute=False
     for s in range(len(tiling.stages) - 1, -1, -1):
         leaf, tile = kept.pop()
         if recompute:                                  # the stage again from its input tile: the halo exchanged again
-            leaf, tile = run_stage(tiling.stages[s], window(s, kept[-1][1] if s else None), rank, need_grad=s > 0)
+            window_s = window(comm, tiling, s, x, kept[-1][1] if s else None)
+            leaf, tile = run_stage(tiling.stages[s], window_s, rank, need_grad=s > 0)
+            del window_s
         tile.backward(numpy.ascontiguousarray(grad))
         if s > 0:
             stage, p = tiling.stages[s], tiling.stages[s].conv.padding

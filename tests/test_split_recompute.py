@@ -78,10 +78,11 @@ def test_spatial_recompute_gives_the_same_bits_and_sends_the_forward_halo_twice(
     traced = TracedComm(comm)
     recomputed, _ = spatial_parallel.train(traced, recompute=True, **settings)
     parallel_assert(np.array_equal(plain, recomputed), "--recompute changed the spatial split's parameters")
-    halo = comm.allreduce(sum(m.nbytes for m in traced.messages if m.direction == "send" and m.tag == tags.SPATIAL_HALO))
+    sent = [m for m in traced.messages if m.direction == "send"]
+    halo = comm.allreduce(sum(m.nbytes for m in sent if m.tag == tags.SPATIAL_HALO))
     parallel_assert(halo == 3 * 2 * (comm.size - 1) * 50 * 3 * 4 * 8, f"{halo} halo bytes in an epoch of 50 rows")
     tiling = spatial_parallel.Tiling.of(same_cnn(), 8, 8, comm.size)
-    every = comm.allreduce(sum(m.nbytes for m in traced.messages if m.direction == "send"))
+    every = comm.allreduce(sum(m.nbytes for m in sent))
     formula = sum(spatial_parallel.bytes_per_step(tiling, 5, 8, recompute=True) for _ in range(10))
     parallel_assert(every == formula, f"{every} bytes sent, bytes_per_step says {formula}")
 

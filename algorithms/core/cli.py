@@ -44,7 +44,7 @@ RECOMPUTE_HELP = {
     "block": "each split block's f, column Linear, ReLU and row product one checkpointed segment, run again in "
              "the backward (no message: g's allreduce is not repeated)",
     "tile": "each conv stage's tile keeps only its output; the backward runs the stage again, its halo "
-            "exchanged again",
+            "exchanged again (the same gradients, less memory)",
 }
 
 
@@ -86,7 +86,7 @@ def parser(description, epochs=10, lr=0.05, batch_size=32, model="cnn", momentum
         add_schedule_flags(p)
     if recompute:
         p.add_argument("--recompute", action="store_true", help=RECOMPUTE_HELP[recompute]
-                       + " (minidl.recompute: the same gradients, less memory)")
+                       + ("" if recompute == "tile" else " (minidl.recompute: the same gradients, less memory)"))
     if allreduce is not None:
         p.add_argument("--allreduce", default=allreduce, choices=ALLREDUCE_NAMES,
                        help="allreduce algorithm (mpi: MPI's own Allreduce)")

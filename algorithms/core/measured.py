@@ -230,8 +230,7 @@ def spatial(comm, model, batch, recompute=False, momentum=0.9, seed=0):
         meter.take()
 
         def stage_again(s, tile, need_grad):       # stage s from its input tile: its window, then the stage
-            lo, hi = tiling.stages[s].needed[rank]
-            window = x[:, :, lo:hi] if s == 0 else spatial_parallel.halo_exchange(comm, tile.data, tiling.stages[s])
+            window = spatial_parallel.window(comm, tiling, s, x, tile)
             return spatial_parallel.run_stage(tiling.stages[s], window, rank, need_grad=need_grad and s > 0)
         kept, tile = [], None
         for s in range(len(tiling.stages)):
