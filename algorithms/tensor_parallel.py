@@ -35,11 +35,12 @@ i h + h + h o + o values.
 --recompute (Chen et al. 2016; Megatron's activation checkpointing): each block's f, column
 Linear, ReLU and row product Y_r B[cols_r, :] run as one checkpointed segment (``minidl.recompute``),
 g and the bias after it. Of the segment the forward keeps only its input X and its output Z_r,
-not the two (N, h_r) arrays inside; the backward runs the segment again from X (one block alone
-saves nothing: the same arrays are recorded again, with a fresh Z_r; several blocks take turns). That recomputed forward communicates
-nothing: f is the identity forward, and g, outside the segment, is not run again. So a step
-still pays two allreduces per block (g's forward, f's backward, counted by
-tests/test_split_recompute.py) and the parameters are bitwise those of the plain run.
+not the two (N, h_r) arrays inside; the backward runs the segment again from X. One block alone
+saves nothing (the same arrays are recorded again, with a fresh Z_r); several blocks take turns.
+That recomputed forward communicates nothing: f is the identity forward, and g, outside the
+segment, is not run again. So a step still pays two allreduces per block (g's forward, f's
+backward, counted by tests/test_split_recompute.py) and the parameters are bitwise those of the
+plain run.
 
 Restrictions: p <= h of every block (a rank needs a column; more ranks are refused); one replica
 (see hybrid_parallel for replicas of a split model). Checkpoints are layout-free: --save writes
