@@ -56,8 +56,11 @@ for the rank with the most. With ``--recompute`` (the table's second half) data 
 keep only about sqrt(L) segment outputs and recompute the largest segment in the backward
 (``footprint.activations``); the pipeline and the hybrid run each stage as one segment: a
 micro-batch in flight keeps its stage's output, and a backward runs one micro-batch's stage again,
-max(k out, (k - 1) out + A(stage)) for k in flight (``accounts.pipeline``). tensor_parallel and
-spatial_parallel have no --recompute.
+max(k out, (k - 1) out + A(stage)) for k in flight (``accounts.pipeline``). tensor_parallel
+recomputes each split block (its column output and ReLU not kept; the backward records the
+largest block's again, with its (B, o) row product: one block alone costs B o b more than without),
+spatial_parallel each conv stage (its output tile kept; the backward records the largest stage's
+tile activations again, ``Tiling.activation_bytes``).
 
 Measured: every row that applies, one step of the real algorithm's pieces phase by phase under
 tracemalloc: data parallel by ``algorithms.core.allocations``, the others by
@@ -106,13 +109,13 @@ def measure_method(comm, method, model, p, batch, micro_batches, recompute, mome
     if method.startswith("ZeRO"):
         return measured.zero(comm, model, p, int(method[-1]), batch, recompute, momentum)
     if method == "tensor":
-        return measured.tensor(comm, model, p, batch, momentum)
+        return measured.tensor(comm, model, p, batch, recompute, momentum)
     if method.startswith("pipeline"):
         return measured.pipeline(model, p, batch, micro_batches, method.split()[1].lower(), recompute, momentum)
     if method.startswith("hybrid"):
         return measured.hybrid(comm, model, p, batch, micro_batches, recompute, momentum)
     if method == "spatial" and comm.Get_size() == p:
-        mine = measured.spatial(comm, model, batch, momentum)
+        mine = measured.spatial(comm, model, batch, recompute, momentum)
         return {part: comm.allreduce(value, op=MPI.MAX) for part, value in mine.items()}
     return None
 

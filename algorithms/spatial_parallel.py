@@ -1,6 +1,6 @@
 """Spatial model parallelism (DistBelief): every feature map cut into blocks of rows, one per rank.
 
-    mpiexec -n 2 python -m algorithms.spatial_parallel [--model cnn]
+    mpiexec -n 2 python -m algorithms.spatial_parallel [--model cnn] [--recompute]
     mpiexec -n 4 python -m algorithms.spatial_parallel --model lenet5 --dataset mnist --data-dir DIR
 
 Paper: Dean et al. 2012, section 3 and Figure 1: a locally connected or convolutional layer is
@@ -40,8 +40,18 @@ Communication per step (batch N, itemsize b; ``bytes_per_step``), all ranks toge
     gather   (P - 1) N C_S H_S W_S b                  the last map, every tile to every other rank
     weights  2 (P - 1) n_conv b                       ring allreduce of the conv weights' gradient
 
+and with --recompute the halo term is 3 sum_{s >= 1} H_s^halo N C_s W_s b: the backward runs each
+stage again from its input tile, which needs the halo rows again, so every forward halo message
+is sent twice (in the forward and in the backward, before that stage's gradient halo goes back).
+
 The halo pays per boundary row, not per pixel of the map: DistBelief's argument for large maps.
 The channel split (``model_parallel``) sends whole maps at every layer instead: tutorials/06.
+
+--recompute (Chen et al. 2016): the forward runs each stage without recording it and keeps only
+its output tile (the next stage's input); the backward, stage by stage from the last, exchanges
+that stage's halo again, runs it again recording, and back-propagates. A rank then holds the
+stages' output tiles and one stage's activations instead of every stage's; the same operations
+on the same rows, so the same bits (tests/test_split_recompute.py).
 
 Restrictions: a network of stages, each a Conv2d of stride 1 (then, optionally, a ReLU and a
 MaxPool2d whose stride is its kernel), then a head of Flatten, Linear and ReLU layers; every rank
@@ -54,6 +64,8 @@ allreduce_sgd, and --resume reads any SGD-family file.
 Default run (small CNN, digits, 10 epochs, batch 32, lr 0.05, momentum 0.9): serial SGD's
 trajectory, 98.9% test accuracy at P = 2 as ``serial_sgd``.
 """
+import contextlib
+
 import numpy
 from mpi4py import MPI
 
@@ -61,7 +73,7 @@ from algorithms.core import checkpoint, cli, run, tags
 from algorithms.core.tiling import Tiling
 from minidl import functional as F
 from minidl.nn import Sequential
-from minidl.tensor import Tensor
+from minidl.tensor import Tensor, no_grad
 
 HALO, GATHER = tags.SPATIAL_HALO, tags.SPATIAL_GATHER
 
@@ -151,23 +163,29 @@ def run_stage(stage, window, rank, need_grad):
     return leaf, out
 
 
-def spatial_gradient(comm, tiling, x, labels, sum_conv_gradient):
+def window(comm, tiling, s, x, tile):
+    """Stage s's input rows on this rank: the image's own (every rank holds the image: no message), or
+    my tile of the previous stage's output with the halo from the neighbours (``halo_exchange``)."""
+    if s == 0:
+        lo, hi = tiling.stages[0].needed[comm.Get_rank()]
+        return x[:, :, lo:hi]
+    return halo_exchange(comm, tile.data, tiling.stages[s])
+
+
+def spatial_gradient(comm, tiling, x, labels, sum_conv_gradient, recompute=False):
     """The gradient of the whole model for the batch (x, labels) on every rank (the heart); the mean loss.
 
     Every rank holds the whole model (``tiling``'s layers); gradients accumulate into their .grad,
-    and ``sum_conv_gradient()`` sums the conv layers' over ranks at the end."""
+    and ``sum_conv_gradient()`` sums the conv layers' over ranks at the end. ``recompute``: each
+    stage's forward keeps only its output tile, and the backward runs the stage again, halo and all."""
     # BEGIN SOLUTION
     rank = comm.Get_rank()
     kept, tile = [], None
     # forward, stage by stage: my window (my rows and the halo), then my rows of the next map
     for s, stage in enumerate(tiling.stages):
-        if s == 0:                                     # the image: every rank reads its window itself
-            lo, hi = stage.needed[rank]
-            window = x[:, :, lo:hi]
-        else:                                          # the halo from the neighbours
-            window = halo_exchange(comm, tile.data, stage)
-        leaf, tile = run_stage(stage, window, rank, need_grad=s > 0)
-        kept.append((leaf, tile))
+        with no_grad() if recompute else contextlib.nullcontext():   # recompute: nothing recorded
+            leaf, tile = run_stage(stage, window(comm, tiling, s, x, tile), rank, need_grad=s > 0)
+        kept.append((None if recompute else leaf, tile))            # recompute: the output tile only
     # head: the whole last map on every rank, the FC layers and the loss on it (the same on every rank)
     tiles, _ = tiling.final
     whole = Tensor(gather_rows(comm, tile.data, tiles), requires_grad=True)
@@ -177,23 +195,29 @@ def spatial_gradient(comm, tiling, x, labels, sum_conv_gradient):
     grad = whole.grad[:, :, lo:hi]                     # my rows: no message
     # backward, stage by stage: through pool, ReLU, conv; the halo's gradient back to its owner
     for s in range(len(tiling.stages) - 1, -1, -1):
-        leaf, tile = kept[s]
+        leaf, tile = kept.pop()
+        if recompute:                                  # the stage again from its input tile: the halo exchanged again
+            window_s = window(comm, tiling, s, x, kept[-1][1] if s else None)
+            leaf, tile = run_stage(tiling.stages[s], window_s, rank, need_grad=s > 0)
+            del window_s
         tile.backward(numpy.ascontiguousarray(grad))
         if s > 0:
             stage, p = tiling.stages[s], tiling.stages[s].conv.padding
             top, bottom = stage.padding(rank)
             grad_window = leaf.grad[:, :, top:leaf.shape[2] - bottom, p:leaf.shape[3] - p]
             grad = return_halo_gradient(comm, grad_window, stage)
+        del leaf, tile
     # the shared conv weights: every rank's tiles contributed, so sum over ranks
     sum_conv_gradient()
     # END SOLUTION
     return float(loss.item())
 
 
-def bytes_per_step(tiling, batch, itemsize):
-    """Bytes all ranks send in one step (the formula of the docstring)."""
+def bytes_per_step(tiling, batch, itemsize, recompute=False):
+    """Bytes all ranks send in one step (the formula of the docstring); ``recompute``: the forward halos twice."""
     weights = 2 * (tiling.size - 1) * tiling.conv_parameters() * itemsize
-    return tiling.halo_bytes(batch, itemsize) + tiling.gather_bytes(batch, itemsize) + weights
+    halo = tiling.halo_bytes(batch, itemsize)                  # forward rows and their gradients: 2 x
+    return halo + (halo // 2 if recompute else 0) + tiling.gather_bytes(batch, itemsize) + weights
 
 
 def no_problem(settings):
@@ -201,9 +225,9 @@ def no_problem(settings):
         raise cli.SettingError("the spatial split needs a convolutional network, not a convex problem")
 
 
-def train(comm=None, **settings):
+def train(comm=None, recompute=False, **settings):
     """Spatially partitioned SGD on ``comm``: one replica, every feature map in P row blocks; returns
-    (final flat parameters, the same on every rank, history)."""
+    (final flat parameters, the same on every rank, history). ``recompute``: each stage recomputed."""
     comm = comm or MPI.COMM_WORLD
     settings = run.Settings.of(settings, epochs=10, momentum=0.9, partition="global")
     job = run.start(comm, settings, check=no_problem, reader=(0, 1),
@@ -220,7 +244,8 @@ def train(comm=None, **settings):
     def step(batch):
         objective.flat.zero_grad()
         loss = spatial_gradient(job.counting, tiling, objective.data.x_train[batch.index],
-                                objective.data.y_train[batch.index], lambda: allreduce(job.counting, conv_gradient))
+                                objective.data.y_train[batch.index], lambda: allreduce(job.counting, conv_gradient),
+                                recompute)
         job.optimizer.step()                            # the same update on every rank
         return loss
 
@@ -228,7 +253,7 @@ def train(comm=None, **settings):
 
 
 def main(argv=None):
-    args = cli.parser(__doc__.splitlines()[0], epochs=10, momentum=0.9).parse_args(argv)
+    args = cli.parser(__doc__.splitlines()[0], epochs=10, momentum=0.9, recompute="tile").parse_args(argv)
     cli.run_main(train, args)
 
 

@@ -1,6 +1,6 @@
 """Tensor parallelism (Megatron-LM): each MLP block's two weight matrices split over the ranks, column then row.
 
-    mpiexec -n 4 python -m algorithms.tensor_parallel [--model mlp|lenet5] [--allreduce ring|...]
+    mpiexec -n 4 python -m algorithms.tensor_parallel [--model mlp|lenet5] [--allreduce ring|...] [--recompute]
 
 Paper: Shoeybi, Patwary, Puri, LeGresley, Casper & Catanzaro 2019 (Megatron-LM), section 3 and its
 Figure 3 (the MLP block, the conjugate operators f and g). Full references: tutorials/references.md.
@@ -32,6 +32,16 @@ rank; compare data parallelism's 2 (p-1)/p n s for n parameters: the block's cos
 batch, not with the weights, and each rank holds only i h_r + h_r + h_r o + o of the block's
 i h + h + h o + o values.
 
+--recompute (Chen et al. 2016; Megatron's activation checkpointing): each block's f, column
+Linear, ReLU and row product Y_r B[cols_r, :] run as one checkpointed segment (``minidl.recompute``),
+g and the bias after it. Of the segment the forward keeps only its input X and its output Z_r,
+not the two (N, h_r) arrays inside; the backward runs the segment again from X. One block alone
+saves nothing (the same arrays are recorded again, with a fresh Z_r); several blocks take turns.
+That recomputed forward communicates nothing: f is the identity forward, and g, outside the
+segment, is not run again. So a step still pays two allreduces per block (g's forward, f's
+backward, counted by tests/test_split_recompute.py) and the parameters are bitwise those of the
+plain run.
+
 Restrictions: p <= h of every block (a rank needs a column; more ranks are refused); one replica
 (see hybrid_parallel for replicas of a split model). Checkpoints are layout-free: --save writes
 the serial model and its momentum, so any SGD-family algorithm resumes the file and this one
@@ -47,7 +57,8 @@ from algorithms.core import checkpoint, cli, partition, run
 from algorithms.core.objective import build_model, loss_and_grad
 from minidl import functional as F
 from minidl.data import shard
-from minidl.nn import Linear, ReLU, Sequential
+from minidl.nn import Linear, Module, ReLU, Sequential
+from minidl import recompute as recomputation
 from minidl.tensor import Parameter
 
 
@@ -96,18 +107,35 @@ def check(settings, size):
 
 
 class Block:
-    """This rank's piece of one block, a callable layer: the column Linear and the rows of B."""
+    """This rank's piece of one block, a callable layer: the column Linear and the rows of B; with
+    ``recompute``, ``module`` is the checkpointed segment (f, column, ReLU, row product), g after it."""
 
-    def __init__(self, column, row_weight, row_bias, total):
+    def __init__(self, column, row_weight, row_bias, total, recompute=False):
         self.column, self.row_weight, self.row_bias, self.total = column, row_weight, row_bias, total
+        self.module = Segment(column, row_weight, total) if recompute else None
 
     def __call__(self, x):
-        return tensor_parallel_block(x, self.column, self.row_weight, self.row_bias, self.total)
+        if self.module is None:
+            return tensor_parallel_block(x, self.column, self.row_weight, self.row_bias, self.total)
+        z = recomputation.checkpoint(self.module, x)        # f, column, ReLU, row product: kept X and Z_r only
+        return F.reduce_from_parallel(z, self.total) + self.row_bias        # g, outside: never run again
 
 
-def split_network(net, flat, rank, size, total):
+class Segment(Module):
+    """The recomputed part of a block, the heart's first three lines: f, relu(X A_r + a_r), its product with B_r."""
+
+    def __init__(self, column, row_weight, total):
+        super().__init__()
+        self.column, self.row_weight, self.total = column, row_weight, total
+
+    def forward(self, x):
+        return F.linear(self.column(F.copy_to_parallel(x, self.total)).relu(), self.row_weight)
+
+
+def split_network(net, flat, rank, size, total, recompute=False):
     """This rank's network (a list of callables: its Blocks and whole copies of the other layers), its
-    parameters and their positions in ``flat`` (the serial model's flat vector, ``partition.Placement``)."""
+    parameters and their positions in ``flat`` (the serial model's flat vector, ``partition.Placement``);
+    ``recompute``: each Block a checkpointed segment."""
     offsets = {id(parameter): start for parameter, (start, _) in zip(flat.parameters, flat.offsets)}
 
     def positions(parameter):                  # where each value of a serial parameter sits, shaped like it
@@ -123,7 +151,7 @@ def split_network(net, flat, rank, size, total):
             column = partition.cut(first, cols)
             row_weight = Parameter(second.weight.data[cols, :].copy())
             row_bias = Parameter(second.bias.data.copy())
-            mine.append(Block(column, row_weight, row_bias, total))
+            mine.append(Block(column, row_weight, row_bias, total, recompute))
             parameters += [column.weight, column.bias, row_weight, row_bias]
             where += [positions(first.weight)[:, cols], positions(first.bias)[cols],
                       positions(second.weight)[cols, :], positions(second.bias)]
@@ -141,14 +169,14 @@ def split_network(net, flat, rank, size, total):
 class TensorParallel(partition.Placement):
     """This rank's split network over ``comm``, placed in ``job``'s serial model; summing by ``allreduce``."""
 
-    def __init__(self, job, comm, allreduce):
+    def __init__(self, job, comm, allreduce, recompute=False):
         summed = run.allreduce_function(allreduce)
 
         def total(array):
             summed(comm, array.reshape(-1))        # in place: ``array`` is a fresh contiguous copy
             return array
         self.layers, parameters, own = split_network(job.objective.net, job.objective.flat, comm.Get_rank(),
-                                                     comm.Get_size(), total)
+                                                     comm.Get_size(), total, recompute)
         super().__init__(job, comm, parameters, own)
 
     def __call__(self, x):
@@ -157,15 +185,15 @@ class TensorParallel(partition.Placement):
         return x
 
 
-def train(comm=None, allreduce="ring", **settings):
+def train(comm=None, allreduce="ring", recompute=False, **settings):
     """Tensor-parallel SGD on ``comm``: one replica, its blocks split over the ranks; returns (final flat
-    parameters of the whole model, on every rank, history)."""
+    parameters of the whole model, on every rank, history). ``recompute``: each block a checkpointed segment."""
     comm = comm or MPI.COMM_WORLD
     settings = run.Settings.of(settings, epochs=10, momentum=0.9, partition="global", model="mlp")
     writer = checkpoint.Writer("tensor_parallel", checkpoint.SGD_FAMILY, layout={"tensor_ranks": comm.Get_size()})
     job = run.start(comm, settings, check=lambda s: (check(s, comm.Get_size()), run.allreduce_function(allreduce)),
                     reader=(0, 1), writer=writer)
-    mine = TensorParallel(job, job.counting, allreduce)
+    mine = TensorParallel(job, job.counting, allreduce, recompute)
     x_all, y_all = job.objective.data.x_train, job.objective.data.y_train
 
     def step(batch):
@@ -178,7 +206,8 @@ def train(comm=None, allreduce="ring", **settings):
 
 
 def main(argv=None):
-    parser = cli.parser(__doc__.splitlines()[0], epochs=10, momentum=0.9, model="mlp", allreduce="ring")
+    parser = cli.parser(__doc__.splitlines()[0], epochs=10, momentum=0.9, model="mlp", allreduce="ring",
+                        recompute="block")
     args = parser.parse_args(argv)
     cli.run_main(train, args, allreduce=args.allreduce)
 

@@ -84,6 +84,17 @@ def test_sections_3_to_7_quote_the_accounts():
     spatial = row("lenet5", "spatial")
     quoted(f"{kib(spatial['predicted']['activations'])} KiB against data parallelism's {kib(lenet_dp['activations'])}, "
            f"measured {kib(spatial['measured']['activations'])}")
+    mlp_tensor, lenet_tensor = ([row(model, "tensor", flag) for flag in (False, True)] for model in ("mlp", "lenet5"))
+    more = mlp_tensor[1]["predicted"]["activations"] - mlp_tensor[0]["predicted"]["activations"]
+    assert more == 512 * 64 * 4, "the prose says one recomputed block costs the row product once more"
+    quoted(f"{kib(mlp_tensor[1]['predicted']['activations'])} KiB of activations against "
+           f"{kib(mlp_tensor[0]['predicted']['activations'])} without ({more // 1024} KiB more",
+           f"LeNet-5's {kib(lenet_tensor[1]['predicted']['activations'])} against "
+           f"{kib(lenet_tensor[0]['predicted']['activations'])} (measured "
+           f"{kib(mlp_tensor[1]['measured']['activations'])} and {kib(lenet_tensor[1]['measured']['activations'])})")
+    tiles = row("lenet5", "spatial", recompute=True)
+    quoted(f"one stage's activations instead of both stages': {kib(tiles['predicted']['activations'])} KiB "
+           f"predicted, measured {kib(tiles['measured']['activations'])}")
     recomputed = row("lenet5", "data parallel", recompute=True)
     plain = row("lenet5", "data parallel")
     quoted(f"{kib(recomputed['predicted']['activations'])} KiB with `--recompute` against "
@@ -115,14 +126,23 @@ def test_section_8_quotes_the_runs():
         model = "mlp" if method.startswith("ZeRO") else None
         for model in ([model] if model else ["mlp", "cnn"]):
             found = runs_of(method, model)
-            assert len(found) == 3 and all(r["same_bits_as_allreduce"] for r in found.values()), \
+            assert len(found) == 3 and all(r["same_bits"] and r["same_bits_as"] == "allreduce SGD"
+                                           for r in found.values()), \
                 f"{method} ({model}): the chapter says the same bits on every seed"
+    for method, model in (("tensor --recompute", "mlp"), ("pipeline 1F1B --recompute", "mlp"),
+                          ("spatial --recompute", "cnn")):
+        found = runs_of(method, model)
+        assert len(found) == 3 and all(r["same_bits"] and r["same_bits_as"] == method.split(" --")[0]
+                                       for r in found.values()), f"{method}: the chapter says its plain run's bits"
     spatial, base = runs_of("spatial", "cnn"), runs_of("allreduce SGD", "cnn")
     differences = [spatial[seed]["test_accuracy"] - base[seed]["test_accuracy"] for seed in spatial]
     mean = statistics.mean(differences)
     half = T_975[2] * statistics.stdev(differences) / 3 ** 0.5
     assert abs(mean) <= half, "the chapter says the spatial split's difference is inside the noise"
     quoted(f"{mean * 100:+.2f} ± {half * 100:.2f}% from allreduce SGD on the small CNN")
+    again = runs_of("spatial --recompute", "cnn")[0]
+    quoted(f"({again['messages_per_step']:.0f} messages, {again['bytes_per_step']:.0f} bytes against "
+           f"{runs_of('spatial', 'cnn')[0]['bytes_per_step']:.0f})")
     tensor, dp = runs_of("tensor", "mlp")[0], runs_of("allreduce SGD", "mlp")[0]
     quoted(f"the tensor split sends {tensor['predicted_bytes_per_step']:.0f} bytes a step where allreduce SGD sends "
            f"{dp['predicted_bytes_per_step']:.0f}")

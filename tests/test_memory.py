@@ -44,6 +44,17 @@ def test_the_mlp_formulas_equal_the_hand_counts_and_the_zero_stages_shard_what_t
     assert "feature map" in records["spatial"]["note"]                  # an MLP has nothing to tile
 
 
+def test_the_split_models_recompute_rows_differ_from_their_plain_rows_by_the_hand_counts():
+    """LeNet-5 at p = 2, 64 rows. Tensor: its one block (400 -> 120 -> 84) drops its (N, 60) column output
+    and ReLU and records them again in the backward with the (N, 84) row product: 64 x 84 x 4 bytes
+    more. Spatial, rank 0 (tests/test_split_recompute.py counts it): 3132 values a row fewer."""
+    plain, recomputed = (rows(memory.table("lenet5", 2, 64, measure=False), flag) for flag in (False, True))
+    tensor, spatial = ([record[method]["predicted"]["activations"] for record in (plain, recomputed)]
+                       for method in ("tensor", "spatial"))
+    assert tensor[1] - tensor[0] == 64 * 84 * 4
+    assert spatial[0] - spatial[1] == 64 * 3132 * 4
+
+
 KIB = 1024
 # the Python objects of a model's layers and parameters (a few hundred bytes each, no formula counts
 # them): LeNet-5's stage 0 at p = 4 holds 0.6 KiB of arrays and measures 2.3 KiB more
@@ -71,14 +82,14 @@ def disagreements(records, measured_methods):
 # the MLP's arrays are small: at 512 rows (128 per micro-batch) the graph's Python objects (about 2 KiB
 # per micro-batch in flight) stay below 5% of them
 MEASURED_BATCH, MICRO_BATCHES = {"mlp": 512, "lenet5": 64}, {"mlp": 4, "lenet5": 8}
-BOTH = {"data parallel", "ZeRO-1", "ZeRO-2", "ZeRO-3", "pipeline GPipe", "pipeline 1F1B"}   # with and without
-PLAIN = {"tensor"}                                                                         # --recompute
-ROWS = {(method, recompute) for method in BOTH for recompute in (False, True)} | {(m, False) for m in PLAIN}
+BOTH = {"data parallel", "ZeRO-1", "ZeRO-2", "ZeRO-3", "tensor", "pipeline GPipe", "pipeline 1F1B"}
+ROWS = {(method, recompute) for method in BOTH for recompute in (False, True)}          # with and without --recompute
 HYBRID = {("hybrid 2 x p/2", False), ("hybrid 2 x p/2", True)}
 
 
 def measured_rows(model, p, spatial):
-    return ROWS | (HYBRID if p % 2 == 0 else set()) | ({("spatial", False)} if spatial and model == "lenet5" else set())
+    return ROWS | (HYBRID if p % 2 == 0 else set()) | \
+        ({("spatial", False), ("spatial", True)} if spatial and model == "lenet5" else set())
 
 
 @pytest.mark.parametrize("model", ["mlp", "lenet5"])
@@ -131,8 +142,8 @@ def test_the_command_prints_every_method_writes_json_and_refuses_a_bad_flag(tmp_
     for method in ("data parallel", "ZeRO-3", "tensor", "pipeline GPipe", "pipeline 1F1B", "spatial", "hybrid 2 x p/2"):
         assert method in printed
     written = json.loads(out.read_text())["rows"]
-    assert {record["method"] for record in written if record["measured"] is None} == {"spatial", "tensor"}
-    # spatial: the MLP has nothing to tile; tensor: no --recompute
+    assert {record["method"] for record in written if record["measured"] is None} == {"spatial"}
+    # spatial: the MLP has nothing to tile
     done = subprocess.run([sys.executable, "-m", "algorithms.memory", "--model", "mlp", "--ranks", "0"], cwd=ROOT,
                           env=ENV, capture_output=True, text=True, timeout=60)
     assert_stopped(done, "--ranks must be an integer >= 1", ranks=1)

@@ -56,8 +56,10 @@ def zero(stage, layers, p, batch, b, k, recompute):
                footprint.activations(layers, batch, recompute), comm)
 
 
-def tensor(layers, p, batch, b, k):
-    """Megatron's split of the Linear layers in (column, row) pairs; the rest replicated."""
+def tensor(layers, p, batch, b, k, recompute=False):
+    """Megatron's split of the Linear layers in (column, row) pairs; the rest replicated. ``recompute``:
+    each pair's column output and ReLU are not kept, and the backward records one pair's segment
+    again (the largest: its column output, ReLU and row product Z_r)."""
     linear = [index for index, layer in enumerate(layers) if layer.name == "Linear"]
     pairs = [(linear[i], linear[i + 1]) for i in range(0, len(linear) - 1, 2)]
     columns, rows = {first for first, _ in pairs}, {second for _, second in pairs}
@@ -68,9 +70,12 @@ def tensor(layers, p, batch, b, k):
     # the column layer's output and the ReLU behind it are split p ways; the row layer keeps three
     # whole (N, o) arrays: its partial product, g's sum of them, and the sum plus the bias
     column = {first + offset for first, _ in pairs for offset in (0, 1)}
-    activations = footprint.activations([scaled(layer, 1 / p) if index in column else
-                                         scaled(layer, 3) if index in rows else layer
-                                         for index, layer in enumerate(layers)], batch)
+    split = [scaled(layer, 1 / p) if index in column else scaled(layer, 3) if index in rows else layer
+             for index, layer in enumerate(layers)]
+    activations = footprint.activations(split, batch)
+    if recompute:
+        inside = [split[first].fresh + split[first + 1].fresh for first, _ in pairs]
+        activations += batch * (max(a + layers[second].out for a, (_, second) in zip(inside, pairs)) - sum(inside))
     # comm: the ring's receive block of g's allreduce (N o), and of f's (N i) where the block's input
     # needs a gradient (a layer with parameters before it)
     blocks = {share(batch * layers[second].out // b, p) for _, second in pairs}
@@ -105,12 +110,13 @@ def pipeline(layers, p, batch, b, k, recompute, micro_batches, kind):
     return row(n * b, n * b, k * n * b, activations, comm)
 
 
-def spatial(net, layers, example, p, batch, b, k):
-    """Spatial tiles of the conv stages (the rank with the most), the head whole on the gathered map."""
+def spatial(net, layers, example, p, batch, b, k, recompute=False):
+    """Spatial tiles of the conv stages (the rank with the most), the head whole on the gathered map;
+    ``recompute``: the tiles' outputs and one stage recorded again (``Tiling.activation_bytes``)."""
     tiling = Tiling.of(net, example[1], example[2], p)       # SettingError where it cannot tile
     convs = len(layers) - len(tiling.head)                   # the conv stages' layers come first
     n, n_conv = footprint.parameters(layers), tiling.conv_parameters()
-    activations = max(tiling.activation_bytes(rank, batch, b) for rank in range(p))
+    activations = max(tiling.activation_bytes(rank, batch, b, recompute) for rank in range(p))
     activations += footprint.activations(layers[convs:], batch)
     comm = batch * layers[convs - 1].out + (share(n_conv, p) * b if p > 1 else 0)
     return row(n * b, n * b, k * n * b, activations, comm)
@@ -124,13 +130,12 @@ def predicted_rows(model, p, batch, micro_batches, k, recompute):
     b = next(iter(net.parameters())).dtype.itemsize
     rows = [("data parallel", data_parallel(layers, p, batch, b, k, recompute))]
     rows += [(f"ZeRO-{stage}", zero(stage, layers, p, batch, b, k, recompute)) for stage in (1, 2, 3)]
-    rows.append(("tensor", "tensor_parallel has no --recompute" if recompute else tensor(layers, p, batch, b, k)))
+    rows.append(("tensor", tensor(layers, p, batch, b, k, recompute)))
     for kind, name in (("gpipe", "pipeline GPipe"), ("1f1b", "pipeline 1F1B")):
         rows.append((name, pipeline(layers, p, batch, b, k, recompute, micro_batches, kind)
                      if p <= len(layers) else f"{p} stages for {len(layers)} layers"))
     try:
-        rows.append(("spatial", "spatial_parallel has no --recompute" if recompute else
-                     spatial(net, layers, example, p, batch, b, k)))
+        rows.append(("spatial", spatial(net, layers, example, p, batch, b, k, recompute)))
     except SettingError as error:
         rows.append(("spatial", str(error)))
     if p % 2 == 0:                                           # 2 pipeline stages x p/2 data replicas

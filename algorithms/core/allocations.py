@@ -58,6 +58,8 @@ def largest_segment(segments, inputs):
     """The most bytes one segment's recorded forward keeps, run from its kept input (as the backward does)."""
     largest = 0
     for segment, kept in zip(segments, inputs):
+        if getattr(segment, "module", None) is None:      # a layer kept whole (tensor_parallel's replicated ones)
+            continue
         start = Tensor(kept.data, requires_grad=True)
         before = tracemalloc.get_traced_memory()[0]
         again = segment.module(start)

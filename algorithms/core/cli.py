@@ -37,6 +37,17 @@ class SettingError(ValueError):
         self.every_rank = every_rank
 
 
+RECOMPUTE_HELP = {
+    True: "keep no activations inside about sqrt(layers) segments; recompute them in the backward",
+    "stage": "each stage one checkpointed segment: a micro-batch in flight keeps only the stage's output, and "
+             "its backward runs the stage again",
+    "block": "each split block's f, column Linear, ReLU and row product one checkpointed segment, run again in "
+             "the backward (no message: g's allreduce is not repeated)",
+    "tile": "each conv stage's tile keeps only its output; the backward runs the stage again, its halo "
+            "exchanged again (the same gradients, less memory)",
+}
+
+
 def parser(description, epochs=10, lr=0.05, batch_size=32, model="cnn", momentum=0.0,
            partition=None, allreduce=None, files=True, recompute=False):
     """An ArgumentParser with the flags every algorithm shares; modules add their own.
@@ -46,7 +57,8 @@ def parser(description, epochs=10, lr=0.05, batch_size=32, model="cnn", momentum
     without momentum, such as Hogwild's, does not offer the flag); ``files`` False leaves out --log,
     --save and --resume (a command that runs several algorithms in turn); ``recompute`` True adds
     --recompute (an algorithm whose whole model runs through the objective: serial, allreduce SGD,
-    ZeRO); "stage" adds it for the pipelines, which recompute each stage whole.
+    ZeRO); "stage" adds it for the pipelines, which recompute each stage whole; "block" for tensor
+    parallelism (each split block), "tile" for the spatial split (each conv stage, halo again).
     """
     p = argparse.ArgumentParser(description=description,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -73,11 +85,8 @@ def parser(description, epochs=10, lr=0.05, batch_size=32, model="cnn", momentum
                        help="agree on a non-finite loss every this many steps (0: at epoch ends only)")
         add_schedule_flags(p)
     if recompute:
-        p.add_argument("--recompute", action="store_true",
-                       help=("each stage one checkpointed segment: a micro-batch in flight keeps only the "
-                             "stage's output, and its backward runs the stage again" if recompute == "stage" else
-                             "keep no activations inside about sqrt(layers) segments; recompute them in the "
-                             "backward") + " (minidl.recompute: the same gradients, less memory)")
+        p.add_argument("--recompute", action="store_true", help=RECOMPUTE_HELP[recompute]
+                       + ("" if recompute == "tile" else " (minidl.recompute: the same gradients, less memory)"))
     if allreduce is not None:
         p.add_argument("--allreduce", default=allreduce, choices=ALLREDUCE_NAMES,
                        help="allreduce algorithm (mpi: MPI's own Allreduce)")

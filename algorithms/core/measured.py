@@ -4,7 +4,7 @@
     tensor(comm, "lenet5", p=2, batch=64)              #  "activations": ..., "comm": ...} on this rank
     pipeline("mlp", p=4, batch=64, micro_batches=8, kind="gpipe", recompute=True)
     hybrid(comm, "mlp", p=4, batch=64, micro_batches=8, recompute=False)
-    spatial(comm, "lenet5", batch=64)
+    spatial(comm, "lenet5", batch=64, recompute=True)
 
 Each runs one step with the module's own pieces (``zero.Shard`` and ``zero_step``'s collectives,
 ``tensor_parallel.split_network``, ``pipeline_parallel.Stage`` and ``schedule``,
@@ -20,6 +20,7 @@ its stages keep only as gathering or reducing units. What pipeline, tensor and h
 also keep, the whole serial model for evaluation and layout-free checkpoints, is no part of the
 method's step and is built before the meter starts.
 """
+import contextlib
 import tracemalloc
 from types import SimpleNamespace
 
@@ -37,7 +38,7 @@ from minidl.conv.scratch import release
 from minidl.flat import FlatParameters, flatten
 from minidl.nn import Sequential
 from minidl.optim import SGD
-from minidl.tensor import Tensor
+from minidl.tensor import Tensor, no_grad
 from mpi4py import MPI
 
 
@@ -94,12 +95,14 @@ def zero(comm, model, p, stage, batch, recompute=False, momentum=0.9, seed=0):
     return row(params, grads, optimizer, activations, units + measured_comm if real else None)
 
 
-def tensor(comm, model, p, batch, momentum=0.9, seed=0):
+def tensor(comm, model, p, batch, recompute=False, momentum=0.9, seed=0, net=None):
     """Tensor parallelism, phase by phase: this rank's pieces (``split_network``) and their flat
-    vector, forward (g's allreduce: its receive block is comm), backward (f's), the update."""
+    vector, forward (g's allreduce: its receive block is comm; with ``recompute``, plus the largest
+    block's segment recorded again), backward (f's), the update. ``net``: a network of ``model``'s
+    input shape in its place."""
     rank, real = layout(comm, p)
     x, labels = allocations.example_batch(EXAMPLE[model], batch, seed)
-    net = build_model(model, seed, dataset_of(model))              # the serial model: not counted
+    net = net or build_model(model, seed, dataset_of(model))       # the serial model: not counted
     serial = flatten(net)
     summed = run.allreduce_function("ring") if real and p > 1 else None
 
@@ -110,12 +113,12 @@ def tensor(comm, model, p, batch, momentum=0.9, seed=0):
     release_scratch()
     meter = allocations.Meter()
     try:
-        layers, parameters = tensor_parallel.split_network(net, serial, rank, p, total)[:2]
+        layers, parameters = tensor_parallel.split_network(net, serial, rank, p, total, recompute)[:2]
         params = meter.take()
         flat = FlatParameters(parameters)
         grads = meter.take()
         optimizer = SGD([flat.as_parameter()], lr=0.01, momentum=momentum)
-        loss, activations = allocations.forward(meter, layers, x, labels)
+        loss, activations = allocations.forward(meter, layers, x, labels, recompute)
         comm_bytes = freed_scratch(meter)
         activations -= comm_bytes              # g's receive block, cached during the forward
         loss.backward()
@@ -213,10 +216,11 @@ def hybrid(comm, model, p, batch, micro_batches, recompute=False, momentum=0.9, 
     return {**measured, "comm": measured["comm"] + comm.allreduce(block if rank % 2 == 0 else 0, op=MPI.MAX)}
 
 
-def spatial(comm, model, batch, momentum=0.9, seed=0):
+def spatial(comm, model, batch, recompute=False, momentum=0.9, seed=0):
     """This rank's bytes per part of one step of ``spatial_parallel``, phase by phase as its heart runs:
     the tiles' forward (activations), the gather (comm), the head's forward (activations), the conv
-    gradient's ring (comm), the update (optimizer)."""
+    gradient's ring (comm), the update (optimizer). ``recompute``: the tiles' forward unrecorded, and
+    the activations plus the most one stage keeps when the backward runs it again, halo exchange included."""
     x, labels = allocations.example_batch(EXAMPLE[model], batch, seed)
     rank, meter = comm.Get_rank(), allocations.Meter()
     try:
@@ -224,18 +228,28 @@ def spatial(comm, model, batch, momentum=0.9, seed=0):
         tiling = Tiling.of(net, x.shape[2], x.shape[3], comm.Get_size())
         release()
         meter.take()
+
+        def stage_again(s, tile, need_grad):       # stage s from its input tile: its window, then the stage
+            window = spatial_parallel.window(comm, tiling, s, x, tile)
+            return spatial_parallel.run_stage(tiling.stages[s], window, rank, need_grad=need_grad and s > 0)
         kept, tile = [], None
-        for s, stage in enumerate(tiling.stages):
-            lo, hi = stage.needed[rank]
-            window = x[:, :, lo:hi] if s == 0 else spatial_parallel.halo_exchange(comm, tile.data, stage)
-            leaf, tile = spatial_parallel.run_stage(stage, window, rank, need_grad=s > 0)
-            kept.append((leaf, tile))
-            del window
+        for s in range(len(tiling.stages)):
+            with no_grad() if recompute else contextlib.nullcontext():
+                leaf, tile = stage_again(s, tile, need_grad=True)
+            kept.append((None if recompute else leaf, tile))       # recompute: the output tile only
+            del leaf
         measured["activations"] = meter.take()
         whole = Tensor(spatial_parallel.gather_rows(comm, tile.data, tiling.final[0]), requires_grad=True)
         measured["comm"] = meter.take()
         loss = F.softmax_cross_entropy(Sequential(*tiling.head)(whole), labels)
         measured["activations"] += meter.take()
+        largest = 0
+        for s in range(len(tiling.stages) - 1, -1, -1) if recompute else ():    # as the backward runs them
+            again = stage_again(s, kept[s - 1][1] if s else None, need_grad=True)
+            largest = max(largest, meter.take())
+            del again
+            meter.take()
+        measured["activations"] += largest
         del loss, whole, kept, tile
         release_scratch()
         meter.take()

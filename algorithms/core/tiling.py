@@ -146,27 +146,28 @@ class Tiling:
         _, (channels, rows, width) = self.final
         return (self.size - 1) * batch * channels * rows * width * itemsize
 
-    def activation_bytes(self, rank, batch, itemsize):
+    def activation_bytes(self, rank, batch, itemsize, recompute=False):
         """Bytes rank ``rank``'s conv stages keep for the backward (``spatial_parallel.run_stage``): per stage
         its zero-padded window, the conv output, the GEMM's result and the columns (minidl.conv's workspace
         pool keeps both; a batch too large for one block of its blocked im2col pools one block's), the
-        ReLU's output, and the pooling's k k window copy and output."""
-        total = 0
+        ReLU's output, and the pooling's k k window copy and output. ``recompute``: every stage's output
+        tile and pooled workspaces, and one stage's (the largest) activations, recorded again."""
+        kept, tiles, pooled = [], 0, 0
         for stage in self.stages:
             conv, (lo, hi), (top, bottom) = stage.conv, stage.out[rank], stage.padding(rank)
             k, p, (need_lo, need_hi) = conv.kernel_size, conv.padding, stage.needed[rank]
             rows, width = stage.pool * (hi - lo), stage.width + 2 * p - k + 1       # conv output rows, columns
             out, columns = conv.out_channels * rows * width, conv.in_channels * k * k * rows * width
             window = conv.in_channels * (need_hi - need_lo + top + bottom) * (stage.width + 2 * p)
-            kept = window + out + (out if stage.relu else 0)
-            kept += out // stage.pool ** 2 * (stage.pool ** 2 + 1) if stage.pool > 1 else 0
+            kept.append(window + out + (out if stage.relu else 0))
+            kept[-1] += out // stage.pool ** 2 * (stage.pool ** 2 + 1) if stage.pool > 1 else 0
+            tiles += out // stage.pool ** 2
             block = image_blocks((BLOCK_BYTES // (columns * itemsize) + 2, conv.in_channels, need_hi - need_lo
                                   + top + bottom, stage.width + 2 * p), conv.weight.shape, 1, 0, itemsize)[0][1]
-            if batch <= block:            # one block: the columns kept, the GEMM's result pooled
-                total += batch * (kept + columns + out)
-            else:                         # blocks (minidl.conv.im2col_blocked): one block's and the last's pooled
-                total += batch * kept + (block + batch % block) * (columns + out)
-        return total * itemsize
+            # one block: the columns and the GEMM's result pooled; blocks (minidl.conv.im2col_blocked): one
+            # block's and the last's pooled
+            pooled += (batch if batch <= block else block + batch % block) * (columns + out)
+        return (pooled + batch * (tiles + max(kept) if recompute else sum(kept))) * itemsize
 
     def conv_parameters(self):
         return sum(parameter.size for stage in self.stages for parameter in stage.conv.parameters())

@@ -14,14 +14,15 @@
 11_tables.md            the chapter's tables, as generated
 
 The training runs (all at P = 2, digits, a global batch of 32 examples per step: allreduce SGD and
-ZeRO 16 per rank, the one-replica methods 32): allreduce SGD (ring) with and without --recompute,
-ZeRO 1/2/3 and pipeline (1F1B, 4 micro-batches) on the MLP; tensor parallelism on the MLP; allreduce
-SGD with and without --recompute and the spatial split on the small CNN (spatial_parallel needs
-convolutions, tensor_parallel a Linear, ReLU, Linear block), 10 epochs, 3 seeds each. ZeRO and
---recompute give allreduce SGD's bits (same seed, same bits), which the script checks seed by seed;
-the others sum in another order (the ring over the blocks' columns, the tiles' conv gradients), so
-their accuracy is compared seed by seed with allreduce SGD's (the difference per seed, and its mean
-± the 95% t interval: inside the noise where the interval holds 0).
+ZeRO 16 per rank, the one-replica methods 32), 10 epochs, 3 seeds each: on the MLP allreduce SGD
+(ring), ZeRO 1/2/3, tensor parallelism and the pipeline (1F1B and GPipe, 4 micro-batches); on the
+small CNN allreduce SGD and the spatial split (spatial_parallel needs convolutions, tensor_parallel
+a Linear, ReLU, Linear block); allreduce SGD, tensor, 1F1B and spatial also with --recompute.
+ZeRO and allreduce SGD's --recompute give allreduce SGD's bits (same seed, same bits), the others'
+--recompute their plain runs' bits, which the script checks seed by seed; the rest sum in another
+order (the ring over the blocks' columns, the tiles' conv gradients), so their accuracy is compared
+seed by seed with allreduce SGD's (the difference per seed, and its mean ± the 95% t interval:
+inside the noise where the interval holds 0).
 --quick: one epoch, one seed, p up to 8: a check that the script runs, not numbers for the chapter.
 """
 import argparse
@@ -166,15 +167,22 @@ def methods():
         ("ZeRO-2", "mlp", zero.train, dict(data, stage=2)),
         ("ZeRO-3", "mlp", zero.train, dict(data, stage=3)),
         ("tensor", "mlp", tensor_parallel.train, dict(whole)),
+        ("tensor --recompute", "mlp", tensor_parallel.train, dict(whole, recompute=True)),
         ("pipeline 1F1B", "mlp", pipeline_parallel.train, dict(whole, schedule="1f1b", micro_batches=4)),
+        ("pipeline 1F1B --recompute", "mlp", pipeline_parallel.train,
+         dict(whole, schedule="1f1b", micro_batches=4, recompute=True)),
         ("pipeline GPipe", "mlp", pipeline_parallel.train, dict(whole, schedule="gpipe", micro_batches=4)),
         ("allreduce SGD", "cnn", allreduce_sgd.train, dict(data, allreduce="ring")),
         ("allreduce SGD --recompute", "cnn", allreduce_sgd.train, dict(data, allreduce="ring", recompute=True)),
         ("spatial", "cnn", spatial_parallel.train, dict(whole)),
+        ("spatial --recompute", "cnn", spatial_parallel.train, dict(whole, recompute=True)),
     ]
 
 
-BITWISE = {"allreduce SGD --recompute", "ZeRO-1", "ZeRO-2", "ZeRO-3"}     # allreduce SGD's bits, checked
+# the run whose bits each of these gives (same seed, same bits), checked seed by seed
+BITWISE = {"allreduce SGD --recompute": "allreduce SGD", "ZeRO-1": "allreduce SGD", "ZeRO-2": "allreduce SGD",
+           "ZeRO-3": "allreduce SGD", "pipeline 1F1B --recompute": "pipeline 1F1B", "tensor --recompute": "tensor",
+           "spatial --recompute": "spatial"}
 
 
 def batch_rows():
@@ -194,14 +202,14 @@ def predicted_traffic(name, model):
         return ring_bytes, ring_messages
     if name == "ZeRO-1":                         # allreduce + allgather of the updated shards
         return 3 * (P - 1) * n * ITEMSIZE, 3 * (P - 1) * P
-    if name == "tensor":                         # one block (64 -> 128 -> 64) that reads the data: g only
+    if name.startswith("tensor"):                # one block (64 -> 128 -> 64) that reads the data: g only
         return float(np.mean([2 * (P - 1) * r * 64 * ITEMSIZE for r in rows])), 2 * (P - 1) * P
     if name.startswith("pipeline"):              # the MLP's 5 layers cut 3 | 2: 128 features cross
         return float(np.mean([pipeline_parallel.bytes_per_step(r, [128], ITEMSIZE) for r in rows])), 2 * 4 * (P - 1)
-    if name == "spatial":
-        tiling = Tiling.of(net, 8, 8, P)
-        halo_messages = 2 * 2 * (P - 1) * (len(tiling.stages) - 1)   # each inner boundary, both ways, fwd and bwd
-        return float(np.mean([spatial_parallel.bytes_per_step(tiling, r, ITEMSIZE) for r in rows])), \
+    if name.startswith("spatial"):
+        tiling, again = Tiling.of(net, 8, 8, P), "recompute" in name        # recompute: the forward halo twice
+        halo_messages = (3 if again else 2) * 2 * (P - 1) * (len(tiling.stages) - 1)   # each inner boundary, both ways
+        return float(np.mean([spatial_parallel.bytes_per_step(tiling, r, ITEMSIZE, again) for r in rows])), \
             halo_messages + (P - 1) * P + 2 * (P - 1) * P            # + the gather + the ring of the conv grads
     raise KeyError(name)
 
@@ -223,10 +231,10 @@ def training_runs(out, quick):
                       "test_accuracy": history[-1]["test_accuracy"], "seconds": round(seconds, 1),
                       "log_bytes_per_step": history[-1]["bytes"] / steps,
                       "bytes_per_step": sent / steps, "messages_per_step": messages / steps}
-            if name.startswith("allreduce SGD") and "recompute" not in name:
-                reference[(model, seed)] = params
+            reference[(name, model, seed)] = params
             if name in BITWISE:
-                record["same_bits_as_allreduce"] = bool(np.array_equal(params, reference[(model, seed)]))
+                record["same_bits_as"] = BITWISE[name]
+                record["same_bits"] = bool(np.array_equal(params, reference[(BITWISE[name], model, seed)]))
             predicted_bytes, predicted_messages = predicted_traffic(name, model)
             record.update(predicted_bytes_per_step=predicted_bytes, predicted_messages_per_step=predicted_messages)
             runs.append(record)
@@ -291,10 +299,12 @@ def runs_markdown(runs):
         base = {r["seed"]: r["test_accuracy"] for r in runs if (r["method"], r["model"]) == ("allreduce SGD", key[1])}
         if key[0] == "allreduce SGD":
             difference = "-"
-        elif all(r.get("same_bits_as_allreduce") for r in same):
+        elif all(r.get("same_bits") and r["same_bits_as"] == "allreduce SGD" for r in same):
             difference = "0 (the same bits, every seed)"
         else:
             difference = mean_pm([r["test_accuracy"] - base[r["seed"]] for r in same], sign="+")
+            if all(r.get("same_bits") for r in same):
+                difference += f" ({same[0]['same_bits_as']}'s bits, every seed)"
         lines.append(f"| {key[0]} | {key[1]} | {accuracy} | {difference} | {record['predicted_bytes_per_step']:.0f} | "
                      f"{record['bytes_per_step']:.0f} | {record['predicted_messages_per_step']:.0f} | "
                      f"{record['messages_per_step']:.1f} |")
