@@ -64,7 +64,7 @@ tile activations again, ``Tiling.activation_bytes``).
 
 Measured: every row that applies, one step of the real algorithm's pieces phase by phase under
 tracemalloc: data parallel by ``algorithms.core.allocations``, the others by
-``algorithms.core.measured`` (ZeRO's Shard and collectives, tensor_parallel's split network, stage 0
+``algorithms.memory_measured`` (ZeRO's Shard and collectives, tensor_parallel's split network, stage 0
 of pipeline_parallel's schedule with its own layers and state, the hybrid's stage and column ring,
 spatial_parallel's tiles). Under ``mpiexec -n P`` the collectives run for real and their buffers
 are measured; in one process (P other than p) the layout is rank 0's and the comm buffers that need
@@ -86,7 +86,8 @@ import json
 
 from mpi4py import MPI
 
-from algorithms.core import allocations, cli, measured, run
+from algorithms import memory_measured as measured
+from algorithms.core import allocations, cli, run
 from algorithms.core.accounts import EXAMPLE, PARTS, predicted_rows
 from algorithms.core.cli import SettingError
 

@@ -1,4 +1,4 @@
-"""Measured: one rank's bytes per part of one step of each sharded or split method, by tracemalloc.
+"""One step of each sharded or split method, its bytes per part measured by tracemalloc (for algorithms.memory).
 
     zero(comm, "mlp", p=4, stage=2, batch=64)          # {"params": ..., "grads": ..., "optimizer": ...,
     tensor(comm, "lenet5", p=2, batch=64)              #  "activations": ..., "comm": ...} on this rank
