@@ -269,7 +269,8 @@ def _arguments(args, nprocs):
 def _copy_driver(folder):
     """The driver and the codec it packs values with, readable inside the sandbox (the student's tree
     need not have them)."""
-    for source, name in ((sandbox_driver.__file__, "driver.py"), (values.__file__, "values.py")):
+    for source, name in ((sandbox_driver.__file__, "driver.py"), (values.__file__, "values.py"),
+                         (values.codec.__file__, "codec.py")):
         shutil.copyfile(source, folder / name)
         os.chmod(folder / name, 0o644)
 
