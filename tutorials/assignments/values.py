@@ -59,8 +59,8 @@ def pack_call(value, *, comm=()):
 
 
 def unpack_call(arrays, *, comm=None, importing=True):
-    """(value, seen): in the sandbox, the value and {id(thing): number} for ``pack_reply``."""
-    builder = Builder(comm=comm, importing=importing)
+    """(value, seen): in the sandbox, the value and {id(thing): (number, thing, an array's copy)} for ``pack_reply``."""
+    builder = Builder(comm=comm, importing=importing, keep=True)
     return builder.value(arrays), builder.seen
 
 
@@ -103,8 +103,9 @@ class Builder:
     """Builds the value of one message; with ``originals`` (a reply), a thing tagged ``was`` is the
     caller's own, and the state the reply gives it is written into it once the whole reply checks out."""
 
-    def __init__(self, comm=None, originals=None, importing=False, remote=None):
+    def __init__(self, comm=None, originals=None, importing=False, remote=None, keep=False):
         self.comm, self.originals, self.importing, self.remote = comm, originals, importing, remote
+        self.keep = keep                   # the sandbox: remember each array as it came (a reply sends it back only if changed)
         self.memo, self.seen, self.updates = {}, {}, []
 
     def value(self, arrays):
@@ -130,7 +131,7 @@ class Builder:
                 raise ValueError(f"a reply names thing {was!r} of the call, which is not one of its or not that kind")
             made = original
         self.memo[n] = made
-        self.seen[id(made)] = n
+        self.seen[id(made)] = (n, made, made.copy() if self.keep and isinstance(made, np.ndarray) else None)
         return made, was is not None
 
     def build(self, node, arrays, depth):
@@ -154,6 +155,8 @@ class Builder:
             return float(rest[0])
         if kind == "ref" and type(rest[0]) is int and rest[0] in self.memo:
             return self.memo[rest[0]]
+        if kind == "same" and len(rest) == 2 and rest[1] is not None:        # a reply: an array the call did not change
+            return self._register(rest, None, lambda o: isinstance(o, np.ndarray))[0]
         if kind == "comm" and self.comm is not None:
             return self.comm
         if kind in ("array", "scalar"):
