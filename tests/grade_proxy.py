@@ -17,6 +17,7 @@ return value comes back as the function gave it.
 A student function that raises, deadlocks (``$MINIDL_GRADE_CALL_TIMEOUT`` s) or replies with
 junk fails the test on every rank with the sandbox's message.
 """
+import functools
 import importlib
 import inspect
 import os
@@ -61,15 +62,30 @@ def _idle_until_all_arrive(comm):
         pause = min(2 * pause, 0.001)
 
 
-def _comm_of(things):
-    """The call's communicator: the first MPI communicator among ``things``, or bound in one of them
-    (a partial's arguments, a closure's cells), or None."""
+def _comm_of(things, depth=4):
+    """The call's communicator: the first MPI communicator among ``things`` or held by one of them
+    (a partial's arguments, a closure's cells, an object's fields, a container's items; a few
+    levels deep), or None."""
     for thing in things:
         if isinstance(thing, (MPI.Comm, WatchedComm)):
             return thing
-        inner = [*thing.args, *thing.keywords.values()] if isinstance(thing, __import__("functools").partial) else \
-            thing.spec[3] if isinstance(thing, codec.Remote) else []
-        found = _comm_of(inner) if inner else None
+        if depth == 0 or isinstance(thing, (np.ndarray, str, bytes, int, float)):
+            continue
+        if isinstance(thing, functools.partial):
+            inner = [*thing.args, *thing.keywords.values()]
+        elif isinstance(thing, codec.Remote):
+            inner = list(thing.spec[3].values())
+        elif isinstance(thing, types.FunctionType):
+            inner = [cell.cell_contents for cell in thing.__closure__ or () if codec._full(cell)]
+        elif isinstance(thing, (list, tuple)):
+            inner = list(thing)
+        elif isinstance(thing, dict):
+            inner = list(thing.values())
+        elif codec.ours(type(thing).__module__) and hasattr(thing, "__dict__"):
+            inner = list(vars(thing).values())
+        else:
+            continue
+        found = _comm_of(inner, depth - 1)
         if found is not None:
             return found
     return None
@@ -81,9 +97,12 @@ def call(function, args, kwargs, comm):
     chain = [comm]
     while isinstance(chain[-1], WatchedComm):
         chain.append(chain[-1].comm)
+    if chain[-1] is not None and chain[-1].Get_size() < MPI.COMM_WORLD.Get_size():
+        comm, chain = None, [MPI.COMM_WORLD]     # communicators of some ranks: the call is the world's
     try:
         sent_arrays, sent = values.pack_call({"function": function, "args": tuple(args), "kwargs": dict(kwargs)},
-                                             comm=tuple(part for part in chain if part is not None))
+                                             comm=tuple(part for part in chain if part is not None),
+                                             subcomm=values.world_ranks(MPI.COMM_WORLD))
     except TypeError as error:                    # the test hands the function something that cannot cross
         raise AssertionError(f"{FUNCTION}: its arguments cannot cross into the sandbox: {error}") from None
     if isinstance(comm, WatchedComm):             # a test counts the messages: record them there
@@ -106,7 +125,7 @@ def call(function, args, kwargs, comm):
             sent_, received = tuple(row[:3]), tuple(row[3:])
             comm.watch(0.0, 0.0, sent=None if sent_[0] < 0 else sent_, received=None if received[0] < 0 else received)
     try:
-        out = values.unpack_reply(reply, sent, comm=comm, remote=(MODULE, CODE_NAME))
+        out = values.unpack_reply(reply, sent, comm=chain[0], remote=(MODULE, CODE_NAME))
         if not (isinstance(out, dict) and out.keys() == {"return", "after"}):
             raise ValueError("not a reply of the call: a dict of 'return' and 'after'")
     except ValueError as error:

@@ -17,14 +17,20 @@ import numpy as np
 
 GENERATORS = ("PCG64", "PCG64DXSM", "Philox", "SFC64", "MT19937")
 PACKAGES = ("minidl.", "collectives.", "algorithms.")
+HELPERS = ("tests.helpers",)          # the tests' shared helpers (in every student tree): their spies and sums
 MODULES = ("numpy",)                  # modules outside PACKAGES that may cross (by name)
+
+
+def ours(module):
+    """Whether ``module`` (a name) is of the project's packages, or the tests' helpers."""
+    return isinstance(module, str) and (module.startswith(PACKAGES) or module in HELPERS)
 MAX_DEPTH, MAX_TEXT = 250, 1 << 24
 def resolve(module, qualname, importing=False):
     """The class or function ``module:qualname`` of the project's packages in this side's tree, or None.
 
-    Only a module of ``PACKAGES`` (imported already, unless ``importing``), only a name that the
+    Only a module of ``PACKAGES`` or ``HELPERS`` (imported already, unless ``importing``), only a name that the
     module defines itself (its ``__module__`` and ``__qualname__`` say so)."""
-    if not (isinstance(module, str) and module.startswith(PACKAGES) and isinstance(qualname, str)):
+    if not (isinstance(module, str) and ours(module) and isinstance(qualname, str)):
         return None
     owner = sys.modules.get(module)
     if owner is None and importing:
@@ -78,7 +84,7 @@ def plain_class(cls):
     """Whether instances of ``cls`` may cross as objects: a class of the project's own packages
     (every class it derives from too, but ``object``), found again by its name, without slots."""
     return (isinstance(cls, type) and resolve(cls.__module__, cls.__qualname__) is cls
-            and all(base is object or (base.__module__.startswith(PACKAGES) and "__slots__" not in vars(base))
+            and all(base is object or (ours(base.__module__) and "__slots__" not in vars(base))
                     for base in cls.__mro__))
 
 
@@ -108,8 +114,9 @@ class Remote:
 
 
 class Packer:
-    def __init__(self, comm=(), known=None):
+    def __init__(self, comm=(), known=None, subcomm=None):
         self.comm = comm if isinstance(comm, tuple) else (comm,)
+        self.subcomm = subcomm            # another communicator -> the world ranks of its members
         self.known = known or {}          # id(thing) -> (its number in the call, it, an array's bytes then)
         self.sent, self.numbers, self.blobs = {}, {}, {}
 
@@ -144,6 +151,8 @@ class Packer:
             return ["comm"]
         if id(v) in self.numbers and self.sent[self.numbers[id(v)]] is v:
             return ["ref", self.numbers[id(v)]]
+        if type(v).__module__ == "mpi4py.MPI" and self.subcomm is not None and hasattr(v, "Get_group"):
+            return ["subcomm", *self._number(v), [int(rank) for rank in self.subcomm(v)]]
         down = depth + 1
         if isinstance(v, (np.ndarray, np.generic)):     # first: numpy's float64 is also a float
             if v.dtype.hasobject:
@@ -191,13 +200,13 @@ class Packer:
             return ["dict", [[self.spec(k, down), self.spec(x, down)] for k, x in v.items()], *number]
         if isinstance(v, range):
             return ["range", [v.start, v.stop, v.step]]
-        if isinstance(v, types.ModuleType) and (v.__name__ in MODULES or v.__name__.startswith(PACKAGES)):
+        if isinstance(v, types.ModuleType) and (v.__name__ in MODULES or ours(v.__name__)):
             return ["module", v.__name__]
         if isinstance(v, Remote):
             return self._closure(v, *v.spec, down)
         if isinstance(v, (types.FunctionType, type)) and resolve(v.__module__, v.__qualname__) is v:
             return ["function", v.__module__, v.__qualname__]
-        if isinstance(v, types.FunctionType) and "<locals>" in v.__qualname__ and v.__module__.startswith(PACKAGES):
+        if isinstance(v, types.FunctionType) and "<locals>" in v.__qualname__ and ours(v.__module__):
             index = closure_index(v)
             if index is None:
                 raise TypeError(f"the closure {v.__qualname__} is not found again by its name: it cannot cross")
@@ -207,7 +216,8 @@ class Packer:
         if isinstance(v, types.MethodType) and inspect.getattr_static(type(v.__self__), v.__name__, None) is v.__func__:
             return ["method", self.spec(v.__self__, down), v.__name__]
         if isinstance(v, functools.partial):
-            return ["partial", self.spec(v.func, down), self.spec(v.args, down), self.spec(v.keywords, down)]
+            number = self._number(v)
+            return ["partial", *number, self.spec(v.func, down), self.spec(v.args, down), self.spec(v.keywords, down)]
         if hasattr(v, "__dict__") and plain_class(type(v)):
             number, cls = self._number(v), type(v)
             for name in vars(v):

@@ -35,6 +35,9 @@ import zipfile
 import numpy as np
 
 
+SUBCOMMS = []
+
+
 def load(path):
     with np.load(path, allow_pickle=False) as archive:
         arrays = {name: archive[name] for name in archive.files}
@@ -98,12 +101,16 @@ def call_once(target, comm, arguments, reply):
     if "__values__" in kwargs and target is None:    # a call that names its function (and its comm)
         values = codec()
         mine = (comm, *((comm.comm,) if watched is not None else ()))
-        message, seen = values.unpack_call(kwargs, comm=comm)
+        world = mine[-1]
+        if not SUBCOMMS:                            # the job's communicators of some of its ranks
+            SUBCOMMS.append(values.subcommunicators(world))
+        message, seen = values.unpack_call(kwargs, comm=comm, subcomm=SUBCOMMS[0])
         if not (isinstance(message, dict) and message.keys() == {"function", "args", "kwargs"}
                 and callable(message["function"]) and isinstance(message["args"], tuple)):
             raise TypeError("not a call: a dict of 'function', 'args' and 'kwargs'")
         result = message["function"](*message["args"], **message["kwargs"])
-        arrays = values.pack_reply({"return": result, "after": message}, seen, comm=mine)
+        arrays = values.pack_reply({"return": result, "after": message}, seen, comm=mine,
+                                   subcomm=values.world_ranks(world))
     elif "__values__" in kwargs:                # any value the codec carries: the reply is packed too
         values = codec()
         kwargs = values.unpack(kwargs)

@@ -7,7 +7,8 @@ What crosses: None, bool, int, float, str, NumPy arrays and scalars (kept as arr
 shape exact; a view stays a view of its base), dtypes, lists, tuples, dicts, a dict's values
 view, ranges, NumPy random generators (the bit generator's name and state), the ``comm`` of the
 call (the receiver's own), the ``numpy`` module, and, of the project's own packages (minidl,
-collectives, algorithms: ``PACKAGES``, nothing else): namedtuples, dataclasses, **objects** (the
+collectives, algorithms: ``PACKAGES``; and tests/helpers.py, whose spies and sums tests hand to the
+function: nothing else): namedtuples, dataclasses, **objects** (the
 class's qualified name and the instance's fields, rebuilt with ``object.__new__`` from the class of
 *the receiving side's* tree), module-level **functions** and classes by qualified name, **closures**
 (the qualified name of their code, found again in the receiving side's tree, and their cells'
@@ -52,21 +53,42 @@ def unpack(arrays, *, comm=None):
     return Builder(comm=comm).value(arrays)
 
 
-def pack_call(value, *, comm=()):
-    """(arrays, sent): ``pack`` that also returns {number: object} of every mutable thing sent."""
-    packer = Packer(comm=comm)
+def pack_call(value, *, comm=(), subcomm=None):
+    """(arrays, sent): ``pack`` that also returns {number: object} of every mutable thing sent.
+    ``subcomm(c)``: the world ranks of another communicator ``c`` (it crosses as them)."""
+    packer = Packer(comm=comm, subcomm=subcomm)
     return packer.arrays(value), packer.sent
 
 
-def unpack_call(arrays, *, comm=None, importing=True):
+def unpack_call(arrays, *, comm=None, importing=True, subcomm=None):
     """(value, seen): in the sandbox, the value and {id(thing): (number, thing, an array's copy)} for ``pack_reply``."""
-    builder = Builder(comm=comm, importing=importing, keep=True)
+    builder = Builder(comm=comm, importing=importing, keep=True, subcomm=subcomm)
     return builder.value(arrays), builder.seen
 
 
-def pack_reply(value, seen, *, comm=()):
+def pack_reply(value, seen, *, comm=(), subcomm=None):
     """``pack``, tagging each thing that arrived in the call with the number it came with."""
-    return Packer(comm=comm, known=seen).arrays(value)
+    return Packer(comm=comm, known=seen, subcomm=subcomm).arrays(value)
+
+
+def world_ranks(world):
+    """``subcomm`` for ``pack_call``: a communicator's members as ranks of ``world``."""
+    return lambda comm: comm.Get_group().Translate_ranks(list(range(comm.Get_size())), world.Get_group())
+
+
+def subcommunicators(world):
+    """``subcomm`` for ``unpack_call``: the communicator of those ranks of ``world`` (made once, by
+    its members together, in the order the arguments name them)."""
+    made = {}
+
+    def make(ranks):
+        if not (isinstance(ranks, list) and ranks and len(set(ranks)) == len(ranks)
+                and all(type(r) is int and 0 <= r < world.Get_size() for r in ranks) and world.Get_rank() in ranks):
+            raise ValueError(f"a communicator of ranks {str(ranks)[:80]}")
+        if tuple(ranks) not in made:
+            made[tuple(ranks)] = world.Create_group(world.Get_group().Incl(ranks))
+        return made[tuple(ranks)]
+    return make
 
 
 def unpack_reply(arrays, sent, *, comm=None, remote=None):
@@ -103,8 +125,9 @@ class Builder:
     """Builds the value of one message; with ``originals`` (a reply), a thing tagged ``was`` is the
     caller's own, and the state the reply gives it is written into it once the whole reply checks out."""
 
-    def __init__(self, comm=None, originals=None, importing=False, remote=None, keep=False):
+    def __init__(self, comm=None, originals=None, importing=False, remote=None, keep=False, subcomm=None):
         self.comm, self.originals, self.importing, self.remote = comm, originals, importing, remote
+        self.subcomm = subcomm             # the sandbox: world ranks -> the communicator of them
         self.keep = keep                   # the sandbox: remember each array as it came (a reply sends it back only if changed)
         self.memo, self.seen, self.updates = {}, {}, []
 
@@ -157,6 +180,11 @@ class Builder:
             return self.memo[rest[0]]
         if kind == "same" and len(rest) == 2 and rest[1] is not None:        # a reply: an array the call did not change
             return self._register(rest, None, lambda o: isinstance(o, np.ndarray))[0]
+        if kind == "subcomm" and len(rest) == 3:
+            if rest[1] is None and self.subcomm is None:
+                raise ValueError("a communicator that this side does not have")
+            made = self.subcomm(rest[2]) if rest[1] is None and self.subcomm is not None else None
+            return self._register(rest[:2], made, lambda o: type(o).__module__ == "mpi4py.MPI")[0]
         if kind == "comm" and self.comm is not None:
             return self.comm
         if kind in ("array", "scalar"):
@@ -229,7 +257,7 @@ class Builder:
             return made
         if kind == "range" and isinstance(rest[0], list) and len(rest[0]) == 3 and all(type(i) is int for i in rest[0]):
             return range(*rest[0])
-        if kind == "module" and isinstance(rest[0], str) and (rest[0] in codec.MODULES or rest[0].startswith(PACKAGES)):
+        if kind == "module" and isinstance(rest[0], str) and (rest[0] in codec.MODULES or codec.ours(rest[0])):
             module = sys.modules.get(rest[0])
             if module is None and self.importing:
                 module = __import__("importlib").import_module(rest[0])
@@ -262,10 +290,15 @@ class Builder:
                     is function and codec.plain_class(type(owner)):
                 return types.MethodType(function, owner)
             raise ValueError(f"a method {str(rest[1])[:60]} that its object's class does not define")
-        if kind == "partial" and len(rest) == 3 and self.originals is None:   # never in a reply
-            function, args, keywords = (self.build(part, arrays, down) for part in rest)
+        if kind == "partial" and len(rest) == 5 and (self.originals is None or rest[1] is not None):
+            made, tagged = self._register(rest[:2], None, lambda o: isinstance(o, functools.partial))
+            function, args, keywords = (self.build(part, arrays, down) for part in rest[2:])
+            if tagged:                                   # a reply: only the caller's own partial, as it was
+                return made
             if callable(function) and isinstance(args, tuple) and isinstance(keywords, dict):
-                return functools.partial(function, *args, **keywords)
+                made = self.memo[rest[0]] = functools.partial(function, *args, **keywords)
+                self.seen[id(made)] = (rest[0], made, None)
+                return made
         raise ValueError(f"a spec of kind {kind!r}")
 
     def _closure(self, rest, arrays, down):
