@@ -113,6 +113,15 @@ class Remote:
         return Remote.CALL(self, args, kwargs)
 
 
+class Unreachable:
+    """In the sandbox, a communicator of the grader's that the call cannot use (the call runs on
+    fewer ranks than it has): held and handed back, but any use of it raises."""
+
+    def __getattr__(self, name):
+        raise RuntimeError(f"comm.{name}: this communicator is the grader's; the graded call runs alone "
+                           "in the sandbox and cannot use it")
+
+
 class Packer:
     def __init__(self, comm=(), known=None, subcomm=None):
         self.comm = comm if isinstance(comm, tuple) else (comm,)
@@ -151,8 +160,10 @@ class Packer:
             return ["comm"]
         if id(v) in self.numbers and self.sent[self.numbers[id(v)]] is v:
             return ["ref", self.numbers[id(v)]]
-        if type(v).__module__ == "mpi4py.MPI" and self.subcomm is not None and hasattr(v, "Get_group"):
-            return ["subcomm", *self._number(v), [int(rank) for rank in self.subcomm(v)]]
+        if isinstance(v, Unreachable) or type(v).__module__ == "mpi4py.MPI" and self.subcomm is not None \
+                and hasattr(v, "Get_group"):
+            ranks = None if isinstance(v, Unreachable) else self.subcomm(v)
+            return ["subcomm", *self._number(v), None if ranks is None else [int(rank) for rank in ranks]]
         down = depth + 1
         if isinstance(v, (np.ndarray, np.generic)):     # first: numpy's float64 is also a float
             if v.dtype.hasobject:
@@ -225,7 +236,9 @@ class Packer:
                     raise TypeError(f"{cls.__qualname__}.{name}: a field that shadows its class's {name} cannot cross")
             return ["object", *number, f"{cls.__module__}:{cls.__qualname__}",
                     [[name, self.spec(x, down)] for name, x in vars(v).items()]]
-        raise TypeError(f"a {type(v).__module__}.{type(v).__qualname__} cannot cross the sandbox (not a plain "
+        what = getattr(v, "__qualname__", type(v).__qualname__)
+        raise TypeError(f"a {type(v).__module__}.{type(v).__qualname__} ({getattr(v, '__module__', '?')}.{what}) "
+                        "cannot cross the sandbox (not a plain "
                         "value, nor an object, function or closure of minidl, collectives or algorithms)")
 
     def _closure(self, v, module, qualname, index, cells, defaults, kwdefaults, down):

@@ -183,7 +183,7 @@ class Builder:
         if kind == "subcomm" and len(rest) == 3:
             if rest[1] is None and self.subcomm is None:
                 raise ValueError("a communicator that this side does not have")
-            made = self.subcomm(rest[2]) if rest[1] is None and self.subcomm is not None else None
+            made = None if rest[1] is not None else codec.Unreachable() if rest[2] is None else self.subcomm(rest[2])
             return self._register(rest[:2], made, lambda o: type(o).__module__ == "mpi4py.MPI")[0]
         if kind == "comm" and self.comm is not None:
             return self.comm
