@@ -21,6 +21,7 @@ import functools
 import importlib
 import inspect
 import os
+import re
 import textwrap
 import time
 import types
@@ -35,7 +36,7 @@ from tutorials.assignments import codec, sandbox, values   # here, not at rank 0
 # module for the first time inside a test on one rank only was seen to change which examples that
 # rank drew next (rank 0 drew a length of 100 where the others drew 120), so the import is here.
 SESSIONS = {}
-MODULE = FUNCTION = CODE_NAME = None
+MODULE = FUNCTION = CODE_NAME = TASK = TASKS = None
 METHOD = 0                                        # 1: the task's function is a method (args[0] its object)
 
 
@@ -125,7 +126,7 @@ def call(function, args, kwargs, comm):
         _idle_until_all_arrive(inner)
         reply = inner.scatter(parts, root=0)
     if isinstance(reply, str):
-        raise AssertionError(f"{FUNCTION} (the student's, in the sandbox): {reply}")
+        raise AssertionError(f"{FUNCTION} (the student's, in the sandbox): {_blame(reply)}")
     if watch:                                     # the sandbox's messages, as if sent through ``comm``
         for row in reply.pop("__messages__", np.zeros((0, 6), dtype=np.int64)).reshape(-1, 6).tolist():
             sent_, received = tuple(row[:3]), tuple(row[3:])
@@ -137,6 +138,21 @@ def call(function, args, kwargs, comm):
     except ValueError as error:
         raise AssertionError(f"{FUNCTION} (the student's, in the sandbox) replied with junk: {error}") from None
     return out["return"]
+
+
+def _blame(message):
+    """``message``, led by the required task (tasks.toml's ``requires``) whose function is still a
+    stub or raised, when the sandbox's traceback says so: the student's own prerequisites run there."""
+    frames = re.findall(r'File "([^"]+)", line \d+, in (\w+)', message)
+    for needed in TASK.requires:
+        other = TASKS[needed]
+        stubbed = f"NotImplementedError: Task {needed}:" in message
+        raised = any(path.endswith("/" + other.file) and name == other.function.split(".")[-1] for path, name in frames)
+        if stubbed or raised:
+            return (f"task {TASK.id} runs through your task {needed} ({other.function} in {other.file}, which it "
+                    f"requires), and that {'is still a stub' if stubbed else 'raised'}: finish or fix {needed} "
+                    f"first. {message}")
+    return message
 
 
 def _remote_call(remote, args, kwargs):
@@ -195,7 +211,9 @@ def pytest_configure(config):
         return
     from tutorials import assignments
     tasks, _ = assignments.load()
-    task = next(task for task in tasks if task.id == task_id)
+    global TASK, TASKS
+    TASKS = {task.id: task for task in tasks}
+    task = TASK = TASKS[task_id]
     MODULE, FUNCTION = task.file.removesuffix(".py").replace("/", "."), task.function
     for package in ("minidl", "collectives", "algorithms"):
         importlib.import_module(package)

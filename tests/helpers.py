@@ -25,7 +25,7 @@ from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
 from algorithms import model_parallel, sandblaster_lbfgs as sandblaster
-from algorithms.core import partition, run
+from algorithms.core import partition
 from algorithms.core.objective import Data, NetworkObjective, load_data
 from algorithms.sandblaster import wire
 from algorithms.sandblaster.coordinator import Shards
@@ -328,23 +328,3 @@ def needs(code):
         if match:
             return [task for task in re.split(r"[,\s]+", match.group(1)) if task]
     return []
-
-
-class Summing:
-    """total(array) for f and g: the sum over 3 ranks that hold the same array (3 x), counting its calls.
-    (Here, not in a test file, so that the grader can hand it to a sandboxed function: codec.HELPERS.)"""
-    calls = 0
-
-    def __call__(self, array):
-        self.calls += 1
-        return 3 * array
-
-
-def in_place_total(comm):
-    """The sum over ranks as tensor_parallel makes it: the ring allreduce, in place on its argument."""
-    summing = run.allreduce_function("ring")
-
-    def total(array):
-        summing(comm, array.reshape(-1))
-        return array
-    return total

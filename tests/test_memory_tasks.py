@@ -24,7 +24,8 @@ from minidl.flat import flatten
 from minidl.nn import Conv2d, Flatten, Linear, MaxPool2d, ReLU, Sequential
 from minidl.recompute import checkpoint
 from minidl.tensor import Tensor
-from tests.helpers import Summing, float64_mlp_of
+from tests.handed import Summing
+from tests.helpers import float64_mlp_of
 
 
 def known_map(batch, channels, rows, width):

@@ -31,7 +31,8 @@ from minidl.flat import flatten
 from minidl.nn import Conv2d, Flatten, Linear, MaxPool2d, ReLU, Sequential
 from minidl.recompute import Checkpoint, checkpoint
 from minidl.tensor import Parameter, Tensor
-from tests.helpers import EQUAL_UP_TO_ROUNDING, in_place_total, parallel_assert_close, tiny_digits, uneven_mlp
+from tests.handed import in_place_total
+from tests.helpers import EQUAL_UP_TO_ROUNDING, parallel_assert_close, tiny_digits, uneven_mlp
 from tests.test_memory_tasks import known_map
 from tests.test_zero import zero_job
 

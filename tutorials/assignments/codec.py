@@ -17,7 +17,7 @@ import numpy as np
 
 GENERATORS = ("PCG64", "PCG64DXSM", "Philox", "SFC64", "MT19937")
 PACKAGES = ("minidl.", "collectives.", "algorithms.")
-HELPERS = ("tests.helpers",)          # the tests' shared helpers (in every student tree): their spies and sums
+HELPERS = ("tests.handed",)           # what tests hand to graded functions (in every student tree): sums, stand-ins
 MODULES = ("numpy",)                  # modules outside PACKAGES that may cross (by name)
 
 
@@ -114,12 +114,14 @@ class Remote:
 
 
 class Unreachable:
-    """In the sandbox, a communicator of the grader's that the call cannot use (the call runs on
-    fewer ranks than it has): held and handed back, but any use of it raises."""
+    """In the sandbox, an MPI object of the grader's that the call cannot use (a communicator of
+    more ranks than the call runs on, a pending request): held and handed back, any use raises."""
 
     def __getattr__(self, name):
-        raise RuntimeError(f"comm.{name}: this communicator is the grader's; the graded call runs alone "
-                           "in the sandbox and cannot use it")
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise RuntimeError(f".{name}: this MPI object is the grader's; the graded call runs in the sandbox "
+                           "and cannot use it")
 
 
 class Packer:
@@ -160,9 +162,9 @@ class Packer:
             return ["comm"]
         if id(v) in self.numbers and self.sent[self.numbers[id(v)]] is v:
             return ["ref", self.numbers[id(v)]]
-        if isinstance(v, Unreachable) or type(v).__module__ == "mpi4py.MPI" and self.subcomm is not None \
-                and hasattr(v, "Get_group"):
-            ranks = None if isinstance(v, Unreachable) else self.subcomm(v)
+        if isinstance(v, Unreachable) or type(v).__module__ == "mpi4py.MPI" and self.subcomm is not None:
+            usable = not isinstance(v, Unreachable) and hasattr(v, "Get_group")   # not a request, a window
+            ranks = self.subcomm(v) if usable else None
             return ["subcomm", *self._number(v), None if ranks is None else [int(rank) for rank in ranks]]
         down = depth + 1
         if isinstance(v, (np.ndarray, np.generic)):     # first: numpy's float64 is also a float
@@ -204,6 +206,9 @@ class Packer:
         if isinstance(v, list):
             number = self._number(v)
             return ["list", [self.spec(x, down) for x in v], *number]
+        if isinstance(v, (set, frozenset)):
+            number = self._number(v) if type(v) is set else []
+            return [type(v).__name__, [self.spec(x, down) for x in v], *number]
         if isinstance(v, type({}.values())):
             return ["values", [self.spec(x, down) for x in v]]
         if isinstance(v, dict):
@@ -254,3 +259,47 @@ def _full(cell):
     except ValueError:
         return False
     return True
+
+
+def world_ranks(world):
+    """``subcomm`` for ``pack_call``: a communicator's members as ranks of ``world``."""
+    return lambda comm: comm.Get_group().Translate_ranks(list(range(comm.Get_size())), world.Get_group())
+
+
+def subcommunicators(world):
+    """``subcomm`` for ``unpack_call``: the communicator of those ranks of ``world`` (made once, by
+    its members together, in the order the arguments name them)."""
+    made = {}
+
+    def make(ranks):
+        if not (isinstance(ranks, list) and ranks and len(set(ranks)) == len(ranks)
+                and all(type(r) is int and 0 <= r < world.Get_size() for r in ranks) and world.Get_rank() in ranks):
+            raise ValueError(f"a communicator of ranks {str(ranks)[:80]}")
+        if tuple(ranks) not in made:
+            made[tuple(ranks)] = world.Create_group(world.Get_group().Incl(ranks))
+        return made[tuple(ranks)]
+    return make
+
+
+def same_array(original, after):
+    if original.shape != after.shape or original.dtype != after.dtype:
+        raise ValueError(f"an array came back as {after.dtype}{list(after.shape)}, "
+                         f"was {original.dtype}{list(original.shape)}")
+
+
+def write(original, after):
+    if original.tobytes() != after.tobytes():
+        original[...] = after
+
+
+def hashable(key):
+    hash(key)                                     # TypeError (a list as a key): caught by unpack
+    return key
+
+
+def state(state):
+    """A bit generator's state as numpy wants it back (MT19937 keeps its key as a uint32 array)."""
+    inner = state.get("state")
+    if state["bit_generator"] == "MT19937" and isinstance(inner, dict):
+        state = {**state, "state": {**inner, "key": np.asarray(inner.get("key"), dtype=np.uint32)}}
+    return state

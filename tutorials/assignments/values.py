@@ -39,7 +39,8 @@ else:                                 # in the sandbox: beside this file, never 
     _spec = importlib.util.spec_from_file_location("sandbox_codec", os.path.join(os.path.dirname(__file__), "codec.py"))
     codec = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(codec)
-Packer, Remote = codec.Packer, codec.Remote
+Packer, Remote, world_ranks, subcommunicators = codec.Packer, codec.Remote, codec.world_ranks, codec.subcommunicators
+_same_array, _write, _hashable, _state = codec.same_array, codec.write, codec.hashable, codec.state
 GENERATORS, PACKAGES, MAX_DEPTH, MAX_TEXT = codec.GENERATORS, codec.PACKAGES, codec.MAX_DEPTH, codec.MAX_TEXT
 
 
@@ -71,31 +72,11 @@ def pack_reply(value, seen, *, comm=(), subcomm=None):
     return Packer(comm=comm, known=seen, subcomm=subcomm).arrays(value)
 
 
-def world_ranks(world):
-    """``subcomm`` for ``pack_call``: a communicator's members as ranks of ``world``."""
-    return lambda comm: comm.Get_group().Translate_ranks(list(range(comm.Get_size())), world.Get_group())
-
-
-def subcommunicators(world):
-    """``subcomm`` for ``unpack_call``: the communicator of those ranks of ``world`` (made once, by
-    its members together, in the order the arguments name them)."""
-    made = {}
-
-    def make(ranks):
-        if not (isinstance(ranks, list) and ranks and len(set(ranks)) == len(ranks)
-                and all(type(r) is int and 0 <= r < world.Get_size() for r in ranks) and world.Get_rank() in ranks):
-            raise ValueError(f"a communicator of ranks {str(ranks)[:80]}")
-        if tuple(ranks) not in made:
-            made[tuple(ranks)] = world.Create_group(world.Get_group().Incl(ranks))
-        return made[tuple(ranks)]
-    return make
-
-
 def unpack_reply(arrays, sent, *, comm=None, remote=None):
     """The reply's value; the sent things it names are the caller's own, updated to the reply's state.
 
-    ``remote``: (module, qualified-name prefix, factory): a closure of the task's own code (which
-    this side does not run) becomes ``factory(spec)``, a stand-in that calls it in the sandbox."""
+    ``remote``: (module, qualified name of the task's function): a closure of the task's own code
+    (which this side does not run) becomes a ``Remote``, a stand-in that calls it in the sandbox."""
     return Builder(comm=comm, originals=sent, remote=remote).value(arrays)
 
 
@@ -246,6 +227,13 @@ class Builder:
             built = items(rest[0])
             later(lambda: made.__setitem__(slice(None), built)) if tagged else made.extend(built)
             return made
+        if kind == "set":
+            made, tagged = self._register(rest[1:], set(), lambda o: type(o) is set)
+            built = {_hashable(item) for item in items(rest[0])}
+            later(lambda: (made.clear(), made.update(built))) if tagged else made.update(built)
+            return made
+        if kind == "frozenset":
+            return frozenset(_hashable(item) for item in items(rest[0]))
         if kind == "values":
             return dict(enumerate(items(rest[0]))).values()
         if kind == "dict":
@@ -334,27 +322,3 @@ class Builder:
                 box.cell_contents = filled[name]
         made.__defaults__, made.__kwdefaults__ = defaults, kwdefaults
         return made
-
-
-def _same_array(original, after):
-    if original.shape != after.shape or original.dtype != after.dtype:
-        raise ValueError(f"an array came back as {after.dtype}{list(after.shape)}, "
-                         f"was {original.dtype}{list(original.shape)}")
-
-
-def _write(original, after):
-    if original.tobytes() != after.tobytes():
-        original[...] = after
-
-
-def _hashable(key):
-    hash(key)                                     # TypeError (a list as a key): caught by unpack
-    return key
-
-
-def _state(state):
-    """A bit generator's state as numpy wants it back (MT19937 keeps its key as a uint32 array)."""
-    inner = state.get("state")
-    if state["bit_generator"] == "MT19937" and isinstance(inner, dict):
-        state = {**state, "state": {**inner, "key": np.asarray(inner.get("key"), dtype=np.uint32)}}
-    return state
