@@ -2,20 +2,26 @@
 
 $MINIDL_GRADE_PROXY names a task (tutorials/assignments/tasks.toml, ``sandbox = true``) and
 $MINIDL_GRADE_STUDENT the student tree. Before collection the plugin swaps the body of the task's
-function in this (reference) checkout for a call of a forwarder, so every caller reaches it. The
-tests, their expected values and every other function stay here, in the grader's process; only
-the call crosses into ``sandbox.Session``, which imports the student's module in a sandbox and
-can hand back nothing but arrays and one JSON text, from which tutorials/assignments/values.py
-rebuilds plain values (numbers, strings, arrays, lists, tuples, dicts, the project's namedtuples,
-random generators) and nothing else.
+function in this (reference) checkout for a call of a forwarder, so every caller reaches it: a
+function's or method's code is replaced; a closure (``matmul.backward``) is recompiled inside its
+enclosing function so that each closure made hands the forwarder the enclosing function's
+variables. The tests, their expected values and every other function stay here, in the grader's
+process; only the call crosses into ``sandbox.Session`` (one job per rank count, serving every
+call: ``{"function", "args", "kwargs"}`` packed by tutorials/assignments/values.py), which
+rebuilds the function and its arguments from the student's tree and can hand back nothing but
+arrays and one JSON text. From those, values.py writes the state the call left (arrays, the
+project's objects, lists, dicts, generators) into the caller's own objects, after checking every
+piece, and rebuilds the return value; a closure of the task's own code that comes back (a
+Tensor's backward) is a stand-in that calls it in the sandbox again.
 
-With a ``comm`` argument the call is collective: every rank of ``comm`` sends its arguments to
-its rank 0, which runs the student's function once on ``comm.size`` sandboxed ranks (rank i there
-gets rank i's arguments) and sends each rank its reply. Arrays the student's function changed in
-place are copied into the caller's arrays, and generators it drew from are advanced alike; the
-return value comes back as the function gave it.
-A student function that raises, deadlocks (``$MINIDL_GRADE_CALL_TIMEOUT`` s) or replies with
-junk fails the test on every rank with the sandbox's message.
+The call is collective over its communicator (an argument ``comm``, or one found in the
+arguments: a partial's, a closure's, an object's): every rank sends its arguments to its rank 0,
+which runs the student's function once on ``comm.size`` sandboxed ranks (rank i there gets rank
+i's arguments) and sends each rank its reply. Communicators of some of the ranks make the call
+the world's; a call without one runs alone, and the MPI objects it holds cross as stand-ins that
+raise when used. A student function that raises, deadlocks ($MINIDL_GRADE_CALL_TIMEOUT s) or
+replies with junk fails the test on every rank with the sandbox's message, led by the required
+task to blame when the traceback shows one.
 """
 import functools
 import importlib
