@@ -6,6 +6,7 @@ message; ``["ref", n]`` is the same thing again, so shared references and cycles
 ``was``: the number the thing had in the call it came back from (a reply only), or null.
 This file imports nothing of the project: the sandbox loads it from beside its driver.
 """
+import collections
 import dataclasses
 import functools
 import inspect
@@ -25,6 +26,7 @@ def ours(module):
     """Whether ``module`` (a name) is of the project's packages, or the tests' helpers."""
     return isinstance(module, str) and (module.startswith(PACKAGES) or module in HELPERS)
 MAX_DEPTH, MAX_TEXT = 250, 1 << 24
+DICTS = {"dict": dict, "counter": collections.Counter, "ordereddict": collections.OrderedDict}
 def resolve(module, qualname, importing=False):
     """The class or function ``module:qualname`` of the project's packages in this side's tree, or None.
 
@@ -211,9 +213,10 @@ class Packer:
             return [type(v).__name__, [self.spec(x, down) for x in v], *number]
         if isinstance(v, type({}.values())):
             return ["values", [self.spec(x, down) for x in v]]
-        if isinstance(v, dict):
+        if isinstance(v, dict) and type(v) in DICTS.values():
             number = self._number(v)
-            return ["dict", [[self.spec(k, down), self.spec(x, down)] for k, x in v.items()], *number]
+            kind = next(name for name, cls in DICTS.items() if cls is type(v))
+            return [kind, [[self.spec(k, down), self.spec(x, down)] for k, x in v.items()], *number]
         if isinstance(v, range):
             return ["range", [v.start, v.stop, v.step]]
         if isinstance(v, types.ModuleType) and (v.__name__ in MODULES or ours(v.__name__)):

@@ -236,10 +236,11 @@ class Builder:
             return frozenset(_hashable(item) for item in items(rest[0]))
         if kind == "values":
             return dict(enumerate(items(rest[0]))).values()
-        if kind == "dict":
+        if kind in codec.DICTS:
             if not isinstance(rest[0], list) or not all(isinstance(pair, list) and len(pair) == 2 for pair in rest[0]):
                 raise ValueError("dict: not a list of pairs")
-            made, tagged = self._register(rest[1:], {}, lambda o: type(o) is dict)
+            cls = codec.DICTS[kind]
+            made, tagged = self._register(rest[1:], cls(), lambda o: type(o) is cls)
             built = {_hashable(self.build(k, arrays, down)): self.build(v, arrays, down) for k, v in rest[0]}
             later(lambda: (made.clear(), made.update(built))) if tagged else made.update(built)
             return made
