@@ -18,7 +18,7 @@ import numpy as np
 
 GENERATORS = ("PCG64", "PCG64DXSM", "Philox", "SFC64", "MT19937")
 PACKAGES = ("minidl.", "collectives.", "algorithms.")
-HELPERS = ("tests.handed",)           # what tests hand to graded functions (in every student tree): sums, stand-ins
+HELPERS = ("tests.handed", "tests.helpers")   # what tests hand to graded functions (in every student tree)
 MODULES = ("numpy",)                  # modules outside PACKAGES that may cross (by name)
 
 

@@ -7,8 +7,8 @@ What crosses: None, bool, int, float, str, NumPy arrays and scalars (kept as arr
 shape exact; a view stays a view of its base), dtypes, lists, tuples, dicts, a dict's values
 view, ranges, NumPy random generators (the bit generator's name and state), the ``comm`` of the
 call (the receiver's own), the ``numpy`` module, and, of the project's own packages (minidl,
-collectives, algorithms: ``PACKAGES``; and tests/helpers.py, whose spies and sums tests hand to the
-function: nothing else): namedtuples, dataclasses, **objects** (the
+collectives, algorithms: ``PACKAGES``; and tests/handed.py and tests/helpers.py, whose sums, stand-ins and model
+builders tests hand to the function: nothing else): namedtuples, dataclasses, **objects** (the
 class's qualified name and the instance's fields, rebuilt with ``object.__new__`` from the class of
 *the receiving side's* tree), module-level **functions** and classes by qualified name, **closures**
 (the qualified name of their code, found again in the receiving side's tree, and their cells'
