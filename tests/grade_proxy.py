@@ -201,7 +201,8 @@ def _reroute(outer, inner):
     arguments = inner.co_varnames[:inner.co_argcount + inner.co_kwonlyargcount]
     body = [f"{indent}_cells = {{}}"]
     for name in dict.fromkeys(names):
-        body += [f"{indent}try:", f"{indent}    _cells[{name!r}] = {name}", f"{indent}except NameError:", f"{indent}    pass"]
+        body += [f"{indent}try:", f"{indent}    _cells[{name!r}] = {name}",
+                 f"{indent}except NameError:", f"{indent}    pass"]
     body.append(f"{indent}return __import__('sys').modules['tests.grade_proxy'].FORWARD(_cells, "
                 f"({''.join(a + ', ' for a in arguments)}), {{}})")
     source = "\n".join(lines[:begin] + body + lines[end + 1:]) + "\n"

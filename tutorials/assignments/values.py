@@ -109,7 +109,7 @@ class Builder:
     def __init__(self, comm=None, originals=None, importing=False, remote=None, keep=False, subcomm=None):
         self.comm, self.originals, self.importing, self.remote = comm, originals, importing, remote
         self.subcomm = subcomm             # the sandbox: world ranks -> the communicator of them
-        self.keep = keep                   # the sandbox: remember each array as it came (a reply sends it back only if changed)
+        self.keep = keep                   # the sandbox: each array as it came (a reply sends it back only if changed)
         self.memo, self.seen, self.updates = {}, {}, []
 
     def value(self, arrays):
@@ -311,7 +311,8 @@ class Builder:
         made, tagged = self._register(rest[:2], made, lambda o: isinstance(o, (types.FunctionType, Remote)))
         filled = {name: self.build(cell, arrays, down) for name, cell in cells}
         defaults, kwdefaults = self.build(defaults, arrays, down), self.build(kwdefaults, arrays, down)
-        if not (defaults is None or isinstance(defaults, tuple)) or not (kwdefaults is None or isinstance(kwdefaults, dict)):
+        if not (defaults is None or isinstance(defaults, tuple)) or \
+                not (kwdefaults is None or isinstance(kwdefaults, dict)):
             raise ValueError("closure: defaults that are not a tuple or a dict")
         if tagged:
             return made
