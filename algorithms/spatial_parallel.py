@@ -65,6 +65,7 @@ Default run (small CNN, digits, 10 epochs, batch 32, lr 0.05, momentum 0.9): ser
 trajectory, 98.9% test accuracy at P = 2 as ``serial_sgd``.
 """
 import contextlib
+import functools
 
 import numpy
 from mpi4py import MPI
@@ -239,13 +240,12 @@ def train(comm=None, recompute=False, **settings):
         name = f"--model {settings.model}" if isinstance(settings.model, str) else "the model"
         tiling = Tiling.of(objective.net, height, width, comm.Get_size(), name)
     conv_gradient = objective.grad[:tiling.conv_parameters()]       # the conv layers come first in the flat vector
-    allreduce = run.allreduce_function("ring")
+    sum_conv_gradient = functools.partial(run.allreduce_function("ring"), job.counting, conv_gradient)
 
     def step(batch):
         objective.flat.zero_grad()
         loss = spatial_gradient(job.counting, tiling, objective.data.x_train[batch.index],
-                                objective.data.y_train[batch.index], lambda: allreduce(job.counting, conv_gradient),
-                                recompute)
+                                objective.data.y_train[batch.index], sum_conv_gradient, recompute)
         job.optimizer.step()                            # the same update on every rank
         return loss
 

@@ -8,17 +8,26 @@
 A task's tests are the ones marked ``@pytest.mark.task("<id>")`` (tests/hidden/ holds the hidden
 ones; a student tree has none). With ``--student DIR``:
 
-- **Sandboxed tasks** (``sandbox = true`` in tasks.toml: those whose function takes and returns
-  plain values, tutorials/assignments/values.py's) run their tests here, in this checkout,
+- **Sandboxed tasks** (``sandbox = true`` in tasks.toml) run their tests here, in this checkout,
   with the hidden tests and their answers; only the task's function runs in the sandbox
-  (tutorials/assignments/sandbox.py), imported from a copy of DIR without solution-only files,
-  one sandboxed job per rank count serving every call (tests/grade_proxy.py). The student's code
-  can hand back plain values and nothing else: no record file, no patched pytest, no answer to read.
+  (tutorials/assignments/sandbox.py), imported from a copy of DIR without solution-only files, one
+  sandboxed job per rank count serving every call (tests/grade_proxy.py). Its arguments cross as
+  values (tutorials/assignments/values.py): arrays, numbers, lists, dicts, and the project's own
+  objects, functions and closures (a model, an optimizer, an autograd closure's cells), each
+  rebuilt there from the student's tree and, after the call, written back into the caller's own
+  objects here. A function that is a closure (``matmul.backward``) is called with the enclosing
+  function's variables; a method with its object. The student's code can hand back plain values
+  and nothing else: no record file, no patched pytest, no answer to read, no code of its own.
+  **Prerequisites run as the student wrote them:** in the sandbox the whole student tree is the
+  student's, so a task whose code calls another task's function (``requires``) fails if that one
+  is unfinished or wrong; its message then leads with "task X runs through your task Y ... which
+  is still a stub (or raised): finish or fix Y first".
 - **The other tasks** are graded in a copy of *this* tree into which only that task's body is
   taken from DIR (the lines between its ``# BEGIN SOLUTION`` / ``# END SOLUTION`` markers). Their
-  student code still runs unsandboxed, in the grader's process tree: their functions take models,
-  optimizers or stateful objects, which cannot cross into the sandbox as values.
-- Everything else is the reference, so an unfinished chapter 3 never sinks chapter 4.
+  student code still runs unsandboxed, in the grader's process tree; tutorials/assignments/README.md
+  says which and why (they call their function thousands of times, or talk to processes that are
+  not running the same call: a parameter server's workers, a shared-memory window).
+- For those, everything else is the reference, so their unfinished prerequisites do not sink them.
 - A body that calls one of its task's ``forbid`` methods (``comm.Allreduce`` in a ring task) is
   not run: the task scores 0 and says why.
 
@@ -26,7 +35,10 @@ Without ``--student`` the tree is graded as it is (a student checking their own 
 unfinished prerequisites do cascade).
 
 Each rank count runs in its own ``mpiexec`` (one pytest per rank, as tests/run.py does) with a
-per-test timeout (pytest-timeout, ``--timeout``, 30 s by default). A test that deadlocks kills its
+per-test timeout (pytest-timeout, ``--timeout``, 30 s by default; a test that calls a sandboxed
+function hundreds of times may carry a longer ``timeout`` mark, since each call there has its own
+limit of 0.7 ``--timeout``: a deadlock in the student's code still costs one call's limit). A
+test that deadlocks kills its
 run, and the task stops there: that test fails with "timed out after N s at p = P", and the task's
 tests that had not run yet are marked "not run" (they count as failed), so a deadlock costs its
 task at most about one timeout and the other tasks nothing. ``--time-limit`` bounds the whole
@@ -96,7 +108,7 @@ def run(tree, nprocs, selection, timeout, count, env):
                                    cwd=tree, env=env,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
-            process.wait(timeout=timeout * count + 60)
+            process.wait(timeout=timeout * count + 300)  # + a test's own longer timeout mark
         except subprocess.TimeoutExpired:                # pytest-timeout should have ended it first
             os.killpg(process.pid, signal.SIGKILL)       # mpiexec and every rank: one process group
             process.wait()

@@ -2,70 +2,53 @@
 
 $MINIDL_GRADE_PROXY names a task (tutorials/assignments/tasks.toml, ``sandbox = true``) and
 $MINIDL_GRADE_STUDENT the student tree. Before collection the plugin swaps the body of the task's
-function in this (reference) checkout for a call of a forwarder, so every caller reaches it. The
-tests, their expected values and every other function stay here, in the grader's process; only
-the call crosses into ``sandbox.Session``, which imports the student's module in a sandbox and
-can hand back nothing but arrays and one JSON text, from which tutorials/assignments/values.py
-rebuilds plain values (numbers, strings, arrays, lists, tuples, dicts, the project's namedtuples,
-random generators) and nothing else.
+function in this (reference) checkout for a call of a forwarder, so every caller reaches it: a
+function's or method's code is replaced; a closure (``matmul.backward``) is recompiled inside its
+enclosing function so that each closure made hands the forwarder the enclosing function's
+variables. The tests, their expected values and every other function stay here, in the grader's
+process; only the call crosses into ``sandbox.Session`` (one job per rank count, serving every
+call: ``{"function", "args", "kwargs"}`` packed by tutorials/assignments/values.py), which
+rebuilds the function and its arguments from the student's tree and can hand back nothing but
+arrays and one JSON text. From those, values.py writes the state the call left (arrays, the
+project's objects, lists, dicts, generators) into the caller's own objects, after checking every
+piece, and rebuilds the return value; a closure of the task's own code that comes back (a
+Tensor's backward) is a stand-in that calls it in the sandbox again.
 
-With a ``comm`` argument the call is collective: every rank of ``comm`` sends its arguments to
-its rank 0, which runs the student's function once on ``comm.size`` sandboxed ranks (rank i there
-gets rank i's arguments) and sends each rank its reply. Arrays the student's function changed in
-place are copied into the caller's arrays, and generators it drew from are advanced alike; the
-return value comes back as the function gave it.
-A student function that raises, deadlocks (``$MINIDL_GRADE_CALL_TIMEOUT`` s) or replies with
-junk fails the test on every rank with the sandbox's message.
+The call is collective over its communicator (an argument ``comm``, or one found in the
+arguments: a partial's, a closure's, an object's): every rank sends its arguments to its rank 0,
+which runs the student's function once on ``comm.size`` sandboxed ranks (rank i there gets rank
+i's arguments) and sends each rank its reply. Communicators of some of the ranks make the call
+the world's; a call without one runs alone, and the MPI objects it holds cross as stand-ins that
+raise when used. A student function that raises, deadlocks ($MINIDL_GRADE_CALL_TIMEOUT s) or
+replies with junk fails the test on every rank with the sandbox's message, led by the required
+task to blame when the traceback shows one.
 """
+import functools
 import importlib
 import inspect
 import os
+import re
+import textwrap
 import time
+import types
 
 import numpy as np
+from mpi4py import MPI
 
 from collectives.trace import WatchedComm
-from tutorials.assignments import sandbox, values       # here, not at rank 0's first call: see below
+from tutorials.assignments import codec, sandbox, values   # here, not at rank 0's first call: see below
 
 # Every rank must draw the same hypothesis examples. Rank 0 alone runs the sandbox; importing a
 # module for the first time inside a test on one rank only was seen to change which examples that
 # rank drew next (rank 0 drew a length of 100 where the others drew 120), so the import is here.
 SESSIONS = {}
-
-
-def _decode(reply, originals):
-    """Copy in-place changes back into the caller's arrays; the return value as the function gave it."""
-    if "__values__" in reply:                     # packed (tutorials/assignments/values.py): checked piece by piece
-        try:
-            out = values.unpack(reply)
-            if not (isinstance(out, dict) and out.keys() == {"return", "after"} and isinstance(out["after"], dict)
-                    and out["after"].keys() == originals.keys()):
-                raise ValueError("not a reply of the call: a dict of 'return' and the arguments 'after' it")
-            for name, value in originals.items():
-                values.copy_back(value, out["after"][name])
-        except ValueError as error:
-            raise AssertionError(f"{FUNCTION} (the student's, in the sandbox) replied with junk: {error}") from None
-        return out["return"]
-    for name, array in reply.items():
-        target = originals.get(name)
-        if isinstance(target, np.ndarray) and not name.startswith("return"):
-            if target.shape != array.shape or target.dtype != array.dtype:
-                raise AssertionError(f"{name} came back as {array.dtype}{list(array.shape)}, "
-                                     f"was {target.dtype}{list(target.shape)}")
-            target[...] = array
-    parts = sorted((name for name in reply if name.startswith("return.")), key=lambda n: int(n.split(".")[1])
-                   if n.split(".")[1].isdigit() else n)
-    if "return" in reply:
-        value = reply["return"]
-        return value.item() if value.ndim == 0 else value
-    if parts:
-        return tuple(reply[name].item() if reply[name].ndim == 0 else reply[name] for name in parts)
-    return None
+MODULE = FUNCTION = CODE_NAME = TASK = TASKS = None
+METHOD = 0                                        # 1: the task's function is a method (args[0] its object)
 
 
 def _session(size):
     if size not in SESSIONS:
-        SESSIONS[size] = sandbox.Session(os.environ["MINIDL_GRADE_STUDENT"], MODULE, FUNCTION, nprocs=size)
+        SESSIONS[size] = sandbox.Session(os.environ["MINIDL_GRADE_STUDENT"], MODULE, "*", nprocs=size)
     return SESSIONS[size]
 
 
@@ -87,41 +70,115 @@ def _idle_until_all_arrive(comm):
         pause = min(2 * pause, 0.001)
 
 
-def forwarder(original):
+def _comm_of(things, depth=4):
+    """The call's communicator: the first MPI communicator among ``things`` or held by one of them
+    (a partial's arguments, a closure's cells, an object's fields, a container's items; a few
+    levels deep), or None."""
+    for thing in things:
+        if isinstance(thing, (MPI.Comm, WatchedComm)):
+            return thing
+        if depth == 0 or isinstance(thing, (np.ndarray, str, bytes, int, float)):
+            continue
+        if isinstance(thing, functools.partial):
+            inner = [*thing.args, *thing.keywords.values()]
+        elif isinstance(thing, codec.Remote):
+            inner = list(thing.spec[3].values())
+        elif isinstance(thing, types.FunctionType):
+            inner = [cell.cell_contents for cell in thing.__closure__ or () if codec._full(cell)]
+        elif isinstance(thing, (list, tuple)):
+            inner = list(thing)
+        elif isinstance(thing, dict):
+            inner = list(thing.values())
+        elif codec.ours(type(thing).__module__) and hasattr(thing, "__dict__"):
+            inner = list(vars(thing).values())
+        else:
+            continue
+        found = _comm_of(inner, depth - 1)
+        if found is not None:
+            return found
+    return None
+
+
+def call(function, args, kwargs, comm):
+    """``function(*args, **kwargs)`` in the sandbox (collective when ``comm`` has several ranks):
+    the return value; what it changed of the arguments is written into them here."""
+    chain = [comm]
+    while isinstance(chain[-1], WatchedComm):
+        chain.append(chain[-1].comm)
+    if chain[-1] is not None and chain[-1].Get_size() < MPI.COMM_WORLD.Get_size():
+        comm, chain = None, [MPI.COMM_WORLD]     # communicators of some ranks: the call is the world's
+    alone = chain[-1] is None or chain[-1].Get_size() == 1
+    # a wrapper of the project's (collectives.trace's counting and tracing) crosses as an object around
+    # the sandbox's own communicator, and its counts come back; a test's own is replayed (``__watch__``)
+    watch = isinstance(comm, WatchedComm) and not all(codec.plain_class(type(part)) for part in chain[:-1])
+    placeholder = tuple(part for part in (chain if watch else chain[-1:]) if part is not None)
+    try:                                          # alone: other communicators cross as unusable stand-ins
+        sent_arrays, sent = values.pack_call({"function": function, "args": tuple(args), "kwargs": dict(kwargs)},
+                                             comm=placeholder,
+                                             subcomm=(lambda c: None) if alone else values.world_ranks(MPI.COMM_WORLD))
+    except TypeError as error:                    # the test hands the function something that cannot cross
+        raise AssertionError(f"{FUNCTION}: its arguments cannot cross into the sandbox: {error}") from None
+    if watch:                                     # a test counts the messages: record them there
+        sent_arrays["__watch__"] = np.array(True)
+    inner = chain[-1]
+    if alone:
+        outcome = _run(1, [sent_arrays])
+        reply = outcome if isinstance(outcome, str) else outcome[0]
+    else:
+        gathered, parts = inner.gather(sent_arrays, root=0), None
+        if inner.Get_rank() == 0:
+            outcome = _run(inner.Get_size(), gathered)
+            parts = outcome if isinstance(outcome, list) else [outcome] * inner.Get_size()
+        _idle_until_all_arrive(inner)
+        reply = inner.scatter(parts, root=0)
+    if isinstance(reply, str):
+        raise AssertionError(f"{FUNCTION} (the student's, in the sandbox): {_blame(reply)}")
+    if watch:                                     # the sandbox's messages, as if sent through ``comm``
+        for row in reply.pop("__messages__", np.zeros((0, 6), dtype=np.int64)).reshape(-1, 6).tolist():
+            sent_, received = tuple(row[:3]), tuple(row[3:])
+            comm.watch(0.0, 0.0, sent=None if sent_[0] < 0 else sent_, received=None if received[0] < 0 else received)
+    try:
+        out = values.unpack_reply(reply, sent, comm=placeholder[0] if placeholder else None, remote=(MODULE, CODE_NAME))
+        if not (isinstance(out, dict) and out.keys() == {"return", "after"}):
+            raise ValueError("not a reply of the call: a dict of 'return' and 'after'")
+    except ValueError as error:
+        raise AssertionError(f"{FUNCTION} (the student's, in the sandbox) replied with junk: {error}") from None
+    return out["return"]
+
+
+def _blame(message):
+    """``message``, led by the required task (tasks.toml's ``requires``) whose function is still a
+    stub or raised, when the sandbox's traceback says so: the student's own prerequisites run there."""
+    frames = re.findall(r'File "([^"]+)", line \d+, in (\w+)', message)
+    for needed in TASK.requires:
+        other = TASKS[needed]
+        stubbed = f"NotImplementedError: Task {needed}:" in message
+        raised = any(path.endswith("/" + other.file) and name == other.function.split(".")[-1] for path, name in frames)
+        if stubbed or raised:
+            return (f"task {TASK.id} runs through your task {needed} ({other.function} in {other.file}, which it "
+                    f"requires), and that {'is still a stub' if stubbed else 'raised'}: finish or fix {needed} "
+                    f"first. {message}")
+    return message
+
+
+def _remote_call(remote, args, kwargs):
+    """A closure of the student's task code that came back (a Tensor's backward): called in the sandbox."""
+    return call(remote, args, kwargs, _comm_of([*args, *kwargs.values(), remote]))
+
+
+def forwarder(original, function=None):
+    """The forwarder for ``original`` (the task's function, or a closure's code: then each call
+    gets the closure's cells and ``function`` builds the thing to call in the sandbox)."""
     signature = inspect.signature(original)
 
     def forward(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        arguments = dict(bound.arguments)
-        comm = watched = arguments.pop("comm", None)
-        sent = values.pack(arguments)            # any value the codec carries; never pickle
-        if isinstance(comm, WatchedComm):         # a test counts the messages: record them there
-            sent["__watch__"] = True
-            while isinstance(comm, WatchedComm):
-                comm = comm.comm
-        else:
-            watched = None
-        if comm is None or comm.Get_size() == 1:
-            outcome = _run(1, [sent])
-            reply = outcome if isinstance(outcome, str) else outcome[0]
-        else:
-            gathered, parts = comm.gather(sent, root=0), None
-            if comm.Get_rank() == 0:
-                outcome = _run(comm.Get_size(), gathered)
-                parts = outcome if isinstance(outcome, list) else [outcome] * comm.Get_size()
-            _idle_until_all_arrive(comm)
-            reply = comm.scatter(parts, root=0)
-        if isinstance(reply, str):
-            raise AssertionError(f"{FUNCTION} (the student's, in the sandbox): {reply}")
-        if watched is not None:                   # the sandbox's messages, as if sent through ``watched``
-            for row in reply.pop("__messages__", np.zeros((0, 6), dtype=np.int64)).reshape(-1, 6).tolist():
-                sent_, received = tuple(row[:3]), tuple(row[3:])
-                watched.watch(0.0, 0.0, sent=None if sent_[0] < 0 else sent_,
-                              received=None if received[0] < 0 else received)
-        return _decode(reply, arguments)
-    forward.__wrapped__ = original
-    forward.__name__ = original.__name__
+        target = original
+        if function is not None:
+            cells, args, kwargs = args
+            target = function(cells)
+        bound = signature.bind(*args, **kwargs)        # a method's object: its comm is not the call's
+        comm = bound.arguments.get("comm") or _comm_of([*args[METHOD:], *kwargs.values()])
+        return call(target, args, kwargs, comm)
     return forward
 
 
@@ -131,21 +188,59 @@ def _trampoline(*args, **kwargs):
     return __import__("sys").modules["tests.grade_proxy"].FORWARD(*args, **kwargs)
 
 
+def _reroute(outer, inner):
+    """Recompile ``outer`` (a module-level function) with the fenced body of its closure ``inner``
+    replaced by a call of the forwarder that hands over the closure's arguments and the value of
+    every local variable of ``outer`` (the student's closure may read any of them, not only those
+    the reference's reads); ``outer`` keeps its identity, only its code changes."""
+    lines = textwrap.dedent(inspect.getsource(outer)).splitlines()
+    begin = next(i for i, line in enumerate(lines) if line.strip() == "# BEGIN SOLUTION")
+    end = next(i for i, line in enumerate(lines) if line.strip() == "# END SOLUTION")
+    indent = lines[begin][:len(lines[begin]) - len(lines[begin].lstrip())]
+    names = [name for name in (*outer.__code__.co_varnames, *outer.__code__.co_cellvars) if name != inner.co_name]
+    arguments = inner.co_varnames[:inner.co_argcount + inner.co_kwonlyargcount]
+    body = [f"{indent}_cells = {{}}"]
+    for name in dict.fromkeys(names):
+        body += [f"{indent}try:", f"{indent}    _cells[{name!r}] = {name}",
+                 f"{indent}except NameError:", f"{indent}    pass"]
+    body.append(f"{indent}return __import__('sys').modules['tests.grade_proxy'].FORWARD(_cells, "
+                f"({''.join(a + ', ' for a in arguments)}), {{}})")
+    source = "\n".join(lines[:begin] + body + lines[end + 1:]) + "\n"
+    scope = {}
+    exec(compile(source, outer.__code__.co_filename, "exec"), outer.__globals__, scope)
+    outer.__code__ = scope[outer.__name__].__code__
+
+
 def pytest_configure(config):
-    global MODULE, FUNCTION
+    global MODULE, FUNCTION, CODE_NAME, FORWARD
     task_id = os.environ.get("MINIDL_GRADE_PROXY")
     if not task_id:
         return
     from tutorials import assignments
     tasks, _ = assignments.load()
-    task = next(task for task in tasks if task.id == task_id)
+    global TASK, TASKS
+    TASKS = {task.id: task for task in tasks}
+    task = TASK = TASKS[task_id]
     MODULE, FUNCTION = task.file.removesuffix(".py").replace("/", "."), task.function
     for package in ("minidl", "collectives", "algorithms"):
         importlib.import_module(package)
-    global FORWARD
-    original = getattr(importlib.import_module(MODULE), FUNCTION)
-    FORWARD = forwarder(original)                # its signature is read before the body is swapped
-    original.__code__ = _trampoline.__code__
+    codec.Remote.CALL = _remote_call
+    module = importlib.import_module(MODULE)
+    head, _, tail = FUNCTION.partition(".")
+    owner = getattr(module, head)
+    if not tail or isinstance(owner, type):      # a function, or a method of a class
+        global METHOD
+        original, METHOD = (getattr(owner, tail), 1) if tail else (owner, 0)
+        CODE_NAME = original.__qualname__
+        FORWARD = forwarder(original)            # its signature is read before the body is swapped
+        original.__code__ = _trampoline.__code__
+        return
+    CODE_NAME = f"{head}.<locals>.{tail}"         # a closure made inside a function
+    code = codec.code_of(MODULE, CODE_NAME, 0)
+    dummy = types.FunctionType(code, module.__dict__, code.co_name, None,
+                               tuple(types.CellType() for _ in code.co_freevars))
+    FORWARD = forwarder(dummy, lambda cells: codec.Remote(MODULE, CODE_NAME, 0, cells, None, None))
+    _reroute(owner, code)
 
 
 def pytest_unconfigure(config):

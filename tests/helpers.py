@@ -28,12 +28,12 @@ from algorithms import model_parallel, sandblaster_lbfgs as sandblaster
 from algorithms.core import partition
 from algorithms.core.objective import Data, NetworkObjective, load_data
 from algorithms.sandblaster import wire
-from algorithms.sandblaster.coordinator import Shards
 from algorithms.sandblaster.shard import Shard
 from collectives.trace import TracedComm
 from minidl.data import epoch_order, sparse_logistic_regression
 from minidl.nn import Conv2d, Flatten, Linear, ReLU, Sequential
 from minidl.optim import SGD
+from tests.handed import InProcessShards
 
 ROOT = Path(__file__).resolve().parent.parent
 MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
@@ -283,20 +283,6 @@ def expected_bytes(rows, size, split, features):
     outputs, inner = sum(features[1:]), sum(features[1:-1])
     forward = outputs * (1 if split == "output" else 2)
     return (size - 1) * rows * (forward + inner) * 8
-
-
-class InProcessShards(Shards):
-    """The coordinator's handle on real ``Shard`` objects in this process (no messages)."""
-
-    def __init__(self, shards):
-        self.shards = shards
-
-    def order(self, op, **args):
-        for shard in self.shards:
-            shard.command(op, args)
-
-    def ask(self, op, **args):
-        return [shard.command(op, args) for shard in self.shards]
 
 
 def sharded(servers, g, s_history, y_history):

@@ -24,6 +24,7 @@ from minidl.flat import flatten
 from minidl.nn import Conv2d, Flatten, Linear, MaxPool2d, ReLU, Sequential
 from minidl.recompute import checkpoint
 from minidl.tensor import Tensor
+from tests.handed import Summing
 from tests.helpers import float64_mlp_of
 
 
@@ -57,17 +58,6 @@ def test_halo_exchange_gives_each_rank_its_window_of_the_whole_map():
                     f"rank {rank}: window of shape {window.shape}, expected rows [{need_lo}, {need_hi})")
     parallel_assert(bool(np.array_equal(window, whole[:, :, need_lo:need_hi])),
                     f"rank {rank}: the window is not rows [{need_lo}, {need_hi}) of the map")
-
-
-class Summing:
-    """total(array): the sum over 3 ranks that hold the same array (3 x), counting its calls."""
-
-    def __init__(self):
-        self.calls = 0
-
-    def __call__(self, array):
-        self.calls += 1
-        return 3 * array
 
 
 @pytest.mark.task("6.7")

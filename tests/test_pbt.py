@@ -26,6 +26,7 @@ from algorithms.core.cli import SettingError
 from minidl.flat import FlatParameters
 from minidl.optim import SGD
 from minidl.tensor import Parameter
+from tests.handed import ParamsOnly
 from tests.helpers import assert_stopped, float64_mlp, launch, tiny_digits
 
 
@@ -47,7 +48,7 @@ def test_truncation_selection_on_hand_worked_populations(scores, fraction, loser
 def member_state(rank):
     """A 7-element float64 'objective' and an SGD with a momentum buffer, both rank-specific."""
     flat = FlatParameters([Parameter(np.linspace(0, 1, 7) * (rank + 1) + np.pi)])
-    objective = type("Objective", (), {"params": flat.data})()
+    objective = ParamsOnly(flat.data)
     optimizer = SGD([flat.as_parameter()], lr=0.1, momentum=0.9)
     optimizer.state[0]["momentum"] = np.sqrt(np.arange(7.0) + rank) / 3
     return objective, optimizer

@@ -528,7 +528,7 @@ class Outsider:
     ('["generator", "{\\"bit_generator\\": \\"Evil\\"}"]', "not one of numpy's"),
     ('["dict", [[["list", []], ["atom", 1]]]]', "unhashable"),
     ('["int", "1' + "0" * 6000 + '"]', "kind 'int'"),
-    ('["list", [' * 100 + "]]" * 100, "too deep"),
+    ('["list", [' * 300 + "]]" * 300, "too deep"),
     ('["lambda", "print"]', "kind 'lambda'"),
     ("{", "JSONDecodeError")])
 def test_a_crafted_reply_is_refused_piece_by_piece(spec, why):
@@ -565,3 +565,66 @@ def test_a_session_carries_plain_values_both_ways(tmp_path):
     assert out["return"] == {"drawn": np.random.default_rng(3).integers(100), "shape": (4, 5), "total": 7,
                              "kind": "dict_values"}
     assert x.tolist() == [1.0, 1.0] and rng.integers(100) == np.random.default_rng(3).integers(100, size=2)[1]
+
+
+# --- project objects, functions and closures across the sandbox (values.py, codec.py) ----------------
+
+def test_objects_cross_with_their_views_and_come_back_into_the_callers_own(tmp_path):
+    from minidl.flat import FlatParameters
+    from minidl.tensor import Parameter
+    from tutorials.assignments import sandbox_driver
+
+    def crossed(arrays):                                        # as a file, as the sandbox reads it
+        sandbox_driver.save(str(tmp_path / "message.npz"), arrays)
+        return sandbox_driver.load(str(tmp_path / "message.npz"))
+    flat = FlatParameters([Parameter(np.zeros((2, 3))), Parameter(np.zeros(4))])
+    arrays, sent = values.pack_call({"args": (flat,)})
+    message, seen = values.unpack_call(crossed(arrays))         # what the sandbox gets
+    theirs = message["args"][0]
+    theirs.parameters[0].data += 1.0                            # through a view: the flat vector moves too
+    assert theirs.data[:6].tolist() == [1.0] * 6 and theirs.data[6:].tolist() == [0.0] * 4
+    values.unpack_reply(crossed(values.pack_reply(message, seen)), sent)
+    assert flat.data[:6].tolist() == [1.0] * 6 and flat.parameters[0].data.base is flat.data, "in place, still a view"
+
+
+@pytest.mark.parametrize("piece, why", [
+    ('["object", 0, null, "subprocess:Popen", []]', "not a class of the project"),
+    ('["object", 0, null, "tests.test_sandbox:Outsider", [["command", ["atom", "rm"]]]]', "not a class of the project"),
+    ('["object", 0, null, "minidl.tensor:Tensor", [["backward", ["atom", 1]]]]', "not a plain name of its class"),
+    ('["object", 0, null, "minidl.tensor:Tensor", [["__class__", ["atom", 1]]]]', "not a plain name of its class"),
+    ('["function", "os", "system"]', "not a function or class of the project"),
+    ('["function", "algorithms.serial_sgd", "main"]', "not a function or class of the project"),
+    ('["closure", 0, null, "builtins", "eval.<locals>.f", 0, [], ["atom", null], ["atom", null]]', "does not have"),
+    ('["partial", 0, null, ["function", "minidl.tensor", "matmul"], ["tuple", []], ["dict", [], 1, null]]', "partial"),
+    ('["subcomm", 0, null, [0]]', "does not have"),
+    ('["object", 0, 2, "minidl.tensor:Tensor", []]', "not one of its or not that kind")])
+def test_a_reply_that_names_a_class_function_or_field_outside_the_project_is_refused_and_changes_nothing(piece, why):
+    from minidl.tensor import Tensor
+    mine = Tensor(np.zeros(3))
+    arrays, sent = values.pack_call({"args": (mine, [np.ones(2)])})
+    assert sent[1] is mine and sent[2] is mine.data
+    # a reply that first gives the caller's Tensor new values, then holds the forged piece
+    forged = ('["tuple", [["object", 0, 1, "minidl.tensor:Tensor", [["data", ["array", "v0", 1, null]]]], '
+              + piece.replace('", 0, ', '", 9, ', 1) + "]]")
+    with pytest.raises(ValueError, match=why):
+        values.unpack_reply({"__values__": np.array(forged), "v0": np.full(3, 7.0)}, sent)
+    assert np.array_equal(mine.data, np.zeros(3)) and type(mine.data) is np.ndarray, "nothing was written"
+
+
+def test_an_object_whose_method_is_replaced_cannot_make_the_grader_run_its_code():
+    from minidl.tensor import Tensor
+    bad = Tensor(np.zeros(2))
+    bad.backward = print                                         # the sandbox's side could try this
+    with pytest.raises(TypeError, match="shadows its class's backward"):
+        values.pack(bad)
+    crafted = '["object", 0, null, "minidl.tensor:Tensor", [["numpy", ["function", "minidl.tensor", "matmul"]]]]'
+    with pytest.raises(ValueError, match="not a plain name of its class"):
+        values.unpack({"__values__": np.array(crafted)})
+    # a closure comes back only as this side's own code of that name; the task's own as a stand-in
+    remote = values.unpack_reply({"__values__": np.array('["closure", 0, null, "minidl.functional", '
+                                                         '"copy_to_parallel.<locals>.<lambda>", 0, [], '
+                                                         '["atom", null], ["atom", null]]')}, {},
+                                 remote=("minidl.functional", "copy_to_parallel"))
+    assert isinstance(remote, values.Remote)
+    with pytest.raises(RuntimeError, match="only be called in the sandbox"):
+        remote(np.zeros(2))

@@ -9,6 +9,8 @@ one row each way, forward and (the gradient) backward: the halo bytes below are 
 not from the module's formula. A second CNN with a 3x3 "valid" convolution (a one-sided halo) is
 checked for the loss and gradients (8 rows of the first map, 6 of the second: uneven tiles at P = 3, 4).
 """
+import functools
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -53,7 +55,7 @@ def one_step(model, data, comm):
     conv_gradient = mine.grad[:tiling.conv_parameters()]
     mine.flat.zero_grad()
     spatial = spatial_parallel.spatial_gradient(traced, tiling, data.x_train[ROWS], data.y_train[ROWS],
-                                                lambda: allreduce(traced, conv_gradient))
+                                                functools.partial(allreduce, traced, conv_gradient))
     return loss, whole.grad, spatial, mine.grad, traced
 
 

@@ -11,7 +11,6 @@ Oracles are index loops (im2col and col2im here; the convolution in tests/helper
 in tests/hidden/conv_oracle.py), numpy formulas (the softmax, the matmul gradients) or finite
 differences (minidl.gradcheck).
 """
-import types
 
 import numpy as np
 import pytest
@@ -20,6 +19,7 @@ from algorithms import serial_sgd
 from algorithms.core.objective import NetworkObjective
 from minidl import Tensor, functional as F, gradcheck, optim
 from minidl.conv import im2col as im2col_module
+from minidl.data.sharding import Batch
 from minidl.nn import Flatten, Linear, Sequential
 from tests.helpers import naive_conv2d, tiny_digits
 from tests.hidden.conv_oracle import naive_conv2d_gradients
@@ -296,19 +296,18 @@ def linear_digits_objective(data):
 
 @pytest.mark.task("1.5")
 def test_sgd_step_computes_the_gradient_of_its_batch_then_steps_once_and_returns_the_loss():
-    calls = []
-
-    class Objective:
-        def loss_and_grad(self, index):
-            calls.append(("loss_and_grad", list(index)))
-            return 1.25
-
-    class Optimizer:
-        def step(self):
-            calls.append(("step",))
-
-    loss = serial_sgd.sgd_step(Objective(), Optimizer(), types.SimpleNamespace(index=np.array([4, 1, 3])))
-    assert loss == 1.25 and calls == [("loss_and_grad", [4, 1, 3]), ("step",)], calls
+    # real objects (the grader hands them to the sandbox): the loss and gradient at w0 on rows 4, 1, 3,
+    # then exactly one step (with momentum, a second step or a step before the gradient lands elsewhere)
+    data = tiny_digits()
+    objective = linear_digits_objective(data)
+    optimizer = optim.SGD([objective.flat.as_parameter()], lr=0.2, momentum=0.5)
+    start = objective.params.copy()
+    probe = linear_digits_objective(data)
+    want_loss = probe.loss_and_grad(np.array([4, 1, 3]))
+    loss = serial_sgd.sgd_step(objective, optimizer, Batch(np.array([4, 1, 3]), 3))
+    assert loss == want_loss, (loss, want_loss)
+    np.testing.assert_array_equal(objective.grad, probe.grad)
+    np.testing.assert_allclose(objective.params, start - 0.2 * probe.grad, rtol=1e-13, atol=1e-15)
 
 
 @pytest.mark.task("1.5")
@@ -327,7 +326,7 @@ def test_one_sgd_step_of_a_linear_softmax_model_is_w_minus_lr_times_the_batch_me
     want_loss = float(np.mean(-np.log(softmax[np.arange(len(rows)), labels])))
     softmax[np.arange(len(rows)), labels] -= 1.0
     grad_weight, grad_bias = x.T @ softmax / len(rows), softmax.mean(axis=0)
-    loss = serial_sgd.sgd_step(objective, optimizer, types.SimpleNamespace(index=np.array(rows)))
+    loss = serial_sgd.sgd_step(objective, optimizer, Batch(np.array(rows), len(rows)))
     assert loss == pytest.approx(want_loss, rel=1e-12)
     np.testing.assert_allclose(layer.weight.numpy(), weight - 0.3 * grad_weight, rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(layer.bias.numpy(), bias - 0.3 * grad_bias, rtol=1e-12, atol=1e-14)
@@ -340,14 +339,14 @@ def test_two_sgd_steps_with_momentum_follow_the_velocity():
     objective = linear_digits_objective(data)
     optimizer = optim.SGD([objective.flat.as_parameter()], lr=0.2, momentum=0.5)
     start = objective.params.copy()
-    serial_sgd.sgd_step(objective, optimizer, types.SimpleNamespace(index=np.arange(0, 6)))
+    serial_sgd.sgd_step(objective, optimizer, Batch(np.arange(0, 6), 6))
     first = objective.params.copy()
     g1 = (start - first) / 0.2
     probe = linear_digits_objective(data)
     probe.params[...] = first
     probe.loss_and_grad(np.arange(6, 10))
     g2 = probe.grad.copy()
-    serial_sgd.sgd_step(objective, optimizer, types.SimpleNamespace(index=np.arange(6, 10)))
+    serial_sgd.sgd_step(objective, optimizer, Batch(np.arange(6, 10), 4))
     np.testing.assert_allclose(objective.params, first - 0.2 * (0.5 * g1 + g2), rtol=1e-10, atol=1e-13)
 
 

@@ -19,6 +19,7 @@ from algorithms.schedule import Schedule
 from minidl.flat import FlatParameters
 from minidl.optim import SGD
 from minidl.tensor import Parameter
+from tests.handed import ParamsOnly
 
 NAN = math.nan
 
@@ -98,7 +99,7 @@ PLANS = {   # p: (ranks per member, pairs)
 def member_state(member, piece, momentum):
     """Weights and a momentum buffer that differ by member and by the member's piece (rank j)."""
     flat = FlatParameters([Parameter(np.linspace(-1, 1, 9) * (member + 2) + 10 * piece)])
-    objective = type("Objective", (), {"params": flat.data})()
+    objective = ParamsOnly(flat.data)
     optimizer = SGD([flat.as_parameter()], lr=0.1, momentum=0.9)
     if momentum:
         optimizer.state[0]["momentum"] = np.sqrt(np.arange(9.0) + member) + piece

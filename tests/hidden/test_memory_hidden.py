@@ -13,6 +13,8 @@
 11.1 recomputation's backward with an input that needs no gradient (the data), a convolutional
      segment, and a checkpoint inside a checkpoint, all bit for bit.
 """
+import functools
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -29,6 +31,7 @@ from minidl.flat import flatten
 from minidl.nn import Conv2d, Flatten, Linear, MaxPool2d, ReLU, Sequential
 from minidl.recompute import Checkpoint, checkpoint
 from minidl.tensor import Parameter, Tensor
+from tests.handed import in_place_total
 from tests.helpers import EQUAL_UP_TO_ROUNDING, parallel_assert_close, tiny_digits, uneven_mlp
 from tests.test_memory_tasks import known_map
 from tests.test_zero import zero_job
@@ -116,7 +119,7 @@ def test_spatial_gradient_of_a_three_stage_cnn_equals_serial_at_p4():
     tiling = Tiling.of(mine, 16, 16, comm.size)
     summing = run.allreduce_function("ring")
     got = spatial_parallel.spatial_gradient(comm, tiling, x, labels,
-                                            lambda: summing(comm, mine_flat.grad[:tiling.conv_parameters()]))
+                                            functools.partial(summing, comm, mine_flat.grad[:tiling.conv_parameters()]))
     parallel_assert(abs(got - float(loss.item())) <= 1e-12 * abs(float(loss.item())), f"loss {got}")
     parallel_assert_close(mine_flat.grad, flat.grad, EQUAL_UP_TO_ROUNDING, "the gradient")
 
@@ -149,16 +152,6 @@ def test_a_two_row_halo_window_neighbours_bytes_and_the_adjoint():
 
 
 # ---- 6.7 and 6.8: f and g on real ranks -----------------------------------------------------------------
-
-def in_place_total(comm):
-    """The sum over ranks as tensor_parallel makes it: the ring allreduce, in place on its argument."""
-    summing = run.allreduce_function("ring")
-
-    def total(array):
-        summing(comm, array.reshape(-1))
-        return array
-    return total
-
 
 @pytest.mark.task("6.8")
 @pytest.mark.parallel(nprocs=[3])

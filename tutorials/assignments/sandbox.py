@@ -56,6 +56,8 @@ from tutorials.assignments import sandbox_driver, values
 
 SANDBOX_UID = 65534
 # No user namespace: bwrap run as root would map the sandbox uid back to root outside.
+# The BLAS's settings pass in (OPENBLAS_CORETYPE picks the kernels): the same bits as the grader's.
+BLAS_SETTINGS = ("OPENBLAS_", "MKL_", "OMP_", "NPY_")
 NAMESPACES = ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
 
 
@@ -205,7 +207,8 @@ def _start(argv, tree, timeout, io_dir, limits, uid, wanted, env, log):
         places = {"tree": str(tree), "io": str(io_dir)}
         prefix = _drop(uid, limits)
     argv = [part.format(**places) for part in argv]
-    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8",
+    blas = {name: value for name, value in os.environ.items() if name.startswith(BLAS_SETTINGS)}
+    env = {**blas, "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8",
            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **(env or {})}
     started = time.perf_counter()
     process = subprocess.Popen([*prefix, *argv], stdin=subprocess.DEVNULL, stdout=log,
@@ -269,7 +272,8 @@ def _arguments(args, nprocs):
 def _copy_driver(folder):
     """The driver and the codec it packs values with, readable inside the sandbox (the student's tree
     need not have them)."""
-    for source, name in ((sandbox_driver.__file__, "driver.py"), (values.__file__, "values.py")):
+    for source, name in ((sandbox_driver.__file__, "driver.py"), (values.__file__, "values.py"),
+                         (values.codec.__file__, "codec.py")):
         shutil.copyfile(source, folder / name)
         os.chmod(folder / name, 0o644)
 
