@@ -36,7 +36,7 @@ import numpy as np
 from mpi4py import MPI
 
 from collectives.trace import WatchedComm
-from tutorials.assignments import codec, sandbox, values   # here, not at rank 0's first call: see below
+from tutorials.assignments import codec, fences, sandbox, values   # here, not at rank 0's first call: see below
 
 # Every rank must draw the same hypothesis examples. Rank 0 alone runs the sandbox; importing a
 # module for the first time inside a test on one rank only was seen to change which examples that
@@ -194,8 +194,7 @@ def _reroute(outer, inner):
     every local variable of ``outer`` (the student's closure may read any of them, not only those
     the reference's reads); ``outer`` keeps its identity, only its code changes."""
     lines = textwrap.dedent(inspect.getsource(outer)).splitlines()
-    begin = next(i for i, line in enumerate(lines) if line.strip() == "# BEGIN SOLUTION")
-    end = next(i for i, line in enumerate(lines) if line.strip() == "# END SOLUTION")
+    (begin, end), = fences("\n".join(lines))                  # the closure's one fence
     indent = lines[begin][:len(lines[begin]) - len(lines[begin].lstrip())]
     names = [name for name in (*outer.__code__.co_varnames, *outer.__code__.co_cellvars) if name != inner.co_name]
     arguments = inner.co_varnames[:inner.co_argcount + inner.co_kwonlyargcount]
