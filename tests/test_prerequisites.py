@@ -143,8 +143,9 @@ def test_every_blocks_needs_line_names_the_tasks_it_runs(chapter, tmp_path):
     # (tests/chapter_run.py), with a record of the tasks each block ran
     pytest.importorskip("nbclient", reason="nbclient comes with the test extra: pip install -e '.[test]'")
     done = chapter_run(chapter, tmp_path)
-    assert done.error is None, f"chapter {chapter}: block {done.failed} failed, so what it runs is unknown:\n" \
-                               f"{done.error[-3000:]}"
+    if done.error is not None:
+        raise AssertionError(f"chapter {chapter}: block {done.failed} failed, so what it runs is unknown:\n"
+                             f"{done.error[-3000:]}")
     count = len(blocks(chapter_file(chapter)))
     assert sorted(done.calls) == list(range(1, count + 1)), \
         f"chapter {chapter}: recorded blocks {sorted(done.calls)}, the chapter has 1..{count}"
