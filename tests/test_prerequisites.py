@@ -22,6 +22,7 @@ A task counts as run when its fenced body is entered (tests/task_calls.py adds t
 ``# BEGIN SOLUTION`` line), not when its function is called: a function that returns before its
 fence runs no task.
 """
+import functools
 import os
 import subprocess
 import sys
@@ -106,11 +107,12 @@ def test_the_collectives_chain_runs_only_listed_prerequisites(tmp_path):
         f"  {nodeid}: task {task} ran {other}" for nodeid, task, other in found)
 
 
+@functools.cache
 def unwatched():
-    """The tasks the recorder could not instrument (none at present)."""
+    """The tasks the recorder could not instrument (none at present); instruments them, once a process."""
     if not UNWATCHED:
         install()
-    return set(UNWATCHED)
+    return frozenset(UNWATCHED)
 
 
 def block_mismatches(chapter, called_by_block):
