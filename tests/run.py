@@ -2,7 +2,7 @@
 
     python tests/run.py                 # everything (serial + 2..8 ranks)
     python tests/run.py --max-ranks 4   # fewer rank counts
-    python tests/run.py --workers 1     # the serial tests in this one process, in file order
+    python tests/run.py --workers 1     # the serial tests in one pytest process, in file order
     python tests/run.py -- -k ring      # extra arguments go to every pytest
 
 Why one ``mpiexec`` per rank count instead of mpi-pytest's forking mode: forking starts a new
@@ -12,12 +12,13 @@ which costs about a second a test on 2 cores. Here each rank count pays that onc
     pytest -m "parallel[1]" -n W                         serial tests and p = 1 cases, on W workers
     mpiexec -n 1 pytest -m "parallel[N]" : -n N-1 pytest  every test marked for N ranks, together
 
-The serial run spreads its tests over W workers (pytest-xdist; W = the cores this process may use),
-a test file at a time; tests/conftest.py keeps the tests that must not run beside each other in one
-unit of work (its ``TOGETHER``), and hands those long units out first. It also notes which files hold
-tests for each rank count (``--rank-files``), and each ``mpiexec`` collects only those files (all
-of them where the extra arguments name tests themselves), so that p ranks do not each import every
-test module; a rank count no test is marked for starts no ``mpiexec``.
+The serial run spreads its tests over W workers (pytest-xdist, from the test extra; W = the cores
+this process may use; without pytest-xdist, one process), a test file at a time: tests/conftest.py
+keeps the tests that must not run beside each other in one unit of work (its ``TOGETHER``), and
+hands those long units out first. It also notes which files hold tests for each rank count
+(``--rank-files``), and each ``mpiexec`` collects only those files (all of them where the extra
+arguments name tests themselves), so that p ranks do not each import every test module; a rank
+count no test is marked for starts no ``mpiexec``.
 Rank 0 prints the report; the other ranks run quietly. Every test has pytest-timeout's
 thread-method timeout (setup.cfg), which kills the process on a deadlock, so mpiexec takes the
 whole run down: a deadlock is a failed run, never a stuck one. Each run has an outer timeout too.
@@ -25,6 +26,7 @@ The last line is the total over all runs, and the exit status is non-zero if any
 any run died, or no test ran at all.
 """
 import argparse
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -116,7 +118,7 @@ def main(argv=None):
             selected = ["-m", f"parallel[{nprocs}]", *args.pytest_args]
             if nprocs == 1:
                 workers = ["-n", str(args.workers), "--dist", "loadfile", "--no-loadscope-reorder"] \
-                    if args.workers > 1 else []
+                    if args.workers > 1 and importlib.util.find_spec("xdist") else []
                 command = [*pytest, *selected, *workers, f"--rank-files={notes}", f"--junitxml={xml}"]
             else:
                 if files is not None and not files.get(nprocs):
