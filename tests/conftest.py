@@ -150,3 +150,10 @@ def pytest_deselected(items):
                 found.add(f"{ranks.group(1)}\t{item.nodeid.split('::', 1)[0]}\n")
     with open(f"{path}.{os.getpid()}", "a") as file:
         file.writelines(sorted(found))
+
+
+def pytest_collection_finish(session):
+    # an empty note says this process collected, and found no test for p > 1 ranks that it deselected
+    path = session.config.getoption("--rank-files")
+    if path:
+        open(f"{path}.{os.getpid()}", "a").close()

@@ -65,7 +65,7 @@ def names_tests(args):
 
 
 def rank_files(prefix):
-    """{p: [test files]} from the serial run's ``--rank-files`` notes (None if it wrote none)."""
+    """{p: [test files]} from the serial run's ``--rank-files`` notes (None if it collected nothing)."""
     notes = sorted(prefix.parent.glob(prefix.name + ".*"))
     if not notes:
         return None
