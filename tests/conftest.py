@@ -24,6 +24,7 @@ and a failing collective costs a restart of the sandboxed job (about a second), 
 spend the test's timeout; the student gets the first failing example instead.
 """
 import os
+import re
 
 from hypothesis import HealthCheck, Phase, settings
 
@@ -60,6 +61,8 @@ def pytest_addoption(parser):
     parser.addoption("--task", default=None, metavar="IDS",
                      help="run only the tests marked @pytest.mark.task(<id>) for one of these comma-separated "
                           "course-assignment task ids (tutorials/assignments/tasks.toml)")
+    parser.addoption("--rank-files", default=None, metavar="PATH",
+                     help="write which test files hold tests for p > 1 ranks to PATH.<pid> (tests/run.py)")
 
 
 def task_ids(item):
@@ -88,3 +91,69 @@ def pytest_collection_modifyitems(config, items):
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = selected
+
+
+# ---- which tests share a worker when tests/run.py spreads the serial tests over cores (pytest-xdist) ----------
+# tests/run.py runs the serial tests as `pytest -n N --dist loadfile --no-loadscope-reorder`: each test file is
+# one unit of work, handed to the next free worker, so a file's module fixtures are built once and its tests
+# never run beside each other. Some units span files, and go out first (each is among the longest):
+TOGETHER = {
+    # the sandbox runs every job as one uid (65534) and shares its process limit; tests/test_sandbox.py
+    # checks that no process of that uid is left over, so no other sandboxed job may run meanwhile
+    "sandbox": ("tests/test_sandbox.py::", "tests/test_assignments.py::"),
+    # one notebook run of each chapter serves both: it runs the blocks and records the tasks each block
+    # runs (tests/chapter_run.py), and the run is kept for the other test in the same worker
+    "chapter blocks": ("tests/test_tutorials.py::test_chapter_code_runs[",
+                       "tests/test_prerequisites.py::test_every_blocks_needs_line_names_the_tasks_it_runs["),
+}
+
+
+def work_unit(nodeid):
+    """The unit of work a test belongs to: a name of TOGETHER, else its file."""
+    for name, prefixes in TOGETHER.items():
+        if nodeid.startswith(prefixes):
+            return name
+    return nodeid.split("::", 1)[0]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Together(LoadFileScheduling):
+        def _split_scope(self, nodeid):
+            return work_unit(nodeid)
+
+        def _assign_work_unit(self, node):
+            for name in reversed(TOGETHER):           # the next unit a worker gets: TOGETHER's first, in order
+                if name in self.workqueue:
+                    self.workqueue.move_to_end(name, last=False)
+            super()._assign_work_unit(node)
+
+    return Together(config, log)
+
+
+def pytest_deselected(items):
+    """``--rank-files PATH`` (tests/run.py's serial run): the files that hold tests for p ranks, p > 1, as
+    that run deselects them (mpi-pytest has marked each 'parallel[p]' by then), so that each mpiexec
+    imports only those files. Appends one line per (p, file) to ``PATH.<pid>`` (one per xdist worker)."""
+    path = items[0].config.getoption("--rank-files") if items else None
+    if not path:
+        return
+    found = set()
+    for item in items:
+        for mark in item.iter_markers():
+            ranks = re.fullmatch(r"parallel\[(\d+)\]", mark.name)
+            if ranks and ranks.group(1) != "1":
+                found.add(f"{ranks.group(1)}\t{item.nodeid.split('::', 1)[0]}\n")
+    with open(f"{path}.{os.getpid()}", "a") as file:
+        file.writelines(sorted(found))
+
+
+def pytest_collection_finish(session):
+    # an empty note says this process collected, and found no test for p > 1 ranks that it deselected
+    path = session.config.getoption("--rank-files")
+    if path:
+        open(f"{path}.{os.getpid()}", "a").close()

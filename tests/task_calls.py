@@ -10,19 +10,14 @@ fence, and runs no task. After each test this rank appends one line to ``<path>.
 ``nodeid<TAB>marked task ids<TAB>run task ids`` (ids comma-separated). ``UNWATCHED`` lists the
 tasks whose function could not be swapped (none at present). Without ``$MINIDL_TASK_CALLS`` the
 plugin does nothing.
-The chapters' code blocks, the same way (their ``# needs:`` lines are their ``requires``)::
-
-    python -m tests.task_calls CHAPTER OUT     # OUT: one line per block, "number<TAB>called task ids"
-
-runs the chapter's blocks as tests/test_tutorials.py does (serial blocks in one namespace, in this
-process; each MPI block under its own ``mpiexec``, every rank recording).
+The chapters' code blocks, the same way (their ``# needs:`` lines are their ``requires``): in a
+chapter's notebook run (tests/chapter_run.py), ``watch_kernel`` records, cell by cell, the tasks each
+block runs, the serial blocks' in the kernel and an ``%%mpiexec`` cell's on every one of its ranks
+(``run_file``).
 """
-import contextlib
 import importlib
-import io
+import itertools
 import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -119,34 +114,28 @@ def run_file(path, out):
             file.write(",".join(sorted(CALLED)))
 
 
-def run_chapter(chapter, out):
-    """Run every block of ``chapter`` (e.g. '03') with every task watched; write one line per block."""
-    from tutorials.block import blocks, chapter_file, ranks_of
+def watch_kernel(ipython, out):
+    """(in a notebook's kernel, after its set-up cell) One line per later cell to ``out``: "number<TAB>task ids",
+    the tasks that cell ran: in the kernel, or on any rank of the ``%%mpiexec`` job it started."""
+    from tutorials import notebook
     install()
-    mpiexec = str(Path(sys.executable).parent / "mpiexec")
-    namespace, lines = {"__name__": f"tutorial_{chapter}"}, []
-    for number, code in enumerate(blocks(chapter_file(chapter)), 1):
-        CALLED.clear()
-        ranks = ranks_of(code)
-        if ranks is None:
-            with contextlib.redirect_stdout(io.StringIO()):
-                exec(compile(code, f"block {number}", "exec"), namespace)
-            called = set(CALLED)
-        else:
-            with tempfile.TemporaryDirectory() as scratch:
-                script = Path(scratch) / f"block{number}.py"
-                script.write_text(code)
-                record = Path(scratch) / "calls"
-                subprocess.run([mpiexec, "-n", str(ranks), sys.executable, "-m", "tests.task_calls", "--file",
-                                str(script), str(record)], check=True, capture_output=True, timeout=600)
-                called = {task for path in Path(scratch).glob("calls.*")
-                          for task in path.read_text().split(",") if task}
-        lines.append(f"{number}\t{','.join(sorted(called))}\n")
-    Path(out).write_text("".join(lines))
+    plain = notebook.run_mpi
 
+    def run_mpi(code, ranks, *args, **kwargs):
+        with tempfile.TemporaryDirectory() as scratch:
+            script, record = Path(scratch) / "cell.py", Path(scratch) / "calls"
+            script.write_text(code)
+            status = plain(f"from tests.task_calls import run_file\nrun_file({str(script)!r}, {str(record)!r})\n",
+                           ranks, *args, **kwargs)
+            CALLED.update(task for path in Path(scratch).glob("calls.*") for task in path.read_text().split(",") if task)
+        return status
 
-if __name__ == "__main__":
-    if sys.argv[1] == "--file":
-        run_file(sys.argv[2], sys.argv[3])
-    else:
-        run_chapter(sys.argv[1], sys.argv[2])
+    notebook.run_mpi = run_mpi
+    numbers = itertools.count(1)
+
+    def written(result):
+        with open(out, "a") as file:
+            file.write(f"{next(numbers)}\t{','.join(sorted(CALLED))}\n")
+
+    ipython.events.register("pre_run_cell", lambda info: CALLED.clear())
+    ipython.events.register("post_run_cell", written)

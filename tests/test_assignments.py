@@ -330,6 +330,19 @@ def test_the_gradescope_zip_builds_and_its_run_autograder_grades_a_submission_fo
 
 
 # ---- the sandboxed tasks and the source check -----------------------------------------------------------
+# A test file that runs the sandbox (directly, or through tests/grade.py) goes to the one pytest-xdist worker
+# that runs all of them (tests/conftest.py's TOGETHER): every job runs as one uid, and tests/test_sandbox.py
+# checks that no process of that uid outlives a call, which a job of another worker would break.
+SANDBOX_USE = re.compile(r"assignments import (?:[\w, ]*\b)?sandbox\b|assignments\.sandbox\b|[\"/]grade\.py\"")
+
+
+def test_every_test_file_that_runs_the_sandbox_shares_one_worker():
+    from tests.conftest import work_unit
+    users = sorted(str(path.relative_to(ROOT)) for path in (ROOT / "tests").rglob("test_*.py")
+                   if SANDBOX_USE.search(path.read_text()))
+    assert "tests/test_sandbox.py" in users and "tests/test_assignments.py" in users, users   # the pattern sees them
+    apart = [file for file in users if work_unit(f"{file}::test") != "sandbox"]
+    assert not apart, f"{apart} run the sandbox but are not in TOGETHER['sandbox'] of tests/conftest.py"
 LOOKS_AROUND = """\
 {indent}import glob, os, socket
 {indent}found = [p for p in ("tests/hidden", "tutorials/assignments/answers.md")

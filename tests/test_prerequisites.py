@@ -16,11 +16,13 @@ Scope: the collectives' chain (chapter 3) and the tasks that train through it (c
 1 to 3 ranks (p = 3 is where the fold-in runs). The other chapters' tasks take minutes more of
 training tests: ``MINIDL_PREREQUISITE_CHAPTERS=1,2,3,4,5,6,7,8,9 pytest tests/test_prerequisites.py``
 checks them all (with ``MINIDL_PREREQUISITE_MAX_RANKS=4``: 6.3's tests run on 4 ranks).
-The chapters' blocks: every chapter (about a minute on 2 cores).
+The chapters' blocks: every chapter, recorded in the notebook run that tests/test_tutorials.py checks
+(tests/chapter_run.py), so they cost no run of their own.
 A task counts as run when its fenced body is entered (tests/task_calls.py adds the record on the
 ``# BEGIN SOLUTION`` line), not when its function is called: a function that returns before its
 fence runs no task.
 """
+import functools
 import os
 import subprocess
 import sys
@@ -28,6 +30,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.chapter_run import chapter_run
 from tests.task_calls import UNWATCHED, install
 from tests.helpers import needs
 from tutorials import assignments
@@ -104,11 +107,12 @@ def test_the_collectives_chain_runs_only_listed_prerequisites(tmp_path):
         f"  {nodeid}: task {task} ran {other}" for nodeid, task, other in found)
 
 
+@functools.cache
 def unwatched():
-    """The tasks the recorder could not instrument (none at present)."""
+    """The tasks the recorder could not instrument (none at present); instruments them, once a process."""
     if not UNWATCHED:
         install()
-    return set(UNWATCHED)
+    return frozenset(UNWATCHED)
 
 
 def block_mismatches(chapter, called_by_block):
@@ -134,14 +138,18 @@ def test_the_block_rule_flags_unlisted_and_unused_tasks():
 
 
 @REFERENCE
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("chapter", [f"{chapter:02d}" for chapter in BLOCK_CHAPTERS])
 def test_every_blocks_needs_line_names_the_tasks_it_runs(chapter, tmp_path):
-    out = tmp_path / "calls.tsv"
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, "-m", "tests.task_calls", chapter, str(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    called = {int(number): set(filter(None, tasks.split(",")))
-              for number, tasks in (line.split("\t") for line in out.read_text().splitlines())}
-    found = block_mismatches(chapter, called)
+    # the chapter's notebook run that tests/test_tutorials.py checks, made by whichever test comes first
+    # (tests/chapter_run.py), with a record of the tasks each block ran
+    pytest.importorskip("nbclient", reason="nbclient comes with the test extra: pip install -e '.[test]'")
+    done = chapter_run(chapter, tmp_path)
+    if done.error is not None:
+        raise AssertionError(f"chapter {chapter}: block {done.failed} failed, so what it runs is unknown:\n"
+                             f"{done.error[-3000:]}")
+    count = len(blocks(chapter_file(chapter)))
+    assert sorted(done.calls) == list(range(1, count + 1)), \
+        f"chapter {chapter}: recorded blocks {sorted(done.calls)}, the chapter has 1..{count}"
+    found = block_mismatches(chapter, done.calls)
     assert not found, f"chapter {chapter}:\n" + "\n".join(f"  block {number} {what}" for number, what in found)

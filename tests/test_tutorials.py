@@ -105,62 +105,42 @@ QUOTED_OUTPUTS = [
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=[path.stem for path in CHAPTERS])
-def test_chapter_code_runs(chapter, tmp_path, monkeypatch):
+def test_chapter_code_runs(chapter, tmp_path):
     # The chapter runs once, as a student runs it: its generated notebook (tutorials/notebook.py), written
     # into a temporary folder and run there by a python3 kernel of this environment (nbclient). Its serial
     # blocks run in the kernel in order, in one namespace; each MPI block runs as an '%%mpiexec -n N' cell
     # (tutorials/block.py's run_mpi); any failing cell fails the test. The notebook has no path of this
     # checkout in it (it finds the root from the minidl it imports), and its deterministic outputs are the
     # numbers the prose quotes (QUOTED_OUTPUTS). In a student tree the cells stop at the first block that
-    # needs a task still stubbed, and the test skips, saying which.
+    # needs a task still stubbed, and the test skips, saying which. The same run tells
+    # tests/test_prerequisites.py which tasks each block ran (tests/chapter_run.py), whichever test comes first.
     for module in ("jupytext", "nbclient", "ipykernel"):
         pytest.importorskip(module, reason=f"{module} comes with the test extra: pip install -e '.[test]'")
-    import nbformat
-    from nbclient.exceptions import CellExecutionError
-    from tutorials import notebook
+    from tests.chapter_run import chapter_run
 
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))   # the kernel's connection file
-    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))            # and its profile: not in $HOME
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    book = notebook.notebook(chapter.name[:2], out=tmp_path)
-    written = tmp_path / f"{chapter.stem}.ipynb"
-    nbformat.write(book, written)
-    assert str(ROOT) not in written.read_text(), f"{written.name} names this checkout's path: it runs only here"
+    done = chapter_run(chapter, tmp_path)
+    assert str(ROOT) not in done.written, f"{chapter.stem}.ipynb names this checkout's path: it runs only here"
     # its figures travel inside it, and no link of its prose points at a file beside it (it opens anywhere)
     figures = set(re.findall(r"!\[[^\]]*\]\(figures/out/([^)\s]+)\)", chapter.read_text()))
-    attached = {name for cell in book.cells for name in cell.get("attachments", {})}
-    assert attached == figures, f"{written.name}: attached {sorted(attached)}, the chapter shows {sorted(figures)}"
-    prose = "".join(cell.source for cell in book.cells if cell.cell_type == "markdown")
+    attached = {name for cell in done.made.cells for name in cell.get("attachments", {})}
+    assert attached == figures, f"{chapter.stem}.ipynb: attached {sorted(attached)}, the chapter shows {sorted(figures)}"
+    prose = "".join(cell.source for cell in done.made.cells if cell.cell_type == "markdown")
     assert not [target for target in LINK.findall(prose) if not re.match(r"[a-z]+:|#", target)], \
-        f"{written.name} links files by relative path"
-    code = [index for index, cell in enumerate(book.cells) if cell.cell_type == "code"][1:]   # after set-up
-    assert len(code) == len(python_blocks(chapter))
-    waiting = None
-    for number, index in enumerate(code, 1):
-        not_done = [task for task in needs(book.cells[index].source) if stubbed(task, root=ROOT)]
-        if not_done:                     # a student tree: this block and the rest of the chapter wait
-            waiting = f"{chapter.name}: block {number} needs task {not_done[0]}, which is not done yet"
-            book.cells = book.cells[:index]
-            break
-    try:
-        notebook.execute(book, timeout=240, folder=tmp_path)
-    except CellExecutionError as error:
-        failed = next((number for number, index in enumerate(code, 1)
-                       if index < len(book.cells) and any(output.get("output_type") == "error"
-                                                          for output in book.cells[index].get("outputs", []))), "?")
-        raise AssertionError(f"{chapter.name} block {failed} failed in the notebook:\n{error}") from None
-    printed = "".join(output.get("text", "") for cell in book.cells if cell.cell_type == "code"
+        f"{chapter.stem}.ipynb links files by relative path"
+    assert len(done.code) == len(python_blocks(chapter))
+    if done.error is not None:
+        raise AssertionError(f"{chapter.name} block {done.failed} failed in the notebook:\n{done.error}")
+    printed = "".join(output.get("text", "") for cell in done.book.cells if cell.cell_type == "code"
                       for output in cell.outputs)
     for number, prose, shown in QUOTED_OUTPUTS:
-        if chapter.name.startswith(number) and waiting is None:
+        if chapter.name.startswith(number) and done.waiting is None:
             if prose:
                 quoted = re.search(prose, chapter.read_text())
                 assert quoted, f"{chapter.name}: the sentence that quotes the output ({prose!r}) is gone"
                 shown = shown.format(re.escape(quoted.group(1)))
             assert re.search(shown, printed, re.M), f"{chapter.name}: no output line matches {shown!r}"
-    if waiting:
-        pytest.skip(waiting)
+    if done.waiting:
+        pytest.skip(done.waiting)
 
 
 def test_the_block_runner_runs_one_block_after_the_serial_blocks_it_builds_on(tmp_path):
