@@ -263,13 +263,24 @@ def calibration_phrases():
 
 def test_section_6_quotes_the_hierarchy_on_slow_links():
     phrases = hierarchy_phrases()
-    fits = load("10_hierarchy.json")["fits"].values()     # "gave the shared memory a larger alpha than the link"
-    assert all(fit["shared_memory"]["alpha"] > fit["link"]["alpha"] for fit in fits)
-    large = [r for r in load("10_hierarchy.json")["rows"] if r["bytes"] >= MIB]   # "won by less than the model says"
-    assert all(r["measured_speedup"] < r["model_speedup"] for r in large if r["measured_speedup"] > 1)
+    rows = load("10_hierarchy.json")["rows"]
+    two = [r for r in rows if r["hosts"] == 2]
+    large = [r for r in rows if r["bytes"] >= 64 << 10]
+    # "at 2 x 2 ... within 3% of the model's at every size, and both times within 5% of their models from 64 KiB up"
+    deviation = max(abs(r["measured_speedup"] / r["model_speedup"] - 1) for r in two)
+    assert all(abs(r[f"{kind}_seconds"] / r[f"{kind}_model_seconds"] - 1) <= 0.05
+               for r in large if r["hosts"] == 2 for kind in ("ring", "hierarchical"))
+    # "at 4 x 2 the ring stays within 5% of its model from 256 KiB up, but the hierarchy takes X to Y times its model's"
+    assert all(abs(r["ring_seconds"] / r["ring_model_seconds"] - 1) <= 0.05
+               for r in rows if r["hosts"] == 4 and r["bytes"] >= 256 << 10)
+    lost = [r["hierarchical_seconds"] / r["hierarchical_model_seconds"] for r in rows
+            if r["hosts"] == 4 and r["measured_speedup"] <= 1]
+    assert lost and all(r["hosts"] == 4 for r in rows if r["measured_speedup"] <= 1)
     assert not missing([f"({phrases['SLOWER_RANGE']} times slower per byte than shared memory",
                         f"The model expects the hierarchy to win in {phrases['HIER_MODEL_WINS']} rows",
-                        f"It won in {phrases['HIER_MEASURED_WINS']} of them. Where it did not ({phrases['HIER_LOSSES']})"])
+                        f"It won in {phrases['HIER_MEASURED_WINS']} of them. Where it did not ({phrases['HIER_LOSSES']})",
+                        f"within {deviation * 100:.0f}% of the model's at every size",
+                        f"hierarchy takes {min(lost):.2f} to {max(lost):.2f} times its model's time"])
 
 
 def test_section_9_quotes_the_calibrated_model():
