@@ -297,3 +297,23 @@ def test_the_summary_quotes_the_hierarchy_and_the_calibration():
                         f"{hierarchy['HIER_MODEL_WINS']}",
                         f"came within 25% of {calibrated['CAL_MET']} measured allreduces at p = 2, the plain one of "
                         f"{calibrated['PLAIN_MET']}"])
+
+
+def test_section_6_quotes_the_quiet_machines_run():
+    """The quiet-machine table (make_10_cluster.py --out tutorials/figures/out/quiet) and what the prose says of it."""
+    table = (FIGURES / "quiet" / "10_allreduce.md").read_text()
+    assert " ".join(table.split()) in chapter(), "quiet/10_allreduce.md is not in chapter 10 as generated"
+    quiet, loaded = load("quiet/10_allreduce.json"), load("10_allreduce.json")
+    rows = [r for r in quiet["rows"] if r["algorithm"] != "mpi"]
+    within = [r["model_over_measured"] for r in rows if 0.75 <= r["model_over_measured"] <= 1.25]
+    misses = [r for r in rows if not 0.75 <= r["model_over_measured"] <= 1.25]
+    assert [(m["hosts"], m["algorithm"], m["bytes"]) for m in misses] == [(4, "rabenseifner", 16 * MIB)]
+    twin = next(r for r in loaded["rows"] if (r["hosts"], r["algorithm"], r["bytes"]) == (4, "rabenseifner", 16 * MIB))
+    assert abs(twin["model_over_measured"] - misses[0]["model_over_measured"]) < 0.1     # "missed the same row by about as much"
+    assert not missing([f"within 25% of the measured time in {len(within)} of {len(rows)} rows from 64 KiB up "
+                        f"({min(within):.2f} to {max(within):.2f})",
+                        f"(model / measured {misses[0]['model_over_measured']:.2f})"])
+    quiet_alpha, loaded_alpha = (load(name)["link"]["alpha"] * 1e6 for name in ("quiet/10_link.json", "10_link.json"))
+    assert round(loaded_alpha / quiet_alpha) == 8                                          # "an eighth"
+    assert not missing([f"The alpha of the link fitted here, {quiet_alpha:.1f} us, is an eighth of the loaded fit's "
+                        f"{loaded_alpha:.1f} us"])
