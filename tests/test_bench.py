@@ -108,3 +108,23 @@ def test_the_ddp_benchmark_runs_its_jobs(tmp_path):
     assert all(row["ring_ms"] > 0 and row["mpi_ms"] > 0 and row["ddp_ms"] is None and row["met"] is None for row in rows)
     assert all(set(row["ring_phases"]) == {"forward", "backward", "allreduce", "update"}
                and all(ms > 0 for ms in row["ring_phases"].values()) for row in rows)
+
+
+def test_blas_native_leaves_a_forced_openblas_kernel_out_of_the_workers_only(monkeypatch):
+    from types import SimpleNamespace
+    from minidl.bench import measure
+    seen = []
+
+    def fake_run(command, env, **kwargs):
+        seen.append(env)
+        return SimpleNamespace(returncode=0, stdout='{"times": {}}\n', stderr="")
+    monkeypatch.setattr(measure.subprocess, "run", fake_run)
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
+    monkeypatch.setenv("OPENBLAS_L2_SIZE", "512")
+    for blas in ("as-set", "native"):
+        measure.run_worker("minidl", "sweep", SimpleNamespace(threads=1, repeats=1, clock="cpu", quick=True, blas=blas))
+    as_set, native = seen
+    assert (as_set["OPENBLAS_CORETYPE"], as_set["OPENBLAS_L2_SIZE"]) == ("Haswell", "512")
+    assert "OPENBLAS_CORETYPE" not in native and "OPENBLAS_L2_SIZE" not in native
+    assert native["OPENBLAS_NUM_THREADS"] == "1"                      # one thread per worker either way
+    assert os.environ["OPENBLAS_CORETYPE"] == "Haswell"               # this process's own setting untouched

@@ -11,7 +11,7 @@ import numpy
 
 from minidl.bench.breakdown import explain_breakdown
 from minidl.bench.cases import SUITES
-from minidl.bench.measure import add_costs, conv_summary, measure
+from minidl.bench.measure import FORCING, add_costs, conv_summary, measure
 from minidl.bench.steps import minidl_worker
 from minidl.bench.table import CONV_COLUMNS, LAYERS_COLUMNS, MAIN_COLUMNS, SWEEP_COLUMNS, plot, print_table
 from minidl.bench.timing import CLOCK
@@ -29,6 +29,10 @@ def main(argv=None):
     parser.add_argument("--clock", choices=sorted(CLOCK), default=None,
                         help="'wall' time, or this process's 'cpu' time (default: cpu for 1 thread, else wall)")
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
+    parser.add_argument("--blas", choices=["as-set", "native"], default="as-set",
+                        help="'native': time NumPy with the OpenBLAS kernel it picks for this processor, "
+                             "leaving out a forced OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE (default: the "
+                             "environment as set)")
     parser.add_argument("--worker", choices=["minidl", "torch"], help=argparse.SUPPRESS)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -51,10 +55,13 @@ def main(argv=None):
               f"; GPU {meta['gpu_name'] or ''} (wall time): CuPy GEMM {meta['cupy_gemm_gflops']:.0f} GFLOP/s"
               + (f", PyTorch CUDA GEMM {meta['torch_cuda_gemm_gflops']:.0f} GFLOP/s; 'gpu' rows' torch_ms is PyTorch on"
                  " the GPU" if meta["torch_cuda_gemm_gflops"] else ""))))
-    if os.environ.get("OPENBLAS_CORETYPE"):
+    if args.blas == "native" and any(os.environ.get(name) for name in FORCING):
+        print(f"note: --blas native: NumPy ran without {', '.join(n + '=' + os.environ[n] for n in FORCING if os.environ.get(n))}"
+              " (OpenBLAS's own kernel choice for this processor)")
+    elif os.environ.get("OPENBLAS_CORETYPE"):
         # a forced OpenBLAS kernel (set on some machines for old OpenBLAS bugs) can halve NumPy's GEMM rate
         print(f"note: OPENBLAS_CORETYPE={os.environ['OPENBLAS_CORETYPE']} forces that OpenBLAS kernel; "
-              "unset it (and OPENBLAS_L2_SIZE) for this command to measure NumPy's own choice")
+              "--blas native (or unsetting it and OPENBLAS_L2_SIZE) measures NumPy's own choice")
     summary = None
     if args.suite == "main":
         print_table(rows, MAIN_COLUMNS)
@@ -75,7 +82,9 @@ def main(argv=None):
     if args.json:
         machine = {key: meta[key] for key in ("gemm_gflops", "torch_gemm_gflops", "torch_version", "gpu", "gpu_name",
                                               "cupy_gemm_gflops", "torch_cuda_gemm_gflops")}
-        machine.update(numpy_version=numpy.__version__, threads=args.threads, clock=args.clock, repeats=args.repeats)
+        machine.update(numpy_version=numpy.__version__, threads=args.threads, clock=args.clock, repeats=args.repeats,
+                       blas=args.blas, blas_forced={name: os.environ.get(name) for name in FORCING
+                                                    if args.blas == "as-set" and os.environ.get(name)})
         summary = dict(summary or {}, machine=machine)
         output = rows + [{"case": "summary", "kind": "summary", **summary}]
         with open(args.json, "w") as file:
