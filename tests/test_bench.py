@@ -128,3 +128,15 @@ def test_blas_native_leaves_a_forced_openblas_kernel_out_of_the_workers_only(mon
     assert "OPENBLAS_CORETYPE" not in native and "OPENBLAS_L2_SIZE" not in native
     assert native["OPENBLAS_NUM_THREADS"] == "1"                      # one thread per worker either way
     assert os.environ["OPENBLAS_CORETYPE"] == "Haswell"               # this process's own setting untouched
+
+
+@pytest.mark.parametrize("arguments, says", [(["--repeats", "0"], "--repeats must be at least 1"),
+                                             (["--threads", "0"], "--threads must be at least 1"),
+                                             (["--json", "/nonexistent/rows.json"], "--json /nonexistent/rows.json"),
+                                             (["--plot", "/"], "--plot /: cannot write there"),
+                                             (["--blas", "bogus"], "--blas: invalid choice")])
+def test_a_bad_flag_is_one_error_line_and_exit_2_before_anything_runs(arguments, says):
+    done = subprocess.run([sys.executable, "-m", "minidl.bench", "sweep", "--quick", "--no-torch", *arguments],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == "", (done.returncode, done.stdout[-300:])
+    assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1 and says in done.stderr, done.stderr

@@ -6,6 +6,7 @@ suite measures and how it is timed).
 import argparse
 import json
 import os
+import sys
 
 import numpy
 
@@ -18,8 +19,27 @@ from minidl.bench.timing import CLOCK
 from minidl.bench.yardstick import torch_worker
 
 
+def fail(message):
+    """The project's error contract: one line `error: <what>` on stderr, exit status 2 (argparse's usage text left out)."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def check(args):
+    """Refuse what would stop the run midway (or after it): counts below 1, an output path that cannot be written."""
+    for flag, value in (("--threads", args.threads), ("--repeats", args.repeats)):
+        if value < 1:
+            fail(f"{flag} must be at least 1, got {value}")
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if path:
+            folder = os.path.dirname(os.path.abspath(path))
+            if not os.path.isdir(folder) or not os.access(folder, os.W_OK) or os.path.isdir(path):
+                fail(f"{flag} {path}: cannot write there (no such folder, not writable, or a folder)")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m minidl.bench", description=__doc__.split("\n\n")[0])
+    parser.error = fail                           # a bad flag: one error line, no usage text
     parser.add_argument("suite", nargs="?", default="main", choices=sorted(SUITES))
     parser.add_argument("--json", help="write the rows as a JSON list of objects to this path")
     parser.add_argument("--plot", help="write a PNG plot (conv and layers suites) to this path")
@@ -36,6 +56,7 @@ def main(argv=None):
     parser.add_argument("--worker", choices=["minidl", "torch"], help=argparse.SUPPRESS)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    check(args)
     args.clock = args.clock or ("cpu" if args.threads == 1 else "wall")
 
     if args.worker:                               # inside a worker process: time and answer in JSON
