@@ -174,6 +174,7 @@ def torch_installed():
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m algorithms.bench", description=__doc__.split("\n\n")[0])
+    parser.error = cli.fail                            # a bad flag: one error line, exit 2
     parser.add_argument("--ranks", type=int, default=2, help="ranks per job (compare ranks <= cores)")
     parser.add_argument("--steps", type=int, default=30, help="timed steps per case; the minimum is reported")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")

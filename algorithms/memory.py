@@ -158,6 +158,7 @@ def format_table(records):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.error = cli.fail                       # a bad flag: one error line, exit 2
     parser.add_argument("--ranks", type=int, required=True, help="p: ranks of the layout (per-rank accounts)")
     parser.add_argument("--model", default="lenet5", choices=sorted(EXAMPLE))
     parser.add_argument("--batch-size", type=int, default=64, help="rows per replica per step")

@@ -8,12 +8,11 @@ a few integers, which the tracer does not record); rank 0 prints every message o
 each rank's message and byte counts beside collectives.cost's formula, and the result. Every rank then compares its result, bit for bit, with MPI's own
 Allreduce of the same vector; if any rank differs, every rank exits with status 1.
 """
-import argparse
 
 import numpy as np
 from mpi4py import MPI
 
-from . import cost, spacetime, trace
+from . import cli, cost, spacetime, trace
 from .ops import OPS
 
 MPI_OPS = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "mean": MPI.SUM}
@@ -21,7 +20,7 @@ MPI_OPS = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "mean": MPI.SUM}
 
 def demo(allreduce, comm, name, argv=None):
     """Run `allreduce` (algorithm `name`) once on comm, traced; check it against comm.Allreduce."""
-    parser = argparse.ArgumentParser(prog=f"python -m collectives.{name}", description=__doc__.splitlines()[0])
+    parser = cli.Parser(prog=f"python -m collectives.{name}", description=__doc__.splitlines()[0])
     parser.add_argument("--length", type=int, default=10, help="elements per rank (default 10)")
     parser.add_argument("--op", choices=OPS, default="sum")
     parser.add_argument("--png", help="also draw the space-time diagram here (needs matplotlib)")

@@ -25,6 +25,8 @@ import subprocess
 import sys
 import time
 
+from collectives import cli
+
 SETTINGS = [("default (auto)", {}),
             ("device collective off, auto", {"MPIR_CVAR_ALLREDUCE_DEVICE_COLLECTIVE": "0"})] + [
     (name, {"MPIR_CVAR_ALLREDUCE_DEVICE_COLLECTIVE": "0", "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM": name})
@@ -81,7 +83,7 @@ def worker(nbytes, repeats, ours="ring"):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli.Parser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=2, help="ranks")
     parser.add_argument("--size", default="64M", help="bytes per rank, e.g. 64M")
     parser.add_argument("--repeats", type=int, default=5)

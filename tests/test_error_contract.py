@@ -5,6 +5,8 @@ status 2: no traceback for anything a user can cause, no hang. Each case runs ``
 a timeout (a hang fails the test) and says, above it, the rule it checks. Settings are checked on
 every rank before the first message, so no training output may appear before the error.
 """
+import subprocess
+import sys
 import zipfile
 
 import numpy as np
@@ -191,3 +193,12 @@ def test_gossip_saves_the_mean_model_it_evaluated(tmp_path_factory):
     parallel_assert(bool(np.array_equal(saved["params"], returned)), "the file holds another vector than train()")
     parallel_assert(bool(np.allclose(saved["params"], mean, rtol=0, atol=1e-6)), "params is not the ranks' mean")
     parallel_assert(not np.array_equal(saved["rank.params"][0], saved["params"]), "rank 0's own params were saved")
+
+
+# a flag argparse does not know is one error line too, not argparse's usage text above it
+@pytest.mark.parametrize("module", ["algorithms.serial_sgd", "algorithms.bench", "algorithms.memory",
+                                    "collectives.bench", "collectives.ring", "minidl.bench"])
+def test_an_unknown_flag_is_one_error_line_and_exit_2(module):
+    done = subprocess.run([sys.executable, "-m", module, "--no-such-flag"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, (done.returncode, done.stderr[-500:])
+    assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr

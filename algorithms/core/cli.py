@@ -90,6 +90,7 @@ def parser(description, epochs=10, lr=0.05, batch_size=32, model="cnn", momentum
     if allreduce is not None:
         p.add_argument("--allreduce", default=allreduce, choices=ALLREDUCE_NAMES,
                        help="allreduce algorithm (mpi: MPI's own Allreduce)")
+    p.error = fail                              # a bad flag: one error line (no usage text), exit 2
     return p
 
 

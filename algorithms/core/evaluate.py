@@ -44,6 +44,7 @@ def evaluate(path, data_dir=None):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.error = cli.fail                       # a bad flag: one error line, exit 2
     parser.add_argument("checkpoint", help="a file written by --save")
     parser.add_argument("--data-dir", default=None, help="the MNIST IDX files, for a checkpoint trained on mnist")
     parser.add_argument("--json", default=None, help="also write the result as JSON here")
