@@ -446,3 +446,25 @@ def test_forged_results_and_patched_checks_in_sandboxed_tasks_score_nothing(tmp_
     assert all("in the sandbox" in test["message"] and "ended" in test["message"] for test in rows["1.3"]["tests"]
                if test["status"] == "failed"), rows["1.3"]        # no reply: the job ended, nothing recorded
     assert not any("forged" in test["name"] for row in rows.values() for test in row["tests"]), rows
+
+
+@reference_only
+@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox drops root to its own uid: it needs root")
+def test_a_forgery_inside_a_whole_forwarded_call_records_nothing_and_fails(tmp_path):
+    """Task 3.9's tests hand its function thousands of cases through tests.helpers.run_calls, which the
+    grader forwards whole (tasks.toml's ``forward``): the forging body runs there, in the sandbox, ends
+    its job, and the test fails. One test, run as tests/grade.py runs each of the task's (its whole
+    grading takes a minute)."""
+    from tests import grade as grader
+    task = assignments.select(TASKS, ["3.9"])[0]
+    assert task.sandbox and "tests.helpers.run_calls" in task.forward
+    tree = submission(tmp_path, "3.9", "3.9", FORGERIES["1.3"])
+    student = grader.sandbox_tree(tmp_path / "sandboxed" / "student", tree, GENERATOR)
+    nodeid = "tests/test_collectives.py::test_per_rank_costs_reduce_to_the_papers_formulas"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), MINIDL_GRADE_PROXY="3.9",
+               MINIDL_GRADE_STUDENT=str(student), MINIDL_GRADE_CALL_TIMEOUT="20")
+    outcomes = grader.run(ROOT, 1, [nodeid], 30, 1, env)
+    assert list(outcomes) == [nodeid], outcomes                                   # nothing forged recorded
+    status, message = outcomes[nodeid]
+    assert status == "failed" and "run_calls (the student's, in the sandbox)" in message and "ended" in message, \
+        outcomes
