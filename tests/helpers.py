@@ -10,7 +10,7 @@
 - shared checks:     the checks that a visible test file and a hidden one both run
 - many calls:        ``results_of`` runs a task's function on a list of cases in one call (``run_calls``),
                      which the grader forwards whole to the sandbox; ``results_on_every_rank``: each
-                     rank's cases, run by rank 0
+                     rank's cases, run by rank 0; ``traced_costs``: traced allreduces beside cost.per_rank
 
 The fence parser (``# BEGIN SOLUTION`` / ``# END SOLUTION``) is the assignment tool's,
 ``tutorials.assignments.fences``; tests import it from there. The course generator copies this file
@@ -28,11 +28,13 @@ import numpy as np
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
+import collectives
 from algorithms import model_parallel, sandblaster_lbfgs as sandblaster
 from algorithms.core import partition
 from algorithms.core.objective import Data, NetworkObjective, load_data
 from algorithms.sandblaster import wire
 from algorithms.sandblaster.shard import Shard
+from collectives import cost, trace
 from collectives.trace import TracedComm
 from minidl.data import epoch_order, sparse_logistic_regression
 from minidl.nn import Conv2d, Flatten, Linear, ReLU, Sequential
@@ -351,6 +353,20 @@ def results_on_every_rank(comm, function, calls, kind):
     mine = comm.scatter(parts, root=0)
     assert not isinstance(mine, str), mine
     return mine
+
+
+def traced_costs(comm, runs, values=None):
+    """For each (algorithm, length, dtype) of ``runs``, an allreduce of ``values(rank, length, dtype)``
+    (default ``fill``) traced on this rank: (the run, the tracer, this rank's traced (messages, bytes
+    sent, bytes reduced), cost.per_rank's RankCost of this rank). The RankCosts of every run and rank
+    are asked for first, at once (``results_on_every_rank``)."""
+    calls = [(algorithm, comm.size, length, np.dtype(dtype).itemsize, comm.rank) for algorithm, length, dtype in runs]
+    formulas = results_on_every_rank(comm, cost.per_rank, calls, cost.RankCost)
+    traced = TracedComm(comm)
+    for (algorithm, length, dtype), formula in zip(runs, formulas):
+        traced.reset()
+        collectives.allreduce(traced, (values or fill)(comm.rank, length, dtype), algorithm=algorithm, check=False)
+        yield (algorithm, length, dtype), traced, trace.counts(traced.messages, comm.rank), formula
 
 
 # ---- chapter blocks -------------------------------------------------------------------------------------

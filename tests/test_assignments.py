@@ -67,6 +67,23 @@ def test_every_forwarded_whole_call_is_a_function_the_sandbox_can_rebuild(tmp_pa
         assignments.load(registry)
 
 
+def test_results_of_hands_over_tuples_and_refuses_a_reply_of_the_wrong_length_or_kind(monkeypatch):
+    # what tests/grade_proxy.py forwards is run_calls; results_of checks its reply here
+    from tests import helpers
+    cases = [[7, 2], [9, 4]]
+    assert helpers.results_of(divmod, cases, tuple) == [(3, 1), (2, 1)]
+    handed = []
+    monkeypatch.setattr(helpers, "run_calls", lambda function, calls: handed.append(calls) or [(0, 0)] * len(calls))
+    helpers.results_of(divmod, cases, tuple)
+    assert handed == [((7, 2), (9, 4))], handed           # tuples: nothing can be written back into the cases
+    monkeypatch.setattr(helpers, "run_calls", lambda function, calls: [function(*calls[0])])
+    with pytest.raises(AssertionError, match="2 calls of divmod gave 1 results"):
+        helpers.results_of(divmod, cases, tuple)
+    monkeypatch.setattr(helpers, "run_calls", lambda function, calls: [str(function(*args)) for args in calls])
+    with pytest.raises(AssertionError, match=r"divmod\(7, 2\) returned a str"):
+        helpers.results_of(divmod, cases, tuple)
+
+
 def test_every_fence_in_the_tree_belongs_to_a_task():
     registered = {(task.file, task.function) for task in TASKS}
     for path in SOURCES:

@@ -29,7 +29,7 @@ from collectives import bench, cost, spacetime, trace
 from collectives.buffers import block_counts, block_offsets
 from collectives.fold import fold_in, fold_out, largest_power_of_two, world_rank
 from tests import strategies
-from tests.helpers import fill, results_of, results_on_every_rank, same_on_every_rank
+from tests.helpers import fill, results_of, same_on_every_rank, traced_costs
 
 ALGORITHMS = collectives.ALGORITHMS                    # naive, tree, butterfly, ring, rabenseifner, auto, hierarchical
 TRACED = cost.ALGORITHMS                               # the five with a cost formula
@@ -461,14 +461,7 @@ def test_block_counts_cover_n_and_differ_by_at_most_one():
 
 def check_traced_costs(length, dtype):
     comm = MPI.COMM_WORLD
-    traced = trace.TracedComm(comm)
-    itemsize = np.dtype(dtype).itemsize
-    formulas = results_on_every_rank(comm, cost.per_rank, [(algorithm, comm.size, length, itemsize, comm.rank)
-                                                           for algorithm in TRACED], cost.RankCost)
-    for algorithm, formula in zip(TRACED, formulas):
-        traced.reset()
-        collectives.allreduce(traced, fill(comm.rank, length, dtype), algorithm=algorithm, check=False)
-        measured = trace.counts(traced.messages, comm.rank)
+    for (algorithm, _, _), traced, measured, formula in traced_costs(comm, [(a, length, dtype) for a in TRACED]):
         parallel_assert(measured == (formula.messages, formula.bytes_sent, formula.bytes_reduced),
                         f"{algorithm} p={comm.size} n={length} rank {comm.rank}: traced {measured}, "
                         f"cost.py {formula}")

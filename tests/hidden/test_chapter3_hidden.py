@@ -25,7 +25,7 @@ from collectives.buffers import block_counts, block_offsets
 from collectives.check import DTYPES, MismatchError
 from collectives.fold import fold_in, fold_out, largest_power_of_two
 from collectives.tags import CHECK
-from tests.helpers import results_of, results_on_every_rank, same_on_every_rank
+from tests.helpers import results_of, same_on_every_rank, traced_costs
 
 AWKWARD_P = [3, 5, 6, 7]
 REAL = [name for name in DTYPES if not name.startswith("complex")]
@@ -576,14 +576,8 @@ def test_per_rank_totals_balance_sends_and_receives(p):
 
 def check_traced_against_per_rank(algorithm, dtypes=("int8", "float16", "complex128")):
     comm = MPI.COMM_WORLD
-    traced = trace.TracedComm(comm)
-    runs = [(dtype, length) for dtype in dtypes for length in (1, 2, comm.size + 1, 3 * comm.size - 1)]
-    formulas = results_on_every_rank(comm, cost.per_rank, [(algorithm, comm.size, length, np.dtype(dtype).itemsize,
-                                                            comm.rank) for dtype, length in runs], cost.RankCost)
-    for (dtype, length), formula in zip(runs, formulas):
-        traced.reset()
-        collectives.allreduce(traced, fill(comm.rank, length, dtype), algorithm=algorithm, check=False)
-        measured = trace.counts(traced.messages, comm.rank)
+    runs = [(algorithm, length, dtype) for dtype in dtypes for length in (1, 2, comm.size + 1, 3 * comm.size - 1)]
+    for (_, length, dtype), _, measured, formula in traced_costs(comm, runs, values=fill):
         parallel_assert(measured == (formula.messages, formula.bytes_sent, formula.bytes_reduced),
                         f"{algorithm} p={comm.size} n={length} {dtype} rank {comm.rank}: traced {measured}, "
                         f"cost.per_rank {formula}")
