@@ -11,6 +11,8 @@
   student code costs only that task, within the timeout.
 - What the grader tells a student: a failed test says what failed, in its assertion's words; a
   deadlock says where it timed out and stops its task there (the task's later tests "not run").
+- Whole calls (tasks.toml's ``forward``): every name is a function the sandbox can rebuild, and a
+  forgery inside a forwarded ``run_calls`` records nothing and fails its test.
 - ``--gradescope`` writes Gradescope's results.json (``score``; per test ``name``, ``score``,
   ``max_score``, ``status``, ``output``, ``visibility``: hidden tests ``after_published``), and the
   autograder zip's ``run_autograder`` grades a submission folder into it.
