@@ -11,6 +11,8 @@
   student code costs only that task, within the timeout.
 - What the grader tells a student: a failed test says what failed, in its assertion's words; a
   deadlock says where it timed out and stops its task there (the task's later tests "not run").
+- Whole calls (tasks.toml's ``forward``): every name is a function the sandbox can rebuild, and a
+  forgery inside a forwarded ``run_calls`` records nothing and fails its test.
 - ``--gradescope`` writes Gradescope's results.json (``score``; per test ``name``, ``score``,
   ``max_score``, ``status``, ``output``, ``visibility``: hidden tests ``after_published``), and the
   autograder zip's ``run_autograder`` grades a submission folder into it.
@@ -65,6 +67,23 @@ def test_every_forwarded_whole_call_is_a_function_the_sandbox_can_rebuild(tmp_pa
                         'forward = ["tests.helpers.run_calls"]\n')
     with pytest.raises(ValueError, match="not sandboxed"):
         assignments.load(registry)
+
+
+def test_results_of_hands_over_tuples_and_refuses_a_reply_of_the_wrong_length_or_kind(monkeypatch):
+    # what tests/grade_proxy.py forwards is run_calls; results_of checks its reply here
+    from tests import helpers
+    cases = [[7, 2], [9, 4]]
+    assert helpers.results_of(divmod, cases, tuple) == [(3, 1), (2, 1)]
+    handed = []
+    monkeypatch.setattr(helpers, "run_calls", lambda function, calls: handed.append(calls) or [(0, 0)] * len(calls))
+    helpers.results_of(divmod, cases, tuple)
+    assert handed == [((7, 2), (9, 4))], handed           # tuples: nothing can be written back into the cases
+    monkeypatch.setattr(helpers, "run_calls", lambda function, calls: [function(*calls[0])])
+    with pytest.raises(AssertionError, match="2 calls of divmod gave 1 results"):
+        helpers.results_of(divmod, cases, tuple)
+    monkeypatch.setattr(helpers, "run_calls", lambda function, calls: [str(function(*args)) for args in calls])
+    with pytest.raises(AssertionError, match=r"divmod\(7, 2\) returned a str"):
+        helpers.results_of(divmod, cases, tuple)
 
 
 def test_every_fence_in_the_tree_belongs_to_a_task():
@@ -446,3 +465,25 @@ def test_forged_results_and_patched_checks_in_sandboxed_tasks_score_nothing(tmp_
     assert all("in the sandbox" in test["message"] and "ended" in test["message"] for test in rows["1.3"]["tests"]
                if test["status"] == "failed"), rows["1.3"]        # no reply: the job ended, nothing recorded
     assert not any("forged" in test["name"] for row in rows.values() for test in row["tests"]), rows
+
+
+@reference_only
+@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox drops root to its own uid: it needs root")
+def test_a_forgery_inside_a_whole_forwarded_call_records_nothing_and_fails(tmp_path):
+    """Task 3.9's tests hand its function thousands of cases through tests.helpers.run_calls, which the
+    grader forwards whole (tasks.toml's ``forward``): the forging body runs there, in the sandbox, ends
+    its job, and the test fails. One test, run as tests/grade.py runs each of the task's (its whole
+    grading takes a minute)."""
+    from tests import grade as grader
+    task = assignments.select(TASKS, ["3.9"])[0]
+    assert task.sandbox and "tests.helpers.run_calls" in task.forward
+    tree = submission(tmp_path, "3.9", "3.9", FORGERIES["1.3"])
+    student = grader.sandbox_tree(tmp_path / "sandboxed" / "student", tree, GENERATOR)
+    nodeid = "tests/test_collectives.py::test_per_rank_costs_reduce_to_the_papers_formulas"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), MINIDL_GRADE_PROXY="3.9",
+               MINIDL_GRADE_STUDENT=str(student), MINIDL_GRADE_CALL_TIMEOUT="20")
+    outcomes = grader.run(ROOT, 1, [nodeid], 30, 1, env)
+    assert list(outcomes) == [nodeid], outcomes                                   # nothing forged recorded
+    status, message = outcomes[nodeid]
+    assert status == "failed" and "run_calls (the student's, in the sandbox)" in message and "ended" in message, \
+        outcomes
