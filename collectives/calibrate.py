@@ -205,6 +205,69 @@ def fit_rates(comm, min_seconds, nbytes, alpha, rounds=3, median=False):
                       gamma_3, beta_gather, beta_scatter)
 
 
+def fit_later_steps(comm, min_seconds, nbytes, rounds=3, median=False):
+    """(later_x, pair_x, later_1, pair_1): seconds of a step that waits for the step before it,
+    from micro-benchmarks of two dependent steps on an allreduce's own three n-byte vectors
+    (sendbuf, recvbuf, scratch; not cycled: an allreduce reuses them call after call), each pair
+    timed interleaved with its parts, partners r and r xor 1 (the last rank of an odd p idles):
+
+    pair_x: the ring at p = 2 written out: exchange half of sendbuf into scratch, add the other
+            half of sendbuf to it into recvbuf, exchange that result into recvbuf's other half;
+    pair_1: the tree at p = 2 written out: the odd rank sends sendbuf, the even one receives it
+            into scratch, adds sendbuf to it into recvbuf and sends recvbuf back.
+
+    later = pair - (its first step alone) - (its add alone): what the second step cost, n/2 bytes
+    exchanged (later_x) or n bytes one way (later_1); a number, not a measurement of its own, so
+    it may come out below zero where the steps overlap."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    partner = rank ^ 1
+    count = max(nbytes // 4, 2) // 2 * 2
+    half = count // 2
+    sendbuf, recvbuf = np.ones(count, dtype=np.float32), np.zeros(count, dtype=np.float32)
+    incoming = np.zeros(count, dtype=np.float32)
+    mine, other = (slice(0, half), slice(half, count)) if rank % 2 == 0 else (slice(half, count), slice(0, half))
+    active = partner < size
+
+    def first_x():
+        if active:
+            comm.Sendrecv(sendbuf[other], partner, 9, incoming[:half], partner, 9)
+
+    def reduce_x():
+        np.add(sendbuf[mine], incoming[:half], out=recvbuf[mine])
+
+    def pair_x():
+        first_x()
+        reduce_x()
+        if active:
+            comm.Sendrecv(recvbuf[mine], partner, 10, recvbuf[other], partner, 10)
+
+    def first_1():
+        if active and rank % 2:
+            comm.Send(sendbuf, partner, 11)
+        elif active:
+            comm.Recv(incoming, partner, 11)
+
+    def reduce_1():
+        if rank % 2 == 0:
+            np.add(sendbuf, incoming, out=recvbuf)
+
+    def pair_1():
+        first_1()
+        if active and rank % 2:
+            comm.Recv(recvbuf, partner, 12)
+        elif active:
+            reduce_1()
+            comm.Send(recvbuf, partner, 12)
+    calls = {"pair_x": pair_x, "first_x": first_x, "reduce_x": reduce_x,
+             "pair_1": pair_1, "first_1": first_1, "reduce_1": reduce_1}
+    best = {}
+    for _ in range(rounds):                          # interleaved, best kept: parts and pair alike
+        for name, call in calls.items():
+            best[name] = min(best.get(name, np.inf), timed(comm, call, min_seconds, median))
+    return (best["pair_x"] - best["first_x"] - best["reduce_x"], best["pair_x"],
+            best["pair_1"] - best["first_1"] - best["reduce_1"], best["pair_1"])
+
+
 def cores():
     """CPU cores this process may run on."""
     try:
@@ -218,15 +281,18 @@ LADDER = [1 << k for k in range(12, 27)]          # 4 KiB, 8 KiB, ..., 64 MiB
 
 def measure_calibration(comm, min_seconds, rounds=3, sizes=LADDER, median=False):
     """What collectives.calibration.fit takes: (ladder, small). ladder: per size, the seconds of each
-    fit_rates micro-benchmark (exchange, one-way, add in place, add into a third, copy); small: per
+    fit_rates micro-benchmark (exchange, one-way, add in place, add into a third, copy) and of
+    fit_later_steps' (a later step, the pair it was taken from); small: per
     algorithm of cost.ALGORITHMS, the best time of an 8-byte allreduce (check=False) on comm."""
     from .table import MODULES
     ladder = []
     for nbytes in sizes:
         rates = fit_rates(comm, min_seconds, nbytes, 0.0, rounds, median)
+        later_x, pair_x, later_1, pair_1 = fit_later_steps(comm, min_seconds, nbytes, rounds, median)
         ladder.append({"bytes": nbytes, "beta_x": rates.beta_x * nbytes, "beta_1": rates.beta_1 * nbytes,
                        "gamma_m": rates.gamma_m * nbytes, "gamma_3": rates.gamma_3 * nbytes,
-                       "copy": rates.copy * nbytes})
+                       "copy": rates.copy * nbytes, "later_x": later_x, "pair_x": pair_x,
+                       "later_1": later_1, "pair_1": pair_1})
     sendbuf, recvbuf = np.ones(2, dtype=np.float32), np.empty(2, dtype=np.float32)
     small = {}
     for _ in range(max(rounds, 5)):                  # interleaved, best kept

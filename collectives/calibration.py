@@ -11,15 +11,23 @@ per step that a bare ping-pong does not. The plain alpha-beta-gamma model (one p
 in-cache add) misses all three (collectives.bench prints it beside the calibrated one).
 
 The model (cost.predict_calibrated): with steps, bytes exchanged / sent one way, bytes reduced and
-whole-vector copies on the critical path as in cost.traffic,
+whole-vector copies on the critical path as in cost.traffic, the first step priced apart from the
+later ones (cost.later_steps: those that wait for the step before them),
 
-    t(n) = o[algorithm] + alpha[k] steps + beta_x[k] exchanged + beta_1[k] one-way
+    t(n) = o[algorithm] + alpha[k] + beta[k] m_first                        (x or 1 by its kind)
+             + alpha_lx[k] later exchanges + beta_lx[k] bytes they exchange
+             + alpha_l1[k] later one-way steps + beta_l1[k] bytes they send
              + gamma_m[k] reduced in place + gamma_3[k] reduced from sendbuf + copy[k] n copies
 
 where k is the cache level of the footprint 3 n: level 0 up to bounds[0], level 1 up to bounds[1],
 ..., the last beyond (a core with 2 MiB of L2 and 32 MiB of L3 shared by two ranks suggests about
-n <= 0.7 MiB, n <= 5 MiB and beyond; the fit decides where). Fitting (`fit`), from measurements none of which is an
-allreduce of >= 4 KiB:
+n <= 0.7 MiB, n <= 5 MiB and beyond; the fit decides where).
+
+Why the later steps apart: on this machine a step that follows another, with an add between,
+took longer than the same step timed alone (chapter 10, section 9, saw the two-step algorithms
+at p = 2 measured 1.2-2x a model that priced both steps alike, the one-step butterfly within 20%).
+
+Fitting (`fit`), from measurements none of which is an allreduce of >= 4 KiB:
 
 1. per-byte rates: the micro-benchmarks of collectives.calibrate.fit_rates on a ladder of sizes
    (pairwise exchange, one-way send, add in place, add into a third vector, copy; each cycling
@@ -28,15 +36,20 @@ allreduce of >= 4 KiB:
    t = a[k] + n r[k] to each micro-benchmark (an intercept per level for the messages, since MPI
    changes protocol with the message size; none for the memory passes); the cut with the least total squared error wins, and a bound lies at the
    geometric mean of the footprints either side of the cut. alpha[k] is the exchange's a[k];
-2. o, per algorithm: its allreduce of 8 bytes, minus its steps at alpha (and the per-byte terms,
+2. a later step's rates, from calibrate.fit_later_steps at each ladder size n: two dependent
+   steps as an allreduce at p = 2 takes them (exchange n/2, add, exchange n/2; one way n, add,
+   one way back), each timed interleaved with its first step alone and its add alone; later =
+   pair - first - add, fitted as alpha_l + m beta_l per level (the cut of step 1, least squares on
+   the error relative to the pair's time, both kept >= 0);
+3. o, per algorithm: its allreduce of 8 bytes, minus its steps at alpha (and the per-byte terms,
    negligible there): the Python around the messages, one call's worth, which a ping-pong does
    not pay (at p = 2 the ring and Rabenseifner make the same two exchanges; their code is not the
    same length).
 
 The file (JSON, CALIBRATION_FILE unless a tool's --calibration says otherwise) holds p, levels,
-footprint, alpha, bounds, one list per rate (one number per level), o per algorithm ("overhead"),
-and the measurements it was fitted on. `load` refuses a file that is not that (ValueError saying
-what and where).
+footprint, alpha, bounds, one list per rate (one number per level; the four of LATER optional: a
+file without them prices later steps as the first), o per algorithm ("overhead"), and the
+measurements it was fitted on. `load` refuses a file that is not that (ValueError saying what and where).
 """
 import itertools
 import json
@@ -51,6 +64,7 @@ FOOTPRINT = 3                                     # n-byte vectors per rank an a
 MESSAGES = ("beta_x", "beta_1")                   # fitted with an intercept (a message's latency)
 MEMORY = ("gamma_m", "gamma_3", "copy")           # fitted through the origin
 RATES = MESSAGES + MEMORY
+LATER = ("later_alpha_x", "later_beta_x", "later_alpha_1", "later_beta_1")   # a later step's own rates
 MIN_RUN = 4                                       # ladder sizes per cache level, at least
 
 
@@ -62,6 +76,7 @@ class Calibration:
     bounds: tuple             # footprints (bytes) where one cache level ends, ascending
     rates: dict               # name -> tuple of seconds per byte, one per level
     footprint: int = FOOTPRINT
+    later: dict = None        # name of LATER -> tuple, one per level; None: later steps as the first
 
     def level(self, nbytes):
         return sum(self.footprint * nbytes > bound for bound in self.bounds)
@@ -73,10 +88,19 @@ class Calibration:
         return cost.Rates(self.alpha[k], r["beta_x"], r["gamma_m"], r["copy"], 1.0, r["beta_1"], None, None,
                           r["gamma_3"])
 
+    def later_at(self, nbytes):
+        """(alpha_x, beta_x, alpha_1, beta_1) of a step after the first (exchange, one way) at
+        nbytes' level, or None where the calibration has none (cost.predict_calibrated)."""
+        if self.later is None:
+            return None
+        k = self.level(nbytes)
+        return tuple(self.later[name][k] for name in LATER)
+
     def as_json(self):
-        return {"p": self.p, "levels": len(self.bounds) + 1, "footprint": self.footprint,
+        data = {"p": self.p, "levels": len(self.bounds) + 1, "footprint": self.footprint,
                 "overhead": dict(self.overhead), "alpha": list(self.alpha), "bounds": list(self.bounds),
                 **{name: list(self.rates[name]) for name in RATES}}
+        return data | ({name: list(self.later[name]) for name in LATER} if self.later else {})
 
 
 def _cuts(count, levels):
@@ -102,11 +126,30 @@ def _least_squares(sizes, seconds, starts, intercept):
     return a, r, error
 
 
+def _later(ladder, starts, kind, share):
+    """([alpha per level], [beta per level]) of a later step, a = alpha + m beta with m = share n its
+    bytes, from the pairs' rows: least squares on the error relative to the pair's time."""
+    import numpy as np
+    alpha, beta = [], []
+    for first, end in zip(starts, starts[1:] + (len(ladder),)):
+        rows = ladder[first:end]
+        pair = np.array([row["pair_" + kind] for row in rows], dtype=float)
+        m = np.array([share * row["bytes"] for row in rows], dtype=float)
+        design = np.stack([np.ones_like(m), m], axis=1) / pair[:, None]
+        later = np.array([row["later_" + kind] for row in rows], dtype=float)
+        (a, b), *_ = np.linalg.lstsq(design, later / pair, rcond=None)
+        alpha.append(max(float(a), 0.0))
+        beta.append(max(float(b), 0.0))
+    return alpha, beta
+
+
 def fit(ladder, small, p, levels=3, footprint=FOOTPRINT):
     """Calibration from measurements.
 
     ladder: [{"bytes": n, "beta_x": seconds, "beta_1": ..., "gamma_m": ..., "gamma_3": ..., "copy": ...}]
-    (the seconds of one micro-benchmark at n bytes, ascending n, at least `levels` sizes);
+    (the seconds of one micro-benchmark at n bytes, ascending n, at least `levels` sizes), and, if
+    every row has them, "later_x", "pair_x", "later_1", "pair_1" (calibrate.fit_later_steps: a later
+    step of n/2 bytes exchanged, of n bytes one way, and the pairs they were taken from);
     small: {algorithm: seconds}, one allreduce of 8 bytes on p ranks for each of cost.ALGORITHMS."""
     import numpy as np
     ladder = sorted(ladder, key=lambda row: row["bytes"])
@@ -123,9 +166,13 @@ def fit(ladder, small, p, levels=3, footprint=FOOTPRINT):
     _, starts, fits = best
     bounds = tuple(footprint * math.sqrt(sizes[k - 1] * sizes[k]) for k in starts[1:])
     rates = {name: tuple(max(r, 0.0) for r in fits[name][1]) for name in RATES}
-    model = Calibration(p, {}, tuple(max(a, 0.0) for a in fits["beta_x"][0]), bounds, rates, footprint)
+    later = None
+    if all("pair_x" in row and "pair_1" in row for row in ladder):
+        (alpha_x, beta_x), (alpha_1, beta_1) = _later(ladder, starts, "x", 0.5), _later(ladder, starts, "1", 1.0)
+        later = dict(zip(LATER, map(tuple, (alpha_x, beta_x, alpha_1, beta_1))))
+    model = Calibration(p, {}, tuple(max(a, 0.0) for a in fits["beta_x"][0]), bounds, rates, footprint, later)
     overhead = {name: max(seconds - cost.predict_calibrated(name, p, 8, model), 0.0) for name, seconds in small.items()}
-    return Calibration(p, overhead, model.alpha, bounds, rates, footprint)
+    return Calibration(p, overhead, model.alpha, bounds, rates, footprint, later)
 
 
 def _number(data, key, where):
@@ -151,8 +198,11 @@ def from_json(data, where="calibration"):
     bounds = tuple(_number({"bounds": b}, "bounds", where) for b in bounds)
     if any(b <= a for a, b in zip(bounds, bounds[1:])):
         raise ValueError(f"{where}: 'bounds' must be ascending, got {list(bounds)}")
+    later = [name for name in LATER if name in data]
+    if later and len(later) != len(LATER):
+        raise ValueError(f"{where}: a later step's rates need all of {', '.join(LATER)}, got {', '.join(later)}")
     rates = {}
-    for name in ("alpha",) + RATES:
+    for name in ("alpha",) + RATES + tuple(later):
         values = data.get(name)
         if not isinstance(values, list) or len(values) != len(bounds) + 1:
             raise ValueError(f"{where}: {name!r} must be a list of {len(bounds) + 1} rates "
@@ -163,7 +213,8 @@ def from_json(data, where="calibration"):
         raise ValueError(f"{where}: 'overhead' must map each of {', '.join(cost.ALGORITHMS)} to seconds, "
                          f"got {overhead!r}")
     overhead = {name: _number(overhead, name, where) for name in cost.ALGORITHMS}
-    return Calibration(p, overhead, rates.pop("alpha"), bounds, rates, footprint)
+    later = {name: rates.pop(name) for name in later} or None
+    return Calibration(p, overhead, rates.pop("alpha"), bounds, rates, footprint, later)
 
 
 def load(path=None, required=False):
