@@ -7,10 +7,13 @@ exit status 2 before any message.
 """
 import json
 
+import numpy as np
 import pytest
+from mpi4py import MPI
+from pytest_mpi import parallel_assert
 
-from collectives import bench, calibration, cost
-from tests.helpers import assert_stopped, mpiexec
+from collectives import bench, calibrate, calibration, cost
+from tests.helpers import assert_stopped, mpiexec, same_on_every_rank
 
 KIB, MIB = 1 << 10, 1 << 20
 LADDER = [1 << k for k in range(12, 27)]                  # 4 KiB .. 64 MiB, as collectives.calibrate's
@@ -20,6 +23,9 @@ TRUE = {"beta_x": (1.2e-11, 1.5e-10, 4e-10), "beta_1": (1.0e-11, 1.2e-10, 3e-10)
         "gamma_m": (0.5e-11, 3e-11, 1e-10), "gamma_3": (0.7e-11, 5e-11, 1.5e-10), "copy": (0.4e-11, 2e-11, 9e-11)}
 TRUE_O = {"naive": 2e-6, "tree": 3e-6, "butterfly": 1e-6, "ring": 5e-6, "rabenseifner": 6e-6}
 STEPS_AT_P2 = {"naive": 2, "tree": 2, "butterfly": 1, "ring": 2, "rabenseifner": 2}   # by hand: 2 ranks
+# a later step's own rates per level: (alpha_x, beta_x, alpha_1, beta_1), unlike the first step's
+TRUE_LATER = {"later_alpha_x": (6e-6, 20e-6, 50e-6), "later_beta_x": (2e-11, 3e-10, 5e-10),
+              "later_alpha_1": (5e-6, 25e-6, 40e-6), "later_beta_1": (3e-11, 2e-10, 6e-10)}
 
 
 def level(n):
@@ -35,6 +41,18 @@ def synthetic_ladder():
                "beta_1": 2 * TRUE_ALPHA[k] + n * TRUE["beta_1"][k]}     # a one-way send's own intercept
         row.update({name: n * TRUE[name][k] for name in ("gamma_m", "gamma_3", "copy")})
         rows.append(row)
+    return rows
+
+
+def with_pairs(rows):
+    """The ladder plus what calibrate.fit_later_steps would measure: a later step of n/2 bytes
+    exchanged and of n bytes one way at TRUE_LATER, inside pairs that also hold a first step and an add."""
+    for row in rows:
+        n, k = row["bytes"], level(row["bytes"])
+        later_x = TRUE_LATER["later_alpha_x"][k] + n / 2 * TRUE_LATER["later_beta_x"][k]
+        later_1 = TRUE_LATER["later_alpha_1"][k] + n * TRUE_LATER["later_beta_1"][k]
+        row.update(later_x=later_x, pair_x=later_x + TRUE_ALPHA[k] + n / 2 * (TRUE["beta_x"][k] + TRUE["gamma_3"][k]),
+                   later_1=later_1, pair_1=later_1 + TRUE_ALPHA[k] + n * (TRUE["beta_1"][k] + TRUE["gamma_3"][k]))
     return rows
 
 
@@ -54,6 +72,21 @@ def test_fitting_measurements_made_from_known_parameters_gives_them_back():
         assert model.rates[name] == pytest.approx(rates, rel=1e-6), name
     for name, o in TRUE_O.items():
         assert abs(model.overhead[name] - o) < 1e-9, name
+
+
+def test_a_later_steps_rates_come_back_from_pairs_made_with_them():
+    model = calibration.fit(with_pairs(synthetic_ladder()), synthetic_small(), p=2, levels=3)
+    assert model.alpha == pytest.approx(TRUE_ALPHA, rel=1e-6)
+    for name, rates in TRUE_LATER.items():
+        assert model.later[name] == pytest.approx(rates, rel=1e-6), name
+    for name, o in TRUE_O.items():             # the 8-byte allreduces: a later step at its own alpha
+        later = {"naive": "1", "tree": "1", "ring": "x", "rabenseifner": "x"}.get(name)
+        steps = TRUE_ALPHA[0] + (TRUE_LATER[f"later_alpha_{later}"][0] if later else 0.0)
+        assert abs(model.overhead[name] - (synthetic_small()[name] - steps)) < 1e-9, name
+
+
+def test_without_pairs_the_fit_has_no_later_rates():
+    assert calibration.fit(synthetic_ladder(), synthetic_small(), p=2, levels=3).later is None
 
 
 def test_two_levels_find_the_larger_jump():
@@ -86,6 +119,60 @@ def test_the_calibrated_tree_at_p2_sends_one_way():
     assert cost.predict_calibrated("tree", 2, n, hand_model()) == pytest.approx(expected, rel=1e-12)
 
 
+def later_model():
+    return calibration.Calibration(2, dict(TRUE_O), TRUE_ALPHA, TRUE_BOUNDS, dict(TRUE), later=dict(TRUE_LATER))
+
+
+@pytest.mark.parametrize("n", [32 * KIB, 1 * MIB, 32 * MIB])
+def test_the_ring_at_p2_pays_its_second_exchange_at_the_later_rates(n):
+    """o + (alpha + n/2 beta_x) first + (later alpha_x + n/2 later beta_x) second + n/2 gamma_3."""
+    k = level(n)
+    expected = (TRUE_O["ring"] + TRUE_ALPHA[k] + n / 2 * TRUE["beta_x"][k] + TRUE_LATER["later_alpha_x"][k]
+                + n / 2 * TRUE_LATER["later_beta_x"][k] + n / 2 * TRUE["gamma_3"][k])
+    assert cost.predict_calibrated("ring", 2, n, later_model()) == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_tree_at_p2_sends_back_at_the_later_one_way_rates():
+    n, k = 256 * KIB, 1
+    expected = (TRUE_O["tree"] + TRUE_ALPHA[k] + n * TRUE["beta_1"][k] + TRUE_LATER["later_alpha_1"][k]
+                + n * TRUE_LATER["later_beta_1"][k] + n * TRUE["gamma_3"][k])
+    assert cost.predict_calibrated("tree", 2, n, later_model()) == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_butterfly_at_p2_has_no_later_step():
+    n = 256 * KIB
+    assert cost.predict_calibrated("butterfly", 2, n, later_model()) == cost.predict_calibrated("butterfly", 2, n, hand_model())
+
+
+@pytest.mark.parametrize("algorithm, p, expected", [          # by hand, n = 1: (exchanges, bytes, one-way, bytes)
+    ("ring", 2, (1, 0.5, 0, 0)), ("rabenseifner", 2, (1, 0.5, 0, 0)), ("butterfly", 2, (0, 0, 0, 0)),
+    ("tree", 2, (0, 0, 1, 1)), ("naive", 2, (0, 0, 1, 1)),
+    ("ring", 4, (5, 1.25, 0, 0)), ("rabenseifner", 4, (3, 1.0, 0, 0)), ("butterfly", 4, (1, 1.0, 0, 0)),
+    ("tree", 4, (0, 0, 3, 3)), ("naive", 4, (0, 0, 5, 5)),
+    ("ring", 6, (9, 1.5, 0, 0)), ("rabenseifner", 6, (4, 1.5, 1, 1)), ("butterfly", 6, (2, 2.0, 1, 1)),
+    ("tree", 6, (0, 0, 5, 5)), ("lower bound", 4, (0, 0, 0, 0)), ("ring", 1, (0, 0, 0, 0)),
+])
+def test_later_steps_are_every_step_after_the_first(algorithm, p, expected):
+    steps_x, bytes_x, steps_1, bytes_1 = cost.later_steps(algorithm, p, 1 << 20)
+    assert (steps_x, bytes_x / MIB, steps_1, bytes_1 / MIB) == pytest.approx(expected)
+
+
+def test_a_calibration_with_later_rates_reads_back_equal(tmp_path):
+    path = tmp_path / "c.json"
+    calibration.save(later_model(), path)
+    assert calibration.load(path) == later_model()
+    assert "later_beta_x" not in hand_model().as_json()      # an older file's form, still read: see hand_model
+
+
+@pytest.mark.parallel(nprocs=[2, 3])
+def test_the_two_step_micro_benchmark_runs_on_every_rank_and_agrees():
+    """On 3 ranks the last has no partner and idles; every rank gets the slowest rank's numbers."""
+    comm = MPI.COMM_WORLD
+    numbers = np.array(calibrate.fit_later_steps(comm, 1e-4, 4 * KIB, rounds=1))
+    parallel_assert(bool(np.all(np.isfinite(numbers)) and numbers[1] > 0 and numbers[3] > 0), f"{numbers}")
+    parallel_assert(same_on_every_rank(comm, numbers), "ranks disagree")
+
+
 def test_calibration_none_leaves_the_column_out():
     assert bench.settings(["--quick", "--calibration", "none"], 2).model is None
 
@@ -103,7 +190,9 @@ def bad_files(folder):
              "wrong length": {**good, "beta_x": [1e-10, 2e-10]},
              "bounds descending": {**good, "bounds": [9e6, 1e6]},
              "missing algorithm": {**good, "overhead": {"ring": 1e-6}},
-             "p zero": {**good, "p": 0}, "nan": {**good, "copy": [float("nan"), 1.0, 1.0]}}
+             "p zero": {**good, "p": 0}, "nan": {**good, "copy": [float("nan"), 1.0, 1.0]},
+             "half of later": {**good, "later_alpha_x": [1e-6] * 3, "later_beta_x": [1e-10] * 3},
+             "negative later": {**later_model().as_json(), "later_beta_1": [1e-10, -1e-10, 1e-10]}}
     paths = {}
     for name, content in cases.items():
         paths[name] = folder / f"{name.replace(' ', '_')}.json"
