@@ -21,7 +21,9 @@ with collectives.cost's prediction at the rates found here; none of them is an a
    beta_scatter (the naive root's two phases), a ring shift of n/p-byte blocks (r -> r + 1,
    every rank at once) for beta_ring, np.add in place, np.add into a third vector and np.copyto
    on n-byte vectors (every rank at once) for gamma_m, gamma_3 and copy, and
-   share = max(1, p / cores).
+   share = max(1, p / cores);
+4. a hot step (collectives.calibration: one that sends what its sender's reduction just wrote):
+   fit_hot_steps times two dependent steps on an allreduce's own vectors, and their parts alone.
 
 Every time is `timed`'s: the slowest rank's mean over a batch of calls between barriers; the
 fits keep the best of a few batches.
@@ -205,10 +207,10 @@ def fit_rates(comm, min_seconds, nbytes, alpha, rounds=3, median=False):
                       gamma_3, beta_gather, beta_scatter)
 
 
-def fit_later_steps(comm, min_seconds, nbytes, rounds=3, median=False):
-    """(later_x, pair_x, later_1, pair_1): seconds of a step that waits for the step before it,
-    from micro-benchmarks of two dependent steps on an allreduce's own three n-byte vectors
-    (sendbuf, recvbuf, scratch; not cycled: an allreduce reuses them call after call), each pair
+def fit_hot_steps(comm, min_seconds, nbytes, rounds=3, median=False):
+    """(hot_x, pair_x, hot_1, pair_1): seconds of a hot step, one that sends what its sender's
+    reduction has just written, from micro-benchmarks of two dependent steps on an allreduce's own
+    three n-byte vectors (sendbuf, recvbuf, scratch; not cycled: an allreduce reuses them), each pair
     timed interleaved with its parts, partners r and r xor 1 (the last rank of an odd p idles):
 
     pair_x: the ring at p = 2 written out: exchange half of sendbuf into scratch, add the other
@@ -216,9 +218,9 @@ def fit_later_steps(comm, min_seconds, nbytes, rounds=3, median=False):
     pair_1: the tree at p = 2 written out: the odd rank sends sendbuf, the even one receives it
             into scratch, adds sendbuf to it into recvbuf and sends recvbuf back.
 
-    later = pair - (its first step alone) - (its add alone): what the second step cost, n/2 bytes
-    exchanged (later_x) or n bytes one way (later_1); a number, not a measurement of its own, so
-    it may come out below zero where the steps overlap."""
+    hot = pair - (its first step alone) - (its add alone): what the second, hot step cost, n/2
+    bytes exchanged (hot_x) or n bytes one way (hot_1) (the first sends sendbuf, cold); a
+    difference, so noise may take it below zero."""
     rank, size = comm.Get_rank(), comm.Get_size()
     partner = rank ^ 1
     count = max(nbytes // 4, 2) // 2 * 2
@@ -282,17 +284,17 @@ LADDER = [1 << k for k in range(12, 27)]          # 4 KiB, 8 KiB, ..., 64 MiB
 def measure_calibration(comm, min_seconds, rounds=3, sizes=LADDER, median=False):
     """What collectives.calibration.fit takes: (ladder, small). ladder: per size, the seconds of each
     fit_rates micro-benchmark (exchange, one-way, add in place, add into a third, copy) and of
-    fit_later_steps' (a later step, the pair it was taken from); small: per
+    fit_hot_steps' (a hot step, the pair it was taken from); small: per
     algorithm of cost.ALGORITHMS, the best time of an 8-byte allreduce (check=False) on comm."""
     from .table import MODULES
     ladder = []
     for nbytes in sizes:
         rates = fit_rates(comm, min_seconds, nbytes, 0.0, rounds, median)
-        later_x, pair_x, later_1, pair_1 = fit_later_steps(comm, min_seconds, nbytes, rounds, median)
+        hot_x, pair_x, hot_1, pair_1 = fit_hot_steps(comm, min_seconds, nbytes, rounds, median)
         ladder.append({"bytes": nbytes, "beta_x": rates.beta_x * nbytes, "beta_1": rates.beta_1 * nbytes,
                        "gamma_m": rates.gamma_m * nbytes, "gamma_3": rates.gamma_3 * nbytes,
-                       "copy": rates.copy * nbytes, "later_x": later_x, "pair_x": pair_x,
-                       "later_1": later_1, "pair_1": pair_1})
+                       "copy": rates.copy * nbytes, "hot_x": hot_x, "pair_x": pair_x,
+                       "hot_1": hot_1, "pair_1": pair_1})
     sendbuf, recvbuf = np.ones(2, dtype=np.float32), np.empty(2, dtype=np.float32)
     small = {}
     for _ in range(max(rounds, 5)):                  # interleaved, best kept

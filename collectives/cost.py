@@ -74,8 +74,8 @@ more often than the allreduce, which reuses its buffers call after call: at 1 Mi
 model is now up to 1.35x pessimistic (chapter 3, section 5); from 4 MiB up neither fits.
 
 Calibrated model (`predict_calibrated`): predict_refined's counts at rates fitted once on this
-machine per cache level, plus each algorithm's per-call overhead, with the steps after the first
-(`later_steps`) at a later step's own rates (collectives.calibration, `bench --calibrate`).
+machine per cache level, plus each algorithm's per-call overhead, with the steps that send what a
+reduction just wrote at their own rates (collectives.calibration, its `hot_steps`).
 
 `per_rank(algorithm, p, n, itemsize, rank)` gives what one rank does, exactly, counting the
 uneven blocks (block_counts: n elements in `parts` blocks, the first n % parts one longer):
@@ -302,35 +302,15 @@ def predict_refined(algorithm, p, nbytes, rates, in_place=False):
             + rates.copy * nbytes * extra_copies(algorithm, in_place, p))
 
 
-def later_steps(algorithm, p, nbytes):
-    """(exchange steps, bytes exchanged, one-way steps, bytes one way) on the critical path after
-    its first step (naive, tree: n one way; ring n/p, Rabenseifner n/2, butterfly n exchanged; p
-    not a power of two: the fold-in, n one way; the fold-out, n one way, is a later step)."""
-    if p == 1 or nbytes == 0 or algorithm == "lower bound":
-        return 0, 0.0, 0, 0.0
-    (steps, exchanged, busy, solo, _), n = traffic(algorithm, p, nbytes), float(nbytes)
-    if algorithm in ("naive", "tree"):
-        return 0, 0.0, steps - 1, busy + solo - n
-    if algorithm != "ring" and p != largest_power_of_two(p):
-        return steps - 2, exchanged, 1, busy + solo - n
-    first = {"ring": n / p, "rabenseifner": n / 2, "butterfly": n}[algorithm]
-    return steps - 1, exchanged - first, 0, 0.0
-
-
 def predict_calibrated(algorithm, p, nbytes, calibration, in_place=False):
     """Predicted seconds with rates fitted once on this machine (collectives.calibration: the
     algorithm's overhead o per call, a step's alpha, each per-byte rate at the footprint's cache
-    level, and, where the calibration has them, a later step's own rates: see later_steps)."""
+    level, and, where the calibration has them, the hot steps' own rates: calibration.hot_steps)."""
     if p == 1 or nbytes == 0:
         return 0.0
-    rates, later = calibration.at(nbytes), calibration.later_at(nbytes)
-    seconds = calibration.overhead.get(algorithm, 0.0) + predict_refined(algorithm, p, nbytes, rates, in_place)
-    if later is None:                              # a calibration without them: every step as the first
-        return seconds
-    alpha_x, beta_x, alpha_1, beta_1 = later         # the later steps' own rates, not predict_refined's
-    x_steps, x_bytes, one_steps, one_bytes = later_steps(algorithm, p, nbytes)
-    return (seconds + x_steps * (alpha_x - rates.alpha) + x_bytes * (beta_x - rates.beta_x)
-            + one_steps * (alpha_1 - rates.alpha) + one_bytes * (beta_1 - rates.beta_1))
+    overhead = calibration.overhead.get(algorithm, 0.0)          # none for the lower bound
+    return (overhead + predict_refined(algorithm, p, nbytes, calibration.at(nbytes), in_place)
+            + calibration.hot_extra(algorithm, p, nbytes))
 
 
 def table(p, nbytes, alpha, beta, gamma=0.0):
