@@ -208,8 +208,8 @@ def fit_rates(comm, min_seconds, nbytes, alpha, rounds=3, median=False):
 
 
 def fit_hot_steps(comm, min_seconds, nbytes, rounds=3, median=False):
-    """(hot_x, pair_x, hot_1, pair_1): seconds of a hot step, one that sends what its sender's
-    reduction has just written, from micro-benchmarks of two dependent steps on an allreduce's own
+    """Seconds of a hot step (hot_x, hot_1), one that sends what its sender's reduction has just
+    written, from micro-benchmarks of two dependent steps on an allreduce's own
     three n-byte vectors (sendbuf, recvbuf, scratch; not cycled: an allreduce reuses them), each pair
     timed interleaved with its parts, partners r and r xor 1 (the last rank of an odd p idles):
 
@@ -218,9 +218,11 @@ def fit_hot_steps(comm, min_seconds, nbytes, rounds=3, median=False):
     pair_1: the tree at p = 2 written out: the odd rank sends sendbuf, the even one receives it
             into scratch, adds sendbuf to it into recvbuf and sends recvbuf back.
 
-    hot = pair - (its first step alone) - (its add alone): what the second, hot step cost, n/2
-    bytes exchanged (hot_x) or n bytes one way (hot_1) (the first sends sendbuf, cold); a
-    difference, so noise may take it below zero."""
+    hot = pair - first - reduce (its first step alone, its add alone): what the second, hot step
+    cost, n/2 bytes exchanged (hot_x) or n bytes one way (hot_1; the first sends sendbuf, cold); a
+    difference, so noise may take it below zero. pair_1_cold: pair_1 sending sendbuf back instead
+    of the sum, the same steps with a cold second message (pair_1 - pair_1_cold: the heat's price).
+    Returns {name: seconds} for hot_x, hot_1 and every micro-benchmark named above."""
     rank, size = comm.Get_rank(), comm.Get_size()
     partner = rank ^ 1
     count = max(nbytes // 4, 2) // 2 * 2
@@ -253,21 +255,23 @@ def fit_hot_steps(comm, min_seconds, nbytes, rounds=3, median=False):
         if rank % 2 == 0:
             np.add(sendbuf, incoming, out=recvbuf)
 
-    def pair_1():
-        first_1()
-        if active and rank % 2:
-            comm.Recv(recvbuf, partner, 12)
-        elif active:
-            reduce_1()
-            comm.Send(recvbuf, partner, 12)
-    calls = {"pair_x": pair_x, "first_x": first_x, "reduce_x": reduce_x,
-             "pair_1": pair_1, "first_1": first_1, "reduce_1": reduce_1}
+    def one_way_pair(back):
+        def pair():
+            first_1()
+            if active and rank % 2:
+                comm.Recv(recvbuf, partner, 12)
+            elif active:
+                reduce_1()
+                comm.Send(back, partner, 12)
+        return pair
+    calls = {"pair_x": pair_x, "first_x": first_x, "reduce_x": reduce_x, "pair_1": one_way_pair(recvbuf),
+             "first_1": first_1, "reduce_1": reduce_1, "pair_1_cold": one_way_pair(sendbuf)}
     best = {}
     for _ in range(rounds):                          # interleaved, best kept: parts and pair alike
         for name, call in calls.items():
             best[name] = min(best.get(name, np.inf), timed(comm, call, min_seconds, median))
-    return (best["pair_x"] - best["first_x"] - best["reduce_x"], best["pair_x"],
-            best["pair_1"] - best["first_1"] - best["reduce_1"], best["pair_1"])
+    return best | {"hot_x": best["pair_x"] - best["first_x"] - best["reduce_x"],
+                   "hot_1": best["pair_1"] - best["first_1"] - best["reduce_1"]}
 
 
 def cores():
@@ -290,11 +294,9 @@ def measure_calibration(comm, min_seconds, rounds=3, sizes=LADDER, median=False)
     ladder = []
     for nbytes in sizes:
         rates = fit_rates(comm, min_seconds, nbytes, 0.0, rounds, median)
-        hot_x, pair_x, hot_1, pair_1 = fit_hot_steps(comm, min_seconds, nbytes, rounds, median)
         ladder.append({"bytes": nbytes, "beta_x": rates.beta_x * nbytes, "beta_1": rates.beta_1 * nbytes,
                        "gamma_m": rates.gamma_m * nbytes, "gamma_3": rates.gamma_3 * nbytes,
-                       "copy": rates.copy * nbytes, "hot_x": hot_x, "pair_x": pair_x,
-                       "hot_1": hot_1, "pair_1": pair_1})
+                       "copy": rates.copy * nbytes} | fit_hot_steps(comm, min_seconds, nbytes, rounds, median))
     sendbuf, recvbuf = np.ones(2, dtype=np.float32), np.empty(2, dtype=np.float32)
     small = {}
     for _ in range(max(rounds, 5)):                  # interleaved, best kept

@@ -25,15 +25,14 @@ n <= 0.7 MiB, n <= 5 MiB and beyond; the fit decides where).
 
 Why hot steps apart. MPICH hands a message of >= 8 KiB to another rank of the node with one copy,
 made by the receiver (CMA). Bytes the sender has just written with numpy sit modified in its
-core's own cache, and the receiver's copy has to pull them out of there. At p = 2 (2 cores,
-loaded; best of 7 interleaved medians, two runs): rank 1 adds into a vector and sends it in
-28.0-28.4 us at 64 KiB, against 10.5-10.7 us when it adds and sends another vector (265-278 us
-against 109-119 us at 1 MiB): 0.14-0.27 ns more per byte, 1.5-3x the message alone; bytes that
-MPI has just received cost a little more too (5 us at 64 KiB). The ladder's messages are cold.
-At p = 2 the second step of the ring, Rabenseifner, tree and naive allreduce sends what the
-first step's reduction wrote, the butterfly's one step sends sendbuf: with every step priced
-cold the model gave 0.51-0.82 of those four's measured times (16 KiB .. 1 MiB), 0.95-1.20 of the
-butterfly's.
+core's own cache, and the receiver's copy has to pull them out of there, which costs more than
+copying bytes nobody wrote lately; how much more depended on where the virtual machine's two cores
+sat on the host, which changed from one launch to the next (calibrate.fit_hot_steps' pair_1
+against pair_1_cold measures it; make_10_calibration.py tabulates it in 10_hot_steps.md). The
+ladder's messages are cold. At p = 2 the second step of the ring, Rabenseifner, tree and naive
+allreduce sends what the first step's reduction wrote, the butterfly's one step sends sendbuf:
+with every step priced cold, the model gave 0.51-0.82 of those four's measured times (16 KiB to
+1 MiB), 0.95-1.20 of the butterfly's (chapter 10, section 9).
 
 Fitting (`fit`), from measurements none of which is an allreduce of >= 4 KiB:
 

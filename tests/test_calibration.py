@@ -170,8 +170,12 @@ def test_a_calibration_with_hot_rates_reads_back_equal(tmp_path):
 def test_the_two_step_micro_benchmark_runs_on_every_rank_and_agrees():
     """On 3 ranks the last has no partner and idles; every rank gets the slowest rank's numbers."""
     comm = MPI.COMM_WORLD
-    numbers = np.array(calibrate.fit_hot_steps(comm, 1e-4, 4 * KIB, rounds=1))
-    parallel_assert(bool(np.all(np.isfinite(numbers)) and numbers[1] > 0 and numbers[3] > 0), f"{numbers}")
+    seconds = calibrate.fit_hot_steps(comm, 1e-4, 4 * KIB, rounds=1)
+    names = ("pair_x", "first_x", "reduce_x", "pair_1", "first_1", "reduce_1", "pair_1_cold")
+    parallel_assert(set(seconds) == set(names) | {"hot_x", "hot_1"}, f"{sorted(seconds)}")
+    numbers = np.array([seconds[name] for name in names])
+    parallel_assert(bool(np.all(np.isfinite(numbers)) and np.all(numbers > 0)), f"{seconds}")
+    parallel_assert(seconds["hot_1"] == seconds["pair_1"] - seconds["first_1"] - seconds["reduce_1"], f"{seconds}")
     parallel_assert(same_on_every_rank(comm, numbers), "ranks disagree")
 
 
