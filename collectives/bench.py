@@ -196,7 +196,7 @@ def calibrate(comm, args):
                           for name in calibration.RATES)
               + "".join(f"; {name} " + "/".join(f"{r * (1e6 if 'alpha' in name else 1e9):.3f}" for r in model.hot[name])
                         for name in (calibration.HOT if model.hot else ()))
-              + f" (alphas us); wrote {args.calibration}", flush=True)
+              + f" (hot_alpha in us); wrote {args.calibration}", flush=True)
     return model
 
 
