@@ -30,10 +30,11 @@ copying bytes nobody wrote lately; how much more depended on where the virtual m
 sat on the host, which changed from one launch to the next (calibrate.fit_hot_steps' pair_1
 against pair_1_cold measures it; make_10_calibration.py tabulates it in 10_hot_steps.md). With
 CMA off (MPIR_CVAR_CH4_IPC_CMA_P2P_THRESHOLD above the message: two copies through shared memory)
-the difference went away, every message slower. The ladder's messages are cold. At p = 2 the second step of the ring, Rabenseifner, tree and naive
-allreduce sends what the first step's reduction wrote, the butterfly's one step sends sendbuf:
-with every step priced cold, the model gave 0.51-0.82 of those four's measured times (16 KiB to
-1 MiB), 0.95-1.20 of the butterfly's (chapter 10, section 9).
+the difference went away, every message slower. The ladder's messages are cold. At p = 2 the
+second step of the ring, Rabenseifner, tree and naive allreduce sends what the first step's
+reduction wrote, the butterfly's one step sends sendbuf: with every step priced cold, the model
+gave 0.51-0.82 of those four's measured times (16 KiB to 1 MiB), 0.95-1.20 of the butterfly's
+(chapter 10, section 9).
 
 Fitting (`fit`), from measurements none of which is an allreduce of >= 4 KiB:
 
