@@ -140,7 +140,8 @@ def settings(argv, size):
     parser.add_argument("--calibration", default=str(calibration.CALIBRATION_FILE), help=calibrated + " (%(default)s)")
     parser.add_argument("--calibrate", action="store_true", help="fit the calibrated model first (see the header)")
     parser.add_argument("--median", action="store_true", help="median of single calls (a loaded machine)")
-    parser.add_argument("--levels", default="3", help="cache levels the calibration fits (default 3: L2, L3, memory)")
+    parser.add_argument("--levels", default="4", help="levels the calibration fits (default 4: messages MPICH sends "
+                        "eagerly, below 8 KiB, then the footprint in L2, L3, memory)")
     args = parser.parse_args(argv)
     try:
         args.sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else (

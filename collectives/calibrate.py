@@ -282,7 +282,7 @@ def cores():
         return os.cpu_count() or 1
 
 
-LADDER = [1 << k for k in range(12, 27)]          # 4 KiB, 8 KiB, ..., 64 MiB
+LADDER = [1 << k for k in range(9, 27)]           # 512 B, 1 KiB, ..., 64 MiB: 4 sizes below MPICH's 8 KiB CMA switch
 
 
 def measure_calibration(comm, min_seconds, rounds=3, sizes=LADDER, median=False):

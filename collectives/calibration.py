@@ -19,9 +19,13 @@ whole-vector copies on the critical path as in cost.traffic, and among the steps
              + hot_alpha_1[k] hot one-way steps + hot_beta_1[k] hot bytes sent one way
              + gamma_m[k] reduced in place + gamma_3[k] reduced from sendbuf + copy[k] n copies
 
-where k is the cache level of the footprint 3 n: level 0 up to bounds[0], level 1 up to bounds[1],
-..., the last beyond (a core with 2 MiB of L2 and 32 MiB of L3 shared by two ranks suggests about
-n <= 0.7 MiB, n <= 5 MiB and beyond; the fit decides where).
+where k is the level of the footprint 3 n: level 0 up to bounds[0], level 1 up to bounds[1], ...,
+the last beyond. The fit decides where; `collectives.bench --calibrate` asks for 4 levels:
+messages below 8 KiB, which MPICH copies through shared memory eagerly (its CMA single copy starts
+at 8 KiB, MPIR_CVAR_CH4_IPC_CMA_P2P_THRESHOLD), then a core with 2 MiB of L2 and 32 MiB of L3
+shared by two ranks suggests about n <= 0.7 MiB, n <= 5 MiB and beyond. (With 3 levels, 4 KiB
+shared a level with 8-32 KiB, whose latency and rates overstated it: naive and tree at 4 KiB came
+out 1.2-1.3x their measured times on a quiet machine.)
 
 Why hot steps apart. MPICH hands a message of >= 8 KiB to another rank of the node with one copy,
 made by the receiver (CMA). Bytes the sender has just written with numpy sit modified in its

@@ -16,7 +16,7 @@ from collectives import bench, calibrate, calibration, cost
 from tests.helpers import assert_stopped, mpiexec, same_on_every_rank
 
 KIB, MIB = 1 << 10, 1 << 20
-LADDER = [1 << k for k in range(12, 27)]                  # 4 KiB .. 64 MiB, as collectives.calibrate's
+LADDER = [1 << k for k in range(12, 27)]                  # 4 KiB .. 64 MiB: synthetic, three levels
 TRUE_BOUNDS = (3 * 48 * KIB, 3 * 1536 * KIB)             # footprints: n <= 48 KiB, n <= 1.5 MiB, beyond
 TRUE_ALPHA = (4e-6, 15e-6, 30e-6)
 TRUE = {"beta_x": (1.2e-11, 1.5e-10, 4e-10), "beta_1": (1.0e-11, 1.2e-10, 3e-10),
