@@ -25,7 +25,7 @@ TRUE_O = {"naive": 2e-6, "tree": 3e-6, "butterfly": 1e-6, "ring": 5e-6, "rabense
 STEPS_AT_P2 = {"naive": 2, "tree": 2, "butterfly": 1, "ring": 2, "rabenseifner": 2}   # by hand: 2 ranks
 # a hot step's own rates per level (it sends what a reduction just wrote), unlike a cold step's
 TRUE_HOT = {"hot_alpha_x": (6e-6, 20e-6, 50e-6), "hot_beta_x": (2e-11, 3e-10, 5e-10),
-              "hot_alpha_1": (5e-6, 25e-6, 40e-6), "hot_beta_1": (3e-11, 2e-10, 6e-10)}
+            "hot_alpha_1": (5e-6, 25e-6, 40e-6), "hot_beta_1": (3e-11, 2e-10, 6e-10)}
 
 
 def level(n):
@@ -117,6 +117,18 @@ def test_the_calibrated_tree_at_p2_sends_one_way():
     n, k = 256 * KIB, 1
     expected = TRUE_O["tree"] + 2 * TRUE_ALPHA[k] + 2 * n * TRUE["beta_1"][k] + n * TRUE["gamma_3"][k]
     assert cost.predict_calibrated("tree", 2, n, hand_model()) == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_ladder_gives_messages_under_8_kib_a_level_of_their_own():
+    """MPICH's single copy (CMA) starts at 8 KiB: below it the bench's default fit has room for a
+    level of its own, and on a ladder whose messages jump there the cut lands between 4 and 8 KiB."""
+    eager = [n for n in calibrate.LADDER if n < 8 * KIB]
+    assert len(eager) >= calibration.MIN_RUN and bench.settings(["--quick"], 2).levels == 4
+    rows = [{"bytes": n, "beta_x": (3e-6 if n < 8 * KIB else 6e-6) + n * 1e-10,
+             "beta_1": (1.5e-6 if n < 8 * KIB else 5e-6) + n * 1e-10,
+             "gamma_m": n * 1e-11, "gamma_3": n * 1e-11, "copy": n * 1e-11} for n in calibrate.LADDER]
+    model = calibration.fit(rows, synthetic_small(), p=2, levels=4)
+    assert 3 * 4 * KIB < model.bounds[0] < 3 * 8 * KIB
 
 
 def hot_model():
