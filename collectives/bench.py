@@ -21,9 +21,10 @@
    algorithm from 1 MiB. And auto's table: at each size, the point-to-point algorithm measured
    fastest; --write-selection stores it for this p in collectives/selection.json, which
    collectives.auto reads (so auto's row is only as good as the last such run on this machine).
-5. the calibrated model (cost.predict_calibrated, collectives.calibration): rates per cache level
-   and a per-call overhead, fitted once by --calibrate and read from --calibration (default
-   collectives/calibration.json); target: within 25% of the measured time at every size >= 4 KiB,
+5. the calibrated model (cost.predict_calibrated, collectives.calibration): rates per cache level,
+   a hot step's (one that sends what a reduction just wrote) and a per-call overhead, fitted once
+   by --calibrate and read from --calibration (default collectives/calibration.json);
+   target: within 25% of the measured time at every size >= 4 KiB,
    at the p it was fitted at. Bad flags or a bad calibration file: `error: ...`, exit 2, every rank;
 6. with --persistent, two more rows: MPI's persistent Allreduce_init (Start + Wait per call, "mpi_init")
    and collectives.persistent's auto (allreduce_init once, start() per call, "auto_init"), whose
@@ -139,7 +140,8 @@ def settings(argv, size):
     parser.add_argument("--calibration", default=str(calibration.CALIBRATION_FILE), help=calibrated + " (%(default)s)")
     parser.add_argument("--calibrate", action="store_true", help="fit the calibrated model first (see the header)")
     parser.add_argument("--median", action="store_true", help="median of single calls (a loaded machine)")
-    parser.add_argument("--levels", default="3", help="cache levels the calibration fits (default 3: L2, L3, memory)")
+    parser.add_argument("--levels", default="4", help="levels the calibration fits (default 4: messages MPICH sends "
+                        "eagerly, below 8 KiB, then the footprint in L2, L3, memory)")
     args = parser.parse_args(argv)
     try:
         args.sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else (
@@ -192,7 +194,10 @@ def calibrate(comm, args):
               f"alpha = {'/'.join(f'{a * 1e6:.2f}' for a in model.alpha)} us, cache levels end at n = {level or '-'}; "
               f"per level, ns/B: "
               + "; ".join(f"{name} " + "/".join(f"{r * 1e9:.3f}" for r in model.rates[name])
-                          for name in calibration.RATES) + f"; wrote {args.calibration}", flush=True)
+                          for name in calibration.RATES)
+              + "".join(f"; {name} " + "/".join(f"{r * (1e6 if 'alpha' in name else 1e9):.3f}" for r in model.hot[name])
+                        for name in (calibration.HOT if model.hot else ()))
+              + f" (hot_alpha in us); wrote {args.calibration}", flush=True)
     return model
 
 

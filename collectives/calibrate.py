@@ -21,7 +21,9 @@ with collectives.cost's prediction at the rates found here; none of them is an a
    beta_scatter (the naive root's two phases), a ring shift of n/p-byte blocks (r -> r + 1,
    every rank at once) for beta_ring, np.add in place, np.add into a third vector and np.copyto
    on n-byte vectors (every rank at once) for gamma_m, gamma_3 and copy, and
-   share = max(1, p / cores).
+   share = max(1, p / cores);
+4. a hot step (collectives.calibration: one that sends what its sender's reduction just wrote):
+   fit_hot_steps times two dependent steps on an allreduce's own vectors, and their parts alone.
 
 Every time is `timed`'s: the slowest rank's mean over a batch of calls between barriers; the
 fits keep the best of a few batches.
@@ -205,6 +207,73 @@ def fit_rates(comm, min_seconds, nbytes, alpha, rounds=3, median=False):
                       gamma_3, beta_gather, beta_scatter)
 
 
+def fit_hot_steps(comm, min_seconds, nbytes, rounds=3, median=False):
+    """Seconds of a hot step (hot_x, hot_1), one that sends what its sender's reduction has just
+    written, from micro-benchmarks of two dependent steps on an allreduce's own
+    three n-byte vectors (sendbuf, recvbuf, scratch; not cycled: an allreduce reuses them), each pair
+    timed interleaved with its parts, partners r and r xor 1 (the last rank of an odd p idles):
+
+    pair_x: the ring at p = 2 written out: exchange half of sendbuf into scratch, add the other
+            half of sendbuf to it into recvbuf, exchange that result into recvbuf's other half;
+    pair_1: the tree at p = 2 written out: the odd rank sends sendbuf, the even one receives it
+            into scratch, adds sendbuf to it into recvbuf and sends recvbuf back.
+
+    hot = pair - first - reduce (its first step alone, its add alone): what the second, hot step
+    cost, n/2 bytes exchanged (hot_x) or n bytes one way (hot_1; the first sends sendbuf, cold); a
+    difference, so noise may take it below zero. pair_1_cold: pair_1 sending sendbuf back instead
+    of the sum, the same steps with a cold second message (pair_1 - pair_1_cold: the heat's price).
+    Returns {name: seconds} for hot_x, hot_1 and every micro-benchmark named above."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    partner = rank ^ 1
+    count = max(nbytes // 4, 2) // 2 * 2
+    half = count // 2
+    sendbuf, recvbuf = np.ones(count, dtype=np.float32), np.zeros(count, dtype=np.float32)
+    incoming = np.zeros(count, dtype=np.float32)
+    mine, other = (slice(0, half), slice(half, count)) if rank % 2 == 0 else (slice(half, count), slice(0, half))
+    active = partner < size
+
+    def first_x():
+        if active:
+            comm.Sendrecv(sendbuf[other], partner, 9, incoming[:half], partner, 9)
+
+    def reduce_x():
+        np.add(sendbuf[mine], incoming[:half], out=recvbuf[mine])
+
+    def pair_x():
+        first_x()
+        reduce_x()
+        if active:
+            comm.Sendrecv(recvbuf[mine], partner, 10, recvbuf[other], partner, 10)
+
+    def first_1():
+        if active and rank % 2:
+            comm.Send(sendbuf, partner, 11)
+        elif active:
+            comm.Recv(incoming, partner, 11)
+
+    def reduce_1():
+        if rank % 2 == 0:
+            np.add(sendbuf, incoming, out=recvbuf)
+
+    def one_way_pair(back):
+        def pair():
+            first_1()
+            if active and rank % 2:
+                comm.Recv(recvbuf, partner, 12)
+            elif active:
+                reduce_1()
+                comm.Send(back, partner, 12)
+        return pair
+    calls = {"pair_x": pair_x, "first_x": first_x, "reduce_x": reduce_x, "pair_1": one_way_pair(recvbuf),
+             "first_1": first_1, "reduce_1": reduce_1, "pair_1_cold": one_way_pair(sendbuf)}
+    best = {}
+    for _ in range(rounds):                          # interleaved, best kept: parts and pair alike
+        for name, call in calls.items():
+            best[name] = min(best.get(name, np.inf), timed(comm, call, min_seconds, median))
+    return best | {"hot_x": best["pair_x"] - best["first_x"] - best["reduce_x"],
+                   "hot_1": best["pair_1"] - best["first_1"] - best["reduce_1"]}
+
+
 def cores():
     """CPU cores this process may run on."""
     try:
@@ -213,12 +282,13 @@ def cores():
         return os.cpu_count() or 1
 
 
-LADDER = [1 << k for k in range(12, 27)]          # 4 KiB, 8 KiB, ..., 64 MiB
+LADDER = [1 << k for k in range(9, 27)]           # 512 B, 1 KiB, ..., 64 MiB: 4 sizes below MPICH's 8 KiB CMA switch
 
 
 def measure_calibration(comm, min_seconds, rounds=3, sizes=LADDER, median=False):
     """What collectives.calibration.fit takes: (ladder, small). ladder: per size, the seconds of each
-    fit_rates micro-benchmark (exchange, one-way, add in place, add into a third, copy); small: per
+    fit_rates micro-benchmark (exchange, one-way, add in place, add into a third, copy) and of
+    fit_hot_steps' (a hot step, the pair it was taken from); small: per
     algorithm of cost.ALGORITHMS, the best time of an 8-byte allreduce (check=False) on comm."""
     from .table import MODULES
     ladder = []
@@ -226,7 +296,7 @@ def measure_calibration(comm, min_seconds, rounds=3, sizes=LADDER, median=False)
         rates = fit_rates(comm, min_seconds, nbytes, 0.0, rounds, median)
         ladder.append({"bytes": nbytes, "beta_x": rates.beta_x * nbytes, "beta_1": rates.beta_1 * nbytes,
                        "gamma_m": rates.gamma_m * nbytes, "gamma_3": rates.gamma_3 * nbytes,
-                       "copy": rates.copy * nbytes})
+                       "copy": rates.copy * nbytes} | fit_hot_steps(comm, min_seconds, nbytes, rounds, median))
     sendbuf, recvbuf = np.ones(2, dtype=np.float32), np.empty(2, dtype=np.float32)
     small = {}
     for _ in range(max(rounds, 5)):                  # interleaved, best kept

@@ -9,7 +9,9 @@ and writes it to collectives/calibration.json (the file the bench reads by defau
 temporary one), then times every point-to-point allreduce at 4 KiB .. 64 MiB and sets the plain
 alpha-beta-gamma model (one ping-pong, one add) and the calibrated one beside each time.
 -> OUT/10_calibration.json (the fitted model and what it was fitted on), OUT/10_calibrated.json
-(one row per size and algorithm, with the machine's load average), OUT/10_calibrated.md.
+(one row per size and algorithm, with the machine's load average), OUT/10_calibrated.md, and
+OUT/10_hot_steps.md: per ladder size, the hot step (one that sends what a reduction just wrote)
+beside the same step alone, and the one-way pair with a cold send-back (collectives.calibration).
 
 The target column: calibrated / measured within 0.75 .. 1.25 at every size >= 4 KiB. Medians of
 single calls, since the machine this runs on is shared; the load average is printed beside.
@@ -56,6 +58,21 @@ def markdown(rows, model, load):
                                    f"the plain model: {plain} of {len(rows)}."]) + "\n"
 
 
+def hot_table(model):
+    """The hot-step micro-benchmarks of the calibration (calibrate.fit_hot_steps), one row per ladder size."""
+    lines = ["| bytes | one way alone us | second one-way step (hot) us | hot / alone | pair us "
+             "| pair, cold send-back us | exchange of n/2 alone us | second exchange (hot) us | hot / alone |",
+             "| --- " * 9 + "|"]
+    for row in model["measurements"]["ladder"]:
+        if "pair_1_cold" not in row:
+            continue
+        us = {k: f"{row[k] * 1e6:.1f}" for k in ("first_1", "hot_1", "pair_1", "pair_1_cold", "first_x", "hot_x")}
+        cells = [human(row["bytes"]), us["first_1"], us["hot_1"], f"{row['hot_1'] / row['first_1']:.2f}", us["pair_1"],
+                 us["pair_1_cold"], us["first_x"], us["hot_x"], f"{row['hot_x'] / row['first_x']:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 sizes, shorter timings, a temporary folder")
@@ -92,8 +109,10 @@ def main():
                                                          "command": " ".join(command[1:])}, indent=1))
     text = markdown(rows, model, load)
     (out / "10_calibrated.md").write_text(text)
-    print(text)
-    print(f"wrote {out / '10_calibrated.md'}, {out / '10_calibrated.json'}, {out / '10_calibration.json'}"
+    (out / "10_hot_steps.md").write_text(hot_table(model))
+    print(text + "\n" + hot_table(model))
+    print(f"wrote {out / '10_calibrated.md'}, {out / '10_hot_steps.md'}, {out / '10_calibrated.json'}, "
+          f"{out / '10_calibration.json'}"
           + ("" if args.quick else f" and {model_path}"))
 
 
