@@ -458,7 +458,11 @@ def test_a_session_serves_many_calls_from_one_job_and_a_fresh_one_after_a_timeou
         assert counts == [1, 2, 3], f"one job answers every call (its counter goes on): {counts}"
         with pytest.raises(sandbox.SandboxError, match="raised ValueError: x is 0"):
             session({"x": 0}, timeout=30)
-        assert int(session({"x": 8}, timeout=30)[0]["return"][0]) == 5, "on one rank a raise leaves the job serving"
+        with pytest.raises(sandbox.SandboxError) as second:
+            session({"x": 0}, timeout=30)
+        said = str(second.value)                      # the call's own traceback, not the log of every call
+        assert said.count("Traceback") == 1 and said.count("x is 0") == 3 and "in f\n" in said, said
+        assert int(session({"x": 8}, timeout=30)[0]["return"][0]) == 6, "on one rank a raise leaves the job serving"
         started = time.perf_counter()
         with pytest.raises(sandbox.SandboxError, match="timed out after 2 s at p = 1"):
             session({"x": -1}, timeout=2)

@@ -228,6 +228,11 @@ def _stop(process, init, chosen, uid):
         _sweep(uid)
 
 
+def _where(reply):
+    """The traceback a reply that raised carries (the call's own frames), or ''."""
+    return str(reply.get("__traceback__", ""))[-1500:]
+
+
 def _tail(log, size=4000):
     log.seek(max(0, log.seek(0, os.SEEK_END) - size))
     return log.read().decode(errors="replace")
@@ -376,7 +381,8 @@ def call(tree, module, function, args=None, nprocs=1, timeout=60, *, limits=Limi
             raise SandboxError(f"rank {rank} of p = {nprocs} exited without a reply (exit status "
                                f"{result.returncode}, mode {result.mode})\n{tail}")
         if "__error__" in reply:
-            raise SandboxError(f"rank {rank} of p = {nprocs} raised {str(reply['__error__'])[:2000]}\n{tail}")
+            raise SandboxError(f"rank {rank} of p = {nprocs} raised {str(reply['__error__'])[:2000]}\n"
+                               f"{_where(reply) or tail}")
     return replies
 
 
@@ -471,12 +477,12 @@ class Session:
                         if reply is not None:
                             replies[rank] = reply
                             if "__error__" in reply:
+                                where = _where(reply) or _tail(job["log"], 1500)
                                 if self.nprocs == 1 and job["process"].poll() is None:
                                     self._forget(folder, number)     # the job serves on
-                                    raise _Serving(f"rank 0 of p = 1 raised {str(reply['__error__'])[:2000]}\n"
-                                                   f"{_tail(job['log'], 1500)}")
+                                    raise _Serving(f"rank 0 of p = 1 raised {str(reply['__error__'])[:2000]}\n{where}")
                                 raise SandboxError(f"rank {rank} of p = {self.nprocs} raised "
-                                                   f"{str(reply['__error__'])[:2000]}\n{_tail(job['log'], 1500)}")
+                                                   f"{str(reply['__error__'])[:2000]}\n{where}")
                 if len(replies) == self.nprocs:
                     self._forget(folder, number)
                     break

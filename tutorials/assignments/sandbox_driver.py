@@ -58,6 +58,13 @@ def save(path, arrays):
     os.replace(part, path)
 
 
+def failure(error):
+    """The reply of a call that raised: what (``__error__``) and where (``__traceback__``, its last
+    frames: this call's own, not the tail of a log that every earlier call wrote into too)."""
+    return {"__error__": f"{type(error).__name__}: {error}"[:2000],
+            "__traceback__": "".join(traceback.format_exception(error))[-1500:]}
+
+
 def flatten(value):
     """{name: value} of a return value: None is nothing, a tuple or dict is taken apart."""
     if value is None:
@@ -171,10 +178,10 @@ def main(tree, io, module, function, nprocs, serve=""):
                 if world is not None:                   # the other ranks may wait for this one: end the job
                     raise
                 traceback.print_exc()                   # one rank: say why, and serve the next call
-                save(reply, {"__error__": f"{type(error).__name__}: {error}"[:2000]})
+                save(reply, failure(error))
     except BaseException as error:                      # SystemExit too: say why, then end the job
         traceback.print_exc()
-        save(reply, {"__error__": f"{type(error).__name__}: {error}"[:2000]})
+        save(reply, failure(error))
         if world is not None:
             world.Abort(1)
         sys.exit(1)
