@@ -10,7 +10,8 @@ ones; a student tree has none). With ``--student DIR``:
 
 - **Sandboxed tasks** (``sandbox = true`` in tasks.toml) run their tests here, in this checkout,
   with the hidden tests and their answers; only the task's function runs in the sandbox
-  (tutorials/assignments/sandbox.py), imported from a copy of DIR without solution-only files, one
+  (tutorials/assignments/sandbox.py), imported from a copy of DIR without solution-only files and
+  with this tree's tests/helpers.py and tests/handed.py (the tests' code, not the student's), one
   sandboxed job per rank count serving every call (tests/grade_proxy.py). Its arguments cross as
   values (tutorials/assignments/values.py): arrays, numbers, lists, dicts, and the project's own
   objects, functions and closures (a model, an optimizer, an autograd closure's cells), each
@@ -55,6 +56,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -151,11 +153,20 @@ def grade_task(tree, task, timeout, env, max_ranks=8):
     return outcomes
 
 
+# The tests' own code that runs in the sandbox: a forwarded entry (tasks.toml's ``forward``) sets up a
+# server run and reports what happened, and the objects tests hand over are built from these files.
+TEST_CODE = ("tests/helpers.py", "tests/handed.py")
+
+
 def sandbox_tree(out, student, generator):
     """A world-readable copy of the student's tree for the sandbox, without the solution-only files
-    (a student tree has none; ``--student .`` on the reference checkout must not hand them over)."""
+    (a student tree has none; ``--student .`` on the reference checkout must not hand them over), and
+    with this tree's ``TEST_CODE`` in place of the student's copies: those are the grader's, not
+    the student's (a helper that reports what a run did must not be one the student rewrote)."""
     sandbox.mode()                                   # root, and bubblewrap or setpriv: else SandboxError
     assignments.copy_tree(out, student, leave_out=generator.get("remove", ()))
+    for name in TEST_CODE:
+        shutil.copyfile(ROOT / name, Path(out) / name)
     for folder, _, files in os.walk(out):
         os.chmod(folder, 0o755)
         for name in files:

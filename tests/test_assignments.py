@@ -393,6 +393,22 @@ def test_a_ring_built_on_comm_allreduce_scores_nothing_and_says_why(tmp_path):
     assert "calls Allreduce" in done.stdout
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox drops root to its own uid: it needs root")
+def test_the_sandbox_runs_the_graders_test_helpers_not_the_students(tmp_path):
+    # a forwarded entry (tests.helpers.drop_silent_scenario) reports what a server did: one the student
+    # rewrote to report the expected drops must never be the one that runs
+    from tests import grade
+    student = tmp_path / "student"
+    (student / "tests").mkdir(parents=True)
+    (student / "algorithms").mkdir()
+    for name in grade.TEST_CODE:
+        (student / name).write_text("def drop_silent_scenario(*args, **kwargs):\n    return 'forged'\n")
+    (student / "algorithms" / "mine.py").write_text("# the student's code\n")
+    out = grade.sandbox_tree(tmp_path / "sandbox" / "tree", student, GENERATOR)
+    assert all((out / name).read_text() == (ROOT / name).read_text() for name in grade.TEST_CODE)
+    assert (out / "algorithms" / "mine.py").read_text() == "# the student's code\n"
+
+
 FORGERIES = {
     # the old way to full marks: write the grader's record file as "passed", then leave at once
     "1.3": ["{indent}import os\n",
