@@ -26,8 +26,7 @@ ones; a student tree has none). With ``--student DIR``:
 - **The other tasks** are graded in a copy of *this* tree into which only that task's body is
   taken from DIR (the lines between its ``# BEGIN SOLUTION`` / ``# END SOLUTION`` markers). Their
   student code still runs unsandboxed, in the grader's process tree; tutorials/assignments/README.md
-  says which and why (they call their function thousands of times, or talk to processes that are
-  not running the same call: a parameter server's workers, a shared-memory window).
+  says which and why (they call their function thousands of times).
 - For those, everything else is the reference, so their unfinished prerequisites do not sink them.
 - A body that calls one of its task's ``forbid`` methods (``comm.Allreduce`` in a ring task) is
   not run: the task scores 0 and says why.

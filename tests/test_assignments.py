@@ -409,13 +409,16 @@ def test_the_sandbox_runs_the_graders_test_helpers_not_the_students(tmp_path):
     assert (out / "algorithms" / "mine.py").read_text() == "# the student's code\n"
 
 
+RECORD_AND_LEAVE = ["{indent}import os\n",
+                    "{indent}for name in ('MINIDL_GRADE_RECORD', 'MINIDL_GRADE_COLLECT'):\n",
+                    "{indent}    if os.environ.get(name):\n",
+                    "{indent}        open(os.environ[name], 'a').write('call\\tpassed\\tforged\\t\\n')\n",
+                    "{indent}os._exit(0)\n"]
 FORGERIES = {
     # the old way to full marks: write the grader's record file as "passed", then leave at once
-    "1.3": ["{indent}import os\n",
-            "{indent}for name in ('MINIDL_GRADE_RECORD', 'MINIDL_GRADE_COLLECT'):\n",
-            "{indent}    if os.environ.get(name):\n",
-            "{indent}        open(os.environ[name], 'a').write('call\\tpassed\\tforged\\t\\n')\n",
-            "{indent}os._exit(0)\n"],
+    "1.3": RECORD_AND_LEAVE,
+    # the same from a worker's step, inside a whole Downpour run that the grader forwards
+    "5.3": RECORD_AND_LEAVE,
     # make every comparison pass, then hand back an answer of the right shape and the wrong values
     "1.4": ["{indent}import numpy, numpy.testing, pytest\n",
             "{indent}numpy.testing.assert_allclose = numpy.testing.assert_array_equal = lambda *a, **k: None\n",
@@ -428,18 +431,22 @@ FORGERIES = {
 @reference_only
 @pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox drops root to its own uid: it needs root")
 def test_forged_results_and_patched_checks_in_sandboxed_tasks_score_nothing(tmp_path):
-    """Through the grader itself: a body that forges the grader's record file and exits, and one that
-    patches numpy's and pytest's comparisons before returning zeros, each score 0 on its task."""
+    """Through the grader itself: a body that forges the grader's record file and exits (a function
+    of its own, and a worker's step in a whole server run), and one that patches numpy's and pytest's
+    comparisons before returning zeros, each score 0 on its task."""
     tree = tmp_path / "tree"
-    assignments.make(tree, ids="1.3,1.4")
+    assignments.make(tree, ids=",".join(FORGERIES))
     for task_id, body in FORGERIES.items():
         task = assignments.select(TASKS, [task_id])[0]
         lines, begin, _ = assignments.fence_of(task, tree)
         indent = lines[begin][:len(lines[begin]) - len(lines[begin].lstrip())]
         assignments.replace_body(task, tree, [line.format(indent=indent) for line in body])
-    grade("--student", str(tree), "--tasks", "1.3,1.4", "--json", str(tmp_path / "g.json"))
+    # 5.3's tests on 2 ranks only: each of its runs ends at the first step, the same on more ranks
+    grade("--student", str(tree), "--tasks", ",".join(FORGERIES), "--max-ranks", "2",
+          "--json", str(tmp_path / "g.json"))
     rows = {row["id"]: row for row in json.loads((tmp_path / "g.json").read_text())["tasks"]}
+    assert rows.keys() == FORGERIES.keys(), rows
     assert all(row["points"] == 0 and row["total"] > 0 for row in rows.values()), rows
-    assert all("in the sandbox" in test["message"] and "ended" in test["message"] for test in rows["1.3"]["tests"]
-               if test["status"] == "failed"), rows["1.3"]        # no reply: the job ended, nothing recorded
+    assert all("in the sandbox" in test["message"] and "ended" in test["message"] for task in ("1.3", "5.3")
+               for test in rows[task]["tests"] if test["status"] == "failed"), rows  # no reply: nothing recorded
     assert not any("forged" in test["name"] for row in rows.values() for test in row["tests"]), rows
