@@ -1,6 +1,6 @@
 """Data-parallel training against PyTorch DistributedDataParallel: milliseconds per step.
 
-    python -m algorithms.bench [--ranks 2] [--steps 30] [--runs 3] [--json OUT] [--markdown OUT] [--quick] [--no-torch]
+    python -m algorithms.bench [--ranks 2] [--steps 30] [--runs 3] [--json OUT] [--markdown OUT] [--quick] [--no-torch] [--blas native]
 
 Each case (model, per-rank batch, side) runs in its own ``mpiexec -n R`` job, one BLAS thread per
 rank, on random MNIST-shaped data (1 x 28 x 28, 10 classes) with SGD (lr 0.01, momentum 0.9) and
@@ -12,7 +12,10 @@ started by this benchmark on loopback (rank and size from MPI, the port from ran
 time is the slowest rank's; a run gives the minimum over the timed steps after the warm-up ones,
 the least disturbed by other work on the machine. ``--runs`` repeats every job: the table gives the
 median of the runs and, for each ratio, [min, max] over them (how far one run can be off). Both sides import minidl, so both run
-with the malloc thresholds minidl sets at import (``minidl.backend.keep_freed_memory``).
+with the malloc thresholds minidl sets at import (``minidl.backend.keep_freed_memory``). Some
+machines force OpenBLAS's kernel (OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE); ``--blas native`` runs both
+sides' jobs without them, as ``python -m minidl.bench --blas native`` does (PyTorch brings its own
+BLAS, so it mainly changes minidl's side); the table's first line and the JSON say which ran.
 
 Where the time goes: for minidl's ring side the benchmark also times the step's phases one by
 one (forward, backward, the allreduce, the update; rank 0, each phase's minimum), so a row can be
@@ -37,6 +40,7 @@ from algorithms.allreduce_sgd import data_parallel_step
 from algorithms.core import cli, run
 from algorithms.core.objective import Data, NetworkObjective
 from minidl import Tensor, backend, functional as F, models
+from minidl.bench.measure import blas_environment
 from minidl.data.sharding import Batch
 from minidl.optim import SGD
 
@@ -139,6 +143,7 @@ def ddp_worker(comm, model, batch, warmup, steps):
 def run_case(side, model, batch, args):
     """ms per step of one side on one case (a job of its own), or None if it could not run."""
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    blas_environment(env, args.blas)
     mpiexec = str(Path(sys.executable).parent / "mpiexec")
     command = [mpiexec, "-n", str(args.ranks), sys.executable, "-m", "algorithms.bench", "--worker", side,
                "--model", model, "--batch", str(batch), "--steps", str(args.steps), "--warmup", str(args.warmup)]
@@ -183,6 +188,9 @@ def main(argv=None):
     parser.add_argument("--markdown", help="write the table here")
     parser.add_argument("--quick", action="store_true", help="3 steps, batch 4 (a smoke test of the benchmark)")
     parser.add_argument("--no-torch", action="store_true", help="leave DDP out")
+    parser.add_argument("--blas", choices=["as-set", "native"], default="as-set",
+                        help="native: both sides' jobs run without a forced OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE "
+                             "(as minidl.bench --blas native; default: the environment as it is)")
     parser.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--model", choices=["lenet5", "mlp"], help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)
@@ -217,7 +225,8 @@ def main(argv=None):
         answers = [{side: run_case(side, model, batch, args) if side != "ddp" or with_torch else None
                     for side in SIDES} for _ in range(args.runs)]
         runs = [{side: None if answer[side] is None else answer[side]["ms"] for side in SIDES} for answer in answers]
-        row = {"model": model, "batch": batch, "ranks": args.ranks, "runs": args.runs,
+        row = {"model": model, "batch": batch, "ranks": args.ranks, "runs": args.runs, "blas": args.blas,
+               "blas_forced": blas_environment(dict(os.environ), args.blas),
                "ring_phases": (answers[0]["ring"] or {}).get("phases")}      # rank 0's, first run
         for side in SIDES:
             measured = [times[side] for times in runs if times[side] is not None]
@@ -232,7 +241,9 @@ def main(argv=None):
         row["met"] = None if None in ratios else all(ratio <= TARGET for ratio in ratios)
         rows.append(row)
     print(f"algorithms.bench: {args.ranks} ranks, 1 thread each, minimum of {args.steps} steps after "
-          f"{args.warmup} warm-up, median of {args.runs} run(s); "
+          f"{args.warmup} warm-up, median of {args.runs} run(s); BLAS "
+          + (", ".join(f"{k}={v}" for k, v in blas_environment(dict(os.environ), args.blas).items()) or "native")
+          + "; "
           + ("PyTorch DDP (gloo)" if with_torch else "no PyTorch: DDP not measured"))
     text = table(rows)
     print(text)

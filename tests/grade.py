@@ -23,6 +23,12 @@ ones; a student tree has none). With ``--student DIR``:
   student's, so a task whose code calls another task's function (``requires``) fails if that one
   is unfinished or wrong; its message then leads with "task X runs through your task Y ... which
   is still a stub (or raised): finish or fix Y first".
+  **Whole calls:** a task may also name ``forward = ["module.qualname", ...]`` in tasks.toml,
+  functions whose *whole* call is forwarded as the task's function's are: a batch helper
+  (``tests.helpers.run_calls``, through ``results_of``: thousands of calls of the task's function
+  in one round trip, where each call alone costs milliseconds) or a run that every rank enters,
+  servers included (once on ``comm.size`` sandboxed ranks). They run the student tree's copy and
+  hand back only values, which the tests check here.
 - **The other tasks** are graded in a copy of *this* tree into which only that task's body is
   taken from DIR (the lines between its ``# BEGIN SOLUTION`` / ``# END SOLUTION`` markers). Their
   student code still runs unsandboxed, in the grader's process tree; tutorials/assignments/README.md

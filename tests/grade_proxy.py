@@ -22,6 +22,15 @@ the world's; a call without one runs alone, and the MPI objects it holds cross a
 raise when used. A student function that raises, deadlocks ($MINIDL_GRADE_CALL_TIMEOUT s) or
 replies with junk fails the test on every rank with the sandbox's message, led by the required
 task to blame when the traceback shows one.
+
+**Whole calls** (tasks.toml's ``forward = ["module.qualname", ...]``). A task whose tests call its
+function thousands of times (each forwarded call costs milliseconds) names, besides, functions of
+the project or of the tests' helpers whose *whole* call is forwarded the same way: a batch helper
+(``tests.helpers.run_calls``: one round trip runs every call of the task's function it makes, in
+the sandbox, with the student's code) or a whole training run that every rank enters, servers
+included (run once on ``comm.size`` sandboxed ranks, rank i with rank i's arguments, exactly as
+the task's function is). Only values come back, through values.py, and the tests check them here;
+the task's function stays forwarded call by call for the tests that call it directly.
 """
 import functools
 import importlib
@@ -43,7 +52,7 @@ from tutorials.assignments import codec, fences, sandbox, values   # here, not a
 # rank drew next (rank 0 drew a length of 100 where the others drew 120), so the import is here.
 SESSIONS = {}
 MODULE = FUNCTION = CODE_NAME = TASK = TASKS = None
-METHOD = 0                                        # 1: the task's function is a method (args[0] its object)
+FORWARDS = {}                                     # "module.qualname" (tasks.toml's forward) -> its forwarder
 
 
 def _session(size):
@@ -99,9 +108,11 @@ def _comm_of(things, depth=4):
     return None
 
 
-def call(function, args, kwargs, comm):
+def call(function, args, kwargs, comm, name=None):
     """``function(*args, **kwargs)`` in the sandbox (collective when ``comm`` has several ranks):
-    the return value; what it changed of the arguments is written into them here."""
+    the return value; what it changed of the arguments is written into them here. ``name``: what
+    the messages call it (the task's function by default)."""
+    name = name or FUNCTION
     chain = [comm]
     while isinstance(chain[-1], WatchedComm):
         chain.append(chain[-1].comm)
@@ -117,7 +128,7 @@ def call(function, args, kwargs, comm):
                                              comm=placeholder,
                                              subcomm=(lambda c: None) if alone else values.world_ranks(MPI.COMM_WORLD))
     except TypeError as error:                    # the test hands the function something that cannot cross
-        raise AssertionError(f"{FUNCTION}: its arguments cannot cross into the sandbox: {error}") from None
+        raise AssertionError(f"{name}: its arguments cannot cross into the sandbox: {error}") from None
     if watch:                                     # a test counts the messages: record them there
         sent_arrays["__watch__"] = np.array(True)
     inner = chain[-1]
@@ -132,7 +143,7 @@ def call(function, args, kwargs, comm):
         _idle_until_all_arrive(inner)
         reply = inner.scatter(parts, root=0)
     if isinstance(reply, str):
-        raise AssertionError(f"{FUNCTION} (the student's, in the sandbox): {_blame(reply)}")
+        raise AssertionError(f"{name} (the student's, in the sandbox): {_blame(reply)}")
     if watch:                                     # the sandbox's messages, as if sent through ``comm``
         for row in reply.pop("__messages__", np.zeros((0, 6), dtype=np.int64)).reshape(-1, 6).tolist():
             sent_, received = tuple(row[:3]), tuple(row[3:])
@@ -142,7 +153,7 @@ def call(function, args, kwargs, comm):
         if not (isinstance(out, dict) and out.keys() == {"return", "after"}):
             raise ValueError("not a reply of the call: a dict of 'return' and 'after'")
     except ValueError as error:
-        raise AssertionError(f"{FUNCTION} (the student's, in the sandbox) replied with junk: {error}") from None
+        raise AssertionError(f"{name} (the student's, in the sandbox) replied with junk: {error}") from None
     return out["return"]
 
 
@@ -166,9 +177,10 @@ def _remote_call(remote, args, kwargs):
     return call(remote, args, kwargs, _comm_of([*args, *kwargs.values(), remote]))
 
 
-def forwarder(original, function=None):
+def forwarder(original, function=None, method=0, name=None):
     """The forwarder for ``original`` (the task's function, or a closure's code: then each call
-    gets the closure's cells and ``function`` builds the thing to call in the sandbox)."""
+    gets the closure's cells and ``function`` builds the thing to call in the sandbox; or a
+    function of tasks.toml's ``forward``). ``method``: 1 if args[0] is the method's object."""
     signature = inspect.signature(original)
 
     def forward(*args, **kwargs):
@@ -177,8 +189,8 @@ def forwarder(original, function=None):
             cells, args, kwargs = args
             target = function(cells)
         bound = signature.bind(*args, **kwargs)        # a method's object: its comm is not the call's
-        comm = bound.arguments.get("comm") or _comm_of([*args[METHOD:], *kwargs.values()])
-        return call(target, args, kwargs, comm)
+        comm = bound.arguments.get("comm") or _comm_of([*args[method:], *kwargs.values()])
+        return call(target, args, kwargs, comm, name)
     return forward
 
 
@@ -186,6 +198,47 @@ def _trampoline(*args, **kwargs):
     """The body the task's function gets: every caller, however it holds the function (a module
     attribute, a dispatch table, a default argument, a closure), now reaches the forwarder."""
     return __import__("sys").modules["tests.grade_proxy"].FORWARD(*args, **kwargs)
+
+
+def _trampoline_to(name):
+    """``_trampoline``'s code for the function ``name`` of tasks.toml's ``forward``."""
+    scope = {}
+    exec(f"def forwarded(*args, **kwargs):\n"
+         f"    return __import__('sys').modules['tests.grade_proxy'].FORWARDS[{name!r}](*args, **kwargs)\n", scope)
+    return scope["forwarded"].__code__
+
+
+def _forwarded(task, name):
+    """The function ``name`` ("module.qualname": a module-level function, or a method) of task's
+    ``forward``, in this tree: only the project's own functions and the tests' helpers cross."""
+    parts = name.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        module = ".".join(parts[:cut])
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as error:
+            if error.name and module.startswith(error.name):
+                continue
+            raise
+        found = codec.resolve(module, ".".join(parts[cut:]))
+        if isinstance(found, types.FunctionType) and not found.__code__.co_freevars:
+            return found
+        break
+    raise ValueError(f"tasks.toml: task {task.id} forwards {name!r}, which is not a module-level function or a "
+                     "method of minidl, collectives, algorithms, tests/handed.py or tests/helpers.py")
+
+
+def forward_whole_calls(task):
+    """Swap the body of each function named in the task's ``forward`` for a forwarder of its whole
+    call (one round trip runs it, and every call of the task's function it makes, in the sandbox)."""
+    for name in task.forward:
+        function = _forwarded(task, name)
+        if name in FORWARDS or function.__code__ in (_trampoline.__code__, _trampoline_to(name)):
+            continue                                 # the task's own function is forwarded already
+        method = int("." in function.__qualname__)
+        FORWARDS[name] = forwarder(function, method=method,
+                                   name=f"{FUNCTION}, called by {function.__module__}.{function.__qualname__}")
+        function.__code__ = _trampoline_to(name)
 
 
 def _reroute(outer, inner):
@@ -228,11 +281,11 @@ def pytest_configure(config):
     head, _, tail = FUNCTION.partition(".")
     owner = getattr(module, head)
     if not tail or isinstance(owner, type):      # a function, or a method of a class
-        global METHOD
-        original, METHOD = (getattr(owner, tail), 1) if tail else (owner, 0)
+        original, method = (getattr(owner, tail), 1) if tail else (owner, 0)
         CODE_NAME = original.__qualname__
-        FORWARD = forwarder(original)            # its signature is read before the body is swapped
+        FORWARD = forwarder(original, method=method)     # its signature is read before the body is swapped
         original.__code__ = _trampoline.__code__
+        forward_whole_calls(task)
         return
     CODE_NAME = f"{head}.<locals>.{tail}"         # a closure made inside a function
     code = codec.code_of(MODULE, CODE_NAME, 0)
@@ -240,6 +293,7 @@ def pytest_configure(config):
                                tuple(types.CellType() for _ in code.co_freevars))
     FORWARD = forwarder(dummy, lambda cells: codec.Remote(MODULE, CODE_NAME, 0, cells, None, None))
     _reroute(owner, code)
+    forward_whole_calls(task)
 
 
 def pytest_unconfigure(config):

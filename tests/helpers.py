@@ -11,6 +11,8 @@
                      ``parallel_assert_close`` and the tolerance ``EQUAL_UP_TO_ROUNDING``, a naive
                      convolution, rank-dependent fill values
 - shared checks:     the checks that a visible test file and a hidden one both run
+- many calls:        ``results_of`` runs a task's function on a list of cases in one call (``run_calls``),
+                     which the grader forwards whole to the sandbox
 
 The fence parser (``# BEGIN SOLUTION`` / ``# END SOLUTION``) is the assignment tool's,
 ``tutorials.assignments.fences``; tests import it from there. The course generator copies this file
@@ -375,6 +377,28 @@ def sharded(servers, g, s_history, y_history):
     sandblaster.sharded_direction(InProcessShards(shards), len(s_history))
     return (np.concatenate([shard.vectors["d"] for shard in shards]),
             np.concatenate([shard.vectors["g"] for shard in shards]))
+
+
+# ---- many calls of a graded function in one round trip ---------------------------------------------------
+
+def run_calls(function, calls):
+    """[function(*args) for args in calls]. Under the grader its whole call is forwarded to the sandbox
+    (tasks.toml: ``forward = ["tests.helpers.run_calls"]``; tests/grade_proxy.py), so the thousands of
+    calls a test makes of a task's function cost one round trip. Tests read it through ``results_of``."""
+    return [function(*args) for args in calls]
+
+
+def results_of(function, calls, kind):
+    """``[function(*args) for args in calls]`` by one ``run_calls``, checked here: one result per call,
+    each a ``kind``. The calls cross as tuples, so the call can write nothing back into a test's lists."""
+    calls = tuple(tuple(args) for args in calls)
+    results = run_calls(function, calls)
+    count = len(results) if isinstance(results, list) else type(results).__name__
+    assert isinstance(results, list) and len(results) == len(calls), \
+        f"{len(calls)} calls of {function.__qualname__} gave {count} results"
+    for args, result in zip(calls, results):
+        assert isinstance(result, kind), f"{function.__qualname__}{args} returned a {type(result).__name__}"
+    return results
 
 
 # ---- chapter blocks -------------------------------------------------------------------------------------

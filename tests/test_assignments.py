@@ -48,6 +48,25 @@ def test_every_task_names_one_fenced_function():
         assert end > begin + 1, f"task {task.id}: an empty fence"
 
 
+def test_every_forwarded_whole_call_is_a_function_the_sandbox_can_rebuild(tmp_path):
+    from tests import grade_proxy
+    for task in TASKS:
+        for name in task.forward:
+            function = grade_proxy._forwarded(task, name)
+            assert f"{function.__module__}.{function.__qualname__}" == name, (task.id, name)
+    # only the project's own functions and the tests' helpers cross, and only functions
+    for name in ("tutorials.assignments.load", "tests.helpers.ROOT", "tests.helpers.no_such_function",
+                 "no_such_module.run", "minidl.nn.Linear"):
+        with pytest.raises(ValueError, match="forwards"):
+            grade_proxy._forwarded(TASKS[0], name)
+    registry = tmp_path / "tasks.toml"
+    registry.write_text('[[task]]\nid = "1.1"\ntitle = "t"\nfile = "f.py"\nfunction = "f"\nchapter = 1\n'
+                        'section = "s"\npoints = 1\nhours = 1\ndifficulty = "easy"\n'
+                        'forward = ["tests.helpers.run_calls"]\n')
+    with pytest.raises(ValueError, match="not sandboxed"):
+        assignments.load(registry)
+
+
 def test_every_fence_in_the_tree_belongs_to_a_task():
     registered = {(task.file, task.function) for task in TASKS}
     for path in SOURCES:

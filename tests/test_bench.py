@@ -130,6 +130,26 @@ def test_blas_native_leaves_a_forced_openblas_kernel_out_of_the_workers_only(mon
     assert os.environ["OPENBLAS_CORETYPE"] == "Haswell"               # this process's own setting untouched
 
 
+def test_the_ddp_benchmarks_blas_native_drops_the_forced_kernel_from_both_sides_jobs(monkeypatch):
+    from types import SimpleNamespace
+    from algorithms import bench as ddp
+    seen = []
+
+    def fake_run(command, env, **kwargs):
+        seen.append(env)
+        return SimpleNamespace(returncode=0, stdout='{"ms": 1.0, "phases": null}\n', stderr="")
+    monkeypatch.setattr(ddp.subprocess, "run", fake_run)
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
+    monkeypatch.setenv("OPENBLAS_L2_SIZE", "512")
+    for blas in ("as-set", "native"):
+        for side in ("ring", "ddp"):
+            ddp.run_case(side, "mlp", 4, SimpleNamespace(ranks=2, steps=1, warmup=0, blas=blas))
+    assert all(env["OPENBLAS_CORETYPE"] == "Haswell" and env["OPENBLAS_L2_SIZE"] == "512" for env in seen[:2])
+    assert all("OPENBLAS_CORETYPE" not in env and "OPENBLAS_L2_SIZE" not in env for env in seen[2:])
+    assert all(env["OPENBLAS_NUM_THREADS"] == "1" for env in seen)
+    assert os.environ["OPENBLAS_CORETYPE"] == "Haswell"
+
+
 @pytest.mark.parametrize("arguments, says", [(["--repeats", "0"], "--repeats must be at least 1"),
                                              (["--threads", "0"], "--threads must be at least 1"),
                                              (["--json", "/nonexistent/rows.json"], "--json /nonexistent/rows.json"),

@@ -197,7 +197,9 @@ def test_gossip_saves_the_mean_model_it_evaluated(tmp_path_factory):
 
 # a flag argparse does not know is one error line too, not argparse's usage text above it
 @pytest.mark.parametrize("module", ["algorithms.serial_sgd", "algorithms.bench", "algorithms.memory",
-                                    "collectives.bench", "collectives.ring", "minidl.bench"])
+                                    "collectives.bench", "collectives.ring", "minidl.bench",
+                                    "tutorials.assignments", "tutorials.block", "tutorials.notebook",
+                                    "tutorials.book"])
 def test_an_unknown_flag_is_one_error_line_and_exit_2(module):
     done = subprocess.run([sys.executable, "-m", module, "--no-such-flag"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, (done.returncode, done.stderr[-500:])

@@ -13,13 +13,14 @@ BLAS is pinned to one thread per process, as in the test suite. Every MPI block 
 on its own ``# run:`` line (a test checks that the chapter and number are its own), and a notebook's
 ``%%mpiexec -n N`` cells run through ``run_mpi`` below (tutorials/notebook.py).
 """
-import argparse
 import os
 import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from collectives import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"^```python[^\n]*\n(.*?)^```", re.S | re.M)
@@ -126,7 +127,7 @@ def list_blocks(chapter, root=ROOT):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m tutorials.block", description=__doc__.splitlines()[0])
+    parser = cli.Parser(prog="python -m tutorials.block", description=__doc__.splitlines()[0])
     parser.add_argument("chapter", help="the chapter's number, e.g. 04")
     parser.add_argument("number", type=int, nargs="?", help="the block's number, from 1")
     parser.add_argument("--ranks", type=int, default=None, help="run an MPI block on this many ranks")

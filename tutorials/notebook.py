@@ -33,6 +33,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from collectives import cli
 from tutorials.block import MPI_LINE, ROOT, blocks, chapter_file, run_mpi
 
 OUT = ROOT / "tutorials" / "notebooks"
@@ -172,7 +173,7 @@ def load_ipython_extension(ipython):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m tutorials.notebook", description=__doc__.splitlines()[0])
+    parser = cli.Parser(prog="python -m tutorials.notebook", description=__doc__.splitlines()[0])
     parser.add_argument("chapter", help="the chapter's number, e.g. 04")
     parser.add_argument("--out", type=Path, default=OUT, help=f"folder for the .ipynb (default {OUT.relative_to(ROOT)})")
     parser.add_argument("--force", action="store_true", help="overwrite a notebook that exists (and its edits)")

@@ -13,15 +13,23 @@ from minidl.conv import auto, cost
 # native leaves them out of the workers' environment, for the benchmark's own processes only
 FORCING = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 
+
+def blas_environment(env, blas):
+    """``env`` for a worker: as it is (``blas`` "as-set"), or without FORCING ("native": OpenBLAS
+    picks its kernel for this processor). Returns the forced settings the worker runs with."""
+    if blas == "native":
+        for variable in FORCING:
+            env.pop(variable, None)
+    return {name: env[name] for name in FORCING if env.get(name)}
+
+
 def run_worker(framework, suite, args, backend_name="numpy", device="cpu"):
     """Run one worker process and return its JSON answer (None if it could not run)."""
     env = dict(os.environ)
     for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         env[variable] = str(args.threads)
     env["MINIDL_BACKEND"] = backend_name
-    if getattr(args, "blas", "as-set") == "native":   # OpenBLAS picks its kernel for this processor
-        for variable in FORCING:
-            env.pop(variable, None)
+    blas_environment(env, getattr(args, "blas", "as-set"))
     command = [sys.executable, "-m", "minidl.bench", suite, "--worker", framework,
                "--threads", str(args.threads), "--repeats", str(args.repeats), "--clock", args.clock, "--device", device] + (["--quick"] if args.quick else [])
     done = subprocess.run(command, env=env, capture_output=True, text=True)

@@ -54,6 +54,7 @@ class Task:
     requires: tuple
     sandbox: bool = False       # the grader runs only this function in the sandbox, the tests outside it
     forbid: tuple = ()          # MPI methods the body may not call (it builds them from point-to-point)
+    forward: tuple = ()         # "module.qualname" of functions whose whole call the grader forwards too
 
     def stub_line(self):
         """The line that replaces the body: it says which task and where the chapter explains it."""
@@ -64,13 +65,16 @@ def load(path=REGISTRY):
     """(tasks ordered by id: chapter, then number; the [generator] table)."""
     with open(path, "rb") as file:
         registry = tomllib.load(file)
-    tasks = [Task(**{**entry, "requires": tuple(entry.get("requires", ())), "forbid": tuple(entry.get("forbid", ()))})
+    tasks = [Task(**{**entry, "requires": tuple(entry.get("requires", ())), "forbid": tuple(entry.get("forbid", ())),
+                     "forward": tuple(entry.get("forward", ()))})
              for entry in registry["task"]]
     tasks.sort(key=lambda task: tuple(int(part) for part in task.id.split(".")))
     ids = [task.id for task in tasks]
     if len(set(ids)) != len(ids):
         raise ValueError(f"{path}: duplicate task ids")
     for task in tasks:
+        if task.forward and not task.sandbox:
+            raise ValueError(f"{path}: task {task.id} forwards {list(task.forward)} but is not sandboxed")
         unknown = [needed for needed in task.requires if needed not in ids]
         if unknown:
             raise ValueError(f"{path}: task {task.id} requires unknown task(s) {unknown}")

@@ -1,8 +1,8 @@
 """python -m tutorials.assignments list | syllabus | make --out DIR [--tasks IDS] [--solutions] |
 block CHAPTER N | gradescope --out autograder.zip [--tasks IDS]"""
-import argparse
 import sys
 
+from collectives import cli
 from tutorials import assignments
 from tutorials.assignments import gradescope
 from tutorials.block import run_block
@@ -18,7 +18,7 @@ def list_tasks():
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m tutorials.assignments", description=__doc__)
+    parser = cli.Parser(prog="python -m tutorials.assignments", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("list", help="the tasks, points and prerequisites")
     commands.add_parser("syllabus", help="the syllabus and rubric tables of tutorials/assignments/syllabus.md")

@@ -18,7 +18,6 @@ package lists its modules (mkdocstrings reads the source; nothing is imported). 
 (``tutorials/assignments/answers.md``) are staged only with ``--instructor``; a student tree made by
 ``python -m tutorials.assignments make`` has no answers file, so its book has none either.
 """
-import argparse
 import importlib
 import os
 import re
@@ -27,6 +26,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from collectives import cli
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 HERE = Path(__file__).resolve().parent
@@ -164,7 +165,7 @@ def build(out, instructor=False, root=ROOT):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m tutorials.book", description=__doc__.splitlines()[0])
+    parser = cli.Parser(prog="python -m tutorials.book", description=__doc__.splitlines()[0])
     parser.add_argument("--instructor", action="store_true", help="include the worked answers")
     parser.add_argument("--out", type=Path, default=None,
                         help="the site's folder (default build/book, or build/book-instructor)")

@@ -30,6 +30,9 @@
    suite's first GPU run, while im2col still cut the batch into 6 MiB blocks there; no timing here)
    and its two training runs (02_gpu_train_numpy.jsonl, 02_gpu_train_cupy.jsonl)
    -> 02_gpu_layers.md, 02_gpu_sweep.md, 02_gpu_conv.md, 02_gpu.png, 02_gpu_numbers.json.
+11. sweep: ``python -m minidl.bench sweep --blas native`` (the LeNet-5 and MLP steps and the
+   64-channel layer at batch 16-256 against PyTorch, the layer's BLAS floor beside it, each row's
+   target) -> 02_sweep.json, 02_sweep.txt, 02_sweep.md.
 9. allocator: the LeNet-5 and MLP training steps and the 64-channel layer, minidl and PyTorch, each
    case in a fresh process, with glibc malloc's default thresholds (MINIDL_KEEP_FREED_MEMORY=0) and
    with the ones minidl sets at import (``minidl.backend.keep_freed_memory``): time and minor page
@@ -57,17 +60,17 @@ import numpy as np  # noqa: E402
 from minidl import conv  # noqa: E402
 from minidl.conv import cost, direct, scratch  # noqa: E402
 
-PARTS = ("conv", "layers", "main", "memory", "plots", "workdepth", "summary", "precision", "allocator", "gpu")
+PARTS = ("conv", "layers", "main", "memory", "plots", "workdepth", "summary", "precision", "allocator", "gpu", "sweep")
 MEMORY_SHAPE = ((32, 64, 32, 32), (64, 64, 3, 3), 1, 1)     # the chapter's "big" layer (section 3)
 COLOURS = {"direct": "tab:red", "fft": "tab:green", "winograd": "tab:purple", "PyTorch": "tab:orange",
            "im2col": "tab:blue"}
 
 
-def bench(suite, out, quick, repeats, no_torch=False):
+def bench(suite, out, quick, repeats, no_torch=False, extra=()):
     """Run one suite of minidl.bench in its own process; keep its JSON and its printed table."""
     command = [sys.executable, "-m", "minidl.bench"] + ([suite] if suite != "main" else []) + [
         "--json", str(out / f"02_{suite}.json"), "--clock", "cpu", "--repeats", str(repeats)] + (
-        ["--quick"] if quick else []) + (["--no-torch"] if no_torch else [])
+        ["--quick"] if quick else []) + (["--no-torch"] if no_torch else []) + list(extra)
     done = subprocess.run(command, env=ENV, cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
@@ -490,6 +493,30 @@ def numbers(out):
     print(json.dumps(result, indent=1))
 
 
+def sweep_table(out):
+    """02_sweep.md: the batch sweep's rows with their targets, from 02_sweep.json."""
+    rows, summary = load(out, "sweep")
+    forced = summary["machine"]["blas_forced"]
+    lines = ["| case | batch | minidl, ms | PyTorch, ms | minidl / PyTorch | floor, ms | minidl / floor | target | met |",
+             "|---|---|---|---|---|---|---|---|---|"]
+
+    def cell(value, digits=".3g"):
+        return "-" if value is None else format(value, digits)
+    for row in rows:
+        if row["device"] != "cpu":
+            continue
+        met = "-" if row.get("met") is None else ("yes" if row["met"] else "NO")
+        lines.append(f"| {row['case']} | {row['batch']} | {cell(row['minidl_ms'])} | {cell(row.get('torch_ms'))} | "
+                     f"{cell(row.get('ratio'), '.2f')} | {cell(row.get('floor_ms'))} | {cell(row.get('over_floor'), '.2f')} | "
+                     f"{row.get('target', '-')} | {met} |")
+    lines.append("")
+    lines.append("BLAS: " + (", ".join(f"{k}={v}" for k, v in forced.items()) if forced else
+                             "OpenBLAS's own kernel for this processor (--blas native)")
+                 + f"; NumPy GEMM {summary['machine']['gemm_gflops']:.0f} GFLOP/s, one thread, CPU time, "
+                 f"minimum of {summary['machine']['repeats']} runs")
+    (out / "02_sweep.md").write_text("\n".join(lines) + "\n")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny cases, for CI")
@@ -525,6 +552,9 @@ def main(argv=None):
         precision(out, args.quick)
     if "allocator" in parts:
         allocator(out, args.quick, repeats, args.no_torch)
+    if "sweep" in parts:
+        bench("sweep", out, args.quick, repeats, args.no_torch, extra=["--blas", "native"])
+        sweep_table(out)
     if "gpu" in parts and (out / "02_layers_gpu.json").exists():
         gpu_tables(out)
         if not args.no_plots:

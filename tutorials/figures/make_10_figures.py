@@ -8,7 +8,9 @@ Every allreduce runs its real heart on collectives.sim's simulated ranks (sizes 
 timed by LogGP with o = g = 0, on a two-level topology of 8 ranks per node:
 
     inside a node   alpha and beta of chapter 3's ping-pong fit on this machine (03_bench_p2.json)
-    between nodes   alpha and beta of the emulated link, make_10_cluster.py's fit (10_link.json)
+    between nodes   alpha and beta of the emulated link, make_10_cluster.py's fit on a quiet machine
+                    (quiet/10_link.json: the one link fit of the whole chapter; the loaded run's
+                    10_link.json, whose alpha is the scheduler's, is not used here)
 
 1. scaling: p = 2, 4, ..., 1024 at 1 MiB for ring, tree, butterfly, Rabenseifner, auto and the
    hierarchical allreduce, beside two lower bounds: the alpha-beta bound at the network's
@@ -23,8 +25,9 @@ timed by LogGP with o = g = 0, on a two-level topology of 8 ranks per node:
    flat network (one link: the emulated one) at p = 64, and the table's "butterfly for small vectors,
    RedScat+Gat for large" crossover against the simulated one (found by bisection)
                                                                          -> 10_reproduction.json/.md
-4. emulated hosts: the measured allreduces of make_10_cluster.py (10_allreduce.json) beside the
-   simulator's time for the same hosts x ranks and sizes                -> 10_emulated.json/.md
+4. emulated hosts: the measured allreduces of make_10_cluster.py's quiet run (quiet/10_allreduce.json,
+   the same job as the link fit) beside the simulator's time for the same hosts x ranks and sizes
+                                                                         -> 10_emulated.json/.md
 5. data parallelism: one step = forward + backward of LeNet-5 or the MLP, measured with minidl
    on one core at the batch each rank gets (the best of a few repeats, in CPU seconds), + the simulated
    hierarchical allreduce of the gradient (float32); strong scaling (global batch 1024, p up to
@@ -66,6 +69,8 @@ from minidl import models  # noqa: E402
 from minidl.tensor import Tensor  # noqa: E402
 
 OUT = HERE / "out"
+LINK = OUT / "quiet" / "10_link.json"             # make_10_cluster.py --out tutorials/figures/out/quiet
+MEASURED = OUT / "quiet" / "10_allreduce.json"    # the same job's measured allreduces
 ALGORITHMS = ("ring", "tree", "butterfly", "rabenseifner", "auto", "hierarchical")
 PER_NODE = 8
 ONE_PORT = ("tree", "butterfly", "rabenseifner", "hierarchical")   # the ring in block order: one port is all it uses
@@ -95,11 +100,11 @@ def links():
         runs = json.load(handle)
     first = runs[0][0] if isinstance(runs[0], list) else runs[0]
     intra = LogGP(L=first["alpha"], G=first["beta"])
-    with open(OUT / "10_link.json") as handle:
+    with open(LINK) as handle:
         link = json.load(handle)["link"]
     inter = LogGP(L=link["alpha"], G=link["beta"])
     return intra, inter, {"intra": "03_bench_p2.json (chapter 3's ping-pong fit)",
-                          "inter": "10_link.json (make_10_cluster.py's ping-pong fit, tbf 1gbit)"}
+                          "inter": "quiet/10_link.json (make_10_cluster.py's ping-pong fit on a quiet machine, tbf 1gbit)"}
 
 
 def seconds(algorithm, topology, nbytes):
@@ -211,7 +216,7 @@ def reproduction(inter, p=64, nbytes=1 << 20):
 
 
 def emulated(intra, inter):
-    with open(OUT / "10_allreduce.json") as handle:
+    with open(MEASURED) as handle:
         measured = json.load(handle)["rows"]
     rows = []
     for row in measured:
@@ -434,9 +439,10 @@ def main(argv=None):
         out.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         fail(f"--out {args.out}: {error.strerror}")
-    missing = [name for name in ("03_bench_p2.json", "10_link.json", "10_allreduce.json") if not (OUT / name).exists()]
+    missing = [str(path.relative_to(OUT)) for path in (OUT / "03_bench_p2.json", LINK, MEASURED) if not path.exists()]
     if missing:
-        fail(f"{', '.join(missing)} not in {OUT}: run make_03_figures.py and make_10_cluster.py first")
+        fail(f"{', '.join(missing)} not in {OUT}: run make_03_figures.py and "
+             f"make_10_cluster.py --out {OUT / 'quiet'} first")
     intra, inter, sources = links()
     top = 16 if args.quick else 1024
     ps = [1 << k for k in range(1, int(math.log2(top)) + 1)]
