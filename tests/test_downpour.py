@@ -16,7 +16,7 @@ from tests.helpers import assert_stopped, launch, mpiexec, small_data
 
 # NO_DROPS: the tests of the workers' step (task 5.3) run without a silence timeout (timeout=None), so
 # server 0 never looks for silent workers: no worker is dropped on a slow machine, and dropping one
-# (task 5.6, tested with the failure tests below) takes no part.
+# (task 5.6: tests/test_ssp.py, tests/test_ps_errors.py; the command line's failure test below) takes no part.
 
 
 @pytest.mark.task("5.3")

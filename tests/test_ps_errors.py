@@ -2,7 +2,9 @@
 status 2, within seconds, never a hang and never a meaningless result (``algorithms.core.cli``).
 
 Each case runs the real command under mpiexec with a timeout (a hang fails the test), on 3 ranks
-unless it says otherwise: 1 server and 2 workers.
+unless it says otherwise: 1 server and 2 workers. The cases of task 5.6 (a busy server, losing every
+worker) and a few others run in process instead, on every rank of the test's communicator: a 5.6 case
+through ``tests.helpers.ps_run``, one call that the grader can forward whole to its sandbox.
 """
 import re
 
