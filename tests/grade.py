@@ -27,13 +27,14 @@ ones; a student tree has none). With ``--student DIR``:
   functions whose *whole* call is forwarded as the task's function's are: a batch helper
   (``tests.helpers.run_calls``, through ``results_of``: thousands of calls of the task's function
   in one round trip, where each call alone costs milliseconds) or a run that every rank enters,
-  servers included (once on ``comm.size`` sandboxed ranks). They run the student tree's copy and
-  hand back only values, which the tests check here.
-- **The other tasks** are graded in a copy of *this* tree into which only that task's body is
-  taken from DIR (the lines between its ``# BEGIN SOLUTION`` / ``# END SOLUTION`` markers). Their
-  student code still runs unsandboxed, in the grader's process tree; tutorials/assignments/README.md
-  says which and why (they call their function thousands of times).
-- For those, everything else is the reference, so their unfinished prerequisites do not sink them.
+  servers included (once on ``comm.size`` sandboxed ranks). They run with the student's code
+  (tests/helpers.py and tests/handed.py are this tree's) and hand back only values, which the
+  tests check here.
+- **A task without ``sandbox = true``** (every task has it now) is graded in a copy of *this*
+  tree into which only that task's body is taken from DIR (the lines between its
+  ``# BEGIN SOLUTION`` / ``# END SOLUTION`` markers): its student code runs unsandboxed, in the
+  grader's process tree, and everything else is the reference, so its unfinished prerequisites do
+  not sink it.
 - A body that calls one of its task's ``forbid`` methods (``comm.Allreduce`` in a ring task) is
   not run: the task scores 0 and says why.
 

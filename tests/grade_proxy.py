@@ -38,13 +38,13 @@ import inspect
 import os
 import re
 import textwrap
-import time
 import types
 
 import numpy as np
 from mpi4py import MPI
 
 from collectives.trace import WatchedComm
+from tests.helpers import idle_until_all_arrive
 from tutorials.assignments import codec, fences, sandbox, values   # here, not at rank 0's first call: see below
 
 # Every rank must draw the same hypothesis examples. Rank 0 alone runs the sandbox; importing a
@@ -68,15 +68,6 @@ def _run(size, per_rank):
         return [dict(replies[rank]) for rank in range(size)]
     except (sandbox.SandboxError, TypeError, ValueError) as error:
         return str(error)
-
-
-def _idle_until_all_arrive(comm):
-    """A barrier that sleeps instead of spinning: while rank 0 waits for the sandbox, the p - 1 other
-    trusted ranks would otherwise busy-poll in MPI and take the cores the sandboxed ranks need."""
-    request, pause = comm.Ibarrier(), 0.0002
-    while not request.Test():
-        time.sleep(pause)
-        pause = min(2 * pause, 0.001)
 
 
 def _comm_of(things, depth=4):
@@ -140,7 +131,7 @@ def call(function, args, kwargs, comm, name=None):
         if inner.Get_rank() == 0:
             outcome = _run(inner.Get_size(), gathered)
             parts = outcome if isinstance(outcome, list) else [outcome] * inner.Get_size()
-        _idle_until_all_arrive(inner)
+        idle_until_all_arrive(inner)
         reply = inner.scatter(parts, root=0)
     if isinstance(reply, str):
         raise AssertionError(f"{name} (the student's, in the sandbox): {_blame(reply)}")

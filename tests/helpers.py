@@ -12,7 +12,8 @@
                      convolution, rank-dependent fill values
 - shared checks:     the checks that a visible test file and a hidden one both run
 - many calls:        ``results_of`` runs a task's function on a list of cases in one call (``run_calls``),
-                     which the grader forwards whole to the sandbox
+                     which the grader forwards whole to the sandbox; ``results_on_every_rank``: each
+                     rank's cases, run by rank 0; ``traced_costs``: traced allreduces beside cost.per_rank
 
 The fence parser (``# BEGIN SOLUTION`` / ``# END SOLUTION``) is the assignment tool's,
 ``tutorials.assignments.fences``; tests import it from there. The course generator copies this file
@@ -30,6 +31,7 @@ import numpy as np
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
+import collectives
 from algorithms import model_parallel, sandblaster_lbfgs as sandblaster
 from algorithms.core import objective, partition
 from algorithms.core.objective import Data, NetworkObjective, load_data
@@ -37,6 +39,7 @@ from algorithms.ps import wire as ps_wire
 from algorithms.ps.server import ShardServer
 from algorithms.sandblaster import wire
 from algorithms.sandblaster.shard import Shard
+from collectives import cost, trace
 from collectives.trace import TracedComm
 from minidl.data import epoch_order, sparse_logistic_regression
 from minidl.nn import Conv2d, Flatten, Linear, ReLU, Sequential
@@ -399,6 +402,48 @@ def results_of(function, calls, kind):
     for args, result in zip(calls, results):
         assert isinstance(result, kind), f"{function.__qualname__}{args} returned a {type(result).__name__}"
     return results
+
+
+def idle_until_all_arrive(comm):
+    """A barrier that sleeps instead of spinning: while rank 0 waits for the sandbox, the other ranks
+    would otherwise busy-poll in MPI and take the cores that the sandboxed code needs."""
+    request, pause = comm.Ibarrier(), 0.0002
+    while not request.Test():
+        time.sleep(pause)
+        pause = min(2 * pause, 0.001)
+
+
+def results_on_every_rank(comm, function, calls, kind):
+    """``results_of(function, calls, kind)`` of each rank's own ``calls``, all run by rank 0 in one call
+    (under the grader: one sandbox for the p ranks, not one each) and scattered; a failure fails every rank."""
+    everyone = comm.gather(tuple(calls), root=0)
+    parts = None
+    if comm.rank == 0:
+        try:
+            results = results_of(function, [args for mine in everyone for args in mine], kind)
+            ends = np.cumsum([len(mine) for mine in everyone])
+            parts = [results[end - len(mine):end] for mine, end in zip(everyone, ends)]
+        except Exception as error:                   # every rank fails, none waits for rank 0
+            why = str(error) if isinstance(error, AssertionError) else f"{type(error).__name__}: {error}"
+            parts = [why] * comm.size
+    idle_until_all_arrive(comm)
+    mine = comm.scatter(parts, root=0)
+    assert not isinstance(mine, str), mine
+    return mine
+
+
+def traced_costs(comm, runs, values=None):
+    """For each (algorithm, length, dtype) of ``runs``, an allreduce of ``values(rank, length, dtype)``
+    (default ``fill``) traced on this rank: (the run, the tracer, this rank's traced (messages, bytes
+    sent, bytes reduced), cost.per_rank's RankCost of this rank). The RankCosts of every run and rank
+    are asked for first, at once (``results_on_every_rank``)."""
+    calls = [(algorithm, comm.size, length, np.dtype(dtype).itemsize, comm.rank) for algorithm, length, dtype in runs]
+    formulas = results_on_every_rank(comm, cost.per_rank, calls, cost.RankCost)
+    traced = TracedComm(comm)
+    for (algorithm, length, dtype), formula in zip(runs, formulas):
+        traced.reset()
+        collectives.allreduce(traced, (values or fill)(comm.rank, length, dtype), algorithm=algorithm, check=False)
+        yield (algorithm, length, dtype), traced, trace.counts(traced.messages, comm.rank), formula
 
 
 # ---- chapter blocks -------------------------------------------------------------------------------------

@@ -11,6 +11,9 @@
   student code costs only that task, within the timeout.
 - What the grader tells a student: a failed test says what failed, in its assertion's words; a
   deadlock says where it timed out and stops its task there (the task's later tests "not run").
+- Whole calls (tasks.toml's ``forward``): every name is a function the sandbox can rebuild, a
+  forgery inside a forwarded ``run_calls`` or a forwarded server run records nothing and fails its
+  test, and the sandbox runs the grader's test helpers, not the student's.
 - ``--gradescope`` writes Gradescope's results.json (``score``; per test ``name``, ``score``,
   ``max_score``, ``status``, ``output``, ``visibility``: hidden tests ``after_published``), and the
   autograder zip's ``run_autograder`` grades a submission folder into it.
@@ -65,6 +68,23 @@ def test_every_forwarded_whole_call_is_a_function_the_sandbox_can_rebuild(tmp_pa
                         'forward = ["tests.helpers.run_calls"]\n')
     with pytest.raises(ValueError, match="not sandboxed"):
         assignments.load(registry)
+
+
+def test_results_of_hands_over_tuples_and_refuses_a_reply_of_the_wrong_length_or_kind(monkeypatch):
+    # what tests/grade_proxy.py forwards is run_calls; results_of checks its reply here
+    from tests import helpers
+    cases = [[7, 2], [9, 4]]
+    assert helpers.results_of(divmod, cases, tuple) == [(3, 1), (2, 1)]
+    handed = []
+    monkeypatch.setattr(helpers, "run_calls", lambda function, calls: handed.append(calls) or [(0, 0)] * len(calls))
+    helpers.results_of(divmod, cases, tuple)
+    assert handed == [((7, 2), (9, 4))], handed           # tuples: nothing can be written back into the cases
+    monkeypatch.setattr(helpers, "run_calls", lambda function, calls: [function(*calls[0])])
+    with pytest.raises(AssertionError, match="2 calls of divmod gave 1 results"):
+        helpers.results_of(divmod, cases, tuple)
+    monkeypatch.setattr(helpers, "run_calls", lambda function, calls: [str(function(*args)) for args in calls])
+    with pytest.raises(AssertionError, match=r"divmod\(7, 2\) returned a str"):
+        helpers.results_of(divmod, cases, tuple)
 
 
 def test_every_fence_in_the_tree_belongs_to_a_task():
@@ -428,16 +448,13 @@ def test_the_sandbox_runs_the_graders_test_helpers_not_the_students(tmp_path):
     assert (out / "algorithms" / "mine.py").read_text() == "# the student's code\n"
 
 
-RECORD_AND_LEAVE = ["{indent}import os\n",
-                    "{indent}for name in ('MINIDL_GRADE_RECORD', 'MINIDL_GRADE_COLLECT'):\n",
-                    "{indent}    if os.environ.get(name):\n",
-                    "{indent}        open(os.environ[name], 'a').write('call\\tpassed\\tforged\\t\\n')\n",
-                    "{indent}os._exit(0)\n"]
 FORGERIES = {
     # the old way to full marks: write the grader's record file as "passed", then leave at once
-    "1.3": RECORD_AND_LEAVE,
-    # the same from a worker's step, inside a whole Downpour run that the grader forwards
-    "5.3": RECORD_AND_LEAVE,
+    "1.3": ["{indent}import os\n",
+            "{indent}for name in ('MINIDL_GRADE_RECORD', 'MINIDL_GRADE_COLLECT'):\n",
+            "{indent}    if os.environ.get(name):\n",
+            "{indent}        open(os.environ[name], 'a').write('call\\tpassed\\tforged\\t\\n')\n",
+            "{indent}os._exit(0)\n"],
     # make every comparison pass, then hand back an answer of the right shape and the wrong values
     "1.4": ["{indent}import numpy, numpy.testing, pytest\n",
             "{indent}numpy.testing.assert_allclose = numpy.testing.assert_array_equal = lambda *a, **k: None\n",
@@ -450,22 +467,48 @@ FORGERIES = {
 @reference_only
 @pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox drops root to its own uid: it needs root")
 def test_forged_results_and_patched_checks_in_sandboxed_tasks_score_nothing(tmp_path):
-    """Through the grader itself: a body that forges the grader's record file and exits (a function
-    of its own, and a worker's step in a whole server run), and one that patches numpy's and pytest's
-    comparisons before returning zeros, each score 0 on its task."""
+    """Through the grader itself: a body that forges the grader's record file and exits, and one that
+    patches numpy's and pytest's comparisons before returning zeros, each score 0 on its task."""
     tree = tmp_path / "tree"
-    assignments.make(tree, ids=",".join(FORGERIES))
+    assignments.make(tree, ids="1.3,1.4")
     for task_id, body in FORGERIES.items():
         task = assignments.select(TASKS, [task_id])[0]
         lines, begin, _ = assignments.fence_of(task, tree)
         indent = lines[begin][:len(lines[begin]) - len(lines[begin].lstrip())]
         assignments.replace_body(task, tree, [line.format(indent=indent) for line in body])
-    # 5.3's tests on 2 ranks only: each of its runs ends at the first step, the same on more ranks
-    grade("--student", str(tree), "--tasks", ",".join(FORGERIES), "--max-ranks", "2",
-          "--json", str(tmp_path / "g.json"))
+    grade("--student", str(tree), "--tasks", "1.3,1.4", "--json", str(tmp_path / "g.json"))
     rows = {row["id"]: row for row in json.loads((tmp_path / "g.json").read_text())["tasks"]}
-    assert rows.keys() == FORGERIES.keys(), rows
     assert all(row["points"] == 0 and row["total"] > 0 for row in rows.values()), rows
-    assert all("in the sandbox" in test["message"] and "ended" in test["message"] for task in ("1.3", "5.3")
-               for test in rows[task]["tests"] if test["status"] == "failed"), rows  # no reply: nothing recorded
+    assert all("in the sandbox" in test["message"] and "ended" in test["message"] for test in rows["1.3"]["tests"]
+               if test["status"] == "failed"), rows["1.3"]        # no reply: the job ended, nothing recorded
     assert not any("forged" in test["name"] for row in rows.values() for test in row["tests"]), rows
+
+
+@reference_only
+@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox drops root to its own uid: it needs root")
+@pytest.mark.parametrize("task_id, forwarded, nprocs, nodeid", [
+    ("3.9", "tests.helpers.run_calls", 1,
+     "tests/test_collectives.py::test_per_rank_costs_reduce_to_the_papers_formulas"),
+    ("5.3", "algorithms.downpour_sgd.train", 2,
+     "tests/test_downpour.py::test_downpour_with_one_worker_and_fixed_rate_equals_serial_sgd_exactly[nprocs=2]"),
+], ids=["batch of calls", "server run"])
+def test_a_forgery_inside_a_whole_forwarded_call_records_nothing_and_fails(tmp_path, task_id, forwarded, nprocs,
+                                                                           nodeid):
+    """Task 3.9's tests hand its function thousands of cases through tests.helpers.run_calls, and task
+    5.3's worker step runs inside a whole Downpour run (servers and workers): the grader forwards both
+    calls whole (tasks.toml's ``forward``), so the forging body runs there, in the sandbox, ends its
+    job, and the test fails. One test, run as tests/grade.py runs each of the task's (a task's whole
+    grading takes a minute)."""
+    from tests import grade as grader
+    task = assignments.select(TASKS, [task_id])[0]
+    assert task.sandbox and forwarded in task.forward
+    tree = submission(tmp_path, task_id, task_id, FORGERIES["1.3"])
+    student = grader.sandbox_tree(tmp_path / "sandboxed" / "student", tree, GENERATOR)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), MINIDL_GRADE_PROXY=task_id,
+               MINIDL_GRADE_STUDENT=str(student), MINIDL_GRADE_CALL_TIMEOUT="20")
+    outcomes = grader.run(ROOT, nprocs, [nodeid], 30, 1, env)
+    assert list(outcomes) == [nodeid], outcomes                                   # nothing forged recorded
+    status, message = outcomes[nodeid]
+    name = forwarded.rpartition(".")[2]
+    assert status == "failed" and f"{name} (the student's, in the sandbox)" in message and "ended" in message, \
+        outcomes

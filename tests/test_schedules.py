@@ -11,6 +11,7 @@ Run: python tests/run.py --max-ranks 2 -- tests/test_schedules.py
 """
 import math
 import re
+from numbers import Real
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -25,7 +26,7 @@ from algorithms.schedule import Schedule
 from minidl.data import epoch_order
 from minidl.optim import SGD
 from tests.helpers import (EQUAL_UP_TO_ROUNDING, assert_stopped, float64_mlp, launch, parallel_assert_close,
-                           tiny_digits)
+                           results_of, tiny_digits)
 
 
 @pytest.mark.task("9.1")
@@ -38,9 +39,10 @@ def test_warm_up_and_scaling_equal_goyals_closed_form_step_by_step(lr, ranks, ba
     k = ranks * batch / batch                          # the reference batch is one rank's batch
     target = lr * k if scaling == "linear" else lr * math.sqrt(k)
     steps = warmup * steps_per_epoch                   # T: warm-up steps
-    for t in range(steps + 2 * steps_per_epoch):
+    every_step = range(steps + 2 * steps_per_epoch)
+    rates = results_of(schedule.lr_at, [(t / steps_per_epoch,) for t in every_step], Real)   # one call
+    for t, got in zip(every_step, rates):
         expected = lr + t * (target - lr) / steps if t < steps else target
-        got = schedule.lr_at(t / steps_per_epoch)
         assert got == pytest.approx(expected, rel=1e-12), f"step {t}: {got} != {expected}"
 
 
@@ -75,15 +77,17 @@ def test_the_batch_schedule_keeps_the_decaying_runs_lr_over_batch_at_every_step(
                   lr_decay=tuple(sorted(milestones)), decay_factor=float(factor))
     decaying, growing = Schedule(**common), Schedule(**common, batch_schedule=True)
     n = 200
-    for run_steps in (steps_of(decaying, n, 8), steps_of(growing, n, 8)):    # at the steps of either run
-        for epoch, _ in run_steps:
-            whole = int(epoch)
-            noise_decaying = decaying.lr_at(epoch) / decaying.global_batch_at(whole)
-            noise_growing = growing.lr_at(epoch) / growing.global_batch_at(whole)
-            assert math.isclose(noise_growing, noise_decaying, rel_tol=1e-12), epoch
-            passed = sum(m <= epoch for m in milestones)
-            assert growing.global_batch_at(whole) == ranks * batch * factor ** passed
-            assert math.isclose(decaying.lr_at(epoch), growing.lr_at(epoch) / factor ** passed, rel_tol=1e-12)
+    epochs = [epoch for run in (decaying, growing) for epoch, _ in steps_of(run, n, 8)]   # either run's steps
+    lr_decaying = results_of(decaying.lr_at, [(epoch,) for epoch in epochs], Real)       # one call each
+    lr_growing = results_of(growing.lr_at, [(epoch,) for epoch in epochs], Real)
+    for epoch, rate_decaying, rate_growing in zip(epochs, lr_decaying, lr_growing):
+        whole = int(epoch)
+        noise_decaying = rate_decaying / decaying.global_batch_at(whole)
+        noise_growing = rate_growing / growing.global_batch_at(whole)
+        assert math.isclose(noise_growing, noise_decaying, rel_tol=1e-12), epoch
+        passed = sum(m <= epoch for m in milestones)
+        assert growing.global_batch_at(whole) == ranks * batch * factor ** passed
+        assert math.isclose(rate_decaying, rate_growing / factor ** passed, rel_tol=1e-12)
     # the same epochs in fewer steps: each milestone passed divides the steps per epoch by about factor
     assert len(steps_of(growing, n, 8)) <= len(steps_of(decaying, n, 8))
 

@@ -25,7 +25,7 @@ from collectives.buffers import block_counts, block_offsets
 from collectives.check import DTYPES, MismatchError
 from collectives.fold import fold_in, fold_out, largest_power_of_two
 from collectives.tags import CHECK
-from tests.helpers import same_on_every_rank
+from tests.helpers import results_of, same_on_every_rank, traced_costs
 
 AWKWARD_P = [3, 5, 6, 7]
 REAL = [name for name in DTYPES if not name.startswith("complex")]
@@ -546,14 +546,15 @@ def simulated_costs(algorithm, p, n, itemsize):
 @pytest.mark.task("3.9")
 @pytest.mark.parametrize("algorithm", cost.ALGORITHMS)
 def test_per_rank_equals_the_simulated_schedule_for_every_rank(algorithm):
-    wrong = []
+    cases, expected = [], []
     for p in list(range(2, 18)) + [24, 31, 33]:
         for n in sorted({1, 2, p - 1, p, p + 1, 2 * p + 3, 3 * largest_power_of_two(p) - 1, 100}):
             for itemsize in (1, 8):
                 for rank, want in enumerate(simulated_costs(algorithm, p, n, itemsize)):
-                    got = cost.per_rank(algorithm, p, n, itemsize, rank)
-                    if got != want:
-                        wrong.append((p, n, itemsize, rank, got, want))
+                    cases.append((p, n, itemsize, rank))
+                    expected.append(want)
+    got = results_of(cost.per_rank, [(algorithm, *case) for case in cases], cost.RankCost)   # in one call
+    wrong = [(*case, mine, want) for case, mine, want in zip(cases, got, expected) if mine != want]
     assert not wrong, f"{algorithm}: {len(wrong)} wrong, first (p, n, itemsize, rank, got, expected): {wrong[:3]}"
 
 
@@ -561,9 +562,12 @@ def test_per_rank_equals_the_simulated_schedule_for_every_rank(algorithm):
 @pytest.mark.parametrize("p", [3, 5, 6, 7, 12])
 def test_per_rank_totals_balance_sends_and_receives(p):
     # over all ranks, bytes sent = bytes received, and the bytes reduced add up to the simulation's
+    cases = [(algorithm, p, n, 2, rank) for algorithm in cost.ALGORITHMS for n in (1, p - 1, 2 * p + 1)
+             for rank in range(p)]
+    every = dict(zip(cases, results_of(cost.per_rank, cases, cost.RankCost)))            # in one call
     for algorithm in cost.ALGORITHMS:
         for n in (1, p - 1, 2 * p + 1):
-            costs = [cost.per_rank(algorithm, p, n, 2, rank) for rank in range(p)]
+            costs = [every[algorithm, p, n, 2, rank] for rank in range(p)]
             messages = simulate(algorithm, p, n)
             assert sum(c.messages for c in costs) == len(messages), (algorithm, p, n)
             assert sum(c.bytes_sent for c in costs) == 2 * sum(m[2] for m in messages), (algorithm, p, n)
@@ -572,16 +576,11 @@ def test_per_rank_totals_balance_sends_and_receives(p):
 
 def check_traced_against_per_rank(algorithm, dtypes=("int8", "float16", "complex128")):
     comm = MPI.COMM_WORLD
-    traced = trace.TracedComm(comm)
-    for dtype in dtypes:
-        for length in (1, 2, comm.size + 1, 3 * comm.size - 1):
-            traced.reset()
-            collectives.allreduce(traced, fill(comm.rank, length, dtype), algorithm=algorithm, check=False)
-            measured = trace.counts(traced.messages, comm.rank)
-            formula = cost.per_rank(algorithm, comm.size, length, np.dtype(dtype).itemsize, comm.rank)
-            parallel_assert(measured == (formula.messages, formula.bytes_sent, formula.bytes_reduced),
-                            f"{algorithm} p={comm.size} n={length} {dtype} rank {comm.rank}: traced {measured}, "
-                            f"cost.per_rank {formula}")
+    runs = [(algorithm, length, dtype) for dtype in dtypes for length in (1, 2, comm.size + 1, 3 * comm.size - 1)]
+    for (_, length, dtype), _, measured, formula in traced_costs(comm, runs, values=fill):
+        parallel_assert(measured == (formula.messages, formula.bytes_sent, formula.bytes_reduced),
+                        f"{algorithm} p={comm.size} n={length} {dtype} rank {comm.rank}: traced {measured}, "
+                        f"cost.per_rank {formula}")
 
 
 @pytest.mark.task("3.9")
