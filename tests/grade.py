@@ -10,7 +10,8 @@ ones; a student tree has none). With ``--student DIR``:
 
 - **Sandboxed tasks** (``sandbox = true`` in tasks.toml) run their tests here, in this checkout,
   with the hidden tests and their answers; only the task's function runs in the sandbox
-  (tutorials/assignments/sandbox.py), imported from a copy of DIR without solution-only files, one
+  (tutorials/assignments/sandbox.py), imported from a copy of DIR without solution-only files and
+  with this tree's tests/helpers.py and tests/handed.py (the tests' code, not the student's), one
   sandboxed job per rank count serving every call (tests/grade_proxy.py). Its arguments cross as
   values (tutorials/assignments/values.py): arrays, numbers, lists, dicts, and the project's own
   objects, functions and closures (a model, an optimizer, an autograd closure's cells), each
@@ -26,14 +27,14 @@ ones; a student tree has none). With ``--student DIR``:
   functions whose *whole* call is forwarded as the task's function's are: a batch helper
   (``tests.helpers.run_calls``, through ``results_of``: thousands of calls of the task's function
   in one round trip, where each call alone costs milliseconds) or a run that every rank enters,
-  servers included (once on ``comm.size`` sandboxed ranks). They run the student tree's copy and
-  hand back only values, which the tests check here.
-- **The other tasks** are graded in a copy of *this* tree into which only that task's body is
-  taken from DIR (the lines between its ``# BEGIN SOLUTION`` / ``# END SOLUTION`` markers). Their
-  student code still runs unsandboxed, in the grader's process tree; tutorials/assignments/README.md
-  says which and why (they talk to processes that are not running the same call: a parameter
-  server's workers, a shared-memory window).
-- For those, everything else is the reference, so their unfinished prerequisites do not sink them.
+  servers included (once on ``comm.size`` sandboxed ranks). They run with the student's code
+  (tests/helpers.py and tests/handed.py are this tree's) and hand back only values, which the
+  tests check here.
+- **A task without ``sandbox = true``** (every task has it now) is graded in a copy of *this*
+  tree into which only that task's body is taken from DIR (the lines between its
+  ``# BEGIN SOLUTION`` / ``# END SOLUTION`` markers): its student code runs unsandboxed, in the
+  grader's process tree, and everything else is the reference, so its unfinished prerequisites do
+  not sink it.
 - A body that calls one of its task's ``forbid`` methods (``comm.Allreduce`` in a ring task) is
   not run: the task scores 0 and says why.
 
@@ -61,6 +62,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -157,11 +159,20 @@ def grade_task(tree, task, timeout, env, max_ranks=8):
     return outcomes
 
 
+# The tests' own code that runs in the sandbox: a forwarded entry (tasks.toml's ``forward``) sets up a
+# server run and reports what happened, and the objects tests hand over are built from these files.
+TEST_CODE = ("tests/helpers.py", "tests/handed.py")
+
+
 def sandbox_tree(out, student, generator):
     """A world-readable copy of the student's tree for the sandbox, without the solution-only files
-    (a student tree has none; ``--student .`` on the reference checkout must not hand them over)."""
+    (a student tree has none; ``--student .`` on the reference checkout must not hand them over), and
+    with this tree's ``TEST_CODE`` in place of the student's copies: those are the grader's, not
+    the student's (a helper that reports what a run did must not be one the student rewrote)."""
     sandbox.mode()                                   # root, and bubblewrap or setpriv: else SandboxError
     assignments.copy_tree(out, student, leave_out=generator.get("remove", ()))
+    for name in TEST_CODE:
+        shutil.copyfile(ROOT / name, Path(out) / name)
     for folder, _, files in os.walk(out):
         os.chmod(folder, 0o755)
         for name in files:

@@ -14,6 +14,17 @@ class ParamsOnly:
         self.params = params
 
 
+class HandProblem:
+    """Samples with hand-picked supports, and f_e's gradient 2 w_e - target_e (a quadratic): what a
+    test hands Hogwild!'s step in place of a sparse problem."""
+
+    def __init__(self, index, targets):
+        self.index, self.targets = index, targets
+
+    def sample_grad(self, w_e, e):
+        return 2.0 * w_e - self.targets[e]
+
+
 class Summing:
     """total(array) for f and g: the sum over 3 ranks that hold the same array (3 x), counting its calls."""
     calls = 0

@@ -4,6 +4,9 @@
 - the error contract: ``assert_stopped`` (a command stopped every rank with ``error: ...`` and exit
                      status 2), ``expect_error_on_every_rank`` (the same, in process, on every rank)
 - data and models:   ``tiny_digits``, ``small_data``, the float64 MLPs, Hogwild!'s sparse problem
+- whole runs:        ``ps_run`` and ``drop_silent_scenario``: every role of a parameter-server run
+                     (servers and workers) in one call that returns plain values, so that the
+                     grader can run the call in its sandbox and keep every check in the test
 - references:        serial SGD written out (``serial_reference``), ``relative_error``,
                      ``parallel_assert_close`` and the tolerance ``EQUAL_UP_TO_ROUNDING``, a naive
                      convolution, rank-dependent fill values
@@ -30,8 +33,10 @@ from pytest_mpi import parallel_assert
 
 import collectives
 from algorithms import model_parallel, sandblaster_lbfgs as sandblaster
-from algorithms.core import partition
+from algorithms.core import objective, partition
 from algorithms.core.objective import Data, NetworkObjective, load_data
+from algorithms.ps import wire as ps_wire
+from algorithms.ps.server import ShardServer
 from algorithms.sandblaster import wire
 from algorithms.sandblaster.shard import Shard
 from collectives import cost, trace
@@ -203,6 +208,78 @@ def same_on_every_rank(comm, array):
 def only_check_messages(traced):
     """True if nothing but the agreement check was sent: the error came before any data."""
     return all(message.phase == "check" for message in traced.messages)
+
+
+# ---- whole parameter-server runs, as plain values --------------------------------------------------------
+# A test of a server task reaches the task's code only through one of these: every role runs inside
+# the call, and what comes back is numbers, lists and dicts, checked by the test (tests/grade.py runs
+# the call in its sandbox: tasks.toml's ``forward``).
+
+def ps_run(train, comm, slow_evaluate=0.0, **settings):
+    """``train(comm, **settings)`` of a parameter-server algorithm on every rank: {"history": its
+    per-epoch history, "lost": [(rank, applied steps)] of the workers server 0 dropped, "error": what it
+    raised as "Type: message", or None}. ``slow_evaluate`` s: rank 0's every evaluation takes that much
+    longer (a server busy with its log while the workers' requests wait in its queue)."""
+    evaluate = objective.evaluate
+
+    def slow(*args, **kwargs):
+        time.sleep(slow_evaluate)
+        return evaluate(*args, **kwargs)
+    if slow_evaluate and comm.Get_rank() == 0:
+        objective.evaluate = slow
+    report = {}
+    try:
+        _, history = train(comm, report=report, **settings)
+        return {"history": history, "lost": [(rank, steps) for rank, steps, _ in report["lost"]], "error": None}
+    except Exception as error:  # noqa: BLE001 - the error is the outcome the test checks
+        return {"history": None, "lost": None, "error": f"{type(error).__name__}: {error}"}
+    finally:
+        objective.evaluate = evaluate
+
+
+def drop_silent_scenario(comm, servers, roles, timeout=1.0):
+    """Server 0 (of ``servers`` over 30 parameters) calls ``drop_silent`` once, its workers set up by
+    ``roles`` ({worker: role}): "silent" (last heard 5 s ago), "recent" (0.2 s ago), "held" (its request
+    held by the server), "finished", or "queued" (silent, but with a request in server 0's MPI queue).
+    Returns on every rank {"dropped": server 0's dropped workers, "logged": the drops in its log,
+    "refreshed": whether the queued worker counts as heard from now, "told": the control messages this
+    rank received from server 0 (the other servers), or None on the workers and server 0}."""
+    layout = ps_wire.Layout.make(comm.Get_size(), servers, 30)
+    queued = [worker for worker, role in roles.items() if role == "queued"]
+    for worker in queued:
+        if comm.Get_rank() == layout.rank_of(worker):
+            comm.send({"push": False, "fetch": True}, dest=0, tag=ps_wire.REQUEST)
+    server = ShardServer(comm, layout, np.zeros(30), timeout=timeout) if layout.is_server(comm.Get_rank()) else None
+    comm.Barrier()
+    outcome = None
+    if comm.Get_rank() == 0:
+        for worker in queued:                             # every request has arrived
+            while ps_wire.waiting_request(comm, layout.rank_of(worker)) is None:
+                time.sleep(0.01)
+        now = server.listening()
+        for worker, role in roles.items():
+            server.last_heard[worker] = now - (0.2 if role == "recent" else 5.0)
+            if role == "held":
+                server.waiting[worker] = {"push": False, "fetch": True}
+            if role == "finished":
+                server.finished.add(worker)
+        server.drop_silent()
+        server.outbox.complete()
+        refreshed = all(server.last_heard[worker] >= now for worker in queued)
+        for worker in queued:                             # leave no message behind
+            comm.recv(source=layout.rank_of(worker), tag=ps_wire.REQUEST)
+        outcome = {"dropped": sorted(server.dropped), "logged": [e[1] for e in server.log if e[0] == "drop"],
+                   "refreshed": refreshed}
+    comm.Barrier()
+    told = None
+    if server is not None and comm.Get_rank() > 0:
+        told, expected = [], sum(role == "silent" for role in roles.values())
+        deadline = time.monotonic() + 2.0
+        while len(told) < expected and time.monotonic() < deadline:
+            told += ps_wire.receive_all(comm, ps_wire.CONTROL, source=0)
+        time.sleep(0.05)
+        told += ps_wire.receive_all(comm, ps_wire.CONTROL, source=0)
+    return {**comm.bcast(outcome, root=0), "told": told}
 
 
 # ---- shared checks: a visible test file and a hidden one run them ---------------------------------------

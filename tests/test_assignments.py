@@ -11,8 +11,9 @@
   student code costs only that task, within the timeout.
 - What the grader tells a student: a failed test says what failed, in its assertion's words; a
   deadlock says where it timed out and stops its task there (the task's later tests "not run").
-- Whole calls (tasks.toml's ``forward``): every name is a function the sandbox can rebuild, and a
-  forgery inside a forwarded ``run_calls`` records nothing and fails its test.
+- Whole calls (tasks.toml's ``forward``): every name is a function the sandbox can rebuild, a
+  forgery inside a forwarded ``run_calls`` or a forwarded server run records nothing and fails its
+  test, and the sandbox runs the grader's test helpers, not the student's.
 - ``--gradescope`` writes Gradescope's results.json (``score``; per test ``name``, ``score``,
   ``max_score``, ``status``, ``output``, ``visibility``: hidden tests ``after_published``), and the
   autograder zip's ``run_autograder`` grades a submission folder into it.
@@ -431,6 +432,22 @@ def test_a_ring_built_on_comm_allreduce_scores_nothing_and_says_why(tmp_path):
     assert "calls Allreduce" in done.stdout
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox drops root to its own uid: it needs root")
+def test_the_sandbox_runs_the_graders_test_helpers_not_the_students(tmp_path):
+    # a forwarded entry (tests.helpers.drop_silent_scenario) reports what a server did: one the student
+    # rewrote to report the expected drops must never be the one that runs
+    from tests import grade
+    student = tmp_path / "student"
+    (student / "tests").mkdir(parents=True)
+    (student / "algorithms").mkdir()
+    for name in grade.TEST_CODE:
+        (student / name).write_text("def drop_silent_scenario(*args, **kwargs):\n    return 'forged'\n")
+    (student / "algorithms" / "mine.py").write_text("# the student's code\n")
+    out = grade.sandbox_tree(tmp_path / "sandbox" / "tree", student, GENERATOR)
+    assert all((out / name).read_text() == (ROOT / name).read_text() for name in grade.TEST_CODE)
+    assert (out / "algorithms" / "mine.py").read_text() == "# the student's code\n"
+
+
 FORGERIES = {
     # the old way to full marks: write the grader's record file as "passed", then leave at once
     "1.3": ["{indent}import os\n",
@@ -469,21 +486,29 @@ def test_forged_results_and_patched_checks_in_sandboxed_tasks_score_nothing(tmp_
 
 @reference_only
 @pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox drops root to its own uid: it needs root")
-def test_a_forgery_inside_a_whole_forwarded_call_records_nothing_and_fails(tmp_path):
-    """Task 3.9's tests hand its function thousands of cases through tests.helpers.run_calls, which the
-    grader forwards whole (tasks.toml's ``forward``): the forging body runs there, in the sandbox, ends
-    its job, and the test fails. One test, run as tests/grade.py runs each of the task's (its whole
+@pytest.mark.parametrize("task_id, forwarded, nprocs, nodeid", [
+    ("3.9", "tests.helpers.run_calls", 1,
+     "tests/test_collectives.py::test_per_rank_costs_reduce_to_the_papers_formulas"),
+    ("5.3", "algorithms.downpour_sgd.train", 2,
+     "tests/test_downpour.py::test_downpour_with_one_worker_and_fixed_rate_equals_serial_sgd_exactly[nprocs=2]"),
+], ids=["batch of calls", "server run"])
+def test_a_forgery_inside_a_whole_forwarded_call_records_nothing_and_fails(tmp_path, task_id, forwarded, nprocs,
+                                                                           nodeid):
+    """Task 3.9's tests hand its function thousands of cases through tests.helpers.run_calls, and task
+    5.3's worker step runs inside a whole Downpour run (servers and workers): the grader forwards both
+    calls whole (tasks.toml's ``forward``), so the forging body runs there, in the sandbox, ends its
+    job, and the test fails. One test, run as tests/grade.py runs each of the task's (a task's whole
     grading takes a minute)."""
     from tests import grade as grader
-    task = assignments.select(TASKS, ["3.9"])[0]
-    assert task.sandbox and "tests.helpers.run_calls" in task.forward
-    tree = submission(tmp_path, "3.9", "3.9", FORGERIES["1.3"])
+    task = assignments.select(TASKS, [task_id])[0]
+    assert task.sandbox and forwarded in task.forward
+    tree = submission(tmp_path, task_id, task_id, FORGERIES["1.3"])
     student = grader.sandbox_tree(tmp_path / "sandboxed" / "student", tree, GENERATOR)
-    nodeid = "tests/test_collectives.py::test_per_rank_costs_reduce_to_the_papers_formulas"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), MINIDL_GRADE_PROXY="3.9",
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), MINIDL_GRADE_PROXY=task_id,
                MINIDL_GRADE_STUDENT=str(student), MINIDL_GRADE_CALL_TIMEOUT="20")
-    outcomes = grader.run(ROOT, 1, [nodeid], 30, 1, env)
+    outcomes = grader.run(ROOT, nprocs, [nodeid], 30, 1, env)
     assert list(outcomes) == [nodeid], outcomes                                   # nothing forged recorded
     status, message = outcomes[nodeid]
-    assert status == "failed" and "run_calls (the student's, in the sandbox)" in message and "ended" in message, \
+    name = forwarded.rpartition(".")[2]
+    assert status == "failed" and f"{name} (the student's, in the sandbox)" in message and "ended" in message, \
         outcomes

@@ -16,7 +16,7 @@ from tests.helpers import assert_stopped, launch, mpiexec, small_data
 
 # NO_DROPS: the tests of the workers' step (task 5.3) run without a silence timeout (timeout=None), so
 # server 0 never looks for silent workers: no worker is dropped on a slow machine, and dropping one
-# (task 5.6, tested with the failure tests below) takes no part.
+# (task 5.6: tests/test_ssp.py, tests/test_ps_errors.py; the command line's failure test below) takes no part.
 
 
 @pytest.mark.task("5.3")
@@ -135,9 +135,8 @@ def test_command_line_bad_input_prints_error_and_exits_2_on_every_rank():
     assert_stopped(launch("downpour_sgd", "--servers", "3", timeout=120), "cannot hold 3 server(s)")
 
 
-@pytest.mark.task("5.6")
 def test_a_failed_worker_is_dropped_and_every_other_rank_finishes_with_exit_0():
-    # rank 2 goes silent at its step 5; the server drops it after 2 s; ranks 0, 1, 3 finish
+    # rank 2 goes silent at its step 5; the server drops it after 2 s; ranks 0, 1, 3 finish and say so
     done = mpiexec(4, "-m", "algorithms.downpour_sgd", "--epochs", "3", "--fail-worker", "2", "--fail-step", "5",
                    "--timeout", "2")
     assert done.returncode == 0, done.stderr[-2000:]

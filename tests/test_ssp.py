@@ -16,7 +16,7 @@ from algorithms.ps.worker import worker_batches
 from minidl.flat import flatten
 from minidl.optim import SGD
 from minidl.tensor import Parameter
-from tests.helpers import assert_stopped, clock_staleness_at_each_read, launch, mpiexec, small_data
+from tests.helpers import assert_stopped, clock_staleness_at_each_read, launch, ps_run, small_data
 
 
 def test_the_recomputation_sees_a_read_that_broke_the_bound():
@@ -114,13 +114,16 @@ def test_ssp_with_s_0_equals_synchronous_sgd(servers):
 
 
 @pytest.mark.task("5.6")
+@pytest.mark.parallel(nprocs=[4])
 def test_ssp_with_a_failed_worker_is_not_stalled_after_the_timeout():
-    # s = 0 would wait for the silent worker forever; the servers drop it after 2 s instead
-    done = mpiexec(4, "-m", "algorithms.ssp_sgd", "--staleness", "0", "--epochs", "2", "--servers", "2",
-                   "--fail-worker", "3", "--fail-step", "4", "--timeout", "2")
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "lost worker: rank 3 after 4 applied steps" in done.stdout
-    assert done.stdout.count("test_accuracy") == 2
+    # s = 0 would wait for the silent worker forever; the servers drop it after 2 s instead, and the
+    # other two workers train both epochs
+    outcome = ps_run(ssp_sgd.train, MPI.COMM_WORLD, model="mlp", staleness=0, epochs=2, batch_size=8, servers=2,
+                     fail_worker=3, fail_step=4, timeout=2.0, quiet=True, data=small_data())
+    parallel_assert(outcome["error"] is None, f"the run raised {outcome['error']}")
+    parallel_assert(outcome["lost"] == [(3, 4)], f"lost {outcome['lost']}, expected rank 3 after 4 applied steps")
+    parallel_assert(outcome["history"] is not None and [h["epoch"] for h in outcome["history"]] == [1, 2],
+                    f"history {outcome['history']}")
 
 
 def test_negative_staleness_is_refused_on_every_rank():

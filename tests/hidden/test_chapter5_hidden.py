@@ -6,8 +6,6 @@ at s and one past it (5.2); Downpour and SSP replayed from their logs on 5 to 7 
 with tests/hidden/ps_replay.py); Hogwild!'s update on hand-made samples (5.5); and which workers
 server 0 drops, one of each kind, with the drops told to the other servers (5.6).
 """
-import time
-
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -15,14 +13,15 @@ from pytest_mpi import parallel_assert
 
 from algorithms import downpour_sgd, hogwild, ssp_sgd
 from algorithms.core import objective, run
-from algorithms.ps import server as parameter_server, wire as ps_wire
+from algorithms.ps import server as parameter_server
 from algorithms.ps.server import ShardServer
 from algorithms.ps.wire import Layout, ServerShards
 from minidl.flat import flatten
 from minidl.optim import SGD, Adagrad
 from minidl.tensor import Parameter
 from tests.hidden import ps_replay
-from tests.helpers import small_data
+from tests.handed import HandProblem
+from tests.helpers import drop_silent_scenario, small_data
 
 
 # ---- 5.1: the server's update ------------------------------------------------------------------------
@@ -170,16 +169,6 @@ def test_ssp_on_p_ranks_is_its_log_replayed_and_no_read_is_more_than_s_behind(st
 
 # ---- 5.5: one Hogwild! update ----------------------------------------------------------------------
 
-class HandProblem:
-    """Samples with hand-picked supports, and f_e's gradient 2 w_e - target_e (a quadratic)."""
-
-    def __init__(self, index, targets):
-        self.index, self.targets = index, targets
-
-    def sample_grad(self, w_e, e):
-        return 2.0 * w_e - self.targets[e]
-
-
 @pytest.mark.task("5.5")
 @pytest.mark.parametrize("e,dtype", [(0, np.float64), (1, np.float64), (2, np.float32)])
 def test_hogwild_step_moves_only_the_samples_coordinates_in_place(e, dtype):
@@ -219,42 +208,14 @@ def test_server_zero_drops_exactly_the_silent_workers_and_tells_the_other_server
     # recently, finished, and the last one silent but with a request in server 0's queue (kept)
     comm = MPI.COMM_WORLD
     servers = {3: 1, 5: 1, 6: 2, 7: 2}[comm.size]
-    layout = Layout.make(comm.size, servers, 30)
-    workers = layout.workers
+    workers = comm.size - servers
     roles = {w: ROLES[w % len(ROLES)] for w in range(workers - 1)}
     roles[workers - 1] = "queued"
-    if comm.rank == layout.rank_of(workers - 1):
-        comm.send({"push": False, "fetch": True}, dest=0, tag=ps_wire.REQUEST)
-    server = ShardServer(comm, layout, np.zeros(30), timeout=1.0) if layout.is_server(comm.rank) else None
-    comm.Barrier()
-    outcome = None
-    if comm.rank == 0:
-        while ps_wire.waiting_request(comm, layout.rank_of(workers - 1)) is None:   # the request has arrived
-            time.sleep(0.01)
-        now = server.listening()
-        for worker, role in roles.items():
-            server.last_heard[worker] = now - (0.2 if role == "recent" else 5.0)
-            if role == "held":
-                server.waiting[worker] = {"push": False, "fetch": True}
-            if role == "finished":
-                server.finished.add(worker)
-        server.drop_silent()
-        server.outbox.complete()
-        refreshed = server.last_heard[workers - 1] >= now
-        comm.recv(source=layout.rank_of(workers - 1), tag=ps_wire.REQUEST)         # leave no message behind
-        outcome = (sorted(server.dropped), [e[1] for e in server.log if e[0] == "drop"], refreshed)
-    comm.Barrier()
-    told = []
-    if server is not None and comm.rank > 0:
-        deadline = time.monotonic() + 2.0
-        while len(told) < sum(role == "silent" for role in roles.values()) and time.monotonic() < deadline:
-            told += ps_wire.receive_all(comm, ps_wire.CONTROL, source=0)
-        time.sleep(0.05)
-        told += ps_wire.receive_all(comm, ps_wire.CONTROL, source=0)
-    dropped, logged, refreshed = comm.bcast(outcome, root=0)
+    outcome = drop_silent_scenario(comm, servers, roles)
+    dropped, logged, told = outcome["dropped"], outcome["logged"], outcome["told"]
     silent = sorted(w for w, role in roles.items() if role == "silent")
     parallel_assert(dropped == silent and logged == silent,
                     f"p={comm.size}: dropped {dropped} (logged {logged}), expected the silent workers {silent}")
-    parallel_assert(refreshed, "a worker with a request waiting was not counted as heard from")
-    parallel_assert(server is None or comm.rank == 0 or told == [{"drop": w} for w in silent],
+    parallel_assert(outcome["refreshed"], "a worker with a request waiting was not counted as heard from")
+    parallel_assert(told is None or told == [{"drop": w} for w in silent],
                     f"server {comm.rank} was told {told}, expected the drops of {silent}")
