@@ -8,8 +8,8 @@
 A task's tests are the ones marked ``@pytest.mark.task("<id>")`` (tests/hidden/ holds the hidden
 ones; a student tree has none). With ``--student DIR``:
 
-- **Sandboxed tasks** (``sandbox = true`` in tasks.toml) run their tests here, in this checkout,
-  with the hidden tests and their answers; only the task's function runs in the sandbox
+- **Every task** runs its tests here, in this checkout, with the hidden tests and their answers;
+  only the task's function runs in the sandbox
   (tutorials/assignments/sandbox.py), imported from a copy of DIR without solution-only files and
   with this tree's tests/helpers.py and tests/handed.py (the tests' code, not the student's), one
   sandboxed job per rank count serving every call (tests/grade_proxy.py). Its arguments cross as
@@ -30,11 +30,8 @@ ones; a student tree has none). With ``--student DIR``:
   servers included (once on ``comm.size`` sandboxed ranks). They run with the student's code
   (tests/helpers.py and tests/handed.py are this tree's) and hand back only values, which the
   tests check here.
-- **A task without ``sandbox = true``** (every task has it now) is graded in a copy of *this*
-  tree into which only that task's body is taken from DIR (the lines between its
-  ``# BEGIN SOLUTION`` / ``# END SOLUTION`` markers): its student code runs unsandboxed, in the
-  grader's process tree, and everything else is the reference, so its unfinished prerequisites do
-  not sink it.
+- No student code runs outside the sandbox: where the sandbox cannot run (not root, neither
+  bubblewrap nor setpriv), ``--student`` stops with ``error:`` and exit status 2.
 - A body that calls one of its task's ``forbid`` methods (``comm.Allreduce`` in a ring task) is
   not run: the task scores 0 and says why.
 
@@ -235,13 +232,11 @@ def main(argv=None):
         tree = ROOT
         if args.student:
             student = Path(args.student).resolve()
-            if any(task.sandbox for task in chosen):
-                try:
-                    sandboxed = sandbox_tree(Path(scratch) / "student", student, generator)
-                except (SandboxError, OSError, ValueError) as error:
-                    print(f"error: the sandbox cannot run here ({error}); grading a submission needs it", file=sys.stderr)
-                    return 2
-            tree = assignments.copy_tree(Path(scratch) / "tree", ROOT)
+            try:
+                sandboxed = sandbox_tree(Path(scratch) / "student", student, generator)
+            except (SandboxError, OSError, ValueError) as error:
+                print(f"error: the sandbox cannot run here ({error}); grading a submission needs it", file=sys.stderr)
+                return 2
         for task in chosen:
             if time.perf_counter() - started > args.time_limit:
                 results.append({**score(task, {}), "failed": [f"not graded: the submission's --time-limit of "
@@ -258,19 +253,11 @@ def main(argv=None):
                     results.append({**score(task, {}), "failed": [f"not graded: {forbidden}"]})
                     print(f"{task.id:<5} {task.title[:44]:<44}   0/-   {0:>5g}/{task.points:g}\n      {forbidden}")
                     continue
-            if args.student and task.sandbox:        # the function alone in the sandbox, the tests here
+            if args.student:                         # the function alone in the sandbox, the tests here
                 task_env = dict(env, PYTHONPATH=str(ROOT), MINIDL_GRADE_PROXY=task.id,
                                 MINIDL_GRADE_STUDENT=str(sandboxed),
                                 MINIDL_GRADE_CALL_TIMEOUT=str(max(1, int(args.timeout * 0.7))))
                 results.append(score(task, grade_task(ROOT, task, args.timeout, task_env, args.max_ranks)))
-            elif args.student:                       # the student's body in a copy of this tree
-                reference = assignments.body(task, tree)
-                assignments.replace_body(task, tree, submitted)
-                try:
-                    results.append(score(task, grade_task(tree, task, args.timeout, dict(env, PYTHONPATH=str(tree)),
-                                                          args.max_ranks)))
-                finally:
-                    assignments.replace_body(task, tree, reference)
             else:
                 results.append(score(task, grade_task(tree, task, args.timeout, env, args.max_ranks)))
             last = results[-1]

@@ -1,6 +1,6 @@
 """pytest plugin for tests/grade.py: a task's function runs in the sandbox, its tests run here.
 
-$MINIDL_GRADE_PROXY names a task (tutorials/assignments/tasks.toml, ``sandbox = true``) and
+$MINIDL_GRADE_PROXY names a task (tutorials/assignments/tasks.toml) and
 $MINIDL_GRADE_STUDENT the student tree. Before collection the plugin swaps the body of the task's
 function in this (reference) checkout for a call of a forwarder, so every caller reaches it: a
 function's or method's code is replaced; a closure (``matmul.backward``) is recompiled inside its

@@ -65,9 +65,9 @@ def test_every_forwarded_whole_call_is_a_function_the_sandbox_can_rebuild(tmp_pa
     registry = tmp_path / "tasks.toml"
     registry.write_text('[[task]]\nid = "1.1"\ntitle = "t"\nfile = "f.py"\nfunction = "f"\nchapter = 1\n'
                         'section = "s"\npoints = 1\nhours = 1\ndifficulty = "easy"\n'
-                        'forward = ["tests.helpers.run_calls"]\n')
-    with pytest.raises(ValueError, match="not sandboxed"):
-        assignments.load(registry)
+                        'forward = ["tests.helpers.run_calls"]\nsandbox = false\n')
+    with pytest.raises(ValueError, match=r"task 1.1 has unknown key\(s\) \['sandbox'\]"):
+        assignments.load(registry)                   # no task can be graded outside the sandbox
 
 
 def test_results_of_hands_over_tuples_and_refuses_a_reply_of_the_wrong_length_or_kind(monkeypatch):
@@ -501,7 +501,7 @@ def test_a_forgery_inside_a_whole_forwarded_call_records_nothing_and_fails(tmp_p
     grading takes a minute)."""
     from tests import grade as grader
     task = assignments.select(TASKS, [task_id])[0]
-    assert task.sandbox and forwarded in task.forward
+    assert forwarded in task.forward
     tree = submission(tmp_path, task_id, task_id, FORGERIES["1.3"])
     student = grader.sandbox_tree(tmp_path / "sandboxed" / "student", tree, GENERATOR)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), MINIDL_GRADE_PROXY=task_id,

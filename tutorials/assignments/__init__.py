@@ -52,7 +52,6 @@ class Task:
     hours: float
     difficulty: str
     requires: tuple
-    sandbox: bool = False       # the grader runs only this function in the sandbox, the tests outside it
     forbid: tuple = ()          # MPI methods the body may not call (it builds them from point-to-point)
     forward: tuple = ()         # "module.qualname" of functions whose whole call the grader forwards too
 
@@ -65,6 +64,11 @@ def load(path=REGISTRY):
     """(tasks ordered by id: chapter, then number; the [generator] table)."""
     with open(path, "rb") as file:
         registry = tomllib.load(file)
+    known = {field.name for field in dataclasses.fields(Task)}
+    for entry in registry["task"]:
+        unknown = sorted(set(entry) - known)
+        if unknown:                               # e.g. a `sandbox = false`: every task is sandboxed, no switch
+            raise ValueError(f"{path}: task {entry.get('id', '?')} has unknown key(s) {unknown}")
     tasks = [Task(**{**entry, "requires": tuple(entry.get("requires", ())), "forbid": tuple(entry.get("forbid", ())),
                      "forward": tuple(entry.get("forward", ()))})
              for entry in registry["task"]]
@@ -73,8 +77,6 @@ def load(path=REGISTRY):
     if len(set(ids)) != len(ids):
         raise ValueError(f"{path}: duplicate task ids")
     for task in tasks:
-        if task.forward and not task.sandbox:
-            raise ValueError(f"{path}: task {task.id} forwards {list(task.forward)} but is not sandboxed")
         unknown = [needed for needed in task.requires if needed not in ids]
         if unknown:
             raise ValueError(f"{path}: task {task.id} requires unknown task(s) {unknown}")
