@@ -1,14 +1,19 @@
 """The im2col kernel that ``algorithm="im2col"`` runs: im2col.py's products, in blocks of images, with fast input gradients.
 
 The textbook algorithm (``im2col.py``: columns, one GEMM, col2im) computes the same numbers; this
-kernel reorganises the work in four ways, each for a measured reason, each below with its own
+kernel reorganises the work in five ways, each for a measured reason, each below with its own
 docstring:
 
-1. **Blocks of images** (``image_blocks``): when a whole batch's columns would outgrow the caches
-   (tens of MB), the same three products run on a few images at a time, so that each block's
-   columns are still in cache when its GEMM reads them; the backward pass rebuilds each block's
-   columns instead of keeping the batch's, and sums the blocks' weight gradients. A batch whose
-   columns fit in BLOCK_BYTES is one block: the textbook algorithm, unchanged.
+0. **Kept columns, batch innermost** (``keeps_columns``, ``batch_inner.py``): on the CPU, when the
+   whole batch's columns fit the column budget (``set_column_budget``, or the environment's
+   MINIDL_CONV_COLUMN_BYTES; 64 MiB unless set), they are built block by block into one buffer
+   and kept for backward, in the layout (C, kh, kw, Ho, Wo, N) whose copies and col2im adds run
+   along rows of Wo*N numbers. Every layer of LeNet-5 up to batch 512 takes this path.
+1. **Blocks of images** (``image_blocks``): when a whole batch's columns would outgrow the caches,
+   the same three products run on a few images at a time, so that each block's columns are still
+   in cache when its GEMM reads them; beyond the column budget, the backward pass rebuilds each
+   block's columns instead of keeping the batch's, and sums the blocks' weight gradients. A batch
+   whose columns fit in one block is one block: the textbook algorithm, unchanged.
 2. **The input gradient as a convolution** (``input_gradient_as_convolution``): for stride 1 and
    F <= C, grad_x is a "full" convolution of grad_out with the flipped kernel, copies instead of
    col2im's ``+=``.
@@ -22,9 +27,12 @@ breakdown asks it too, so that it times the path the layer runs).
 Multiplications: N * F * C*kh*kw * Ho*Wo (as direct). Extra memory: the column buffer,
 N * C*kh*kw * Ho*Wo elements, or one block's of it. Supports every case.
 """
+import os
+
 from minidl.backend import get_array_module
 from minidl.conv.scratch import workspace
 from minidl.conv.shapes import output_size
+from minidl.conv import batch_inner
 from minidl.conv.im2col import columns, forward_block, gradient_2d, input_gradient_by_col2im, weight_gradient
 
 
@@ -32,32 +40,77 @@ def supports(x_shape, weight_shape, stride, padding):
     return None
 
 
+# ---- 0. the column budget: keep the batch's columns for backward when they fit ---------------------
+def _budget_from_environment():
+    text = os.environ.get("MINIDL_CONV_COLUMN_BYTES", "")
+    if text and not (text.isdigit() and int(text) >= 0):
+        raise ValueError(f"MINIDL_CONV_COLUMN_BYTES must be a whole number of bytes >= 0, got {text!r}")
+    return int(text) if text else 64 << 20
+
+
+COLUMN_BUDGET = _budget_from_environment()
+
+
+def set_column_budget(nbytes):
+    """Bytes of columns one conv layer may keep from forward to backward (0: never keep; CPU only).
+
+    Kept columns save backward a second im2col (and let it run in the batch-inner layout); the
+    price is memory held between the passes: N * C*kh*kw * Ho*Wo numbers per layer. Returns the
+    previous budget. The same setting is read from MINIDL_CONV_COLUMN_BYTES at import."""
+    global COLUMN_BUDGET
+    if not isinstance(nbytes, int) or nbytes < 0:
+        raise ValueError(f"set_column_budget: a whole number of bytes >= 0, got {nbytes!r}")
+    previous, COLUMN_BUDGET = COLUMN_BUDGET, nbytes
+    return previous
+
+
+def column_bytes(x_shape, weight_shape, stride, padding, itemsize):
+    """Bytes of one image's columns: C*kh*kw * Ho*Wo numbers."""
+    n, c, h, w = x_shape
+    f, _, kh, kw = weight_shape
+    return c * kh * kw * output_size(h, kh, stride, padding) * output_size(w, kw, stride, padding) * itemsize
+
+
+def keeps_columns(x_shape, weight_shape, stride, padding, itemsize):
+    """Whether the CPU layer keeps its batch's columns (batch-inner layout, ``batch_inner.py``): they fit the budget."""
+    return x_shape[0] * column_bytes(x_shape, weight_shape, stride, padding, itemsize) <= COLUMN_BUDGET
+
+
 # ---- 1. blocks of images: the same products, a few images at a time -----------------------------
-BLOCK_BYTES = 6 << 20
+def _cache_block_bytes():
+    """Twice the per-core L2 cache (sysconf; 1 MiB where it says nothing): the columns of one block."""
+    try:
+        l2 = os.sysconf("SC_LEVEL2_CACHE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        l2 = 0
+    return 2 * (l2 if l2 and l2 > 0 else 1 << 20)
+
+
+BLOCK_BYTES = _cache_block_bytes()
 GPU_BLOCK_BYTES = 1 << 30
 
 
 def image_blocks(x_shape, weight_shape, stride, padding, itemsize, block_bytes=None):
     """[(start, stop)]: the batch cut into blocks whose columns take at most about ``block_bytes``
-    (default BLOCK_BYTES).
+    (default BLOCK_BYTES, twice the L2 cache), at least one image each.
 
     Why: a whole batch's columns can be far larger than the processor's caches (75 MB for 32
     images of 64 channels at 32x32, 3x3), and then im2col writes them to memory and the GEMM
     reads them back from it: the layer runs at memory speed (``python -m minidl.bench`` shows
-    its stages). A block's columns (about 8 MB: 3 such images) stay in cache between the copy
-    and the product. The batch stays ONE block, and the layer the textbook algorithm of im2col.py
-    bit for bit, whenever all its columns fit (every layer of LeNet-5 and the small CNN does).
+    its stages). A block's columns stay in cache between the copy and the product. The size was
+    measured, not guessed: on a core with 1 MiB of L2 (chapter 2's machine) the 64-channel layer
+    at batch 32 ran fastest with one image (2.3 MB of columns) per block (49 ms; 52 with two, 60
+    with three), LeNet-5's layers with about 32 images (2-2.5 MB) per block; blocks four times
+    larger were 15-50% slower. A batch whose columns fit one block is one block.
 
     On a GPU (CuPy arrays) the budget is GPU_BLOCK_BYTES: there no cache holds a block between
     the copy and the product, and each block costs a dozen kernel launches from Python, so 6 MiB
     blocks left the GPU waiting (chapter 2, section 6, measured 16 blocks for the 64-channel layer
     at batch 32); the whole batch is one block until its columns reach 1 GiB of GPU memory.
     """
-    n, c, h, w = x_shape
-    f, _, kh, kw = weight_shape
-    per_image = c * kh * kw * output_size(h, kh, stride, padding) * output_size(w, kw, stride, padding) * itemsize
+    per_image = column_bytes(x_shape, weight_shape, stride, padding, itemsize)
     images = max(1, (BLOCK_BYTES if block_bytes is None else block_bytes) // max(per_image, 1))
-    return [(start, min(start + images, n)) for start in range(0, n, images)] or [(0, 0)]
+    return [(start, min(start + images, x_shape[0])) for start in range(0, x_shape[0], images)] or [(0, 0)]
 
 
 def forward(x, weight, stride, padding):
@@ -66,8 +119,10 @@ def forward(x, weight, stride, padding):
     f, _, kh, kw = weight.shape
     out_h, out_w = output_size(h, kh, stride, padding), output_size(w, kw, stride, padding)
     out = xp.empty((n, f, out_h, out_w), dtype=xp.result_type(weight, x))
-    blocks = image_blocks(x.shape, weight.shape, stride, padding, x.dtype.itemsize,
-                          GPU_BLOCK_BYTES if xp.__name__ == "cupy" else None)
+    on_gpu = xp.__name__ == "cupy"
+    blocks = image_blocks(x.shape, weight.shape, stride, padding, x.dtype.itemsize, GPU_BLOCK_BYTES if on_gpu else None)
+    if not on_gpu and keeps_columns(x.shape, weight.shape, stride, padding, x.dtype.itemsize):
+        return batch_inner.forward(x, weight, stride, padding, blocks)
     cache = {"weight": weight, "x_shape": x.shape, "stride": stride, "padding": padding, "blocks": blocks}
     if len(blocks) == 1:                       # one block: keep the columns for the weight gradient
         cache["cols"], cache["padded_shape"] = forward_block(x, weight, stride, padding, out)
@@ -197,6 +252,8 @@ def gradients_from_output_columns(grad_out, x, weight, padding, blocks, need_wei
 
 
 def backward(grad_out, cache, need_x=True, need_weight=True):
+    if cache.get("layout") == "batch inner":
+        return batch_inner.backward(grad_out, cache, need_x, need_weight)
     xp = get_array_module(grad_out)
     weight, stride, padding, blocks = cache["weight"], cache["stride"], cache["padding"], cache["blocks"]
     f, c, kh, kw = weight.shape
