@@ -43,7 +43,7 @@ def conv_stages(shape, rng, xp):
     whole_grad = xp.asarray(rng.standard_normal((n, f, out_side, out_side)), dtype=xp.float32)
     stages.append(("forward", "bias add", lambda: xp.add(out, bias, out=out), None, 1))
     stages.append(("weight gradient", "bias sum", lambda: whole_grad.sum(axis=(0, 2, 3)), None, 1))
-    if blocked.keeps_columns((n, c, side, side), weight.shape, stride, padding, 4):
+    if len(blocks) > 1 and blocked.keeps_columns((n, c, side, side), weight.shape, stride, padding, 4):
         return _batch_inner_stages(x, weight, grad, stride, padding, scale, xp) + stages
     stages = _conv_forward_stages("forward", x, weight, stride, padding, xp, scale) + stages
     path = blocked.input_gradient_path(weight.shape, stride, padding, len(blocks))

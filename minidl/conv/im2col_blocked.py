@@ -4,16 +4,17 @@ The textbook algorithm (``im2col.py``: columns, one GEMM, col2im) computes the s
 kernel reorganises the work in five ways, each for a measured reason, each below with its own
 docstring:
 
-0. **Kept columns, batch innermost** (``keeps_columns``, ``batch_inner.py``): on the CPU, when the
-   whole batch's columns fit the column budget (``set_column_budget``, or the environment's
-   MINIDL_CONV_COLUMN_BYTES; 64 MiB unless set), they are built block by block into one buffer
-   and kept for backward, in the layout (C, kh, kw, Ho, Wo, N) whose copies and col2im adds run
-   along rows of Wo*N numbers. Every layer of LeNet-5 up to batch 512 takes this path.
+0. **Kept columns, batch innermost** (``keeps_columns``, ``batch_inner.py``): on the CPU, when a
+   batch is more than one block (1.) and its columns fit the column budget (``set_column_budget``,
+   or the environment's MINIDL_CONV_COLUMN_BYTES; 64 MiB unless set), they are built block by
+   block into one buffer and kept for backward, in the layout (C, kh, kw, Ho, Wo, N) whose copies
+   and col2im adds run along rows of Wo*N numbers. LeNet-5's layers at batch 64 to 512 take it.
 1. **Blocks of images** (``image_blocks``): when a whole batch's columns would outgrow the caches,
    the same three products run on a few images at a time, so that each block's columns are still
    in cache when its GEMM reads them; beyond the column budget, the backward pass rebuilds each
    block's columns instead of keeping the batch's, and sums the blocks' weight gradients. A batch
-   whose columns fit in one block is one block: the textbook algorithm, unchanged.
+   whose columns fit in one block is one block: the textbook algorithm, unchanged, bit for bit (in
+   cache the two layouts take about the same time, measured on LeNet's layers at batch 32).
 2. **The input gradient as a convolution** (``input_gradient_as_convolution``): for stride 1 and
    F <= C, grad_x is a "full" convolution of grad_out with the flipped kernel, copies instead of
    col2im's ``+=``.
@@ -25,7 +26,7 @@ docstring:
 breakdown asks it too, so that it times the path the layer runs).
 
 Multiplications: N * F * C*kh*kw * Ho*Wo (as direct). Extra memory: the column buffer,
-N * C*kh*kw * Ho*Wo elements, or one block's of it. Supports every case.
+N * C*kh*kw * Ho*Wo elements (one block, or kept under the budget), or one block's of it. Supports every case.
 """
 import os
 
@@ -125,11 +126,11 @@ def forward(x, weight, stride, padding):
     n, c, h, w = x.shape
     f, _, kh, kw = weight.shape
     out_h, out_w = output_size(h, kh, stride, padding), output_size(w, kw, stride, padding)
-    out = xp.empty((n, f, out_h, out_w), dtype=xp.result_type(weight, x))
     on_gpu = xp.__name__ == "cupy"
     blocks = image_blocks(x.shape, weight.shape, stride, padding, x.dtype.itemsize, GPU_BLOCK_BYTES if on_gpu else None)
-    if not on_gpu and keeps_columns(x.shape, weight.shape, stride, padding, x.dtype.itemsize):
+    if len(blocks) > 1 and not on_gpu and keeps_columns(x.shape, weight.shape, stride, padding, x.dtype.itemsize):
         return batch_inner.forward(x, weight, stride, padding, blocks)
+    out = xp.empty((n, f, out_h, out_w), dtype=xp.result_type(weight, x))
     cache = {"weight": weight, "x_shape": x.shape, "stride": stride, "padding": padding, "blocks": blocks}
     if len(blocks) == 1:                       # one block: keep the columns for the weight gradient
         cache["cols"], cache["padded_shape"] = forward_block(x, weight, stride, padding, out)
