@@ -1,8 +1,9 @@
 """The im2col kernel's fast paths agree with the textbook im2col (minidl.conv.im2col) on the benchmark's shapes.
 
 The layer (minidl.conv.im2col_blocked) takes one of these paths, by the shape and two settings:
-- kept columns, batch innermost (minidl.conv.batch_inner), in blocks of images: LeNet-5's conv1 and
-  conv2 whenever their columns fit the column budget;
+- kept columns, in blocks of images, whenever they fit the column budget: batch innermost
+  (minidl.conv.batch_inner) for LeNet-5's conv2 (output rows of 10 pixels), in im2col.im2col's
+  order for conv1 (rows of 28);
 - blocks of one image with the output gradient's columns serving both gradients (the 64-channel
   layer: F <= C, one image's columns fill a cache block);
 - blocks with rebuilt columns and col2im on planes (LeNet's layers with the budget at 0).
@@ -75,8 +76,10 @@ def test_every_path_equals_the_textbook_im2col_on_the_sweep_shapes(two_mib_block
     monkeypatch.setattr(im2col_blocked, "COLUMN_BUDGET", budget)
     x, weight, grad_out = arrays(shape, dtype)
     got, cache = layer(x, weight, grad_out, shape[-1])
-    # the path taken is the one named in the header: kept columns for LeNet under the budget only
-    assert (cache.get("layout") == "batch inner") == (budget > 0 and name.startswith("lenet"))
+    # the path taken is the one named in the header: kept columns for LeNet under the budget only,
+    # batch innermost for conv2's rows of 10 pixels, im2col.im2col's order for conv1's 28
+    assert (cache.get("layout") == "batch inner") == (budget > 0 and name == "lenet conv2")
+    assert ("kept" in cache and "layout" not in cache) == (budget > 0 and name == "lenet conv1")
     # 2 MiB // one image's columns (C kh kw Ho Wo numbers): conv1 26 (float32) / 13 (float64) images,
     # conv2 34 / 17, the 64-channel layer 1 / 1
     assert len(cache["blocks"]) == {"lenet conv1": (3, 5), "lenet conv2": (2, 4), "conv 64->64": (3, 3)}[name][

@@ -34,7 +34,8 @@ from minidl.backend import get_array_module
 from minidl.conv.scratch import workspace
 from minidl.conv.shapes import output_size
 from minidl.conv import batch_inner
-from minidl.conv.im2col import columns, forward_block, gradient_2d, input_gradient_by_col2im, weight_gradient
+from minidl.conv.im2col import (columns, forward_block, gradient_2d, input_gradient_by_col2im, weight_gradient,
+                                zero_pad)
 
 
 def supports(x_shape, weight_shape, stride, padding):
@@ -96,6 +97,7 @@ def _cache_block_bytes():
 
 BLOCK_BYTES = _cache_block_bytes()
 GPU_BLOCK_BYTES = 1 << 30
+SHORT_ROW = 16         # output rows shorter than this (numbers) keep their columns batch innermost
 
 
 def image_blocks(x_shape, weight_shape, stride, padding, itemsize, block_bytes=None):
@@ -128,30 +130,57 @@ def forward(x, weight, stride, padding):
     out_h, out_w = output_size(h, kh, stride, padding), output_size(w, kw, stride, padding)
     on_gpu = xp.__name__ == "cupy"
     blocks = image_blocks(x.shape, weight.shape, stride, padding, x.dtype.itemsize, GPU_BLOCK_BYTES if on_gpu else None)
-    if len(blocks) > 1 and not on_gpu and keeps_columns(x.shape, weight.shape, stride, padding, x.dtype.itemsize):
+    keep = len(blocks) > 1 and not on_gpu and keeps_columns(x.shape, weight.shape, stride, padding, x.dtype.itemsize)
+    if keep and out_w < SHORT_ROW:
         return batch_inner.forward(x, weight, stride, padding, blocks)
     out = xp.empty((n, f, out_h, out_w), dtype=xp.result_type(weight, x))
     cache = {"weight": weight, "x_shape": x.shape, "stride": stride, "padding": padding, "blocks": blocks}
     if len(blocks) == 1:                       # one block: keep the columns for the weight gradient
         cache["cols"], cache["padded_shape"] = forward_block(x, weight, stride, padding, out)
-    else:                                      # several: keep x and rebuild each block's columns in backward
-        for start, stop in blocks:
-            _forward_block(x[start:stop], weight, stride, padding, out[start:stop])
-        cache["x"] = x
+        return out, cache
+    cache["x"] = x                             # several: keep x and rebuild each block's columns in backward,
+    if keep and not input_gradient_as_convolution(weight.shape, stride, padding):    # or keep them all
+        cache["kept"] = workspace(xp, (n * column_bytes(x.shape, weight.shape, stride, padding, 1),), x.dtype)
+    for index, (start, stop) in enumerate(blocks):
+        _forward_block(x[start:stop], weight, stride, padding, out[start:stop], _kept(cache, index, out_h, out_w))
     return out, cache
 
 
-def _forward_block(x, weight, stride, padding, out):
-    """``im2col.forward_block``, except that a block of ONE image needs no transposing copy of its
-    output: (F, CKK) @ (CKK, Ho*Wo) is that image's (F, Ho, Wo) already, so the GEMM writes it in place."""
-    if len(x) != 1 or not out.flags.c_contiguous:
+def _kept(cache, index, out_h, out_w):
+    """Block ``index``'s part of the kept columns, (C, kh, kw, nb, Ho, Wo) as im2col.im2col stores them (None: none kept)."""
+    if "kept" not in cache:
+        return None
+    start, stop = cache["blocks"][index]
+    f, c, kh, kw = cache["weight"].shape
+    per_image = c * kh * kw * out_h * out_w
+    return cache["kept"][start * per_image:stop * per_image].reshape(c, kh, kw, stop - start, out_h, out_w)
+
+
+def _forward_block(x, weight, stride, padding, out, kept=None):
+    """``im2col.forward_block``, except that the columns go into ``kept`` (when given: a part of the
+    batch's kept columns, in im2col.im2col's stored order), and that a block of ONE image needs no
+    transposing copy of its output: (F, CKK) @ (CKK, Ho*Wo) is that image's (F, Ho, Wo) already."""
+    if kept is None and (len(x) != 1 or not out.flags.c_contiguous):
         return forward_block(x, weight, stride, padding, out)
     xp = get_array_module(x)
+    n = len(x)
     f, c, kh, kw = weight.shape
     out_h, out_w = out.shape[2:]
-    cols, padded_shape = columns(x, kh, kw, stride, padding, out_h, out_w)
-    xp.matmul(weight.reshape(f, c * kh * kw), cols, out=out[0].reshape(f, out_h * out_w))
-    return cols, padded_shape
+    if kept is None:
+        cols, _ = columns(x, kh, kw, stride, padding, out_h, out_w)
+    else:                      # im2col.im2col's loop, into the kept buffer instead of a scratch array
+        x_pad = zero_pad(x, padding)
+        for i in range(kh):
+            for j in range(kw):
+                kept[:, i, j] = x_pad[:, :, i:i + stride * (out_h - 1) + 1:stride,
+                                      j:j + stride * (out_w - 1) + 1:stride].transpose(1, 0, 2, 3)
+        cols = kept.reshape(c * kh * kw, n * out_h * out_w)
+    if n == 1 and out.flags.c_contiguous:
+        xp.matmul(weight.reshape(f, c * kh * kw), cols, out=out[0].reshape(f, out_h * out_w))
+    else:
+        out_2d = xp.matmul(weight.reshape(f, c * kh * kw), cols, out=workspace(xp, (f, n * out_h * out_w), out.dtype))
+        out[...] = out_2d.reshape(f, n, out_h, out_w).transpose(1, 0, 2, 3)
+    return cols, None
 
 
 # ---- 2. the input gradient as a convolution ----------------------------------------------------
@@ -299,10 +328,13 @@ def backward(grad_out, cache, need_x=True, need_weight=True):
         x = cache["x"]
         if need_x and by_col2im:
             grad_x = xp.empty(cache["x_shape"], dtype=xp.result_type(weight, grad_out))
-        for start, stop in blocks:             # each block's columns rebuilt while they are in cache
+        for index, (start, stop) in enumerate(blocks):    # each block's columns kept, or rebuilt while in cache
             grad_2d = gradient_2d(grad_out[start:stop])
-            if need_weight:
+            if need_weight and "kept" in cache:
+                cols = _kept(cache, index, out_h, out_w).reshape(c * kh * kw, -1)
+            elif need_weight:
                 cols, _ = columns(x[start:stop], kh, kw, stride, padding, out_h, out_w)
+            if need_weight:
                 block = weight_gradient(cols, grad_2d, weight.shape)
                 grad_weight = block.copy() if grad_weight is None else grad_weight + block
             if need_x and by_col2im:
