@@ -217,11 +217,11 @@ def test_im2col_in_blocks_of_images_equals_direct(monkeypatch, data, seed, block
     """Batches cut into blocks (of a drawn size, a last block shorter) give direct's output and both
     gradients. Budget 0: the weight gradient summed over blocks from rebuilt columns, grad_x by col2im
     per block (stride > 1 or more outputs than inputs) or by the flipped-kernel convolution, itself
-    in blocks. A budget that holds the columns: the batch-inner layout, its columns kept, wherever a
-    block holds two images."""
+    in blocks. A budget that holds the columns: they are kept (batch innermost for rows under 16
+    pixels), wherever a block holds two images."""
     from minidl.conv import im2col_blocked
     monkeypatch.setattr(im2col_blocked, "BLOCK_BYTES", block_bytes)
-    monkeypatch.setattr(im2col_blocked, "COLUMN_BUDGET", budget)
+    monkeypatch.setattr(conv.budget, "COLUMN_BUDGET", budget)
     setting = data.draw(shapes_for("im2col"))
     n, c, f, h, w, k, stride, padding = setting
     setting = (n + 3,) + setting[1:]                       # at least 4 images, so a cut is possible
@@ -239,14 +239,15 @@ def test_im2col_blocks_follow_the_cache_and_the_budget_keeps_lenets_columns(monk
     under the 64 MiB budget) and build them 26 and 34 images at a time."""
     from minidl.conv import im2col_blocked
     monkeypatch.setattr(im2col_blocked, "BLOCK_BYTES", 2 << 20)
-    monkeypatch.setattr(im2col_blocked, "COLUMN_BUDGET", 64 << 20)
+    monkeypatch.setattr(conv.budget, "COLUMN_BUDGET", 64 << 20)
     large = ((32, 64, 32, 32), (64, 64, 3, 3), 1, 1, 4)
     assert im2col_blocked.image_blocks(*large) == [(i, i + 1) for i in range(32)]
-    assert not im2col_blocked.keeps_columns(*large)
+    assert im2col_blocked.kept_layout(*large, 32) is None
     conv1, conv2 = ((64, 1, 28, 28), (6, 1, 5, 5), 1, 2, 4), ((64, 6, 14, 14), (16, 6, 5, 5), 1, 0, 4)
     assert im2col_blocked.image_blocks(*conv1) == [(0, 26), (26, 52), (52, 64)]
     assert im2col_blocked.image_blocks(*conv2) == [(0, 34), (34, 64)]
-    assert im2col_blocked.keeps_columns(*conv1) and im2col_blocked.keeps_columns(*conv2)
+    assert im2col_blocked.kept_layout(*conv1, 3) == "im2col order"         # rows of 28 pixels
+    assert im2col_blocked.kept_layout(*conv2, 2) == "batch inner"          # rows of 10
 
 
 def test_im2col_one_block_and_many_blocks_agree_in_float32(monkeypatch):

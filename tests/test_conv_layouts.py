@@ -26,7 +26,8 @@ or a block's columns read from the wrong offset of the kept buffer, gives errors
 import numpy as np
 import pytest
 
-from minidl.conv import batch_inner, im2col, im2col_blocked
+from minidl.conv import set_column_budget
+from minidl.conv import batch_inner, budget, im2col, im2col_blocked
 
 SWEEP_SHAPES = {            # (n, c, f, side, k, padding): stride 1, as in the benchmark
     "lenet conv1": (64, 1, 6, 28, 5, 2),
@@ -64,29 +65,29 @@ def layer(x, weight, grad_out, padding):
 def two_mib_blocks(monkeypatch):
     """Blocks of 2 MiB of float32 columns (what a 1 MiB L2 gives), whatever this machine's cache."""
     monkeypatch.setattr(im2col_blocked, "BLOCK_BYTES", 2 << 20)
-    monkeypatch.setattr(im2col_blocked, "COLUMN_BUDGET", 64 << 20)
+    monkeypatch.setattr(budget, "COLUMN_BUDGET", 64 << 20)
 
 
 @pytest.mark.parametrize("name", SWEEP_SHAPES)
-@pytest.mark.parametrize("budget", [64 << 20, 0])
+@pytest.mark.parametrize("budget_bytes", [64 << 20, 0])
 @pytest.mark.parametrize("dtype, tolerance", [("float64", FLOAT64_TOL), ("float32", FLOAT32_TOL)])
-def test_every_path_equals_the_textbook_im2col_on_the_sweep_shapes(two_mib_blocks, monkeypatch, name, budget, dtype,
-                                                                   tolerance):
+def test_every_path_equals_the_textbook_im2col_on_the_sweep_shapes(two_mib_blocks, monkeypatch, name, budget_bytes,
+                                                                   dtype, tolerance):
     shape = SWEEP_SHAPES[name]
-    monkeypatch.setattr(im2col_blocked, "COLUMN_BUDGET", budget)
+    monkeypatch.setattr(budget, "COLUMN_BUDGET", budget_bytes)
     x, weight, grad_out = arrays(shape, dtype)
     got, cache = layer(x, weight, grad_out, shape[-1])
     # the path taken is the one named in the header: kept columns for LeNet under the budget only,
     # batch innermost for conv2's rows of 10 pixels, im2col.im2col's order for conv1's 28
-    assert (cache.get("layout") == "batch inner") == (budget > 0 and name == "lenet conv2")
-    assert ("kept" in cache and "layout" not in cache) == (budget > 0 and name == "lenet conv1")
+    assert (cache.get("layout") == "batch inner") == (budget_bytes > 0 and name == "lenet conv2")
+    assert ("kept" in cache and "layout" not in cache) == (budget_bytes > 0 and name == "lenet conv1")
     # 2 MiB // one image's columns (C kh kw Ho Wo numbers): conv1 26 (float32) / 13 (float64) images,
     # conv2 34 / 17, the 64-channel layer 1 / 1
     assert len(cache["blocks"]) == {"lenet conv1": (3, 5), "lenet conv2": (2, 4), "conv 64->64": (3, 3)}[name][
         dtype == "float64"]
     for label, actual, expected in zip(("out", "grad_x", "grad_weight"), got, textbook(x, weight, grad_out, shape[-1])):
         assert actual.dtype == np.dtype(dtype)
-        assert relative_error(actual, expected) <= tolerance, f"{label} of {name}, budget {budget}, {dtype}"
+        assert relative_error(actual, expected) <= tolerance, f"{label} of {name}, budget {budget_bytes}, {dtype}"
 
 
 @pytest.mark.parametrize("stride, padding", [(1, 0), (2, 1), (3, 2)])
@@ -118,23 +119,30 @@ def test_the_same_input_gives_the_same_bits_and_only_needed_gradients():
 
 def test_the_column_budget_decides_what_is_kept(monkeypatch):
     """The budget counts the whole batch's columns: LeNet's conv1 at batch 64 has 64 * 25 * 784 * 4
-    = 5,017,600 bytes of them; the 64-channel layer keeps none (one image fills a block)."""
+    = 5,017,600 bytes of them (3 blocks); the 64-channel layer keeps none (one image fills a block),
+    and neither does one block (it keeps its own columns, the textbook way)."""
     monkeypatch.setattr(im2col_blocked, "BLOCK_BYTES", 2 << 20)
     conv1 = ((64, 1, 28, 28), (6, 1, 5, 5), 1, 2, 4)
-    previous = im2col_blocked.set_column_budget(5_017_600)
+    conv2 = ((64, 6, 14, 14), (16, 6, 5, 5), 1, 0, 4)
+    previous = set_column_budget(5_017_600)
     try:
-        assert im2col_blocked.keeps_columns(*conv1)
-        im2col_blocked.set_column_budget(5_017_599)
-        assert not im2col_blocked.keeps_columns(*conv1)
-        im2col_blocked.set_column_budget(1 << 40)
-        assert not im2col_blocked.keeps_columns((2, 64, 32, 32), (64, 64, 3, 3), 1, 1, 4)
-        for bad in (-1, 2.5, "64"):
+        assert im2col_blocked.kept_layout(*conv1, 3) == "im2col order"
+        assert im2col_blocked.kept_layout(*conv2, 2) == "batch inner"
+        assert im2col_blocked.kept_layout(*conv1, 1) is None
+        assert set_column_budget(5_017_599) == 5_017_600
+        assert im2col_blocked.kept_layout(*conv1, 3) is None
+        set_column_budget(1 << 40)
+        assert im2col_blocked.kept_layout((2, 64, 32, 32), (64, 64, 3, 3), 1, 1, 4, 2) is None
+        for bad in (-1, 2.5, "64", True):
             with pytest.raises(ValueError, match="whole number of bytes"):
-                im2col_blocked.set_column_budget(bad)
+                set_column_budget(bad)
     finally:
-        im2col_blocked.set_column_budget(previous)
+        set_column_budget(previous)
     monkeypatch.setenv("MINIDL_CONV_COLUMN_BYTES", "1000")
-    assert im2col_blocked._budget_from_environment() == 1000
-    monkeypatch.setenv("MINIDL_CONV_COLUMN_BYTES", "64M")
-    with pytest.raises(ValueError, match="MINIDL_CONV_COLUMN_BYTES"):
-        im2col_blocked._budget_from_environment()
+    assert budget.from_environment() == 1000
+    monkeypatch.setenv("MINIDL_CONV_COLUMN_BYTES", "")
+    assert budget.from_environment() == 64 << 20
+    for bad in ("64M", "-1"):
+        monkeypatch.setenv("MINIDL_CONV_COLUMN_BYTES", bad)
+        with pytest.raises(ValueError, match="MINIDL_CONV_COLUMN_BYTES"):
+            budget.from_environment()

@@ -26,7 +26,7 @@ import math
 
 import numpy
 
-from minidl.conv import im2col_blocked
+from minidl.conv import budget, im2col_blocked
 from minidl.conv.im2col_blocked import image_blocks
 from minidl.nn import Conv2d, Linear, MaxPool2d, ReLU
 from minidl.tensor import Tensor, no_grad
@@ -75,8 +75,8 @@ def of(net, example_shape):
                 scratch = y.nbytes + (c * (h + 2 * p) * (w + 2 * p) * y.itemsize if p else 0)
                 enough = im2col_blocked.BLOCK_BYTES // columns + 2   # images for at least two blocks
                 block = image_blocks((enough,) + x.shape[1:], layer.weight.shape, layer.stride, p, y.itemsize)[0][1]
-                keeps = im2col_blocked.keeps_columns((1,) + x.shape[1:], layer.weight.shape, layer.stride, p, y.itemsize)
-                keep = im2col_blocked.COLUMN_BUDGET // columns if keeps else 0
+                keeps = im2col_blocked.kept_layout((1,) + x.shape[1:], layer.weight.shape, layer.stride, p, y.itemsize, 2)
+                keep = budget.COLUMN_BUDGET // columns if keeps else 0
             elif isinstance(layer, MaxPool2d):
                 fresh = y.nbytes * (layer.kernel_size ** 2 + 1)
             params = sum(parameter.size for parameter in layer.parameters())

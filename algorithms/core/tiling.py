@@ -167,7 +167,7 @@ class Tiling:
             block = image_blocks((im2col_blocked.BLOCK_BYTES // (columns * itemsize) + 2,) + image, conv.weight.shape,
                                  1, 0, itemsize)[0][1]
             blocks = batch if batch <= block else block + batch % block       # one block's and the last's
-            if batch > block and im2col_blocked.keeps_columns((batch,) + image, conv.weight.shape, 1, 0, itemsize):
+            if im2col_blocked.kept_layout((batch,) + image, conv.weight.shape, 1, 0, itemsize, -(-batch // block)):
                 # the batch's columns kept, built a block at a time: each block's window (batch innermost)
                 # and GEMM result pooled (minidl.conv.batch_inner)
                 pooled += batch * columns + blocks * (out + window)

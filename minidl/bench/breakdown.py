@@ -27,7 +27,9 @@ def conv_stages(shape, rng, xp):
     alone). Where the layer cuts its batch into blocks of images (``im2col_blocked.image_blocks``),
     a per-block stage runs on one block and counts ``scale`` = N / images per block times; for
     stride 1 the output gradient's columns serve both gradients (a transposing copy of x instead of
-    its columns), otherwise the layer rebuilds each block's columns ("im2col copy (rebuilt)").
+    its columns), otherwise the layer rebuilds each block's columns ("im2col copy (rebuilt)"), unless
+    it keeps them (``im2col_blocked.kept_layout``); kept batch innermost, the stages are those of
+    ``minidl.conv.batch_inner`` for one block.
     """
     n, c, f, side, k, stride, padding = shape
     blocks = blocked.image_blocks((n, c, side, side), (f, c, k, k), stride, padding, 4)
@@ -43,7 +45,8 @@ def conv_stages(shape, rng, xp):
     whole_grad = xp.asarray(rng.standard_normal((n, f, out_side, out_side)), dtype=xp.float32)
     stages.append(("forward", "bias add", lambda: xp.add(out, bias, out=out), None, 1))
     stages.append(("weight gradient", "bias sum", lambda: whole_grad.sum(axis=(0, 2, 3)), None, 1))
-    if len(blocks) > 1 and blocked.keeps_columns((n, c, side, side), weight.shape, stride, padding, 4):
+    kept = blocked.kept_layout((n, c, side, side), weight.shape, stride, padding, 4, len(blocks))
+    if kept == "batch inner":
         return _batch_inner_stages(x, weight, grad, stride, padding, scale, xp) + stages
     stages = _conv_forward_stages("forward", x, weight, stride, padding, xp, scale) + stages
     path = blocked.input_gradient_path(weight.shape, stride, padding, len(blocks))
@@ -64,7 +67,7 @@ def conv_stages(shape, rng, xp):
         return stages
     # weight gradient: the output gradient transposed to (F, N HoWo), then one GEMM with the columns
     cols, _ = im2col.columns(x, k, k, stride, padding, out_side, out_side)
-    if len(blocks) > 1:
+    if len(blocks) > 1 and not kept:
         x_pad = im2col.zero_pad(x, padding)
         stages.append(("weight gradient", "im2col copy (rebuilt)",
                        lambda: im2col.im2col(x_pad, k, k, stride, out_side, out_side), None, scale))

@@ -23,7 +23,7 @@ operands. The price is four transposing copies of the input, output and their gr
 The batch runs in blocks of images (``blocks``, chosen by ``im2col_blocked.image_blocks`` to fit
 the cache), so that a block's columns are still in cache when its GEMM reads them; every block's
 columns go into one buffer for the whole batch, kept from forward to backward (the layer takes
-this path only when they fit the column budget, ``im2col_blocked.keeps_columns``), so backward
+this path only when they fit the column budget, ``im2col_blocked.kept_layout``), so backward
 rebuilds nothing. Each block is a contiguous (C*kh*kw, Ho*Wo*nb) matrix of that buffer. Every sum
 runs in a fixed order (one GEMM per block, the blocks' weight gradients added in block order,
 col2im offset by offset), so the same input and blocks give the same bits; they are not the bits of

@@ -4,11 +4,12 @@ The textbook algorithm (``im2col.py``: columns, one GEMM, col2im) computes the s
 kernel reorganises the work in five ways, each for a measured reason, each below with its own
 docstring:
 
-0. **Kept columns, batch innermost** (``keeps_columns``, ``batch_inner.py``): on the CPU, when a
-   batch is more than one block (1.) and its columns fit the column budget (``set_column_budget``,
-   or the environment's MINIDL_CONV_COLUMN_BYTES; 64 MiB unless set), they are built block by
-   block into one buffer and kept for backward, in the layout (C, kh, kw, Ho, Wo, N) whose copies
-   and col2im adds run along rows of Wo*N numbers. LeNet-5's layers at batch 64 to 512 take it.
+0. **Kept columns** (``kept_layout``): on the CPU, when a batch is more than one block (1.) and its
+   columns fit the column budget (``budget.py``: ``minidl.conv.set_column_budget`` or the
+   environment's MINIDL_CONV_COLUMN_BYTES; 64 MiB unless set), they are built block by block into
+   one buffer and kept for backward, which rebuilds none. Where output rows are short, in the
+   layout (C, kh, kw, Ho, Wo, N) whose copies and col2im adds run along rows of Wo*N numbers
+   (``batch_inner.py``). LeNet-5's layers at batch 64 to 512 take it.
 1. **Blocks of images** (``image_blocks``): when a whole batch's columns would outgrow the caches,
    the same three products run on a few images at a time, so that each block's columns are still
    in cache when its GEMM reads them; beyond the column budget, the backward pass rebuilds each
@@ -33,7 +34,8 @@ import os
 from minidl.backend import get_array_module
 from minidl.conv.scratch import workspace
 from minidl.conv.shapes import output_size
-from minidl.conv import batch_inner
+from minidl.conv import batch_inner, budget
+from minidl.conv.budget import column_bytes
 from minidl.conv.im2col import (columns, forward_block, gradient_2d, input_gradient_by_col2im, weight_gradient,
                                 zero_pad)
 
@@ -42,47 +44,28 @@ def supports(x_shape, weight_shape, stride, padding):
     return None
 
 
-# ---- 0. the column budget: keep the batch's columns for backward when they fit ---------------------
-def _budget_from_environment():
-    text = os.environ.get("MINIDL_CONV_COLUMN_BYTES", "")
-    if text and not (text.isdigit() and int(text) >= 0):
-        raise ValueError(f"MINIDL_CONV_COLUMN_BYTES must be a whole number of bytes >= 0, got {text!r}")
-    return int(text) if text else 64 << 20
+# ---- 0. kept columns: the batch's columns kept for backward when they fit the column budget ------
+def kept_layout(x_shape, weight_shape, stride, padding, itemsize, block_count):
+    """Where the CPU layer keeps the columns of all its blocks for backward: "batch inner"
+    (``batch_inner.py``), "im2col order" (im2col.im2col's (C, kh, kw, N, Ho, Wo), block after
+    block), or None (one block keeps its own; or none kept).
 
-
-COLUMN_BUDGET = _budget_from_environment()
-
-
-def set_column_budget(nbytes):
-    """Bytes of columns one conv layer may keep from forward to backward (0: never keep; CPU only).
-
-    Kept columns save backward a second im2col (and let it run in the batch-inner layout); the
-    price is memory held between the passes: N * C*kh*kw * Ho*Wo numbers per layer. Returns the
-    previous budget. The same setting is read from MINIDL_CONV_COLUMN_BYTES at import."""
-    global COLUMN_BUDGET
-    if not isinstance(nbytes, int) or nbytes < 0:
-        raise ValueError(f"set_column_budget: a whole number of bytes >= 0, got {nbytes!r}")
-    previous, COLUMN_BUDGET = COLUMN_BUDGET, nbytes
-    return previous
-
-
-def column_bytes(x_shape, weight_shape, stride, padding, itemsize):
-    """Bytes of one image's columns: C*kh*kw * Ho*Wo numbers."""
-    n, c, h, w = x_shape
-    f, _, kh, kw = weight_shape
-    return c * kh * kw * output_size(h, kh, stride, padding) * output_size(w, kw, stride, padding) * itemsize
-
-
-def keeps_columns(x_shape, weight_shape, stride, padding, itemsize):
-    """Whether the CPU layer keeps its batch's columns, in the batch-inner layout (``batch_inner.py``):
-    they fit the column budget, and a cache block (``image_blocks``) holds at least two images.
-
-    The layout's gain is its long rows, Wo * (images per block); where one image's columns fill a
-    block (the 64-channel 32x32 layer: 2.3 MB) the rows are Wo long either way, and the blocked
-    path is faster (at batch 16, 28.5 ms against 34 kept; there, with F <= C, backward builds
-    the output gradient's columns, which serve both gradients, so it rebuilds nothing either)."""
-    per_image = column_bytes(x_shape, weight_shape, stride, padding, itemsize)
-    return x_shape[0] * per_image <= COLUMN_BUDGET and 2 * per_image <= BLOCK_BYTES
+    Kept: several blocks whose columns together fit the budget (``budget.py``), two images or
+    more per block. Where one image's columns fill a block (the 64-channel 32x32 layer: 2.3 MB)
+    the blocked path is faster (at batch 16, 28.5 ms against 34 kept in the batch-inner layout).
+    Batch innermost where output rows are short (Wo < SHORT_ROW: LeNet's conv2, 10 pixels): there
+    numpy's per-row cost dominates the copies and col2im's adds, and rows of Wo * images are
+    several times faster; LeNet's conv1 (rows of 28) runs 0.5 ms faster at batch 256 in
+    im2col's order, which needs no transposes. Layers with F <= C and stride 1 (``output
+    columns``) keep none in that order: their backward builds the output gradient's columns,
+    which serve both gradients, and rebuilds nothing anyway."""
+    per_image = budget.column_bytes(x_shape, weight_shape, stride, padding, itemsize)
+    if block_count < 2 or not budget.fits(x_shape, weight_shape, stride, padding, itemsize) \
+            or 2 * per_image > BLOCK_BYTES:
+        return None
+    if output_size(x_shape[3], weight_shape[3], stride, padding) < SHORT_ROW:
+        return "batch inner"
+    return None if input_gradient_as_convolution(weight_shape, stride, padding) else "im2col order"
 
 
 # ---- 1. blocks of images: the same products, a few images at a time -----------------------------
@@ -97,7 +80,7 @@ def _cache_block_bytes():
 
 BLOCK_BYTES = _cache_block_bytes()
 GPU_BLOCK_BYTES = 1 << 30
-SHORT_ROW = 16         # output rows shorter than this (numbers) keep their columns batch innermost
+SHORT_ROW = 16         # output rows shorter than this (pixels) keep their columns batch innermost
 
 
 def image_blocks(x_shape, weight_shape, stride, padding, itemsize, block_bytes=None):
@@ -130,8 +113,8 @@ def forward(x, weight, stride, padding):
     out_h, out_w = output_size(h, kh, stride, padding), output_size(w, kw, stride, padding)
     on_gpu = xp.__name__ == "cupy"
     blocks = image_blocks(x.shape, weight.shape, stride, padding, x.dtype.itemsize, GPU_BLOCK_BYTES if on_gpu else None)
-    keep = len(blocks) > 1 and not on_gpu and keeps_columns(x.shape, weight.shape, stride, padding, x.dtype.itemsize)
-    if keep and out_w < SHORT_ROW:
+    keep = None if on_gpu else kept_layout(x.shape, weight.shape, stride, padding, x.dtype.itemsize, len(blocks))
+    if keep == "batch inner":
         return batch_inner.forward(x, weight, stride, padding, blocks)
     out = xp.empty((n, f, out_h, out_w), dtype=xp.result_type(weight, x))
     cache = {"weight": weight, "x_shape": x.shape, "stride": stride, "padding": padding, "blocks": blocks}
@@ -139,7 +122,7 @@ def forward(x, weight, stride, padding):
         cache["cols"], cache["padded_shape"] = forward_block(x, weight, stride, padding, out)
         return out, cache
     cache["x"] = x                             # several: keep x and rebuild each block's columns in backward,
-    if keep and not input_gradient_as_convolution(weight.shape, stride, padding):    # or keep them all
+    if keep == "im2col order":                 # or keep them all
         cache["kept"] = workspace(xp, (n * column_bytes(x.shape, weight.shape, stride, padding, 1),), x.dtype)
     for index, (start, stop) in enumerate(blocks):
         _forward_block(x[start:stop], weight, stride, padding, out[start:stop], _kept(cache, index, out_h, out_w))
