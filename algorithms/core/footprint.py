@@ -76,7 +76,7 @@ def of(net, example_shape):
                 enough = im2col_blocked.BLOCK_BYTES // columns + 2   # images for at least two blocks
                 block = image_blocks((enough,) + x.shape[1:], layer.weight.shape, layer.stride, p, y.itemsize)[0][1]
                 keeps = im2col_blocked.kept_layout((1,) + x.shape[1:], layer.weight.shape, layer.stride, p, y.itemsize, 2)
-                keep = budget.COLUMN_BUDGET // columns if keeps else 0
+                keep = budget.current() // columns if keeps else 0
             elif isinstance(layer, MaxPool2d):
                 fresh = y.nbytes * (layer.kernel_size ** 2 + 1)
             params = sum(parameter.size for parameter in layer.parameters())

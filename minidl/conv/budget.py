@@ -5,8 +5,8 @@ im2col of its input; the price is memory held between the passes, N * C*kh*kw * 
 layer (LeNet-5's conv1 at batch 256: 19 MiB in float32). A batch whose columns exceed the budget
 runs in blocks and rebuilds each block's columns in backward instead.
 
-Set it with ``minidl.conv.set_column_budget(nbytes)`` or, before minidl is imported, with the
-environment variable MINIDL_CONV_COLUMN_BYTES (a whole number of bytes; 0 never keeps). Default
+Set it with ``minidl.conv.set_column_budget(nbytes)`` or with the environment variable
+MINIDL_CONV_COLUMN_BYTES (a whole number of bytes; 0 never keeps), read at the first convolution. Default
 64 MiB: LeNet-5's layers keep theirs up to batch 856, the 64-channel 32x32 layer never needs to (see
 ``im2col_blocked.kept_layout``). The CPU only: on a GPU a batch is one block up to 1 GiB of columns.
 """
@@ -25,7 +25,15 @@ def from_environment():
     return int(text) if text else DEFAULT_BYTES
 
 
-COLUMN_BUDGET = from_environment()
+COLUMN_BUDGET = None        # None: read from the environment at first use (a bad value is then an error of the run)
+
+
+def current():
+    """The budget in bytes: as set, else MINIDL_CONV_COLUMN_BYTES, else DEFAULT_BYTES."""
+    global COLUMN_BUDGET
+    if COLUMN_BUDGET is None:
+        COLUMN_BUDGET = from_environment()
+    return COLUMN_BUDGET
 
 
 def set_column_budget(nbytes):
@@ -33,7 +41,7 @@ def set_column_budget(nbytes):
     global COLUMN_BUDGET
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
         raise ValueError(f"set_column_budget: a whole number of bytes >= 0, got {nbytes!r}")
-    previous, COLUMN_BUDGET = COLUMN_BUDGET, nbytes
+    previous, COLUMN_BUDGET = current(), nbytes
     return previous
 
 
@@ -42,8 +50,3 @@ def column_bytes(x_shape, weight_shape, stride, padding, itemsize):
     n, c, h, w = x_shape
     f, _, kh, kw = weight_shape
     return c * kh * kw * output_size(h, kh, stride, padding) * output_size(w, kw, stride, padding) * itemsize
-
-
-def fits(x_shape, weight_shape, stride, padding, itemsize):
-    """Whether the whole batch's columns fit the budget."""
-    return x_shape[0] * column_bytes(x_shape, weight_shape, stride, padding, itemsize) <= COLUMN_BUDGET

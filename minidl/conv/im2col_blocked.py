@@ -60,8 +60,7 @@ def kept_layout(x_shape, weight_shape, stride, padding, itemsize, block_count):
     columns``) keep none in that order: their backward builds the output gradient's columns,
     which serve both gradients, and rebuilds nothing anyway."""
     per_image = budget.column_bytes(x_shape, weight_shape, stride, padding, itemsize)
-    if block_count < 2 or not budget.fits(x_shape, weight_shape, stride, padding, itemsize) \
-            or 2 * per_image > BLOCK_BYTES:
+    if x_shape[0] * per_image > budget.current() or block_count < 2 or 2 * per_image > BLOCK_BYTES:
         return None
     if output_size(x_shape[3], weight_shape[3], stride, padding) < SHORT_ROW:
         return "batch inner"
