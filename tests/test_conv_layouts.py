@@ -16,9 +16,9 @@ Tolerances (max|path - textbook| <= tol * max|textbook| per array):
 - float64, both sides: 1e-11, as tests/test_conv_algorithms.py. Both compute the same sums of the
   same products; only their order differs (blocks, GEMM layout), so the gap is rounding: float64's
   eps 1.1e-16 times the sums' lengths (at most 64*28*28 = 50176 terms, the weight gradient) is
-  5.6e-12 in the worst case, and what is measured is near 1e-15.
+  5.6e-12 in the worst case, and what is measured is at most 1.3e-15.
 - float32 path against the float64 textbook: 5e-6 (test_conv_algorithms.FLOAT32_TOL, about 40
-  float32 epsilons); measured on these shapes at most 1e-6 (float32 sums in blocks of a few
+  float32 epsilons); measured on these shapes at most 5e-7 (float32 sums in blocks of a few
   hundred terms, the error growing about as the square root of the number of blocks).
 A planted off-by-one kernel offset in batch_inner.columns or batch_inner.col2im (j + 1 for j),
 or a block's columns read from the wrong offset of the kept buffer, gives errors of order 1.
