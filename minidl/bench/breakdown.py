@@ -55,8 +55,8 @@ def conv_stages(shape, rng, xp):
         # gradient too (im2col_blocked.gradients_from_output_columns): x's block transposed to
         # (C, nb H W) and one GEMM (F kh kw, nb H W) @ (nb H W, C)
         gcols, _ = im2col.columns(grad, k, k, 1, k - 1 - padding, side, side)
-        x_2d = xp.empty((c, nb, side, side), dtype=xp.float32)
         x_cnhw = x.transpose(1, 0, 2, 3)
+        x_2d = xp.ascontiguousarray(x_cnhw)                   # filled: the GEMM below must not read garbage
         if nb > 1:            # one image per block: x's (C, H W) is the layout already
             stages.append(("weight gradient", "x transpose", lambda: x_2d.__setitem__(Ellipsis, x_cnhw), None, scale))
         stages.append(("weight gradient", "GEMM", lambda: xp.matmul(gcols, x_2d.reshape(c, -1).T),
