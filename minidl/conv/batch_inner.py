@@ -16,8 +16,8 @@ Wo = 10) spends more time on rows than on elements. Here the input is first tran
     grad_x_t[c, ho*s + i, wo*s + j, n] += grad_cols[c, i, j, ho, wo, n]          (col2im: kh + kw adds)
 
 For stride 1 one kernel offset's copy is C*Ho rows of Wo*N contiguous numbers (1280 for LeNet's
-conv2 at 128 images) instead of C*N*Ho rows of Wo, and col2im's adds run as long; all three GEMMs read contiguous
-operands. The price is four transposing copies of the input, output and their gradients
+conv2 at 128 images) instead of C*N*Ho rows of Wo, and col2im's adds run as long; all three GEMMs
+read contiguous operands. The price is four transposing copies of the input, output and their gradients
 (N*C*H*W and N*F*Ho*Wo numbers, no kh*kw factor).
 
 The batch runs in blocks of images (``blocks``, chosen by ``im2col_blocked.image_blocks`` to fit
