@@ -103,6 +103,24 @@ def test_batch_inner_in_uneven_blocks_with_strides_equals_the_textbook(stride, p
         assert relative_error(got, expected) <= FLOAT64_TOL
 
 
+@pytest.mark.parametrize("stride, padding", [(1, 0), (2, 1), (3, 2)])
+def test_kept_columns_in_im2col_order_with_strides_equal_the_textbook(monkeypatch, stride, padding):
+    """Rows of 16 pixels or more (LeNet's conv1 has 28) keep their columns in im2col.im2col's order,
+    built in two passes of copies; here with strides, in blocks of 2, 2 and 1 images."""
+    rng = np.random.default_rng(stride)
+    x, weight = rng.standard_normal((5, 2, 40, 37 * stride)), rng.standard_normal((3, 2, 3, 4))
+    out_h, out_w = (40 + 2 * padding - 3) // stride + 1, (37 * stride + 2 * padding - 4) // stride + 1
+    monkeypatch.setattr(im2col_blocked, "BLOCK_BYTES", 2 * 2 * 3 * 4 * out_h * out_w * 8)
+    monkeypatch.setattr(budget, "COLUMN_BUDGET", 64 << 20)
+    out, cache = im2col_blocked.forward(x, weight, stride, padding)
+    assert "kept" in cache and cache["blocks"] == [(0, 2), (2, 4), (4, 5)] and out_w >= im2col_blocked.SHORT_ROW
+    want, want_cache = im2col.forward(x, weight, stride, padding)
+    assert relative_error(out, want) <= FLOAT64_TOL
+    grad_out = rng.standard_normal(out.shape)
+    for got, expected in zip(im2col_blocked.backward(grad_out, cache), im2col.backward(grad_out, want_cache)):
+        assert relative_error(got, expected) <= FLOAT64_TOL
+
+
 def test_the_same_input_gives_the_same_bits_and_only_needed_gradients():
     """A fixed summation order (one GEMM per block, blocks added in order): two runs agree to the
     bit. need_x / need_weight False leave that gradient out (None)."""

@@ -150,12 +150,13 @@ def _forward_block(x, weight, stride, padding, out, kept=None):
     out_h, out_w = out.shape[2:]
     if kept is None:
         cols, _ = columns(x, kh, kw, stride, padding, out_h, out_w)
-    else:                      # im2col.im2col's loop, into the kept buffer instead of a scratch array
-        x_pad = zero_pad(x, padding)
-        for i in range(kh):
-            for j in range(kw):
-                kept[:, i, j] = x_pad[:, :, i:i + stride * (out_h - 1) + 1:stride,
-                                      j:j + stride * (out_w - 1) + 1:stride].transpose(1, 0, 2, 3)
+    else:                      # im2col.im2col's columns, into the kept buffer, in two passes of copies:
+        x_pad = zero_pad(x, padding)      # kernel columns j (every padded row), then rows i (whole planes)
+        shifted = workspace(xp, (kw, c, n, x_pad.shape[2], out_w), x.dtype)
+        for j in range(kw):
+            shifted[j] = x_pad[:, :, :, j:j + stride * (out_w - 1) + 1:stride].transpose(1, 0, 2, 3)
+        for i in range(kh):    # kh + kw copies instead of kh*kw, most of them of whole (Ho, Wo) planes
+            kept[:, i] = shifted[:, :, :, i:i + stride * (out_h - 1) + 1:stride].transpose(1, 0, 2, 3, 4)
         cols = kept.reshape(c * kh * kw, n * out_h * out_w)
     if n == 1 and out.flags.c_contiguous:
         xp.matmul(weight.reshape(f, c * kh * kw), cols, out=out[0].reshape(f, out_h * out_w))
