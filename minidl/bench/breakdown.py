@@ -49,6 +49,10 @@ def conv_stages(shape, rng, xp):
     if kept == "batch inner":
         return _batch_inner_stages(x, weight, grad, stride, padding, scale, xp) + stages
     stages = _conv_forward_stages("forward", x, weight, stride, padding, xp, scale) + stages
+    if kept == "im2col order":    # the layer's copy into its kept columns (im2col_blocked.columns_in_two_passes)
+        kept_cols, x_pad = xp.empty((c, k, k, nb, out_side, out_side), dtype=xp.float32), im2col.zero_pad(x, padding)
+        stages = [(p, s, fn, fl, sc) if s != "im2col copy" else (p, s, lambda: blocked.columns_in_two_passes(
+            x_pad, k, k, stride, kept_cols), fl, sc) for p, s, fn, fl, sc in stages]
     path = blocked.input_gradient_path(weight.shape, stride, padding, len(blocks))
     if path == "output columns":
         # blocks, stride 1: the output gradient's columns (built for grad_x below) serve the weight
