@@ -279,7 +279,7 @@ def gradients_from_output_columns(grad_out, x, weight, padding, blocks, need_wei
     for start, stop in blocks:
         images = stop - start
         gcols, _ = columns(grad_out[start:stop], kh, kw, 1, kh - 1 - padding, h, w)     # (F kh kw, nb H W)
-        if images == 1 and x.flags.c_contiguous:        # one image: (C, H W) is its own layout, no transposing copies (as _forward_block)
+        if images == 1 and x.flags.c_contiguous:    # one image: (C, H W) is its own layout, no transposing copies
             xp.matmul(flipped, gcols, out=grad_x[start].reshape(c, h * w))
             x_2d = x[start].reshape(c, h * w)
         else:
