@@ -211,13 +211,17 @@ def test_cost_of_fft_does_not_grow_with_the_kernel_but_im2col_does():
 
 # ---- im2col in blocks of images (minidl.conv.im2col_blocked.image_blocks) ---------------------
 @pytest.mark.task("1.4")
-@given(data=st.data(), seed=st.integers(0, 2**32 - 1), block_bytes=st.integers(1, 4000))
-def test_im2col_in_blocks_of_images_equals_direct(monkeypatch, data, seed, block_bytes):
+@given(data=st.data(), seed=st.integers(0, 2**32 - 1), block_bytes=st.integers(1, 4000),
+       budget=st.sampled_from([0, 1 << 30]))
+def test_im2col_in_blocks_of_images_equals_direct(monkeypatch, data, seed, block_bytes, budget):
     """Batches cut into blocks (of a drawn size, a last block shorter) give direct's output and both
-    gradients: the weight gradient summed over blocks from rebuilt columns, grad_x by col2im per block
-    (stride > 1 or more outputs than inputs) or by the flipped-kernel convolution, itself in blocks."""
+    gradients. Budget 0: the weight gradient summed over blocks from rebuilt columns, grad_x by col2im
+    per block (stride > 1 or more outputs than inputs) or by the flipped-kernel convolution, itself
+    in blocks. A budget that holds the columns: they are kept (batch innermost for rows under 16
+    pixels), wherever a block holds two images."""
     from minidl.conv import im2col_blocked
     monkeypatch.setattr(im2col_blocked, "BLOCK_BYTES", block_bytes)
+    monkeypatch.setattr(conv.budget, "COLUMN_BUDGET", budget)
     setting = data.draw(shapes_for("im2col"))
     n, c, f, h, w, k, stride, padding = setting
     setting = (n + 3,) + setting[1:]                       # at least 4 images, so a cut is possible
@@ -229,14 +233,21 @@ def test_im2col_in_blocks_of_images_equals_direct(monkeypatch, data, seed, block
         assert relative_error(actual, expected) <= FLOAT64_TOL, f"{name} for setting {setting}, blocks {blocks}"
 
 
-def test_im2col_blocks_cut_a_large_batch_and_keep_a_small_one_whole():
-    """The large bench layer (2.25 MiB of columns per image) is cut; LeNet-5's layers at batch 64 are not,
-    so they run the one-GEMM algorithm, bit for bit as before blocks existed."""
+def test_im2col_blocks_follow_the_cache_and_the_budget_keeps_lenets_columns(monkeypatch):
+    """With 2 MiB blocks (a 1 MiB L2): the large bench layer (2.25 MiB of columns per image) runs one
+    image per block and keeps no columns; LeNet-5's layers at batch 64 keep theirs (4.8 and 3.7 MiB,
+    under the 64 MiB budget) and build them 26 and 34 images at a time."""
     from minidl.conv import im2col_blocked
-    large = im2col_blocked.image_blocks((32, 64, 32, 32), (64, 64, 3, 3), 1, 1, 4)
-    assert len(large) > 1 and all(stop - start <= 4 for start, stop in large)
-    assert im2col_blocked.image_blocks((64, 1, 28, 28), (6, 1, 5, 5), 1, 2, 4) == [(0, 64)]
-    assert im2col_blocked.image_blocks((64, 6, 14, 14), (16, 6, 5, 5), 1, 0, 4) == [(0, 64)]
+    monkeypatch.setattr(im2col_blocked, "BLOCK_BYTES", 2 << 20)
+    monkeypatch.setattr(conv.budget, "COLUMN_BUDGET", 64 << 20)
+    large = ((32, 64, 32, 32), (64, 64, 3, 3), 1, 1, 4)
+    assert im2col_blocked.image_blocks(*large) == [(i, i + 1) for i in range(32)]
+    assert im2col_blocked.kept_layout(*large, 32) is None
+    conv1, conv2 = ((64, 1, 28, 28), (6, 1, 5, 5), 1, 2, 4), ((64, 6, 14, 14), (16, 6, 5, 5), 1, 0, 4)
+    assert im2col_blocked.image_blocks(*conv1) == [(0, 26), (26, 52), (52, 64)]
+    assert im2col_blocked.image_blocks(*conv2) == [(0, 34), (34, 64)]
+    assert im2col_blocked.kept_layout(*conv1, 3) == "im2col order"         # rows of 28 pixels
+    assert im2col_blocked.kept_layout(*conv2, 2) == "batch inner"          # rows of 10
 
 
 def test_im2col_one_block_and_many_blocks_agree_in_float32(monkeypatch):

@@ -26,7 +26,8 @@ import math
 
 import numpy
 
-from minidl.conv.im2col_blocked import BLOCK_BYTES, image_blocks
+from minidl.conv import budget, im2col_blocked
+from minidl.conv.im2col_blocked import image_blocks
 from minidl.nn import Conv2d, Linear, MaxPool2d, ReLU
 from minidl.tensor import Tensor, no_grad
 
@@ -42,14 +43,19 @@ class LayerBytes:
     scratch: int              # bytes per example of pooled arrays free again after the forward (conv)
     out: int                  # bytes per example of the layer's output
     block: int = 0            # conv: images per block of minidl's blocked im2col (0: not a conv)
+    keep: int = 0             # conv: the most examples whose columns the layer keeps (its column budget)
 
     def held_and_free(self, rows):
         """(bytes kept until the backward, bytes of pooled scratch free after the forward) for ``rows``
-        examples. A conv whose columns fit one block keeps them; a larger batch runs in blocks, keeps
-        only its input (counted already) and pools one block's columns and scratch, and the last,
-        shorter block's as well (their shapes differ; minidl.conv.im2col_blocked)."""
+        examples. A conv whose columns fit its column budget keeps them (built a block at a time:
+        one block's scratch pooled, and the last, shorter block's); otherwise one whose columns fit
+        one block keeps them; a larger batch runs in blocks, keeps only its input (counted already)
+        and pools one block's columns and scratch, and the last block's as well (their shapes
+        differ; minidl.conv.im2col_blocked)."""
         if not self.block or rows <= self.block:
             return rows * (self.fresh + self.columns), rows * self.scratch
+        if rows <= self.keep:
+            return rows * (self.fresh + self.columns), (self.block + rows % self.block) * self.scratch
         return rows * self.fresh, (self.block + rows % self.block) * (self.columns + self.scratch)
 
 
@@ -60,19 +66,21 @@ def of(net, example_shape):
     with no_grad():
         for layer in net:
             y = layer(Tensor(x)).data
-            fresh, columns, scratch, block = 0, 0, 0, 0
+            fresh, columns, scratch, block, keep = 0, 0, 0, 0, 0
             if isinstance(layer, (Linear, ReLU)):
                 fresh = y.nbytes
             elif isinstance(layer, Conv2d):
                 k, p, (c, h, w) = layer.kernel_size, layer.padding, x.shape[1:]
                 fresh, columns = y.nbytes, c * k * k * y.shape[2] * y.shape[3] * y.itemsize
                 scratch = y.nbytes + (c * (h + 2 * p) * (w + 2 * p) * y.itemsize if p else 0)
-                enough = BLOCK_BYTES // columns + 2              # images for at least two blocks
+                enough = im2col_blocked.BLOCK_BYTES // columns + 2   # images for at least two blocks
                 block = image_blocks((enough,) + x.shape[1:], layer.weight.shape, layer.stride, p, y.itemsize)[0][1]
+                keeps = im2col_blocked.kept_layout((1,) + x.shape[1:], layer.weight.shape, layer.stride, p, y.itemsize, 2)
+                keep = budget.current() // columns if keeps else 0
             elif isinstance(layer, MaxPool2d):
                 fresh = y.nbytes * (layer.kernel_size ** 2 + 1)
             params = sum(parameter.size for parameter in layer.parameters())
-            layers.append(LayerBytes(type(layer).__name__, params, fresh, columns, scratch, y.nbytes, block))
+            layers.append(LayerBytes(type(layer).__name__, params, fresh, columns, scratch, y.nbytes, block, keep))
             x = y
     return layers
 

@@ -27,7 +27,8 @@ the head, which every rank runs whole on the gathered map.
 import dataclasses
 
 from algorithms.core.cli import SettingError
-from minidl.conv.im2col_blocked import BLOCK_BYTES, image_blocks
+from minidl.conv import im2col_blocked
+from minidl.conv.im2col_blocked import image_blocks
 from minidl.data import shard_sizes
 from minidl.nn import Conv2d, Flatten, Linear, MaxPool2d, ReLU
 
@@ -162,11 +163,18 @@ class Tiling:
             kept.append(window + out + (out if stage.relu else 0))
             kept[-1] += out // stage.pool ** 2 * (stage.pool ** 2 + 1) if stage.pool > 1 else 0
             tiles += out // stage.pool ** 2
-            block = image_blocks((BLOCK_BYTES // (columns * itemsize) + 2, conv.in_channels, need_hi - need_lo
-                                  + top + bottom, stage.width + 2 * p), conv.weight.shape, 1, 0, itemsize)[0][1]
-            # one block: the columns and the GEMM's result pooled; blocks (minidl.conv.im2col_blocked): one
-            # block's and the last's pooled
-            pooled += (batch if batch <= block else block + batch % block) * (columns + out)
+            image = (conv.in_channels, need_hi - need_lo + top + bottom, stage.width + 2 * p)
+            block = image_blocks((im2col_blocked.BLOCK_BYTES // (columns * itemsize) + 2,) + image, conv.weight.shape,
+                                 1, 0, itemsize)[0][1]
+            blocks = batch if batch <= block else block + batch % block       # one block's and the last's
+            if im2col_blocked.kept_layout((batch,) + image, conv.weight.shape, 1, 0, itemsize, -(-batch // block)):
+                # the batch's columns kept, built a block at a time: each block's window (batch innermost)
+                # and GEMM result pooled (minidl.conv.batch_inner)
+                pooled += batch * columns + blocks * (out + window)
+            else:
+                # one block: the columns and the GEMM's result pooled; blocks (minidl.conv.im2col_blocked):
+                # one block's and the last's pooled
+                pooled += blocks * (columns + out)
         return (pooled + batch * (tiles + max(kept) if recompute else sum(kept))) * itemsize
 
     def conv_parameters(self):

@@ -9,7 +9,7 @@ from minidl import backend, pool
 from minidl.bench.cases import main_cases
 from minidl.bench.table import print_table
 from minidl.bench.timing import best_ms
-from minidl.conv import im2col, im2col_blocked as blocked
+from minidl.conv import batch_inner, im2col, im2col_blocked as blocked
 
 BREAKDOWN_LAYERS = ("conv2d large fwd+bwd", "lenet conv1 fwd+bwd", "lenet conv2 fwd+bwd", "lenet pool1 fwd+bwd",
                     "lenet fc1 fwd+bwd")
@@ -27,7 +27,9 @@ def conv_stages(shape, rng, xp):
     alone). Where the layer cuts its batch into blocks of images (``im2col_blocked.image_blocks``),
     a per-block stage runs on one block and counts ``scale`` = N / images per block times; for
     stride 1 the output gradient's columns serve both gradients (a transposing copy of x instead of
-    its columns), otherwise the layer rebuilds each block's columns ("im2col copy (rebuilt)").
+    its columns), otherwise the layer rebuilds each block's columns ("im2col copy (rebuilt)"), unless
+    it keeps them (``im2col_blocked.kept_layout``); kept batch innermost, the stages are those of
+    ``minidl.conv.batch_inner`` for one block.
     """
     n, c, f, side, k, stride, padding = shape
     blocks = blocked.image_blocks((n, c, side, side), (f, c, k, k), stride, padding, 4)
@@ -37,30 +39,39 @@ def conv_stages(shape, rng, xp):
     weight = xp.asarray(rng.standard_normal((f, c, k, k)), dtype=xp.float32)
     out_side = (side + 2 * padding - k) // stride + 1
     grad = xp.asarray(rng.standard_normal((nb, f, out_side, out_side)), dtype=xp.float32)
-    stages = _conv_forward_stages("forward", x, weight, stride, padding, xp, scale)
+    stages = []
     out = xp.zeros((n, f, out_side, out_side), dtype=xp.float32)
     bias = xp.zeros((1, f, 1, 1), dtype=xp.float32)
     whole_grad = xp.asarray(rng.standard_normal((n, f, out_side, out_side)), dtype=xp.float32)
     stages.append(("forward", "bias add", lambda: xp.add(out, bias, out=out), None, 1))
+    stages.append(("weight gradient", "bias sum", lambda: whole_grad.sum(axis=(0, 2, 3)), None, 1))
+    kept = blocked.kept_layout((n, c, side, side), weight.shape, stride, padding, 4, len(blocks))
+    if kept == "batch inner":
+        return _batch_inner_stages(x, weight, grad, stride, padding, scale, xp) + stages
+    stages = _conv_forward_stages("forward", x, weight, stride, padding, xp, scale) + stages
+    if kept == "im2col order":    # the layer's copy into its kept columns (im2col_blocked.columns_in_two_passes)
+        kept_cols, x_pad = xp.empty((c, k, k, nb, out_side, out_side), dtype=xp.float32), im2col.zero_pad(x, padding)
+        stages = [(p, s, fn, fl, sc) if s != "im2col copy" else (p, s, lambda: blocked.columns_in_two_passes(
+            x_pad, k, k, stride, kept_cols), fl, sc) for p, s, fn, fl, sc in stages]
     path = blocked.input_gradient_path(weight.shape, stride, padding, len(blocks))
     if path == "output columns":
         # blocks, stride 1: the output gradient's columns (built for grad_x below) serve the weight
         # gradient too (im2col_blocked.gradients_from_output_columns): x's block transposed to
         # (C, nb H W) and one GEMM (F kh kw, nb H W) @ (nb H W, C)
         gcols, _ = im2col.columns(grad, k, k, 1, k - 1 - padding, side, side)
-        x_2d = xp.empty((c, nb, side, side), dtype=xp.float32)
         x_cnhw = x.transpose(1, 0, 2, 3)
-        stages.append(("weight gradient", "x transpose", lambda: x_2d.__setitem__(Ellipsis, x_cnhw), None, scale))
+        x_2d = xp.ascontiguousarray(x_cnhw)                   # filled: the GEMM below must not read garbage
+        if nb > 1:            # one image per block: x's (C, H W) is the layout already
+            stages.append(("weight gradient", "x transpose", lambda: x_2d.__setitem__(Ellipsis, x_cnhw), None, scale))
         stages.append(("weight gradient", "GEMM", lambda: xp.matmul(gcols, x_2d.reshape(c, -1).T),
                        2 * c * gcols.size, scale))
-        stages.append(("weight gradient", "bias sum", lambda: whole_grad.sum(axis=(0, 2, 3)), None, 1))
         stages.append(("input gradient", "flip weight", lambda: blocked.flipped_weight(weight), None, 1))
         stages += _conv_forward_stages("input gradient", grad, blocked.flipped_weight(weight), 1, k - 1 - padding,
                                        xp, scale)
         return stages
     # weight gradient: the output gradient transposed to (F, N HoWo), then one GEMM with the columns
     cols, _ = im2col.columns(x, k, k, stride, padding, out_side, out_side)
-    if len(blocks) > 1:
+    if len(blocks) > 1 and not kept:
         x_pad = im2col.zero_pad(x, padding)
         stages.append(("weight gradient", "im2col copy (rebuilt)",
                        lambda: im2col.im2col(x_pad, k, k, stride, out_side, out_side), None, scale))
@@ -68,7 +79,6 @@ def conv_stages(shape, rng, xp):
     stages.append(("weight gradient", "grad transpose", lambda: im2col.gradient_2d(grad), None, scale))
     stages.append(("weight gradient", "GEMM", lambda: im2col.weight_gradient(cols, grad_2d, weight.shape),
                    2 * f * cols.size, scale))
-    stages.append(("weight gradient", "bias sum", lambda: whole_grad.sum(axis=(0, 2, 3)), None, 1))
     # input gradient: a "full" convolution of grad (stride 1, F <= C), or GEMM + col2im
     if path == "convolution":
         stages.append(("input gradient", "flip weight", lambda: blocked.flipped_weight(weight), None, 1))
@@ -95,6 +105,34 @@ def conv_stages(shape, rng, xp):
     return stages
 
 
+def _batch_inner_stages(x, weight, grad, stride, padding, scale, xp):
+    """The stages of one block of the kept-columns, batch-inner path (minidl.conv.batch_inner)."""
+    n, c, side = x.shape[:3]
+    f, k = weight.shape[0], weight.shape[2]
+    out_side = (side + 2 * padding - k) // stride + 1
+    x_t = batch_inner.batch_last(x, padding).copy()
+    cols = xp.empty((c * k * k, out_side * out_side * n), dtype=x.dtype)
+    batch_inner.columns(x_t, k, k, stride, out_side, out_side, cols)
+    weight_2d = weight.reshape(f, -1)
+    out_t, out = weight_2d @ cols, xp.empty((n, f, out_side, out_side), dtype=x.dtype)
+    grad_t = xp.ascontiguousarray(grad.transpose(1, 2, 3, 0)).reshape(f, -1)
+    grad_cols = weight_2d.T @ grad_t
+    grad_x, grad_x_t = xp.empty_like(x), batch_inner.col2im(grad_cols, x_t.shape, k, k, stride, out_side, out_side).copy()
+    flops = 2 * f * cols.size
+    return [("forward", "batch-last copy", lambda: batch_inner.batch_last(x, padding), None, scale),
+            ("forward", "im2col copy", lambda: batch_inner.columns(x_t, k, k, stride, out_side, out_side, cols), None, scale),
+            ("forward", "GEMM", lambda: xp.matmul(weight_2d, cols, out=out_t), flops, scale),
+            ("forward", "output transpose", lambda: out.__setitem__(
+                Ellipsis, out_t.reshape(f, out_side, out_side, n).transpose(3, 0, 1, 2)), None, scale),
+            ("weight gradient", "grad transpose", lambda: xp.ascontiguousarray(grad.transpose(1, 2, 3, 0)), None, scale),
+            ("weight gradient", "GEMM", lambda: xp.matmul(cols, grad_t.T), flops, scale),
+            ("input gradient", "GEMM", lambda: xp.matmul(weight_2d.T, grad_t, out=grad_cols), flops, scale),
+            ("input gradient", "col2im", lambda: batch_inner.col2im(grad_cols, x_t.shape, k, k, stride, out_side, out_side),
+             None, scale),
+            ("input gradient", "grad_x transpose", lambda: grad_x.__setitem__(
+                Ellipsis, grad_x_t[:, padding:padding + side, padding:padding + side, :].transpose(3, 0, 1, 2)), None, scale)]
+
+
 def _conv_forward_stages(label, x, weight, stride, padding, xp, scale=1):
     """The forward pass of one block (im2col.forward_block): zero-pad, im2col, one GEMM, the output transposed."""
     n, c, side = x.shape[0], x.shape[1], x.shape[2]
@@ -110,9 +148,10 @@ def _conv_forward_stages(label, x, weight, stride, padding, xp, scale=1):
     out_2d = xp.empty((f, cols.shape[1]), dtype=x.dtype)
     out = xp.empty((n, f, out_side, out_side), dtype=x.dtype)
     stages.append((label, "GEMM", lambda: xp.matmul(weight_2d, cols, out=out_2d), 2 * f * cols.size, scale))
-    stages.append((label, "output transpose",
-                   lambda: out.__setitem__(Ellipsis, out_2d.reshape(f, n, out_side, out_side).transpose(1, 0, 2, 3)),
-                   None, scale))
+    if n > 1:                 # one image per block: the GEMM writes the output in place
+        stages.append((label, "output transpose",
+                       lambda: out.__setitem__(Ellipsis, out_2d.reshape(f, n, out_side, out_side).transpose(1, 0, 2, 3)),
+                       None, scale))
     return stages
 
 

@@ -19,15 +19,18 @@ The algorithms (Ben-Nun & Hoefler 2019): ``direct`` (the definition, the test or
 gives each one's multiply count and extra memory.
 
 Around the kernels: ``shapes.py`` (output size, shape checks, padding), ``scratch.py`` (the
-reused scratch arrays), ``kernels.py`` (the kernels by name); ``im2col.py`` is the textbook
-algorithm that ``im2col_blocked.py``, the kernel ``"im2col"`` names, is built from.
+reused scratch arrays), ``kernels.py`` (the kernels by name), ``budget.py`` (the bytes of columns
+a layer may keep for backward: ``set_column_budget``); ``im2col.py`` is the textbook algorithm
+that ``im2col_blocked.py``, the kernel ``"im2col"`` names, is built from (with ``batch_inner.py``,
+its columns in a layout with the batch innermost).
 """
 from minidl.conv import auto, kernels
+from minidl.conv.budget import set_column_budget
 from minidl.conv.kernels import ALGORITHMS
 from minidl.conv.scratch import workspace
 from minidl.conv.shapes import check_shapes, output_size, pad
 
-__all__ = ["ALGORITHMS", "get", "check_shapes", "output_size", "pad", "workspace"]
+__all__ = ["ALGORITHMS", "get", "check_shapes", "output_size", "pad", "set_column_budget", "workspace"]
 
 
 def get(name, x_shape, weight_shape, stride, padding):

@@ -1,14 +1,21 @@
 """The im2col kernel that ``algorithm="im2col"`` runs: im2col.py's products, in blocks of images, with fast input gradients.
 
 The textbook algorithm (``im2col.py``: columns, one GEMM, col2im) computes the same numbers; this
-kernel reorganises the work in four ways, each for a measured reason, each below with its own
+kernel reorganises the work in five ways, each for a measured reason, each below with its own
 docstring:
 
-1. **Blocks of images** (``image_blocks``): when a whole batch's columns would outgrow the caches
-   (tens of MB), the same three products run on a few images at a time, so that each block's
-   columns are still in cache when its GEMM reads them; the backward pass rebuilds each block's
-   columns instead of keeping the batch's, and sums the blocks' weight gradients. A batch whose
-   columns fit in BLOCK_BYTES is one block: the textbook algorithm, unchanged.
+0. **Kept columns** (``kept_layout``): on the CPU, when a batch is more than one block (1.) and its
+   columns fit the column budget (``budget.py``: ``minidl.conv.set_column_budget`` or the
+   environment's MINIDL_CONV_COLUMN_BYTES; 64 MiB unless set), they are built block by block into
+   one buffer and kept for backward, which rebuilds none. Where output rows are short, in the
+   layout (C, kh, kw, Ho, Wo, N) whose copies and col2im adds run along rows of Wo*N numbers
+   (``batch_inner.py``). LeNet-5's layers at batch 64 to 512 take it.
+1. **Blocks of images** (``image_blocks``): when a whole batch's columns would outgrow the caches,
+   the same three products run on a few images at a time, so that each block's columns are still
+   in cache when its GEMM reads them; beyond the column budget, the backward pass rebuilds each
+   block's columns instead of keeping the batch's, and sums the blocks' weight gradients. A batch
+   whose columns fit in one block is one block: the textbook algorithm, unchanged, bit for bit (in
+   cache the two layouts take about the same time, measured on LeNet's layers at batch 32).
 2. **The input gradient as a convolution** (``input_gradient_as_convolution``): for stride 1 and
    F <= C, grad_x is a "full" convolution of grad_out with the flipped kernel, copies instead of
    col2im's ``+=``.
@@ -20,44 +27,82 @@ docstring:
 breakdown asks it too, so that it times the path the layer runs).
 
 Multiplications: N * F * C*kh*kw * Ho*Wo (as direct). Extra memory: the column buffer,
-N * C*kh*kw * Ho*Wo elements, or one block's of it. Supports every case.
+N * C*kh*kw * Ho*Wo elements (one block, or kept under the budget), or one block's of it. Supports every case.
 """
+import os
+
 from minidl.backend import get_array_module
 from minidl.conv.scratch import workspace
 from minidl.conv.shapes import output_size
-from minidl.conv.im2col import columns, forward_block, gradient_2d, input_gradient_by_col2im, weight_gradient
+from minidl.conv import batch_inner, budget
+from minidl.conv.budget import column_bytes
+from minidl.conv.im2col import (columns, forward_block, gradient_2d, input_gradient_by_col2im, weight_gradient,
+                                zero_pad)
 
 
 def supports(x_shape, weight_shape, stride, padding):
     return None
 
 
+# ---- 0. kept columns: the batch's columns kept for backward when they fit the column budget ------
+def kept_layout(x_shape, weight_shape, stride, padding, itemsize, block_count):
+    """Where the CPU layer keeps the columns of all its blocks for backward: "batch inner"
+    (``batch_inner.py``), "im2col order" (im2col.im2col's (C, kh, kw, N, Ho, Wo), block after
+    block), or None (one block keeps its own; or none kept).
+
+    Kept: several blocks whose columns together fit the budget (``budget.py``), two images or
+    more per block. Where one image's columns fill a block (the 64-channel 32x32 layer: 2.3 MB)
+    the blocked path is faster (at batch 16, 28.5 ms against 34 kept in the batch-inner layout).
+    Batch innermost where output rows are short (Wo < SHORT_ROW: LeNet's conv2, 10 pixels): there
+    numpy's per-row cost dominates the copies and col2im's adds, and rows of Wo * images are
+    several times faster; LeNet's conv1 (rows of 28) runs 0.5 ms faster at batch 256 in
+    im2col's order, which needs no transposes. Layers with F <= C and stride 1 (``output
+    columns``) keep none in that order: their backward builds the output gradient's columns,
+    which serve both gradients, and rebuilds nothing anyway."""
+    per_image = budget.column_bytes(x_shape, weight_shape, stride, padding, itemsize)
+    if x_shape[0] * per_image > budget.current() or block_count < 2 or 2 * per_image > BLOCK_BYTES:
+        return None
+    if output_size(x_shape[3], weight_shape[3], stride, padding) < SHORT_ROW:
+        return "batch inner"
+    return None if input_gradient_as_convolution(weight_shape, stride, padding) else "im2col order"
+
+
 # ---- 1. blocks of images: the same products, a few images at a time -----------------------------
-BLOCK_BYTES = 6 << 20
+def _cache_block_bytes():
+    """Twice the per-core L2 cache (sysconf; 1 MiB where it says nothing): the columns of one block."""
+    try:
+        l2 = os.sysconf("SC_LEVEL2_CACHE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        l2 = 0
+    return 2 * (l2 if l2 and l2 > 0 else 1 << 20)
+
+
+BLOCK_BYTES = _cache_block_bytes()
 GPU_BLOCK_BYTES = 1 << 30
+SHORT_ROW = 16         # output rows shorter than this (pixels) keep their columns batch innermost
 
 
 def image_blocks(x_shape, weight_shape, stride, padding, itemsize, block_bytes=None):
     """[(start, stop)]: the batch cut into blocks whose columns take at most about ``block_bytes``
-    (default BLOCK_BYTES).
+    (default BLOCK_BYTES, twice the L2 cache), at least one image each.
 
     Why: a whole batch's columns can be far larger than the processor's caches (75 MB for 32
     images of 64 channels at 32x32, 3x3), and then im2col writes them to memory and the GEMM
     reads them back from it: the layer runs at memory speed (``python -m minidl.bench`` shows
-    its stages). A block's columns (about 8 MB: 3 such images) stay in cache between the copy
-    and the product. The batch stays ONE block, and the layer the textbook algorithm of im2col.py
-    bit for bit, whenever all its columns fit (every layer of LeNet-5 and the small CNN does).
+    its stages). A block's columns stay in cache between the copy and the product. The size was
+    measured, not guessed: on a core with 1 MiB of L2 (chapter 2's machine) the 64-channel layer
+    at batch 32 ran fastest with one image (2.3 MB of columns) per block (49 ms; 52 with two, 60
+    with three), LeNet-5's layers with about 32 images (2-2.5 MB) per block; blocks four times
+    larger were 15-50% slower. A batch whose columns fit one block is one block.
 
     On a GPU (CuPy arrays) the budget is GPU_BLOCK_BYTES: there no cache holds a block between
     the copy and the product, and each block costs a dozen kernel launches from Python, so 6 MiB
     blocks left the GPU waiting (chapter 2, section 6, measured 16 blocks for the 64-channel layer
     at batch 32); the whole batch is one block until its columns reach 1 GiB of GPU memory.
     """
-    n, c, h, w = x_shape
-    f, _, kh, kw = weight_shape
-    per_image = c * kh * kw * output_size(h, kh, stride, padding) * output_size(w, kw, stride, padding) * itemsize
+    per_image = column_bytes(x_shape, weight_shape, stride, padding, itemsize)
     images = max(1, (BLOCK_BYTES if block_bytes is None else block_bytes) // max(per_image, 1))
-    return [(start, min(start + images, n)) for start in range(0, n, images)] or [(0, 0)]
+    return [(start, min(start + images, x_shape[0])) for start in range(0, x_shape[0], images)] or [(0, 0)]
 
 
 def forward(x, weight, stride, padding):
@@ -65,17 +110,67 @@ def forward(x, weight, stride, padding):
     n, c, h, w = x.shape
     f, _, kh, kw = weight.shape
     out_h, out_w = output_size(h, kh, stride, padding), output_size(w, kw, stride, padding)
+    on_gpu = xp.__name__ == "cupy"
+    blocks = image_blocks(x.shape, weight.shape, stride, padding, x.dtype.itemsize, GPU_BLOCK_BYTES if on_gpu else None)
+    keep = None if on_gpu else kept_layout(x.shape, weight.shape, stride, padding, x.dtype.itemsize, len(blocks))
+    if keep == "batch inner":
+        return batch_inner.forward(x, weight, stride, padding, blocks)
     out = xp.empty((n, f, out_h, out_w), dtype=xp.result_type(weight, x))
-    blocks = image_blocks(x.shape, weight.shape, stride, padding, x.dtype.itemsize,
-                          GPU_BLOCK_BYTES if xp.__name__ == "cupy" else None)
     cache = {"weight": weight, "x_shape": x.shape, "stride": stride, "padding": padding, "blocks": blocks}
     if len(blocks) == 1:                       # one block: keep the columns for the weight gradient
         cache["cols"], cache["padded_shape"] = forward_block(x, weight, stride, padding, out)
-    else:                                      # several: keep x and rebuild each block's columns in backward
-        for start, stop in blocks:
-            forward_block(x[start:stop], weight, stride, padding, out[start:stop])
-        cache["x"] = x
+        return out, cache
+    cache["x"] = x                             # several: keep x and rebuild each block's columns in backward,
+    if keep == "im2col order":                 # or keep them all
+        cache["kept"] = workspace(xp, (n * column_bytes(x.shape, weight.shape, stride, padding, 1),), x.dtype)
+    for index, (start, stop) in enumerate(blocks):
+        _forward_block(x[start:stop], weight, stride, padding, out[start:stop], _kept(cache, index, out_h, out_w))
     return out, cache
+
+
+def _kept(cache, index, out_h, out_w):
+    """Block ``index``'s part of the kept columns, (C, kh, kw, nb, Ho, Wo) as im2col.im2col stores them (None: none kept)."""
+    if "kept" not in cache:
+        return None
+    start, stop = cache["blocks"][index]
+    f, c, kh, kw = cache["weight"].shape
+    per_image = c * kh * kw * out_h * out_w
+    return cache["kept"][start * per_image:stop * per_image].reshape(c, kh, kw, stop - start, out_h, out_w)
+
+
+def _forward_block(x, weight, stride, padding, out, kept=None):
+    """``im2col.forward_block``, except that the columns go into ``kept`` (when given: a part of the
+    batch's kept columns, in im2col.im2col's stored order), and that a block of ONE image needs no
+    transposing copy of its output: (F, CKK) @ (CKK, Ho*Wo) is that image's (F, Ho, Wo) already."""
+    if kept is None and (len(x) != 1 or not out.flags.c_contiguous):
+        return forward_block(x, weight, stride, padding, out)
+    xp = get_array_module(x)
+    n = len(x)
+    f, c, kh, kw = weight.shape
+    out_h, out_w = out.shape[2:]
+    if kept is None:
+        cols, _ = columns(x, kh, kw, stride, padding, out_h, out_w)
+    else:
+        cols = columns_in_two_passes(zero_pad(x, padding), kh, kw, stride, kept)
+    if n == 1 and out.flags.c_contiguous:
+        xp.matmul(weight.reshape(f, c * kh * kw), cols, out=out[0].reshape(f, out_h * out_w))
+    else:
+        out_2d = xp.matmul(weight.reshape(f, c * kh * kw), cols, out=workspace(xp, (f, n * out_h * out_w), out.dtype))
+        out[...] = out_2d.reshape(f, n, out_h, out_w).transpose(1, 0, 2, 3)
+    return cols, None
+
+
+def columns_in_two_passes(x_pad, kh, kw, stride, out):
+    """im2col.im2col's columns of x_pad (N, C, Hp, Wp), written into ``out`` (C, kh, kw, N, Ho, Wo)
+    in kh + kw copies instead of kh*kw: first every kernel column j over all padded rows, then
+    every kernel row i, most of them whole (Ho, Wo) planes (30% faster on LeNet's conv1)."""
+    c, _, _, n, out_h, out_w = out.shape
+    shifted = workspace(get_array_module(x_pad), (kw, c, n, x_pad.shape[2], out_w), x_pad.dtype)
+    for j in range(kw):
+        shifted[j] = x_pad[:, :, :, j:j + stride * (out_w - 1) + 1:stride].transpose(1, 0, 2, 3)
+    for i in range(kh):
+        out[:, i] = shifted[:, :, :, i:i + stride * (out_h - 1) + 1:stride].transpose(1, 0, 2, 3, 4)
+    return out.reshape(c * kh * kw, n * out_h * out_w)
 
 
 # ---- 2. the input gradient as a convolution ----------------------------------------------------
@@ -184,11 +279,15 @@ def gradients_from_output_columns(grad_out, x, weight, padding, blocks, need_wei
     for start, stop in blocks:
         images = stop - start
         gcols, _ = columns(grad_out[start:stop], kh, kw, 1, kh - 1 - padding, h, w)     # (F kh kw, nb H W)
-        grad_2d = xp.matmul(flipped, gcols, out=workspace(xp, (c, images * h * w), dtype))   # (C, nb H W)
-        grad_x[start:stop] = grad_2d.reshape(c, images, h, w).transpose(1, 0, 2, 3)
-        if need_weight:
+        if images == 1 and x.flags.c_contiguous:    # one image: (C, H W) is its own layout, no transposing copies
+            xp.matmul(flipped, gcols, out=grad_x[start].reshape(c, h * w))
+            x_2d = x[start].reshape(c, h * w)
+        else:
+            grad_2d = xp.matmul(flipped, gcols, out=workspace(xp, (c, images * h * w), dtype))   # (C, nb H W)
+            grad_x[start:stop] = grad_2d.reshape(c, images, h, w).transpose(1, 0, 2, 3)
             x_2d = workspace(xp, (c, images, h, w), x.dtype)
             x_2d[...] = x[start:stop].transpose(1, 0, 2, 3)
+        if need_weight:
             grad_flipped += xp.matmul(gcols, x_2d.reshape(c, images * h * w).T)             # (F kh kw, C)
     grad_weight = None
     if need_weight:
@@ -197,6 +296,8 @@ def gradients_from_output_columns(grad_out, x, weight, padding, blocks, need_wei
 
 
 def backward(grad_out, cache, need_x=True, need_weight=True):
+    if cache.get("layout") == "batch inner":
+        return batch_inner.backward(grad_out, cache, need_x, need_weight)
     xp = get_array_module(grad_out)
     weight, stride, padding, blocks = cache["weight"], cache["stride"], cache["padding"], cache["blocks"]
     f, c, kh, kw = weight.shape
@@ -217,10 +318,13 @@ def backward(grad_out, cache, need_x=True, need_weight=True):
         x = cache["x"]
         if need_x and by_col2im:
             grad_x = xp.empty(cache["x_shape"], dtype=xp.result_type(weight, grad_out))
-        for start, stop in blocks:             # each block's columns rebuilt while they are in cache
+        for index, (start, stop) in enumerate(blocks):    # each block's columns kept, or rebuilt while in cache
             grad_2d = gradient_2d(grad_out[start:stop])
-            if need_weight:
+            if need_weight and "kept" in cache:
+                cols = _kept(cache, index, out_h, out_w).reshape(c * kh * kw, -1)
+            elif need_weight:
                 cols, _ = columns(x[start:stop], kh, kw, stride, padding, out_h, out_w)
+            if need_weight:
                 block = weight_gradient(cols, grad_2d, weight.shape)
                 grad_weight = block.copy() if grad_weight is None else grad_weight + block
             if need_x and by_col2im:
