@@ -350,6 +350,14 @@ def test_section_9_quotes_the_calibrated_model():
     assert not missing([f"it was met in {phrases['CAL_MET']} rows, the plain model within 25% in {phrases['PLAIN_MET']}",
                         f"the largest miss was {phrases['CAL_WORST']}",
                         f"ratio stays within {phrases['BFLY_RANGE']}, while", f"come out at {phrases['DEP_RANGE']}:"])
+    # the cold latencies of the first two levels, and the ring and Rabenseifner's rows the hot step put within 25%
+    fit = load("10_calibration.json")
+    low, high = (int(fit["bounds"][k] / fit["footprint"]) >> 10 for k in (0, 1))     # as the table's first line
+    assert not missing([f"the level from {low} KiB to {high} KiB got {fit['alpha'][1] * 1e6:.1f} us where "
+                        f"the level below it got {fit['alpha'][0] * 1e6:.1f} us"])
+    rows = load("10_calibrated.json")["rows"]
+    assert all(r["within"] for r in rows if r["algorithm"] in ("ring", "rabenseifner") and r["bytes"] <= 4 * MIB)
+    assert not all(r["within"] for r in rows if r["algorithm"] in ("ring", "rabenseifner"))   # "from 4 KiB to 4 MiB"
 
 
 def test_the_summary_quotes_the_hierarchy_and_the_calibration():
