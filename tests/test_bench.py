@@ -110,44 +110,37 @@ def test_the_ddp_benchmark_runs_its_jobs(tmp_path):
                and all(ms > 0 for ms in row["ring_phases"].values()) for row in rows)
 
 
-def test_blas_native_leaves_a_forced_openblas_kernel_out_of_the_workers_only(monkeypatch):
+def _worker_environments(monkeypatch, module, answer, start_each):
+    """The environments ``module``'s workers get with --blas as-set, then native, on a machine that
+    forces OpenBLAS's kernel (subprocess.run faked: nothing runs)."""
     from types import SimpleNamespace
-    from minidl.bench import measure
-    seen = []
-
-    def fake_run(command, env, **kwargs):
-        seen.append(env)
-        return SimpleNamespace(returncode=0, stdout='{"times": {}}\n', stderr="")
-    monkeypatch.setattr(measure.subprocess, "run", fake_run)
+    seen = {"as-set": [], "native": []}
     monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
     monkeypatch.setenv("OPENBLAS_L2_SIZE", "512")
-    for blas in ("as-set", "native"):
-        measure.run_worker("minidl", "sweep", SimpleNamespace(threads=1, repeats=1, clock="cpu", quick=True, blas=blas))
-    as_set, native = seen
-    assert (as_set["OPENBLAS_CORETYPE"], as_set["OPENBLAS_L2_SIZE"]) == ("Haswell", "512")
-    assert "OPENBLAS_CORETYPE" not in native and "OPENBLAS_L2_SIZE" not in native
-    assert native["OPENBLAS_NUM_THREADS"] == "1"                      # one thread per worker either way
-    assert os.environ["OPENBLAS_CORETYPE"] == "Haswell"               # this process's own setting untouched
+    for blas in seen:
+        monkeypatch.setattr(module.subprocess, "run", lambda command, env, **kwargs: seen[blas].append(env)
+                            or SimpleNamespace(returncode=0, stdout=answer + "\n", stderr=""))
+        start_each(SimpleNamespace(threads=1, repeats=1, clock="cpu", quick=True, ranks=2, steps=1, warmup=0,
+                                   blas=blas))
+    return seen
 
 
-def test_the_ddp_benchmarks_blas_native_drops_the_forced_kernel_from_both_sides_jobs(monkeypatch):
-    from types import SimpleNamespace
+@pytest.mark.parametrize("benchmark", ["minidl.bench", "algorithms.bench"])
+def test_blas_native_leaves_a_forced_openblas_kernel_out_of_the_workers_only(monkeypatch, benchmark):
     from algorithms import bench as ddp
-    seen = []
-
-    def fake_run(command, env, **kwargs):
-        seen.append(env)
-        return SimpleNamespace(returncode=0, stdout='{"ms": 1.0, "phases": null}\n', stderr="")
-    monkeypatch.setattr(ddp.subprocess, "run", fake_run)
-    monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
-    monkeypatch.setenv("OPENBLAS_L2_SIZE", "512")
-    for blas in ("as-set", "native"):
-        for side in ("ring", "ddp"):
-            ddp.run_case(side, "mlp", 4, SimpleNamespace(ranks=2, steps=1, warmup=0, blas=blas))
-    assert all(env["OPENBLAS_CORETYPE"] == "Haswell" and env["OPENBLAS_L2_SIZE"] == "512" for env in seen[:2])
-    assert all("OPENBLAS_CORETYPE" not in env and "OPENBLAS_L2_SIZE" not in env for env in seen[2:])
-    assert all(env["OPENBLAS_NUM_THREADS"] == "1" for env in seen)
-    assert os.environ["OPENBLAS_CORETYPE"] == "Haswell"
+    from minidl.bench import measure
+    if benchmark == "minidl.bench":
+        seen = _worker_environments(monkeypatch, measure, '{"times": {}}',
+                                    lambda args: measure.run_worker("minidl", "sweep", args))
+    else:                                         # both sides' jobs: minidl's and PyTorch DDP's
+        seen = _worker_environments(monkeypatch, ddp, '{"ms": 1.0, "phases": null}',
+                                    lambda args: [ddp.run_case(side, "mlp", 4, args) for side in ("ring", "ddp")])
+    assert seen["as-set"] and all((env["OPENBLAS_CORETYPE"], env["OPENBLAS_L2_SIZE"]) == ("Haswell", "512")
+                                  for env in seen["as-set"])
+    assert seen["native"] and all("OPENBLAS_CORETYPE" not in env and "OPENBLAS_L2_SIZE" not in env
+                                  for env in seen["native"])
+    assert all(env["OPENBLAS_NUM_THREADS"] == "1" for envs in seen.values() for env in envs)   # one thread a worker
+    assert os.environ["OPENBLAS_CORETYPE"] == "Haswell"               # this process's own setting untouched
 
 
 @pytest.mark.parametrize("arguments, says", [(["--repeats", "0"], "--repeats must be at least 1"),
