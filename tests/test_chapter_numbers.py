@@ -7,7 +7,7 @@ or three significant figures). Chapter 1 has no figure and its blocks print thei
 its one measured sentence (serial SGD from a shell: seconds and accuracy) is checked against
 tutorials/figures/out/01_serial.json from make_01_figures.py. Chapter 2's float32 errors are checked
 against 02_precision.json (make_02_figures.py --only precision), its GEMM shares against the main
-suite's breakdown (02_main.json).
+suite's breakdown (02_main.json), its batch sweep against 02_sweep.json (--only sweep).
 Also: ``cost.work_depth`` against hand-computed values.
 """
 import json
@@ -125,13 +125,31 @@ def test_chapter_two_quotes_the_numbers_its_script_wrote():
 def test_chapter_two_quotes_the_gemm_breakdown_of_the_main_suite():
     """Section 5's GEMM paragraph and the summary against 02_main.json (the main suite's breakdown):
     the 64-channel layer's GEMMs as a fraction of the square-GEMM rate and of the layer's time."""
-    summary = json.loads((ROOT / "tutorials" / "figures" / "out" / "02_main.json").read_text())[-1]
+    *rows, summary = json.loads((ROOT / "tutorials" / "figures" / "out" / "02_main.json").read_text())
     gemms = [s for s in summary["stages"] if s["layer"] == "conv2d large" and s["stage"] == "GEMM"]
     layer = next(item for item in summary["layers"] if item["layer"] == "conv2d large fwd+bwd")
     fractions = [min(s["gemm_fraction"] for s in gemms), max(s["gemm_fraction"] for s in gemms)]
     share = 100 * layer["gemm_ms"] / layer["measured_ms"]
+    flops = layer["measured_ms"] * next(r["gflops"] for r in rows if r["case"] == "conv2d large fwd+bwd") * 1e6
+    rate = summary["machine"]["gemm_gflops"]
+    lenet = {name: [s["gemm_fraction"] for s in summary["stages"] if s["layer"] == name and s["stage"] == "GEMM"]
+             for name in ("lenet conv1", "lenet conv2")}
     prose = " ".join(CHAPTER.read_text().split())
-    for pattern, values in [(r"GFLOP/s, ([\d.]+)-([\d.]+) of the square-matrix rate", fractions),
+    for pattern, values in [(r"\(([\d.]+) of ([\d.]+) ms; alone they take ([\d.]+)x PyTorch's whole layer\)",
+                             [layer["gemm_ms"], layer["measured_ms"], layer["gemm_ms"] / layer["torch_ms"]]),
+                            (r"stages add up to ([\d.]+) ms of the measured ([\d.]+)",
+                             [layer["sum_of_stages_ms"], layer["measured_ms"]]),
+                            (r"operations at (\d+) GFLOP/s, ([\d.]+) times the square-GEMM rate",
+                             [flops / layer["torch_ms"] / 1e6, flops / layer["torch_ms"] / 1e6 / rate]),
+                            (r"take ([\d.]+) ms timed alone, ([\d.]+)x PyTorch's layer",
+                             [layer["gemm_and_im2col_ms"], layer["gemm_and_im2col_ms"] / layer["torch_ms"]]),
+                            (r"and the GEMMs alone, ([\d.]+)x, leave no room", [layer["gemm_ms"] / layer["torch_ms"]]),
+                            (r"the stages timed alone add up to ([\d.]+) of the rate, the layer as measured reaches (\d\.\d+)",
+                             [flops / layer["sum_of_stages_ms"] / 1e6 / rate, flops / layer["measured_ms"] / 1e6 / rate]),
+                            (r"runs its GEMMs at ([\d.]+)-([\d.]+) of the rate, its second \(6 channels, a sum over 150\) "
+                             r"at ([\d.]+)-(\d\.\d+)", [min(lenet["lenet conv1"]), max(lenet["lenet conv1"]),
+                                                      min(lenet["lenet conv2"]), max(lenet["lenet conv2"])]),
+                            (r"GFLOP/s, ([\d.]+)-([\d.]+) of the square-matrix rate", fractions),
                             (r"its GEMMs run at ([\d.]+)-([\d.]+) of NumPy's square-matrix rate", fractions),
                             (r"Together they take (\d+)% of the layer's time", [share]),
                             (r"square-matrix rate and take (\d+)% of the layer's time", [share])]:
@@ -176,6 +194,53 @@ def test_chapter_two_quotes_the_allocator_table():
     assert not missing, f"chapter 2 does not quote 02_allocator.json: {missing}"
     assert ours[default]["faults_per_step"] < 50 and ours[kept]["faults_per_step"] < 50   # "does not fault either way"
     assert lenet[kept]["ms"] < lenet[default]["ms"] and conv[kept]["ms"] < conv[default]["ms"]
+
+
+def test_chapter_two_quotes_the_batch_sweep():
+    """Section 5's batch sweep against 02_sweep.json (make_02_figures.py --only sweep): 02_sweep.md
+    verbatim, the ranges the prose and the summary quote (two decimals, as the table prints them),
+    "every target is met", and NumPy's GEMM rate with OpenBLAS's own kernel (the sweep's workers,
+    --blas native) against the forced one (the conv, layers and main suites' headers)."""
+    out = ROOT / "tutorials" / "figures" / "out"
+    *rows, summary = json.loads((out / "02_sweep.json").read_text())
+    machine = summary["machine"]
+    prose = " ".join(CHAPTER.read_text().split())
+    table = (out / "02_sweep.md").read_text().strip()
+    assert " ".join(table.split()) in prose, "chapter 2's copy of 02_sweep.md is stale"
+
+    def span(case, key, batches=None):
+        values = [row[key] for row in rows if row["case"] == case and (batches is None or row["batch"] in batches)]
+        return f"{min(values):.2f}-{max(values):.2f}"
+    lenet, mlp, conv = "lenet5 train step", "mlp 784-256-256-10 train step", "conv 64->64 32x32"
+    targets = {row["case"]: row["target"] for row in rows}
+    assert targets == {lenet: "<= 1.2x torch", mlp: "<= 0.9x torch", conv: "<= 1.15x floor"}
+    assert sorted({row["batch"] for row in rows}) == [16, 32, 64, 128, 256]           # "batch 16 to 256"
+    assert all(row["met"] for row in rows), "the prose says every target is met"
+    against_torch = f"takes {span(conv, 'ratio', (16, 32))}x at batch 16 and 32 and {span(conv, 'ratio', (128, 256))}x " \
+                    f"at batch 128 and 256"
+    quoted = ["every target is met in this run",
+              f"The LeNet-5 step takes {span(lenet, 'ratio')}x PyTorch's time (the target is 1.2x)",
+              f"the MLP step takes {span(mlp, 'ratio')}x (target 0.9x)",
+              f"the 64-channel layer takes {span(conv, 'over_floor')}x its floor (target 1.15x)",
+              f"the LeNet-5 step takes {span(lenet, 'ratio')}x PyTorch's time, the MLP step {span(mlp, 'ratio')}x, "
+              f"and the 64-channel layer {span(conv, 'over_floor')}x its floor"]
+    missing = [q for q in quoted if q not in prose]
+    assert not missing, f"chapter 2 does not quote 02_sweep.json: {missing}"
+    assert prose.count(against_torch) == 2, f"section 5 and the summary both say: {against_torch}"
+    # --blas native: the sweep's workers ran without the forcing, the other suites with it
+    forced = [json.loads((out / name).read_text())[-1]["machine"] for name in ("02_conv.json", "02_layers.json", "02_main.json")]
+    assert machine["blas"] == "native" and machine["blas_forced"] == {}
+    assert all(m["blas_forced"].get("OPENBLAS_CORETYPE") == "Haswell" for m in forced)
+    low, high = min(m["gemm_gflops"] for m in forced), max(m["gemm_gflops"] for m in forced)
+    torch = [m["torch_gemm_gflops"] for m in forced + [machine]]
+    for phrase in (f"its square GEMM runs at {machine['gemm_gflops']:.0f} GFLOP/s there, against {low:.0f}-{high:.0f} "
+                   f"GFLOP/s with the forced Haswell kernel",
+                   f"NumPy's square GEMM runs at {low:.0f}-{high:.0f} GFLOP/s there, about half of the "
+                   f"{machine['gemm_gflops']:.0f} GFLOP/s of OpenBLAS's own choice",
+                   f"its GEMM runs at {min(torch):.0f}-{max(torch):.0f} GFLOP/s either way",
+                   f"(`--blas native`, {machine['gemm_gflops']:.0f} GFLOP/s instead of {json.loads((out / '02_main.json').read_text())[-1]['machine']['gemm_gflops']:.0f})"):
+        assert phrase in prose, f"chapter 2 does not say: {phrase}"
+    assert 1.7 < machine["gemm_gflops"] / high and machine["gemm_gflops"] / low < 2.1    # "about half"
 
 
 def test_chapter_two_quotes_the_float32_errors_its_script_measured():
