@@ -240,6 +240,24 @@ def test_chapter_two_quotes_the_batch_sweep():
                    f"(`--blas native`, {native:.0f} GFLOP/s instead of {main_suite:.0f})"):
         assert phrase in prose, f"chapter 2 does not quote 02_sweep.json: {phrase}"
     assert 1.7 < machine["gemm_gflops"] / high and machine["gemm_gflops"] / low < 2.1    # "about half"
+    # the shape of the curves: LeNet-5's ratio "rising from batch 32 to 256", the MLP's "less as the batch
+    # grows", the layer's time "doubles with the batch", PyTorch's "grows 2.7 times from batch 32 to 64"
+    by = {(row["case"], row["batch"]): row for row in rows}
+    batches = [16, 32, 64, 128, 256]
+    lenet_ratios, mlp_ratios = [by[(lenet, b)]["ratio"] for b in batches[1:]], [by[(mlp, b)]["ratio"] for b in batches]
+    assert lenet_ratios == sorted(lenet_ratios) and mlp_ratios == sorted(mlp_ratios, reverse=True)
+    assert all(1.8 < by[(conv, b)]["minidl_ms"] / by[(conv, a)]["minidl_ms"] < 2.2 for a, b in zip(batches, batches[1:]))
+    torch_32, torch_64 = by[(conv, 32)]["torch_ms"], by[(conv, 64)]["torch_ms"]
+    suites = {"02_conv.json": "large", "02_layers.json": "conv 64->64 32x32", "02_main.json": "conv2d large fwd+bwd"}
+    forced_rows = [row for name, case in suites.items() for row in json.loads((out / name).read_text())
+                   if row.get("case") == case and row.get("algorithm", "im2col") == "im2col" and row.get("torch_ms")]
+    ours, theirs = [row["minidl_ms"] for row in forced_rows], [row["torch_ms"] for row in forced_rows]
+    assert len(forced_rows) == 3
+    for phrase in (f"PyTorch's grows {torch_64 / torch_32:.1f} times from batch 32 to 64 ({torch_32:.3g} to {torch_64:.3g} ms)",
+                   f"the layer takes {by[(conv, 32)]['minidl_ms']:.3g} ms here against {min(ours):.3g}-{max(ours):.3g} ms "
+                   f"with the forced kernel, while PyTorch's time hardly moves ({torch_32:.3g} ms, "
+                   f"{min(theirs):.1f}-{max(theirs):.1f} above)"):
+        assert phrase in prose, f"chapter 2 does not quote 02_sweep.json: {phrase}"
 
 
 def test_chapter_two_quotes_the_float32_errors_its_script_measured():
