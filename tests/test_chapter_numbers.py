@@ -196,6 +196,22 @@ def test_chapter_two_quotes_the_allocator_table():
     assert lenet[kept]["ms"] < lenet[default]["ms"] and conv[kept]["ms"] < conv[default]["ms"]
 
 
+def test_chapter_two_quotes_the_layers_suite():
+    """Section 6's CPU paragraph against 02_layers.json: the GEMM rates in its header and the layers'
+    fractions of NumPy's rate (fc from 0.85 to 0.93, conv from 16 channels' to 128 channels')."""
+    *rows, summary = json.loads((ROOT / "tutorials" / "figures" / "out" / "02_layers.json").read_text())
+    fc = [row["gemm_fraction"] for row in rows if row["kind"] == "linear" and row["device"] == "cpu"]
+    conv = {row["case"]: row["gemm_fraction"] for row in rows if row["kind"] == "conv" and row["device"] == "cpu"}
+    assert min(conv, key=conv.get) == "conv 16->16 32x32" and max(conv, key=conv.get) == "conv 128->128 32x32"
+    prose = " ".join(CHAPTER.read_text().split())
+    assert_quoted(prose, [
+        (r"NumPy runs a square GEMM at (\d+) GFLOP/s and this PyTorch build at (\d+) \(the first line\)",
+         [summary["machine"]["gemm_gflops"], summary["machine"]["torch_gemm_gflops"]]),
+        (r"three GEMMs, at ([\d.]+)-([\d.]+) of NumPy's square rate on minidl's side", [min(fc), max(fc)]),
+        (r"its rate grows from ([\d.]+) of NumPy's GEMM rate at 16 channels to ([\d.]+) at 128", [min(conv.values()), max(conv.values())]),
+    ], "02_layers.json")
+
+
 def test_chapter_two_quotes_the_batch_sweep():
     """Section 5's batch sweep against 02_sweep.json (make_02_figures.py --only sweep): 02_sweep.md
     verbatim, the ranges the prose and the summary quote (two decimals, as the table prints them),
