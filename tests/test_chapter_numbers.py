@@ -196,6 +196,32 @@ def test_chapter_two_quotes_the_allocator_table():
     assert lenet[kept]["ms"] < lenet[default]["ms"] and conv[kept]["ms"] < conv[default]["ms"]
 
 
+def test_chapter_two_quotes_the_conv_suites_times():
+    """Section 5's bullets and work-depth paragraph against 02_conv.json's times (the ms and the
+    growth factors they quote beside the table)."""
+    *rows, _ = json.loads((ROOT / "tutorials" / "figures" / "out" / "02_conv.json").read_text())
+    ms = {(row["case"], row["algorithm"]): row["minidl_ms"] for row in rows if row["device"] == "cpu"}
+    torch = {row["case"]: row["torch_ms"] for row in rows if row["device"] == "cpu" and row.get("torch_ms")}
+    kernel = [f"kernel {k}x{k}" for k in (3, 5, 7, 9, 11, 13)]
+    ratios = [ms[(case, "im2col")] / torch[case] for case in kernel]
+    prose = " ".join(CHAPTER.read_text().split())
+    assert_quoted(prose, [
+        (r"where Winograd and im2col tie \(([\d.]+) against ([\d.]+) ms\)",
+         [ms[("channels 64", "winograd")], ms[("channels 64", "im2col")]]),
+        (r"faster than im2col \(([\d.]+) against ([\d.]+) ms\)", [ms[("channels 128", "winograd")], ms[("channels 128", "im2col")]]),
+        (r"im2col still wins at 5x5 \(([\d.]+) against ([\d.]+) ms\)", [ms[("kernel 5x5", "im2col")], ms[("kernel 5x5", "fft")]]),
+        (r"([\d.]+)-([\d.]+)x up to 13x13", [min(ratios), max(ratios)]),
+        (r"im2col time grows (\d+)x, its work `kh \* kw` (\d+)x, PyTorch's time (\d+)x",
+         [ms[("kernel 13x13", "im2col")] / ms[("kernel 3x3", "im2col")], 169 / 9, torch["kernel 13x13"] / torch["kernel 3x3"]]),
+        (r"PyTorch's own time jumps \(([\d.]+) to (\d+) ms from 13x13 to 15x15", [torch["kernel 13x13"], torch["kernel 15x15"]]),
+        (r"the table shows direct ([\d.]+)x \(LeNet's conv2\) to ([\d.]+)x \(the 64-channel layer\) slower",
+         [ms[("lenet conv2", "direct")] / ms[("lenet conv2", "im2col")], ms[("large", "direct")] / ms[("large", "im2col")]]),
+        (r"Winograd takes ([\d.]+) ms against ([\d.]+) and FFT (\d+) ms",
+         [ms[("large", "winograd")], ms[("large", "im2col")], ms[("large", "fft")]]),
+    ], "02_conv.json")
+    assert ms[("kernel 5x5", "im2col")] < ms[("kernel 5x5", "fft")]                            # "im2col still wins at 5x5"
+
+
 def test_chapter_two_quotes_the_layers_suite():
     """Section 6's CPU paragraph against 02_layers.json: the GEMM rates in its header and the layers'
     fractions of NumPy's rate (fc from 0.85 to 0.93, conv from 16 channels' to 128 channels')."""
