@@ -7,7 +7,7 @@ or three significant figures). Chapter 1 has no figure and its blocks print thei
 its one measured sentence (serial SGD from a shell: seconds and accuracy) is checked against
 tutorials/figures/out/01_serial.json from make_01_figures.py. Chapter 2's float32 errors are checked
 against 02_precision.json (make_02_figures.py --only precision), its GEMM shares against the main
-suite's breakdown (02_main.json).
+suite's breakdown (02_main.json), its batch sweep against 02_sweep.json (--only sweep).
 Also: ``cost.work_depth`` against hand-computed values.
 """
 import json
@@ -93,8 +93,8 @@ def _claims(numbers):
         (r"counts one block's columns, ([\d.]+) MiB", [numbers["memory_cost_mib"]["im2col"]]),
         (r"its total \(([\d.]+) MiB\)", [numbers["memory_cost_mib"]["winograd"]]),
         (r"and ([\d.]+)-([\d.]+)x at 8, 16 and 32 channels", [min(narrow), max(narrow)]),
-        (r"slower at every channel count in section 5's table \(([\d.]+)-([\d.]+)x", [min(channels), max(channels)]),
-        (r"128 channels, where im2col is ([\d.]+)x faster than Winograd", [1 / w["channels 128"]]),
+        (r"channel sweep runs from ([\d.]+)x \(8 channels\) to ([\d.]+)x \(128 channels\)", [min(channels), max(channels)]),
+        (r"channels 128, where Winograd is ([\d.]+)x faster than im2col", [w["channels 128"]]),
         (r"from ([\d.]+)x \(LeNet's first layer, where PyTorch is slower\) to ([\d.]+)x", numbers["torch_ratio_all"]),
         (r"im2col takes ([\d.]+)-([\d.]+)x PyTorch's time on the CPU", numbers["torch_ratio_all"]),
     ]
@@ -108,21 +108,48 @@ def test_chapter_two_quotes_the_numbers_its_script_wrote():
     for name in ("02_workdepth.md", "02_gemm.md", "02_memory.md", "02_conv.txt", "02_layers.txt", "02_allocator.md"):
         table = (ROOT / "tutorials" / "figures" / "out" / name).read_text().strip()
         assert " ".join(table.split()) in prose, f"chapter 2's copy of {name} is stale"
-    # auto's disagreements with the measured fastest are named in the text
+    # auto's disagreements with the measured fastest are named in the text, and the summary says
+    # "the two shapes of the suite where it does not pick the measured fastest": 64 and 128 channels
     for case in numbers["auto_disagrees"]:
         assert f"`auto` is not the fastest on {case}" in prose, f"chapter 2 does not say where auto loses: {case}"
+    assert sorted(numbers["auto_disagrees"]) == ["channels 128", "channels 64"]
+    assert "`auto` keeps im2col at 64 and 128 channels, the two shapes of the suite" in prose
+    # Winograd's gain over the channel sweep: lowest at 8 channels, highest at 128 (as quoted), below 1
+    # up to 32 channels ("slower on narrow layers"), within 5% of 1 at 64 ("even"), above 1 at 128
+    w = numbers["winograd_speedup"]
+    channels = {case: value for case, value in w.items() if case.startswith("channels")}
+    assert min(channels, key=channels.get) == "channels 8" and max(channels, key=channels.get) == "channels 128"
+    assert max(w[f"channels {c}"] for c in (8, 16, 32)) < 1 < w["channels 128"] and abs(w["channels 64"] - 1) < 0.05
 
 
 def test_chapter_two_quotes_the_gemm_breakdown_of_the_main_suite():
     """Section 5's GEMM paragraph and the summary against 02_main.json (the main suite's breakdown):
     the 64-channel layer's GEMMs as a fraction of the square-GEMM rate and of the layer's time."""
-    summary = json.loads((ROOT / "tutorials" / "figures" / "out" / "02_main.json").read_text())[-1]
+    *rows, summary = json.loads((ROOT / "tutorials" / "figures" / "out" / "02_main.json").read_text())
     gemms = [s for s in summary["stages"] if s["layer"] == "conv2d large" and s["stage"] == "GEMM"]
     layer = next(item for item in summary["layers"] if item["layer"] == "conv2d large fwd+bwd")
     fractions = [min(s["gemm_fraction"] for s in gemms), max(s["gemm_fraction"] for s in gemms)]
     share = 100 * layer["gemm_ms"] / layer["measured_ms"]
+    flops = layer["measured_ms"] * next(r["gflops"] for r in rows if r["case"] == "conv2d large fwd+bwd") * 1e6
+    rate = summary["machine"]["gemm_gflops"]
+    lenet = {name: [s["gemm_fraction"] for s in summary["stages"] if s["layer"] == name and s["stage"] == "GEMM"]
+             for name in ("lenet conv1", "lenet conv2")}
     prose = " ".join(CHAPTER.read_text().split())
-    for pattern, values in [(r"GFLOP/s, ([\d.]+)-([\d.]+) of the square-matrix rate", fractions),
+    for pattern, values in [(r"\(([\d.]+) of ([\d.]+) ms; alone they take ([\d.]+)x PyTorch's whole layer\)",
+                             [layer["gemm_ms"], layer["measured_ms"], layer["gemm_ms"] / layer["torch_ms"]]),
+                            (r"stages add up to ([\d.]+) ms of the measured ([\d.]+)",
+                             [layer["sum_of_stages_ms"], layer["measured_ms"]]),
+                            (r"operations at (\d+) GFLOP/s, ([\d.]+) times the square-GEMM rate",
+                             [flops / layer["torch_ms"] / 1e6, flops / layer["torch_ms"] / 1e6 / rate]),
+                            (r"take ([\d.]+) ms timed alone, ([\d.]+)x PyTorch's layer",
+                             [layer["gemm_and_im2col_ms"], layer["gemm_and_im2col_ms"] / layer["torch_ms"]]),
+                            (r"and the GEMMs alone, ([\d.]+)x, leave no room", [layer["gemm_ms"] / layer["torch_ms"]]),
+                            (r"the stages timed alone add up to ([\d.]+) of the rate, the layer as measured reaches (\d\.\d+)",
+                             [flops / layer["sum_of_stages_ms"] / 1e6 / rate, flops / layer["measured_ms"] / 1e6 / rate]),
+                            (r"runs its GEMMs at ([\d.]+)-([\d.]+) of the rate, its second \(6 channels, a sum over 150\) "
+                             r"at ([\d.]+)-(\d\.\d+)", [min(lenet["lenet conv1"]), max(lenet["lenet conv1"]),
+                                                      min(lenet["lenet conv2"]), max(lenet["lenet conv2"])]),
+                            (r"GFLOP/s, ([\d.]+)-([\d.]+) of the square-matrix rate", fractions),
                             (r"its GEMMs run at ([\d.]+)-([\d.]+) of NumPy's square-matrix rate", fractions),
                             (r"Together they take (\d+)% of the layer's time", [share]),
                             (r"square-matrix rate and take (\d+)% of the layer's time", [share])]:
@@ -167,6 +194,112 @@ def test_chapter_two_quotes_the_allocator_table():
     assert not missing, f"chapter 2 does not quote 02_allocator.json: {missing}"
     assert ours[default]["faults_per_step"] < 50 and ours[kept]["faults_per_step"] < 50   # "does not fault either way"
     assert lenet[kept]["ms"] < lenet[default]["ms"] and conv[kept]["ms"] < conv[default]["ms"]
+
+
+def test_chapter_two_quotes_the_conv_suites_times():
+    """Section 5's bullets and work-depth paragraph against 02_conv.json's times (the ms and the
+    growth factors they quote beside the table)."""
+    *rows, _ = json.loads((ROOT / "tutorials" / "figures" / "out" / "02_conv.json").read_text())
+    ms = {(row["case"], row["algorithm"]): row["minidl_ms"] for row in rows if row["device"] == "cpu"}
+    torch = {row["case"]: row["torch_ms"] for row in rows if row["device"] == "cpu" and row.get("torch_ms")}
+    kernel = [f"kernel {k}x{k}" for k in (3, 5, 7, 9, 11, 13)]
+    ratios = [ms[(case, "im2col")] / torch[case] for case in kernel]
+    prose = " ".join(CHAPTER.read_text().split())
+    assert_quoted(prose, [
+        (r"where Winograd and im2col tie \(([\d.]+) against ([\d.]+) ms\)",
+         [ms[("channels 64", "winograd")], ms[("channels 64", "im2col")]]),
+        (r"faster than im2col \(([\d.]+) against ([\d.]+) ms\)", [ms[("channels 128", "winograd")], ms[("channels 128", "im2col")]]),
+        (r"im2col still wins at 5x5 \(([\d.]+) against ([\d.]+) ms\)", [ms[("kernel 5x5", "im2col")], ms[("kernel 5x5", "fft")]]),
+        (r"([\d.]+)-([\d.]+)x up to 13x13", [min(ratios), max(ratios)]),
+        (r"im2col time grows (\d+)x, its work `kh \* kw` (\d+)x, PyTorch's time (\d+)x",
+         [ms[("kernel 13x13", "im2col")] / ms[("kernel 3x3", "im2col")], 169 / 9, torch["kernel 13x13"] / torch["kernel 3x3"]]),
+        (r"PyTorch's own time jumps \(([\d.]+) to (\d+) ms from 13x13 to 15x15", [torch["kernel 13x13"], torch["kernel 15x15"]]),
+        (r"the table shows direct ([\d.]+)x \(LeNet's conv2\) to ([\d.]+)x \(the 64-channel layer\) slower",
+         [ms[("lenet conv2", "direct")] / ms[("lenet conv2", "im2col")], ms[("large", "direct")] / ms[("large", "im2col")]]),
+        (r"Winograd takes ([\d.]+) ms against ([\d.]+) and FFT (\d+) ms",
+         [ms[("large", "winograd")], ms[("large", "im2col")], ms[("large", "fft")]]),
+    ], "02_conv.json")
+    assert ms[("kernel 5x5", "im2col")] < ms[("kernel 5x5", "fft")]                            # "im2col still wins at 5x5"
+
+
+def test_chapter_two_quotes_the_layers_suite():
+    """Section 6's CPU paragraph against 02_layers.json: the GEMM rates in its header and the layers'
+    fractions of NumPy's rate (fc from 0.85 to 0.93, conv from 16 channels' to 128 channels')."""
+    *rows, summary = json.loads((ROOT / "tutorials" / "figures" / "out" / "02_layers.json").read_text())
+    fc = [row["gemm_fraction"] for row in rows if row["kind"] == "linear" and row["device"] == "cpu"]
+    conv = {row["case"]: row["gemm_fraction"] for row in rows if row["kind"] == "conv" and row["device"] == "cpu"}
+    assert min(conv, key=conv.get) == "conv 16->16 32x32" and max(conv, key=conv.get) == "conv 128->128 32x32"
+    prose = " ".join(CHAPTER.read_text().split())
+    assert_quoted(prose, [
+        (r"NumPy runs a square GEMM at (\d+) GFLOP/s and this PyTorch build at (\d+) \(the first line\)",
+         [summary["machine"]["gemm_gflops"], summary["machine"]["torch_gemm_gflops"]]),
+        (r"three GEMMs, at ([\d.]+)-([\d.]+) of NumPy's square rate on minidl's side", [min(fc), max(fc)]),
+        (r"its rate grows from ([\d.]+) of NumPy's GEMM rate at 16 channels to ([\d.]+) at 128", [min(conv.values()), max(conv.values())]),
+    ], "02_layers.json")
+
+
+def test_chapter_two_quotes_the_batch_sweep():
+    """Section 5's batch sweep against 02_sweep.json (make_02_figures.py --only sweep): 02_sweep.md
+    verbatim, the ranges the prose and the summary quote (two decimals, as the table prints them),
+    "every target is met", and NumPy's GEMM rate with OpenBLAS's own kernel (the sweep's workers,
+    --blas native) against the forced one (the conv, layers and main suites' headers)."""
+    out = ROOT / "tutorials" / "figures" / "out"
+    *rows, summary = json.loads((out / "02_sweep.json").read_text())
+    machine = summary["machine"]
+    prose = " ".join(CHAPTER.read_text().split())
+    table = (out / "02_sweep.md").read_text().strip()
+    assert " ".join(table.split()) in prose, "chapter 2's copy of 02_sweep.md is stale"
+
+    def span(case, key, batches=None):
+        values = [row[key] for row in rows if row["case"] == case and (batches is None or row["batch"] in batches)]
+        return f"{min(values):.2f}-{max(values):.2f}"
+    lenet, mlp, conv = "lenet5 train step", "mlp 784-256-256-10 train step", "conv 64->64 32x32"
+    targets = {row["case"]: row["target"] for row in rows}
+    assert targets == {lenet: "<= 1.2x torch", mlp: "<= 0.9x torch", conv: "<= 1.15x floor"}
+    assert sorted({row["batch"] for row in rows}) == [16, 32, 64, 128, 256]           # "batch 16 to 256"
+    assert all(row["met"] for row in rows), "the prose says every target is met"
+    against_torch = f"takes {span(conv, 'ratio', (16, 32))}x at batch 16 and 32 and {span(conv, 'ratio', (128, 256))}x " \
+                    f"at batch 128 and 256"
+    assert prose.count(against_torch) == 2, f"section 5 and the summary both say: {against_torch}"
+    # --blas native: the sweep's workers ran without the forcing, the other suites with it
+    forced = [json.loads((out / name).read_text())[-1]["machine"] for name in ("02_conv.json", "02_layers.json", "02_main.json")]
+    assert machine["blas"] == "native" and machine["blas_forced"] == {}
+    assert all(m["blas_forced"].get("OPENBLAS_CORETYPE") == "Haswell" for m in forced)
+    low, high = min(m["gemm_gflops"] for m in forced), max(m["gemm_gflops"] for m in forced)
+    torch = [m["torch_gemm_gflops"] for m in forced + [machine]]
+    native, main_suite = machine["gemm_gflops"], forced[-1]["gemm_gflops"]
+    for phrase in ("every target is met in this run",
+                   f"The LeNet-5 step takes {span(lenet, 'ratio')}x PyTorch's time (the target is 1.2x)",
+                   f"the MLP step takes {span(mlp, 'ratio')}x (target 0.9x)",
+                   f"the 64-channel layer takes {span(conv, 'over_floor')}x its floor (target 1.15x)",
+                   f"the LeNet-5 step takes {span(lenet, 'ratio')}x PyTorch's time, the MLP step {span(mlp, 'ratio')}x, "
+                   f"and the 64-channel layer {span(conv, 'over_floor')}x its floor",
+                   f"its square GEMM runs at {native:.0f} GFLOP/s there, against {low:.0f}-{high:.0f} GFLOP/s with the "
+                   f"forced Haswell kernel",
+                   f"NumPy's square GEMM runs at {low:.0f}-{high:.0f} GFLOP/s there, about half of the {native:.0f} "
+                   f"GFLOP/s of OpenBLAS's own choice",
+                   f"its GEMM runs at {min(torch):.0f}-{max(torch):.0f} GFLOP/s either way",
+                   f"(`--blas native`, {native:.0f} GFLOP/s instead of {main_suite:.0f})"):
+        assert phrase in prose, f"chapter 2 does not quote 02_sweep.json: {phrase}"
+    assert 1.7 < machine["gemm_gflops"] / high and machine["gemm_gflops"] / low < 2.1    # "about half"
+    # the shape of the curves: LeNet-5's ratio "rising from batch 32 to 256", the MLP's "less as the batch
+    # grows", the layer's time "doubles with the batch", PyTorch's "grows 2.7 times from batch 32 to 64"
+    by = {(row["case"], row["batch"]): row for row in rows}
+    batches = [16, 32, 64, 128, 256]
+    lenet_ratios, mlp_ratios = [by[(lenet, b)]["ratio"] for b in batches[1:]], [by[(mlp, b)]["ratio"] for b in batches]
+    assert lenet_ratios == sorted(lenet_ratios) and mlp_ratios == sorted(mlp_ratios, reverse=True)
+    assert all(1.8 < by[(conv, b)]["minidl_ms"] / by[(conv, a)]["minidl_ms"] < 2.2 for a, b in zip(batches, batches[1:]))
+    torch_32, torch_64 = by[(conv, 32)]["torch_ms"], by[(conv, 64)]["torch_ms"]
+    suites = {"02_conv.json": "large", "02_layers.json": "conv 64->64 32x32", "02_main.json": "conv2d large fwd+bwd"}
+    forced_rows = [row for name, case in suites.items() for row in json.loads((out / name).read_text())
+                   if row.get("case") == case and row.get("algorithm", "im2col") == "im2col" and row.get("torch_ms")]
+    ours, theirs = [row["minidl_ms"] for row in forced_rows], [row["torch_ms"] for row in forced_rows]
+    assert len(forced_rows) == 3
+    for phrase in (f"PyTorch's grows {torch_64 / torch_32:.1f} times from batch 32 to 64 ({torch_32:.3g} to {torch_64:.3g} ms)",
+                   f"the layer takes {by[(conv, 32)]['minidl_ms']:.3g} ms here against {min(ours):.3g}-{max(ours):.3g} ms "
+                   f"with the forced kernel, while PyTorch's time hardly moves ({torch_32:.3g} ms, "
+                   f"{min(theirs):.1f}-{max(theirs):.1f} above)"):
+        assert phrase in prose, f"chapter 2 does not quote 02_sweep.json: {phrase}"
 
 
 def test_chapter_two_quotes_the_float32_errors_its_script_measured():
