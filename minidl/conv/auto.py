@@ -7,13 +7,15 @@ NumPy + OpenBLAS, one thread, process CPU time, minimum of 5 runs):
 
     winograd  for 3x3, stride 1, when in_channels and out_channels are both >= WINOGRAD_MIN_CHANNELS.
               Channel sweep (batch 16, 32x32), im2col / Winograd time, forward, input gradient,
-              weight gradient, on the 2-core Intel Xeon machine this project's CI runs on:
+              weight gradient, on a 2-core Intel Xeon machine, against the im2col of that time:
               64 channels 0.69, 0.60, 0.92 (Winograd slower in every pass); 128 channels 0.78,
               0.76, 1.12; 256 channels 0.84, 1.23, 1.34, the whole layer 1.10x faster with
               Winograd. Hence 256. (On an AMD EPYC machine with OpenBLAS's SkylakeX kernels the
               whole layer was 1.12x faster with Winograd at 64 channels and 1.59x at 128: the tile
               transforms are memory-bound passes, and how much of the saved multiplications they
-              eat depends on the machine's memory system.)
+              eat depends on the machine's memory system. Chapter 2's latest run, on an AMD EPYC
+              with the cache-sized blocks, has Winograd about even at 64 channels and faster at
+              128, so there the rule picks im2col where Winograd would win.)
     fft       for kernels of FFT_MIN_KERNEL or more on a side. Kernel sweep (batch 8, 16 -> 16
               channels, 64x64, "same" padding), im2col / FFT time: 0.70 at 5x5, 1.34 at 7x7, 1.98
               at 9x9 on the Intel machine (the AMD one: 0.93, 1.55, 3.1); on LeNet's 5x5 layers
