@@ -106,7 +106,8 @@ def command(tree, nprocs, selection, timeout, proxy=False):
 
 
 def run(tree, nprocs, selection, timeout, count, env):
-    """Run and return {node id: ('passed' | 'failed' | 'skipped', message)} for the tests that reported."""
+    """Run and return ({node id: ('passed' | 'failed' | 'skipped', message)} for the tests rank 0
+    reported, {node id: (rank, message)}: the first failure another rank reported)."""
     with tempfile.NamedTemporaryFile("r", suffix=".tsv") as record:
         env = dict(env, MINIDL_GRADE_RECORD=record.name)
         process = subprocess.Popen(command(tree, nprocs, selection, timeout, "MINIDL_GRADE_PROXY" in env),
@@ -117,9 +118,12 @@ def run(tree, nprocs, selection, timeout, count, env):
         except subprocess.TimeoutExpired:                # pytest-timeout should have ended it first
             os.killpg(process.pid, signal.SIGKILL)       # mpiexec and every rank: one process group
             process.wait()
-        outcomes = {}
+        outcomes, elsewhere = {}, {}
         for line in Path(record.name).read_text().splitlines():
-            when, outcome, nodeid, message = (line.split("\t") + [""])[:4]
+            when, outcome, nodeid, message, rank = (line.split("\t") + ["", "0"])[:5]
+            if rank != "0":
+                elsewhere.setdefault(nodeid, (rank, message if when == "call" else f"{when}: {message}"))
+                continue
             before = outcomes.get(nodeid, ("", ""))[0]
             if outcome == "failed" and before != "failed":
                 outcomes[nodeid] = ("failed", message if when == "call" else f"{when}: {message}")
@@ -127,7 +131,10 @@ def run(tree, nprocs, selection, timeout, count, env):
                 outcomes[nodeid] = ("skipped", "")
             elif when == "call" and outcome == "passed" and nodeid not in outcomes:
                 outcomes[nodeid] = ("passed", "")
-        return outcomes
+        for nodeid, (rank, message) in elsewhere.items():   # rank 0 passed, another rank did not
+            if outcomes.get(nodeid, ("",))[0] == "passed":
+                outcomes[nodeid] = ("failed", f"rank {rank}: {message}")
+        return outcomes, elsewhere
 
 
 def grade_task(tree, task, timeout, env, max_ranks=8):
@@ -144,10 +151,14 @@ def grade_task(tree, task, timeout, env, max_ranks=8):
         if stopped:
             outcomes.update({nodeid: ("not run", stopped) for nodeid in ids})
             continue
-        got = run(tree, nprocs, ["--task", task.id, *test_files(tree, task)], timeout, len(ids), env)
+        got, elsewhere = run(tree, nprocs, ["--task", task.id, *test_files(tree, task)], timeout, len(ids), env)
         outcomes.update({nodeid: got[nodeid] for nodeid in ids if nodeid in got})
         silent = [nodeid for nodeid in ids if nodeid not in got]
-        if silent:                                   # the run died in silent[0]
+        if silent and silent[0] in elsewhere:        # one rank failed, the others waited for it
+            rank, message = elsewhere[silent[0]]
+            outcomes[silent[0]] = ("failed", f"rank {rank} of p = {nprocs}: {message} (the other ranks then "
+                                             f"waited for it until the timeout, {timeout} s)")
+        elif silent:                                 # the run died in silent[0]
             outcomes[silent[0]] = ("failed", f"timed out after {timeout} s at p = {nprocs} (or the run crashed): "
                                              "probably a receive that no rank's send matches, or a rank that "
                                              "stopped sending")

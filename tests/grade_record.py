@@ -4,10 +4,12 @@ $MINIDL_GRADE_COLLECT: after collection, one line ``nprocs<TAB>nodeid`` per test
 taken from mpi-pytest's ``parallel[N]`` marker (a test marked for one size only has no
 ``nprocs=`` in its node id, so the id alone cannot tell).
 
-$MINIDL_GRADE_RECORD: written line by line (``when<TAB>outcome<TAB>nodeid<TAB>message``), so that
-a run killed by a timeout (a deadlocked student function) still tells the grader which tests had
-finished. ``message`` is what a failure said, on one line (the assertion and its values, or the
-exception), cut to MESSAGE_CHARS; empty for a pass. Rank 0 only.
+$MINIDL_GRADE_RECORD: written line by line (``when<TAB>outcome<TAB>nodeid<TAB>message<TAB>rank``),
+so that a run killed by a timeout (a deadlocked student function) still tells the grader which tests
+had finished. ``message`` is what a failure said, on one line (the assertion and its values, or the
+exception), cut to MESSAGE_CHARS; empty for a pass. Rank 0 writes every report, the other ranks
+only their failures: when one rank fails and the others then wait for it until the timeout, the
+grader can say what that rank said.
 """
 import os
 import re
@@ -30,14 +32,17 @@ def pytest_runtest_logreport(report):
     path = os.environ.get("MINIDL_GRADE_RECORD")
     if not path:
         return
+    rank = 0
     try:
         from mpi4py import MPI
-        if MPI.Is_initialized() and MPI.COMM_WORLD.Get_rank() != 0:
-            return
+        if MPI.Is_initialized():
+            rank = MPI.COMM_WORLD.Get_rank()
     except ImportError:
         pass
-    with open(path, "a") as file:
-        file.write(f"{report.when}\t{report.outcome}\t{report.nodeid}\t{message(report)}\n")
+    if rank != 0 and not report.failed:
+        return
+    with open(path, "a") as file:                 # one short append per line: ranks' lines do not mix
+        file.write(f"{report.when}\t{report.outcome}\t{report.nodeid}\t{message(report)}\t{rank}\n")
 
 
 def message(report):

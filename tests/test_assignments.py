@@ -506,9 +506,42 @@ def test_a_forgery_inside_a_whole_forwarded_call_records_nothing_and_fails(tmp_p
     student = grader.sandbox_tree(tmp_path / "sandboxed" / "student", tree, GENERATOR)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), MINIDL_GRADE_PROXY=task_id,
                MINIDL_GRADE_STUDENT=str(student), MINIDL_GRADE_CALL_TIMEOUT="20")
-    outcomes = grader.run(ROOT, nprocs, [nodeid], 30, 1, env)
+    outcomes, _ = grader.run(ROOT, nprocs, [nodeid], 30, 1, env)
     assert list(outcomes) == [nodeid], outcomes                                   # nothing forged recorded
     status, message = outcomes[nodeid]
     name = forwarded.rpartition(".")[2]
     assert status == "failed" and f"{name} (the student's, in the sandbox)" in message and "ended" in message, \
         outcomes
+
+
+ONE_RANK_FAILS = '''
+import pytest
+from mpi4py import MPI
+
+
+@pytest.mark.parallel(nprocs=2)
+def test_rank_1_fails_and_rank_0_passes():
+    assert MPI.COMM_WORLD.rank == 0, "only rank 0 is right"
+
+
+@pytest.mark.parallel(nprocs=2)
+def test_rank_1_fails_and_rank_0_waits_for_it():
+    comm = MPI.COMM_WORLD
+    if comm.rank == 1:
+        raise AssertionError("rank 1 says why")
+    comm.recv(source=1)                          # never sent: rank 0 waits until the timeout
+'''
+
+
+def test_what_a_rank_other_than_0_said_reaches_the_grade(tmp_path):
+    """A stubbed server raises on its own rank while rank 0 waits for it: the test must fail with
+    the server's words, not only "timed out"; and a test that fails on rank 1 alone is failed."""
+    from tests import grade as grader
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "test_ranks.py").write_text(ONE_RANK_FAILS)
+    (tmp_path / "pytest.ini").write_text("[pytest]\ntimeout_method = thread\n")     # as setup.cfg has it
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    outcomes, elsewhere = grader.run(tmp_path, 2, ["t/test_ranks.py"], 5, 2, env)
+    waits, passes = (f"t/test_ranks.py::test_rank_1_fails_and_rank_0_{name}" for name in ("waits_for_it", "passes"))
+    assert waits not in outcomes and elsewhere[waits] == ("1", "AssertionError: rank 1 says why"), (outcomes, elsewhere)
+    assert outcomes[passes][0] == "failed" and outcomes[passes][1].startswith("rank 1: AssertionError: only rank 0")
