@@ -121,8 +121,10 @@ def run(tree, nprocs, selection, timeout, count, env):
         outcomes, elsewhere = {}, {}
         for line in Path(record.name).read_text().splitlines():
             when, outcome, nodeid, message, rank = (line.split("\t") + ["", "0"])[:5]
-            if rank != "0":
-                elsewhere.setdefault(nodeid, (rank, message if when == "call" else f"{when}: {message}"))
+            if rank != "0":                          # the root cause first: the sandbox's words
+                said = (rank, message if when == "call" else f"{when}: {message}")
+                if nodeid not in elsewhere or ("in the sandbox" in message and "in the sandbox" not in elsewhere[nodeid][1]):
+                    elsewhere[nodeid] = said
                 continue
             before = outcomes.get(nodeid, ("", ""))[0]
             if outcome == "failed" and before != "failed":
@@ -162,6 +164,7 @@ def grade_task(tree, task, timeout, env, max_ranks=8):
             outcomes[silent[0]] = ("failed", f"timed out after {timeout} s at p = {nprocs} (or the run crashed): "
                                              "probably a receive that no rank's send matches, or a rank that "
                                              "stopped sending")
+        if silent:
             stopped = f"not run: an earlier test of this task timed out at p = {nprocs}"
             outcomes.update({nodeid: ("not run", stopped) for nodeid in silent[1:]})
     return outcomes
