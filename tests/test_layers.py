@@ -185,3 +185,16 @@ def test_conv_bias_gradient_is_the_output_gradient_summed_over_images_and_pixels
     out = F.conv2d(x, Tensor(rng.standard_normal((shape[1], 2, 3, 3))), bias)
     out.backward(grad.astype(np.float64))
     np.testing.assert_allclose(bias.grad, expected, rtol=1e-12, atol=1e-9)       # the layer uses it
+
+
+@pytest.mark.parametrize("shape", [(4, 6, 28, 28), (3, 16, 10, 10), (2, 5, 1, 7), (0, 3, 4, 4)])
+@pytest.mark.parametrize("dtypes", [(np.float32, np.float32), (np.float64, np.float64), (np.float32, np.float64)])
+def test_conv_bias_add_has_the_bits_of_the_broadcast_add(shape, dtypes):
+    rng = np.random.default_rng(3)
+    out = rng.standard_normal(shape).astype(dtypes[0])
+    bias = rng.standard_normal(shape[1]).astype(dtypes[1])
+    for case in (out.copy(), out.copy().transpose(0, 1, 3, 2)):       # C-contiguous, and not (the broadcast's path)
+        expected = case.copy()
+        expected += bias.reshape(1, -1, 1, 1)
+        F.add_bias(case, bias)
+        assert case.dtype == expected.dtype and case.tobytes() == expected.tobytes()
