@@ -1,7 +1,7 @@
 """Data-parallel training against PyTorch DistributedDataParallel: milliseconds per step.
 
     python -m algorithms.bench [--ranks 2] [--steps 30] [--runs 3] [--json OUT] [--markdown OUT] [--quick] [--no-torch] [--blas native]
-    python -m algorithms.bench --blas native --cases lenet5:128      # only the cases named (model:batch, comma-separated)
+    python -m algorithms.bench --blas native --cases lenet5:128     # only these cases (model:batch, comma-separated)
 
 Each case (model, per-rank batch, side) runs in its own ``mpiexec -n R`` job, one BLAS thread per
 rank, on random MNIST-shaped data (1 x 28 x 28, 10 classes) with SGD (lr 0.01, momentum 0.9) and
