@@ -1,6 +1,7 @@
 """Data-parallel training against PyTorch DistributedDataParallel: milliseconds per step.
 
     python -m algorithms.bench [--ranks 2] [--steps 30] [--runs 3] [--json OUT] [--markdown OUT] [--quick] [--no-torch] [--blas native]
+    python -m algorithms.bench --blas native --cases lenet5:128     # only these cases (model:batch, comma-separated)
 
 Each case (model, per-rank batch, side) runs in its own ``mpiexec -n R`` job, one BLAS thread per
 rank, on random MNIST-shaped data (1 x 28 x 28, 10 classes) with SGD (lr 0.01, momentum 0.9) and
@@ -48,6 +49,18 @@ CASES = [(model, batch) for model in ("lenet5", "mlp") for batch in (32, 128)]
 SIDES = ("ring", "mpi", "ddp")
 TARGET = 1.0
 LR, MOMENTUM = 0.01, 0.9
+
+
+def parse_cases(text):
+    """``--cases``: "lenet5:128,mlp:32" -> [("lenet5", 128), ("mlp", 32)]; a case outside CASES is a SettingError."""
+    cases = []
+    for item in text.split(","):
+        model, _, batch = item.strip().partition(":")
+        if (model, int(batch) if batch.isdigit() else None) not in CASES:
+            raise cli.SettingError(f"--cases {text}: {item.strip()!r} is not one of "
+                                   + ", ".join(f"{m}:{b}" for m, b in CASES))
+        cases.append((model, int(batch)))
+    return cases
 
 
 def timed(comm, step, warmup, steps):
@@ -191,6 +204,7 @@ def main(argv=None):
     parser.add_argument("--blas", choices=["as-set", "native"], default="as-set",
                         help="native: both sides' jobs run without a forced OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE "
                              "(as minidl.bench --blas native; default: the environment as it is)")
+    parser.add_argument("--cases", help="only these cases, model:batch comma-separated (default: every case)")
     parser.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--model", choices=["lenet5", "mlp"], help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)
@@ -202,6 +216,7 @@ def main(argv=None):
             raise cli.SettingError("--model and --batch are the benchmark's own, for one job: it runs every case")
         if args.worker is not None:
             cli.require("--batch", args.batch, integer=True, low=1)
+        cases = CASES if args.cases is None else parse_cases(args.cases)
         cli.check_output("--json", args.json)
         cli.check_output("--markdown", args.markdown)
     except cli.SettingError as error:
@@ -218,7 +233,7 @@ def main(argv=None):
         return 0
     if args.quick:
         args.steps, args.warmup, args.runs = 3, 1, 1
-    cases = [(model, 4) for model in ("lenet5", "mlp")] if args.quick else CASES
+        cases = [(model, 4) for model in ("lenet5", "mlp")]
     with_torch = not args.no_torch and torch_installed()
     rows = []
     for model, batch in cases:

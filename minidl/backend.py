@@ -81,6 +81,31 @@ def to_numpy(array):
     return numpy.asarray(array)
 
 
+# ---- max(array, 0) at the speed of NumPy's vector loop -----------------------------------------
+ZERO_ROW = 512         # the shortest row compared with a row of zeros (shorter: NumPy's per-row cost shows)
+
+
+def maximum_with_zero(array):
+    """``xp.maximum(array, 0)``, the same bits (NaN stays NaN, -0.0 becomes 0.0), faster on NumPy.
+
+    Why: NumPy's ``maximum`` against a scalar runs an element-at-a-time loop, against an array of
+    the same length its vector loop: on LeNet-5's first ReLU (128 x 6 x 28 x 28 floats, one core)
+    0.18 ms against 0.07. So a C-contiguous array is seen as rows of at least ZERO_ROW numbers (its
+    trailing axes), each compared with one row of zeros. Other arrays, and CuPy's (one kernel
+    either way), take ``maximum(array, 0)`` itself, which the tests compare this with.
+    """
+    xp = get_array_module(array)
+    row = 1
+    for extent in reversed(array.shape):
+        row *= extent
+        if row >= ZERO_ROW:
+            break
+    if xp is not numpy or not array.flags.c_contiguous or row < 2:
+        return xp.maximum(array, 0)
+    zeros = xp.zeros(row, dtype=array.dtype)
+    return xp.maximum(array.reshape(-1, row), zeros).reshape(array.shape)
+
+
 # ---- the heap: keep freed arrays' memory for the next step (glibc) ------------------------------
 MMAP_THRESHOLD = 32 << 20      # glibc's largest allowed value (its DEFAULT_MMAP_THRESHOLD_MAX on 64 bits)
 TRIM_THRESHOLD = 64 << 20

@@ -327,8 +327,7 @@ def log(a):
 
 def relu(a):
     a = as_tensor(a)
-    xp = backend.get_array_module(a.data)
-    return result(xp.maximum(a.data, 0), (a,), lambda grad: (grad * (a.data > 0),), "relu")
+    return result(backend.maximum_with_zero(a.data), (a,), lambda grad: (grad * (a.data > 0),), "relu")
 
 
 def tanh(a):

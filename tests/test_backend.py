@@ -102,3 +102,20 @@ def test_importing_minidl_keeps_freed_arrays_memory_so_steps_do_not_page_fault()
     assert faults["numpy"] > 20 * 1000, faults             # glibc's default: the pages come back every step
     assert faults["minidl"] < 20 * 50, faults              # kept: a few stray faults at most
     assert faults["minidl, opted out"] > 20 * 1000, faults     # MINIDL_KEEP_FREED_MEMORY=0: glibc's defaults
+
+
+SPECIAL_FLOATS = [0.0, -0.0, np.nan, -np.nan, np.inf, -np.inf, 1e-45, -1e-45, 1.0, -1.0, 3e38, -3e38]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(), (0, 5), (7,), (128, 6, 28, 28), (9, 16, 10, 10), (33, 120), (5, 3, 700)])
+def test_maximum_with_zero_has_the_bits_of_maximum_with_the_scalar_zero(shape, dtype):
+    rng = np.random.default_rng(sum(shape) + 1)
+    array = rng.standard_normal(shape).astype(dtype)
+    flat = array.reshape(-1)
+    flat[rng.integers(0, max(flat.size, 1), min(flat.size, 60))] = rng.choice(SPECIAL_FLOATS, min(flat.size, 60))
+    for case in (array, array.T, array[..., ::2] if array.ndim else array):   # C-contiguous, and the plain path's
+        fast = backend.maximum_with_zero(case)
+        plain = np.maximum(case, 0)
+        assert fast.shape == plain.shape and fast.dtype == plain.dtype
+        assert np.ascontiguousarray(fast).tobytes() == np.ascontiguousarray(plain).tobytes()

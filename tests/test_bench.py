@@ -153,3 +153,24 @@ def test_a_bad_flag_is_one_error_line_and_exit_2_before_anything_runs(arguments,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and done.stdout == "", (done.returncode, done.stdout[-300:])
     assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1 and says in done.stderr, done.stderr
+
+
+def test_the_ddp_benchmark_runs_only_the_cases_named_and_refuses_others(monkeypatch, tmp_path):
+    from algorithms import bench as ddp
+    ran = []
+
+    def fake(side, model, batch, args):
+        ran.append((model, batch))
+        return {"ms": 1.0, "phases": None}
+    monkeypatch.setattr(ddp, "run_case", fake)
+    ddp.main(["--runs", "1", "--no-torch", "--cases", "mlp:32,lenet5:128", "--json", str(tmp_path / "rows.json")])
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    assert [(row["model"], row["batch"]) for row in rows] == [("mlp", 32), ("lenet5", 128)]
+    assert set(ran) == {("mlp", 32), ("lenet5", 128)}
+    for value in ("lenet5:64", "resnet:32", "lenet5", "", "mlp:32,"):
+        with pytest.raises(ddp.cli.SettingError, match="--cases"):
+            ddp.parse_cases(value)
+    done = subprocess.run([sys.executable, "-m", "algorithms.bench", "--cases", "lenet5:64"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 2 and done.stdout == "", done.stdout[-300:]
+    assert done.stderr.startswith("error: --cases lenet5:64") and done.stderr.count("\n") == 1, done.stderr

@@ -170,3 +170,31 @@ def test_every_input_gradient_path_of_im2col_equals_the_direct_kernel(in_channel
         np.testing.assert_allclose(out, expected_out, rtol=1e-12, atol=1e-12)
         for got, want in zip(kernel_module.backward(grad_out, cache), direct.backward(grad_out, expected_cache)):
             np.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-11)
+
+
+@pytest.mark.parametrize("shape", [(4, 6, 28, 28), (3, 16, 10, 10), (2, 5, 1, 7), (0, 3, 4, 4)])
+def test_conv_bias_gradient_is_the_output_gradient_summed_over_images_and_pixels(shape):
+    rng = np.random.default_rng(7)
+    grad = rng.standard_normal(shape).astype(np.float32)
+    expected = [sum(float(value) for value in grad[:, f].reshape(-1)) for f in range(shape[1])]   # one by one, exactly
+    got = F.bias_gradient(grad)
+    assert got.shape == (shape[1],) and got.dtype == np.float32
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-4)
+    x = Tensor(rng.standard_normal((shape[0], 2, shape[2] + 2, shape[3] + 2)))
+    bias = Tensor(np.zeros(shape[1]), requires_grad=True)
+    out = F.conv2d(x, Tensor(rng.standard_normal((shape[1], 2, 3, 3))), bias)
+    out.backward(grad.astype(np.float64))
+    np.testing.assert_allclose(bias.grad, expected, rtol=1e-12, atol=1e-9)       # the layer uses it
+
+
+@pytest.mark.parametrize("shape", [(4, 6, 28, 28), (3, 16, 10, 10), (2, 5, 1, 7), (0, 3, 4, 4)])
+@pytest.mark.parametrize("dtypes", [(np.float32, np.float32), (np.float64, np.float64), (np.float32, np.float64)])
+def test_conv_bias_add_has_the_bits_of_the_broadcast_add(shape, dtypes):
+    rng = np.random.default_rng(3)
+    out = rng.standard_normal(shape).astype(dtypes[0])
+    bias = rng.standard_normal(shape[1]).astype(dtypes[1])
+    for case in (out.copy(), out.copy().transpose(0, 1, 3, 2)):       # C-contiguous, and not (the broadcast's path)
+        expected = case.copy()
+        expected += bias.reshape(1, -1, 1, 1)
+        F.add_bias(case, bias)
+        assert case.dtype == expected.dtype and case.tobytes() == expected.tobytes()

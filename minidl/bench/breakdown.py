@@ -5,7 +5,7 @@
 """
 import numpy
 
-from minidl import backend, pool
+from minidl import backend, functional, pool
 from minidl.bench.cases import main_cases
 from minidl.bench.table import print_table
 from minidl.bench.timing import best_ms
@@ -41,10 +41,10 @@ def conv_stages(shape, rng, xp):
     grad = xp.asarray(rng.standard_normal((nb, f, out_side, out_side)), dtype=xp.float32)
     stages = []
     out = xp.zeros((n, f, out_side, out_side), dtype=xp.float32)
-    bias = xp.zeros((1, f, 1, 1), dtype=xp.float32)
+    bias = xp.zeros(f, dtype=xp.float32)
     whole_grad = xp.asarray(rng.standard_normal((n, f, out_side, out_side)), dtype=xp.float32)
-    stages.append(("forward", "bias add", lambda: xp.add(out, bias, out=out), None, 1))
-    stages.append(("weight gradient", "bias sum", lambda: whole_grad.sum(axis=(0, 2, 3)), None, 1))
+    stages.append(("forward", "bias add", lambda: functional.add_bias(out, bias), None, 1))
+    stages.append(("weight gradient", "bias sum", lambda: functional.bias_gradient(whole_grad), None, 1))
     kept = blocked.kept_layout((n, c, side, side), weight.shape, stride, padding, 4, len(blocks))
     if kept == "batch inner":
         return _batch_inner_stages(x, weight, grad, stride, padding, scale, xp) + stages
