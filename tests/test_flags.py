@@ -64,6 +64,8 @@ def meaningless(action):
         return NOWHERE
     if flag == "--algorithms":
         return "no_such_algorithm"
+    if flag == "--cases":                         # algorithms.bench: model:batch pairs
+        return "no_such_model:0"
     name = getattr(action.type, "__name__", "")
     if action.type is int or name in ("parse_period", "parse_staleness"):
         return "-1"

@@ -225,13 +225,15 @@ def test_a_module_that_reaches_collectives_through_another_is_seen(tmp_path):
 # for the CPU by itself (OPENBLAS_CORETYPE unset), and Haswell, which some machines of that kind
 # force through OPENBLAS_CORETYPE (both pairs checked equal on one machine, with and without it). A
 # refactoring that changes one bit of the arithmetic order changes them. Another kernel or BLAS build
-# has no pinned pair: the test then skips, naming it.
+# has no pinned pair: the test then skips, naming it. Taken again, on purpose, when conv2d's bias
+# gradient began summing the images first, then each channel's pixels (functional.bias_gradient:
+# the same sum in another order, so other last bits).
 PINNED = {
-    None: {"serial_sgd --epochs 2": "57917ca5c78af259aafee2d1636bb821dcd4bedc4b6738b29adf2dd8d992013b",
-           "mpiexec -n 4 allreduce_sgd --epochs 2": "5ec1c8df5e7004bf19b96250456d6c4595ba08107a9b2eae287c351b240ddcda"},
-    "haswell": {"serial_sgd --epochs 2": "b3a0551b53a8b63434ca3833c83324d7075840025a4e164a14dda485a35550a1",
+    None: {"serial_sgd --epochs 2": "adf3ae10186d1812141e819bf493e7ce0081fd0cad0a40ba4832f4a6527e7450",
+           "mpiexec -n 4 allreduce_sgd --epochs 2": "938dece1b67c8b166790c3eb6ae346264cea8b98255352999c699d3a73ee6367"},
+    "haswell": {"serial_sgd --epochs 2": "73e840487607e9aa86580da56a3ab585315bee9e902637dd23ea0e64d735013b",
                 "mpiexec -n 4 allreduce_sgd --epochs 2":
-                    "a8872d47b9142e5fb2f92acf6f2e605abb224383fc505c1464982aa00c3d2042"},
+                    "5c1a887fdb760707e4059fc9a96bef1f3715f964a95fd9b71187c30a22ef6e16"},
 }
 
 
