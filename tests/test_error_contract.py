@@ -204,3 +204,15 @@ def test_an_unknown_flag_is_one_error_line_and_exit_2(module):
     done = subprocess.run([sys.executable, "-m", module, "--no-such-flag"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, (done.returncode, done.stderr[-500:])
     assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr
+
+
+# MINIDL_CONV_COLUMN_BYTES is read at a run's first convolution; a bad one stops every rank in the set-up
+def test_a_bad_column_budget_stops_every_rank_before_training(monkeypatch):
+    from tests import helpers
+    monkeypatch.setitem(helpers.ENV, "MINIDL_CONV_COLUMN_BYTES", "64MiB")
+    done = launch("allreduce_sgd", "--epochs", "1", "--model", "cnn", ranks=2)
+    assert_stopped(done, "MINIDL_CONV_COLUMN_BYTES must be a whole number of bytes", ranks=2)
+    assert "MPI_Abort" not in done.stderr, done.stderr     # refused in the agreed set-up, not aborted mid-run
+    done = subprocess.run([sys.executable, "-m", "minidl.bench", "sweep", "--quick", "--no-torch"], cwd=helpers.ROOT,
+                          env=helpers.ENV, capture_output=True, text=True, timeout=60)
+    assert_stopped(done, "MINIDL_CONV_COLUMN_BYTES must be a whole number of bytes", ranks=1)

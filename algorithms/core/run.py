@@ -36,6 +36,7 @@ from algorithms.core.log import Log
 from algorithms.core.objective import build as build_objective
 from algorithms.schedule import Schedule
 from minidl import backend
+from minidl.conv import budget
 from minidl.data import rank_batches
 from minidl.optim import SGD
 from collectives.hierarchical import environment_ranks_per_node
@@ -86,6 +87,10 @@ class Settings:
         cli.require("--seed", self.seed, integer=True, low=0)
         cli.require("--check-every", self.check_every, integer=True, low=0)
         Schedule.of(self, 1).check(self.epochs)
+        try:                                      # read at the first convolution otherwise: mid-run
+            budget.current()
+        except ValueError as error:
+            raise SettingError(str(error)) from None
 
 
 def allreduce_function(name):

@@ -16,6 +16,7 @@ from minidl.bench.measure import FORCING, add_costs, conv_summary, measure
 from minidl.bench.steps import minidl_worker
 from minidl.bench.table import CONV_COLUMNS, LAYERS_COLUMNS, MAIN_COLUMNS, SWEEP_COLUMNS, plot, print_table
 from minidl.bench.timing import CLOCK
+from minidl.conv import budget
 from minidl.bench.yardstick import torch_worker
 
 
@@ -30,6 +31,10 @@ def check(args):
     for flag, value in (("--threads", args.threads), ("--repeats", args.repeats)):
         if value < 1:
             fail(f"{flag} must be at least 1, got {value}")
+    try:                                          # the workers read it at their first convolution
+        budget.from_environment()
+    except ValueError as error:
+        fail(str(error))
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
         if path:
             folder = os.path.dirname(os.path.abspath(path))
