@@ -21,9 +21,10 @@
    algorithm from 1 MiB. And auto's table: at each size, the point-to-point algorithm measured
    fastest; --write-selection stores it for this p in collectives/selection.json, which
    collectives.auto reads (so auto's row is only as good as the last such run on this machine).
-5. the calibrated model (cost.predict_calibrated, collectives.calibration): rates per cache level,
-   a hot step's (one that sends what a reduction just wrote) and a per-call overhead, fitted once
-   by --calibrate and read from --calibration (default collectives/calibration.json);
+5. the calibrated model (cost.predict_calibrated, collectives.calibration): each kind of step's
+   latency and per-byte rates at the allreduce's own size, a hot step's (one that sends what a
+   reduction just wrote) apart, and a per-call overhead, measured once by --calibrate and read
+   from --calibration (default collectives/calibration.json);
    target: within 25% of the measured time at every size >= 4 KiB,
    at the p it was fitted at. Bad flags or a bad calibration file: `error: ...`, exit 2, every rank;
 6. with --persistent, two more rows: MPI's persistent Allreduce_init (Start + Wait per call, "mpi_init")
@@ -31,8 +32,11 @@
    ratio and <= 1.5x target are against mpi_init: both sides check their arguments once.
 
 A time is the slowest rank's mean over a batch of calls between barriers (batches of >= 0.02 s),
-and the best of seven batches, taken in turn with the other algorithms so that noise from
-other processes on the machine hits all of them alike. --median: the slowest rank's median of
+and the best of seven batches (--rounds), taken in rounds over every size and algorithm so that
+noise from other processes on the machine hits all of them alike, and a state of the machine
+that lasts seconds (chapter 10, section 9) reaches fewer of one row's batches. Every vector is on
+4 KiB pages (`small_pages`, Linux): on huge pages or not by malloc's history, an allreduce at 1 MiB
+took up to 2x longer in one run than in the next. --median: the slowest rank's median of
 single calls, each after a barrier (calibration and table alike), for a loaded machine.
 
 Each rank's BLAS thread variables are set to 1 below, for what loads after this module (the
@@ -140,8 +144,6 @@ def settings(argv, size):
     parser.add_argument("--calibration", default=str(calibration.CALIBRATION_FILE), help=calibrated + " (%(default)s)")
     parser.add_argument("--calibrate", action="store_true", help="fit the calibrated model first (see the header)")
     parser.add_argument("--median", action="store_true", help="median of single calls (a loaded machine)")
-    parser.add_argument("--levels", default="4", help="levels the calibration fits (default 4: messages MPICH sends "
-                        "eagerly, below 8 KiB, then the footprint in L2, L3, memory)")
     args = parser.parse_args(argv)
     try:
         args.sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else (
@@ -157,7 +159,6 @@ def settings(argv, size):
     args.min_time, args.rounds = number("--min-time", args.min_time, 1e-6), number("--rounds", args.rounds, 1, True)
     if args.quick:
         args.min_time, args.rounds = 0.002, 1
-    args.levels = number("--levels", args.levels, 1, integer=True)
     for flag in ("json", "plot"):
         output_path("--" + flag, getattr(args, flag))
     if args.calibration == "none":                  # no calibrated column (chapter 3's tables)
@@ -168,9 +169,6 @@ def settings(argv, size):
         output_path("--calibration", args.calibration)
         if size < 2:
             fail("--calibrate needs at least 2 ranks (it times messages between them)")
-        if args.levels * calibration.MIN_RUN > len(LADDER):
-            fail(f"--levels {args.levels}: at most {len(LADDER) // calibration.MIN_RUN} ({len(LADDER)} sizes measured, "
-                 f"{calibration.MIN_RUN} per level)")
         args.model = None
     else:
         try:
@@ -181,32 +179,69 @@ def settings(argv, size):
     return args
 
 
-def calibrate(comm, args):
-    """Measure, fit and (rank 0) write the calibrated model; returns it on every rank."""
-    ladder, small = measure_calibration(comm, args.min_time, args.rounds, median=args.median)
-    model = calibration.fit(ladder, small, comm.Get_size(), args.levels)
+def calibrate(comm, args, between=None):
+    """Measure, fit and (rank 0) write the calibrated model; returns it on every rank. between():
+    run after each of the calibration's rounds (calibrate.measure_calibration)."""
+    ladder, small = measure_calibration(comm, args.min_time, args.rounds, median=args.median, between=between)
+    model = calibration.fit(ladder, small, comm.Get_size())
     if comm.Get_rank() == 0:
         calibration.save(model, args.calibration, {"ladder": ladder, "allreduce_8_bytes": small,
                                                    "load_average": os.getloadavg(), "median": args.median})
-        level = ", ".join(f"{human(int(b // model.footprint))}" for b in model.bounds)
+        ends = (model.sizes[0], 1 << 20, model.sizes[-1])
         print(f"# calibrated (p = {model.p}, load {os.getloadavg()[0]:.2f}): o = "
-              + ", ".join(f"{name} {o * 1e6:.1f}" for name, o in model.overhead.items()) + " us, "
-              f"alpha = {'/'.join(f'{a * 1e6:.2f}' for a in model.alpha)} us, cache levels end at n = {level or '-'}; "
-              f"per level, ns/B: "
-              + "; ".join(f"{name} " + "/".join(f"{r * 1e9:.3f}" for r in model.rates[name])
-                          for name in calibration.RATES)
-              + "".join(f"; {name} " + "/".join(f"{r * (1e6 if 'alpha' in name else 1e9):.3f}" for r in model.hot[name])
-                        for name in (calibration.HOT if model.hot else ()))
-              + f" (hot_alpha in us); wrote {args.calibration}", flush=True)
+              + ", ".join(f"{name} {o * 1e6:.1f}" for name, o in model.overhead.items()) + " us; step times at "
+              + ", ".join(human(n) for n in ends) + ", us: "
+              + "; ".join(f"{name} " + "/".join(f"{model.seconds(name, n) * 1e6:.1f}" for n in ends)
+                          for name in calibration.TABLES)
+              + f"; wrote {args.calibration}", flush=True)
     return model
+
+
+ALL = object()                     # bench's table_round: every row
+
+
+def size_calls(comm, count, names, persistent_rows):
+    """(recvbuf, {row name: call}, persistent requests) for one size of float32 vectors: MPI's
+    Allreduce and every algorithm of `names` on the same sendbuf (rank + 1) and recvbuf."""
+    rank = comm.Get_rank()
+    sendbuf = np.full(count, rank + 1, dtype=np.float32)
+    recvbuf = np.empty_like(sendbuf)
+    calls = {"mpi": lambda: comm.Allreduce(sendbuf, recvbuf, op=MPI.SUM)}
+    for name in names:
+        calls[name] = (lambda f: lambda: f(comm, sendbuf, recvbuf, op="sum", check=False))(ALGORITHMS[name])
+    requests = []
+    if persistent_rows:                        # both sides' arguments bound once (MPI 4.0 persistent collectives)
+        try:
+            requests.append(comm.Allreduce_init(sendbuf, recvbuf, op=MPI.SUM))
+            calls["mpi_init"] = lambda: requests[0].Start() or requests[0].Wait()
+        except (NotImplementedError, MPI.Exception):
+            pass                               # an MPI without them: auto_init is compared with Allreduce
+        calls["auto_init"] = persistent.allreduce_init(comm, sendbuf, recvbuf, check=False).start
+    return recvbuf, calls, requests
+
+
+def small_pages():
+    """Transparent huge pages off for this process (Linux: prctl PR_SET_THP_DISABLE); True if
+    that took effect. Otherwise whether a vector sits on 2 MiB pages depends on malloc's history:
+    numpy advises huge pages for arrays from 4 MiB, and a smaller array may reuse memory once so
+    advised. A single-copy message pins its sender's pages one by one, so that changed an
+    allreduce's time at 1 MiB by up to 2x between runs of this bench (chapter 10, section 9)."""
+    try:
+        import ctypes
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+PR_SET_THP_DISABLE = 41                      # linux/prctl.h
 
 
 def main(argv=None):
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     args = settings(argv, size)
+    pages = "4 KiB pages (transparent huge pages off)" if small_pages() else "pages as the system gives them"
     sizes, min_time, rounds, names = args.sizes, args.min_time, args.rounds, args.names
-    model_cal = calibrate(comm, args) if args.calibrate else args.model
 
     if size > 1:
         alpha, beta, points = fit_alpha_beta(comm, min_time, args.median)
@@ -215,9 +250,7 @@ def main(argv=None):
     gamma = fit_gamma(comm, min_time, median=args.median)
     if rank == 0:
         print(f"# p = {size}; {MPI.Get_library_version().splitlines()[0].strip()}; load average "
-              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
-        print(f"# calibrated model: {args.calibration}" + (f" (fitted at p = {model_cal.p}; its target only at "
-              f"that p)" if model_cal else " (none: `--calibrate` writes it)"))
+              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores; {pages}")
         print(f"# ping-pong fit: alpha = {alpha * 1e6:.2f} us, beta = {beta * 1e9:.4f} ns/B "
               f"({1 / beta / 1e9 if beta > 0 else float('inf'):.2f} GB/s); gamma = {gamma * 1e9:.4f} ns/B")
         for nbytes, seconds in points:
@@ -225,16 +258,10 @@ def main(argv=None):
                   f"(fit {(alpha + beta * nbytes) * 1e6:10.2f} us)")
         print(f"# refined model: rates per size from exchange/add/add3/copy micro-benchmarks at that size, "
               f"every rank at once; share = max(1, p / {cores()} cores) = {max(1.0, size / cores()):g}")
-        print(f"{'bytes':>9} {'algorithm':<18} {'measured us':>12} {'x MPI':>7} {'model us':>10} {'model/meas':>10}"
-              f" {'refined us':>10} {'ref/meas':>8} {'cal us':>10} {'cal/meas':>8}  {'target':<27} met")
 
-    records = []
+    records, setups = [], []
     for nbytes in sizes:
         count = max(nbytes // 4, 1)
-        sendbuf = np.full(count, rank + 1, dtype=np.float32)
-        recvbuf = np.empty_like(sendbuf)
-        expected = np.float32(size * (size + 1) / 2)
-
         rates = fit_rates(comm, min_time, count * 4, alpha, rounds, args.median)     # best of as many batches as below
         if rank == 0:
             print(f"# {human(count * 4)}: exchange beta_x = {rates.beta_x * 1e9:.4f} ns/B, one-way beta_1 = "
@@ -244,24 +271,33 @@ def main(argv=None):
                   f"beta_ring = {rates.beta_ring * 1e9:.4f} ns/B, add gamma_m = "
                   f"{rates.gamma_m * 1e9:.4f} ns/B, add into a third gamma_3 = "
                   f"{rates.gamma_3 * 1e9:.4f} ns/B, copy = {rates.copy * 1e9:.4f} ns/B", flush=True)
-        calls = {"mpi": lambda: comm.Allreduce(sendbuf, recvbuf, op=MPI.SUM)}
-        for name in names:
-            calls[name] = (lambda f: lambda: f(comm, sendbuf, recvbuf, op="sum", check=False))(ALGORITHMS[name])
-        requests = []
-        if args.persistent:                        # both sides' arguments bound once (MPI 4.0 persistent collectives)
-            try:
-                requests.append(comm.Allreduce_init(sendbuf, recvbuf, op=MPI.SUM))
-                calls["mpi_init"] = lambda: requests[0].Start() or requests[0].Wait()
-            except (NotImplementedError, MPI.Exception):
-                pass                               # an MPI without them: auto_init is compared with Allreduce
-            calls["auto_init"] = persistent.allreduce_init(comm, sendbuf, recvbuf, check=False).start
-        best = {}
-        for _ in range(rounds):                    # interleaved, best batch kept
-            for name, call in calls.items():
-                seconds = timed(comm, call, min_time, args.median)
-                best[name] = min(best.get(name, np.inf), seconds)
-                if not np.all(recvbuf == expected):
-                    raise SystemExit(f"rank {rank}: {name} gave a wrong sum at {nbytes} bytes")
+        setups.append((count, rates, *size_calls(comm, count, names, args.persistent)))
+    expected = np.float32(size * (size + 1) / 2)
+    bests = [{} for _ in setups]
+
+    def table_round(nbytes=ALL):
+        """One batch of every row; of the rows of nbytes; or (None) of the rows whose size is off the
+        calibration's ladder. Best batch kept, rounds interleaved: noise from other processes hits
+        all rows alike, and a state of the machine that lasts seconds reaches fewer of a row's rounds."""
+        for (count, _, recvbuf, calls, _), best in zip(setups, bests):
+            row_bytes = count * 4
+            if nbytes is ALL or row_bytes == nbytes or (nbytes is None and row_bytes not in LADDER):
+                for name, call in calls.items():
+                    best[name] = min(best.get(name, np.inf), timed(comm, call, min_time, args.median))
+                    if not np.all(recvbuf == expected):
+                        raise SystemExit(f"rank {rank}: {name} gave a wrong sum at {row_bytes} bytes")
+    if args.calibrate:             # the calibration's rounds and the table's in turn, size by size (measure_calibration)
+        model_cal = calibrate(comm, args, between=table_round)
+    else:
+        model_cal = args.model
+        for _ in range(rounds):
+            table_round()
+    if rank == 0:
+        print(f"# calibrated model: {args.calibration}" + (f" (fitted at p = {model_cal.p}; its target only at "
+              f"that p)" if model_cal else " (none: `--calibrate` writes it)"))
+        print(f"{'bytes':>9} {'algorithm':<18} {'measured us':>12} {'x MPI':>7} {'model us':>10} {'model/meas':>10}"
+              f" {'refined us':>10} {'ref/meas':>8} {'cal us':>10} {'cal/meas':>8}  {'target':<27} met")
+    for (count, rates, _, calls, requests), best in zip(setups, bests):
         for request in requests:
             request.Free()
         for name in calls:

@@ -22,8 +22,9 @@ with collectives.cost's prediction at the rates found here; none of them is an a
    every rank at once) for beta_ring, np.add in place, np.add into a third vector and np.copyto
    on n-byte vectors (every rank at once) for gamma_m, gamma_3 and copy, and
    share = max(1, p / cores);
-4. a hot step (collectives.calibration: one that sends what its sender's reduction just wrote):
-   fit_hot_steps times two dependent steps on an allreduce's own vectors, and their parts alone.
+4. the calibrated model's step times (collectives.calibration): fit_steps times each kind of step
+   an allreduce takes at p = 2 on an allreduce's own vectors, and two dependent steps whose second
+   sends what the first's reduction wrote (a hot step).
 
 Every time is `timed`'s: the slowest rank's mean over a batch of calls between barriers; the
 fits keep the best of a few batches.
@@ -207,22 +208,46 @@ def fit_rates(comm, min_seconds, nbytes, alpha, rounds=3, median=False):
                       gamma_3, beta_gather, beta_scatter)
 
 
-def fit_hot_steps(comm, min_seconds, nbytes, rounds=3, median=False):
-    """Seconds of a hot step (hot_x, hot_1), one that sends what its sender's reduction has just
-    written, from micro-benchmarks of two dependent steps on an allreduce's own
-    three n-byte vectors (sendbuf, recvbuf, scratch; not cycled: an allreduce reuses them), each pair
-    timed interleaved with its parts, partners r and r xor 1 (the last rank of an odd p idles):
+def fit_steps(comm, min_seconds, nbytes, rounds=3, median=False):
+    """Seconds of each kind of step an allreduce of n bytes takes at p = 2, on an allreduce's own
+    three n-byte float32 vectors (sendbuf, recvbuf, scratch; not cycled: an allreduce reuses them),
+    every micro-benchmark timed interleaved with the others, best of `rounds` kept, partners r and
+    r xor 1 (the last rank of an odd p idles):
 
-    pair_x: the ring at p = 2 written out: exchange half of sendbuf into scratch, add the other
-            half of sendbuf to it into recvbuf, exchange that result into recvbuf's other half;
-    pair_1: the tree at p = 2 written out: the odd rank sends sendbuf, the even one receives it
-            into scratch, adds sendbuf to it into recvbuf and sends recvbuf back.
+    exchange        Sendrecv of half of sendbuf into scratch: the ring's and Rabenseifner's step;
+    exchange_whole  Sendrecv of all of sendbuf into scratch: the butterfly's;
+    one_way         the odd rank Sends sendbuf, the even one receives it into scratch: the tree's
+                    and the naive root's;
+    add_into        np.add(sendbuf, scratch, out=recvbuf), every rank, alone;
+    add             np.add(recvbuf, scratch, out=recvbuf), every rank: a reduction in place;
+    copy            np.copyto(recvbuf, sendbuf), every rank;
+    pair_w          the butterfly at p = 2 written out: exchange_whole, then add_into;
+    pair_x          the ring at p = 2 written out: exchange half into scratch, add the other half of
+                    sendbuf to it into recvbuf, exchange that result into recvbuf's other half;
+    pair_1          the tree at p = 2 written out: one_way, the even rank adds sendbuf to scratch into
+                    recvbuf and sends recvbuf back;
+    pair_1_cold     pair_1 sending sendbuf back instead of the sum: the same steps, a cold second message.
 
-    hot = pair - first - reduce (its first step alone, its add alone): what the second, hot step
-    cost, n/2 bytes exchanged (hot_x) or n bytes one way (hot_1; the first sends sendbuf, cold); a
-    difference, so noise may take it below zero. pair_1_cold: pair_1 sending sendbuf back instead
-    of the sum, the same steps with a cold second message (pair_1 - pair_1_cold: the heat's price).
-    Returns {name: seconds} for hot_x, hot_1 and every micro-benchmark named above."""
+    From the pairs (derived): reduce = pair_w - exchange_whole, a reduction as an allreduce makes
+    it, right after the message that brought its operand (the parts timed alone each keep their
+    own vectors in cache: at 4 MiB add_into alone took 104-157 us, the butterfly 130-230 us more
+    than its parts); a hot step (collectives.calibration: one that sends what its sender's
+    reduction has just written) is a pair's second step: hot_exchange = pair_x - exchange -
+    reduce / 2 (n/2 bytes exchanged) and hot_one_way = pair_1 - one_way - reduce (n bytes one way).
+    Each a difference, so noise may take it below zero (the fit keeps it >= 0). pair_1 - pair_1_cold
+    is what the heat cost. Returns {name: seconds} for every micro-benchmark named above and the
+    three derived."""
+    calls = step_calls(comm, nbytes)
+    best = {}
+    for _ in range(rounds):                          # interleaved, best kept: parts and pairs alike
+        for name, call in calls.items():
+            best[name] = min(best.get(name, np.inf), timed(comm, call, min_seconds, median))
+    return best | derived(best)
+
+
+def step_calls(comm, nbytes):
+    """{name: call} of fit_steps' micro-benchmarks on one set of three n-byte vectors, allocated here
+    once (as an allreduce's are by its caller and its scratch cache)."""
     rank, size = comm.Get_rank(), comm.Get_size()
     partner = rank ^ 1
     count = max(nbytes // 4, 2) // 2 * 2
@@ -232,46 +257,49 @@ def fit_hot_steps(comm, min_seconds, nbytes, rounds=3, median=False):
     mine, other = (slice(0, half), slice(half, count)) if rank % 2 == 0 else (slice(half, count), slice(0, half))
     active = partner < size
 
-    def first_x():
+    def exchange():
         if active:
             comm.Sendrecv(sendbuf[other], partner, 9, incoming[:half], partner, 9)
 
-    def reduce_x():
-        np.add(sendbuf[mine], incoming[:half], out=recvbuf[mine])
-
-    def pair_x():
-        first_x()
-        reduce_x()
+    def exchange_whole():
         if active:
-            comm.Sendrecv(recvbuf[mine], partner, 10, recvbuf[other], partner, 10)
+            comm.Sendrecv(sendbuf, partner, 13, incoming, partner, 13)
 
-    def first_1():
+    def add_into():
+        np.add(sendbuf, incoming, out=recvbuf)
+
+    def one_way():
         if active and rank % 2:
             comm.Send(sendbuf, partner, 11)
         elif active:
             comm.Recv(incoming, partner, 11)
 
-    def reduce_1():
-        if rank % 2 == 0:
-            np.add(sendbuf, incoming, out=recvbuf)
+    def pair_x():
+        exchange()
+        np.add(sendbuf[mine], incoming[:half], out=recvbuf[mine])
+        if active:
+            comm.Sendrecv(recvbuf[mine], partner, 10, recvbuf[other], partner, 10)
 
     def one_way_pair(back):
         def pair():
-            first_1()
+            one_way()
             if active and rank % 2:
                 comm.Recv(recvbuf, partner, 12)
             elif active:
-                reduce_1()
+                add_into()
                 comm.Send(back, partner, 12)
         return pair
-    calls = {"pair_x": pair_x, "first_x": first_x, "reduce_x": reduce_x, "pair_1": one_way_pair(recvbuf),
-             "first_1": first_1, "reduce_1": reduce_1, "pair_1_cold": one_way_pair(sendbuf)}
-    best = {}
-    for _ in range(rounds):                          # interleaved, best kept: parts and pair alike
-        for name, call in calls.items():
-            best[name] = min(best.get(name, np.inf), timed(comm, call, min_seconds, median))
-    return best | {"hot_x": best["pair_x"] - best["first_x"] - best["reduce_x"],
-                   "hot_1": best["pair_1"] - best["first_1"] - best["reduce_1"]}
+    return {"exchange": exchange, "exchange_whole": exchange_whole, "one_way": one_way, "add_into": add_into,
+            "add": lambda: np.add(recvbuf, incoming, out=recvbuf), "copy": lambda: np.copyto(recvbuf, sendbuf),
+            "pair_w": lambda: exchange_whole() or add_into(), "pair_x": pair_x,
+            "pair_1": one_way_pair(recvbuf), "pair_1_cold": one_way_pair(sendbuf)}
+
+
+def derived(seconds):
+    """reduce and the hot steps (fit_steps' header) from the pairs' times and their parts'."""
+    reduce = seconds["pair_w"] - seconds["exchange_whole"]
+    return {"reduce": reduce, "hot_exchange": seconds["pair_x"] - seconds["exchange"] - reduce / 2,
+            "hot_one_way": seconds["pair_1"] - seconds["one_way"] - reduce}
 
 
 def cores():
@@ -282,26 +310,38 @@ def cores():
         return os.cpu_count() or 1
 
 
-LADDER = [1 << k for k in range(9, 27)]           # 512 B, 1 KiB, ..., 64 MiB: 4 sizes below MPICH's 8 KiB CMA switch
+LADDER = [1 << k for k in range(9, 27)]           # 512 B, 1 KiB, ..., 64 MiB
 
 
-def measure_calibration(comm, min_seconds, rounds=3, sizes=LADDER, median=False):
-    """What collectives.calibration.fit takes: (ladder, small). ladder: per size, the seconds of each
-    fit_rates micro-benchmark (exchange, one-way, add in place, add into a third, copy) and of
-    fit_hot_steps' (a hot step, the pair it was taken from); small: per
-    algorithm of cost.ALGORITHMS, the best time of an 8-byte allreduce (check=False) on comm."""
+def measure_calibration(comm, min_seconds, rounds=3, sizes=LADDER, median=False, between=None):
+    """What collectives.calibration.fit takes: (ladder, small). ladder: per size n, the seconds of
+    each fit_steps micro-benchmark, {"bytes": n, "exchange": ..., ...}; small: per algorithm of
+    cost.ALGORITHMS, the best time of an 8-byte allreduce (check=False) on comm.
+
+    Rounds over the whole ladder, best kept, so that a state of the machine that lasts seconds
+    (collectives.calibration's header) reaches fewer of one size's rounds. between(n), if given,
+    runs after each size n of each round, and between(None) at each round's end (collectives.bench:
+    the allreduces of n bytes it checks the model against, then those of sizes off the ladder), so
+    that a size's steps and its allreduces are measured moments apart, through the same states."""
     from .table import MODULES
-    ladder = []
-    for nbytes in sizes:
-        rates = fit_rates(comm, min_seconds, nbytes, 0.0, rounds, median)
-        ladder.append({"bytes": nbytes, "beta_x": rates.beta_x * nbytes, "beta_1": rates.beta_1 * nbytes,
-                       "gamma_m": rates.gamma_m * nbytes, "gamma_3": rates.gamma_3 * nbytes,
-                       "copy": rates.copy * nbytes} | fit_hot_steps(comm, min_seconds, nbytes, rounds, median))
+    ladder = [{"bytes": nbytes} for nbytes in sizes]
+    seen = [{} for _ in sizes]                       # per size: name -> the rounds' seconds
     sendbuf, recvbuf = np.ones(2, dtype=np.float32), np.empty(2, dtype=np.float32)
     small = {}
-    for _ in range(max(rounds, 5)):                  # interleaved, best kept
+    calls = [step_calls(comm, nbytes) for nbytes in sizes]     # each size's vectors kept through the rounds
+    for _ in range(rounds):
+        for times, size_calls, nbytes in zip(seen, calls, sizes):
+            for name, call in size_calls.items():
+                times.setdefault(name, []).append(timed(comm, call, min_seconds, median))
+            if between is not None:
+                between(nbytes)
         for name in cost.ALGORITHMS:
             allreduce = MODULES[name].allreduce
             seconds = timed(comm, lambda: allreduce(comm, sendbuf, recvbuf, check=False), min_seconds, median)
             small[name] = min(small.get(name, np.inf), seconds)
+        if between is not None:
+            between(None)
+    for row, times in zip(ladder, seen):     # the rounds' best, and what fit_steps derives from them
+        row.update({name: min(values) for name, values in times.items()})
+        row.update(derived(row))
     return ladder, small

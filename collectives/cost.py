@@ -73,9 +73,10 @@ they ran from cache and the model came out 1.5-2x optimistic there. Cycling, the
 more often than the allreduce, which reuses its buffers call after call: at 1 MiB (p = 2) the
 model is now up to 1.35x pessimistic (chapter 3, section 5); from 4 MiB up neither fits.
 
-Calibrated model (`predict_calibrated`): predict_refined's counts at rates fitted once on this
-machine per cache level, plus each algorithm's per-call overhead, with the steps that send what a
-reduction just wrote at their own rates (collectives.calibration, its `hot_steps`).
+Calibrated model (`predict_calibrated`): traffic's counts, each kind of step at the latency and
+per-byte rate measured once on this machine at the allreduce's own vector size and step shape,
+plus each algorithm's per-call overhead, with the steps that send what a reduction just wrote
+apart (collectives.calibration, its `hot_steps`).
 
 `per_rank(algorithm, p, n, itemsize, rank)` gives what one rank does, exactly, counting the
 uneven blocks (block_counts: n elements in `parts` blocks, the first n % parts one longer):
@@ -303,14 +304,10 @@ def predict_refined(algorithm, p, nbytes, rates, in_place=False):
 
 
 def predict_calibrated(algorithm, p, nbytes, calibration, in_place=False):
-    """Predicted seconds with rates fitted once on this machine (collectives.calibration: the
-    algorithm's overhead o per call, a step's alpha, each per-byte rate at the footprint's cache
-    level, and, where the calibration has them, the hot steps' own rates: calibration.hot_steps)."""
-    if p == 1 or nbytes == 0:
-        return 0.0
-    overhead = calibration.overhead.get(algorithm, 0.0)          # none for the lower bound
-    return (overhead + predict_refined(algorithm, p, nbytes, calibration.at(nbytes), in_place)
-            + calibration.hot_extra(algorithm, p, nbytes))
+    """Predicted seconds with step times measured once on this machine (collectives.calibration:
+    the algorithm's overhead o per call, and each kind of step at its own latency and at per-byte
+    rates measured at this vector size, the steps that send what a reduction just wrote apart)."""
+    return calibration.predict(algorithm, p, nbytes, in_place)
 
 
 def table(p, nbytes, alpha, beta, gamma=0.0):

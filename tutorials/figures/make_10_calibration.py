@@ -10,8 +10,8 @@ temporary one), then times every point-to-point allreduce at 4 KiB .. 64 MiB and
 alpha-beta-gamma model (one ping-pong, one add) and the calibrated one beside each time.
 -> OUT/10_calibration.json (the fitted model and what it was fitted on), OUT/10_calibrated.json
 (one row per size and algorithm, with the machine's load average), OUT/10_calibrated.md, and
-OUT/10_hot_steps.md: per ladder size, the hot step (one that sends what a reduction just wrote)
-beside the same step alone, and the one-way pair with a cold send-back (collectives.calibration).
+OUT/10_steps.md: per ladder size, the step times the model is made of (calibrate.fit_steps), the
+two-step pairs and the hot steps (ones that send what a reduction just wrote) taken from them.
 
 The target column: calibrated / measured within 0.75 .. 1.25 at every size >= 4 KiB. Medians of
 single calls, since the machine this runs on is shared; the load average is printed beside.
@@ -38,12 +38,12 @@ SIZES, QUICK_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M", "4K,256K,4M"
 
 
 def human(nbytes):
-    return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
+    return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB" if nbytes >= 1 << 10 else f"{nbytes} B"
 
 
 def markdown(rows, model, load):
-    levels = ", ".join(f"n <= {human(int(b // model['footprint']))}" for b in model["bounds"]) + ", beyond"
-    lines = [f"p = 2; cache levels: {levels}; load average (1 minute) {load[0][0]:.1f} before, "
+    lines = [f"p = 2; step times measured at {len(model['sizes'])} sizes, {human(model['sizes'][0])} .. "
+             f"{human(model['sizes'][-1])}; load average (1 minute) {load[0][0]:.1f} before, "
              f"{load[1][0]:.1f} after, on {os.cpu_count()} cores.", "",
              "| bytes | algorithm | measured us | alpha-beta-gamma us | plain / measured | calibrated us "
              "| calibrated / measured | target | met |",
@@ -58,18 +58,16 @@ def markdown(rows, model, load):
                                    f"the plain model: {plain} of {len(rows)}."]) + "\n"
 
 
-def hot_table(model):
-    """The hot-step micro-benchmarks of the calibration (calibrate.fit_hot_steps), one row per ladder size."""
-    lines = ["| bytes | one way alone us | second one-way step (hot) us | hot / alone | pair us "
-             "| pair, cold send-back us | exchange of n/2 alone us | second exchange (hot) us | hot / alone |",
-             "| --- " * 9 + "|"]
+def steps_table(model):
+    """The calibration's step times (calibrate.fit_steps), one row per ladder size n."""
+    names = ("exchange", "exchange_whole", "one_way", "add_into", "pair_w", "reduce", "pair_x", "hot_exchange",
+             "pair_1", "pair_1_cold", "hot_one_way")
+    heads = ("exchange n/2", "exchange n", "one way n", "add n alone", "butterfly written out (pair_w)",
+             "its add (reduce)", "ring written out (pair_x)", "its hot second exchange", "tree written out (pair_1)",
+             "pair_1, cold send-back", "its hot send-back")
+    lines = ["| n | " + " | ".join(f"{head} us" for head in heads) + " |", "| --- " * (len(heads) + 1) + "|"]
     for row in model["measurements"]["ladder"]:
-        if "pair_1_cold" not in row:
-            continue
-        us = {k: f"{row[k] * 1e6:.1f}" for k in ("first_1", "hot_1", "pair_1", "pair_1_cold", "first_x", "hot_x")}
-        cells = [human(row["bytes"]), us["first_1"], us["hot_1"], f"{row['hot_1'] / row['first_1']:.2f}", us["pair_1"],
-                 us["pair_1_cold"], us["first_x"], us["hot_x"], f"{row['hot_x'] / row['first_x']:.2f}"]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join([human(row["bytes"])] + [f"{row[name] * 1e6:.1f}" for name in names]) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -85,7 +83,7 @@ def main():
     load_before = os.getloadavg()
     command = [MPIEXEC, "-n", "2", sys.executable, "-m", "collectives.bench", "--calibrate", "--median",
                "--calibration", str(model_path), "--algorithms", ALGORITHMS, "--sizes", QUICK_SIZES if args.quick else SIZES,
-               "--min-time", "0.003" if args.quick else "0.01", "--rounds", "1" if args.quick else "3",
+               "--min-time", "0.003" if args.quick else "0.01", "--rounds", "1" if args.quick else "9",
                "--json", str(bench_path)]
     print("$", " ".join(command), flush=True)
     done = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
@@ -109,9 +107,9 @@ def main():
                                                          "command": " ".join(command[1:])}, indent=1))
     text = markdown(rows, model, load)
     (out / "10_calibrated.md").write_text(text)
-    (out / "10_hot_steps.md").write_text(hot_table(model))
-    print(text + "\n" + hot_table(model))
-    print(f"wrote {out / '10_calibrated.md'}, {out / '10_hot_steps.md'}, {out / '10_calibrated.json'}, "
+    (out / "10_steps.md").write_text(steps_table(model))
+    print(text + "\n" + steps_table(model))
+    print(f"wrote {out / '10_calibrated.md'}, {out / '10_steps.md'}, {out / '10_calibrated.json'}, "
           f"{out / '10_calibration.json'}"
           + ("" if args.quick else f" and {model_path}"))
 
