@@ -39,12 +39,13 @@ reduce is a reduction timed right after the message that brought its operand, as
 allreduce). At other p it prices the same kinds of step at the p = 2 rates; its target is only
 at the p it was fitted at.
 
-Why the vector size and not only the message's. The same Sendrecv of m bytes cost 857 us as half
-of a 32 MiB vector and about 2250 us as the whole of a 16 MiB one in the same run: the
-rates depend on the vectors an allreduce works on (their cache level, their pages), not on m
-alone, so each rate is measured at the allreduce's own size and shape. An earlier form of the
-model, rates per cache level fitted by least squares to micro-benchmarks that cycled through
-three vectors, over-priced the butterfly 1.23-1.65x and the tree 1.10-1.38x (chapter 10, section 9).
+Why the vector size and not only the message's. The same Sendrecv of m bytes cost clearly
+different times as half of a 2m-byte vector and as the whole of an m-byte one in the same run,
+and a reduction timed alone less than the same reduction right after the message that brought
+its operand (10_steps.md of chapter 10 has both): the rates depend on the vectors an allreduce
+works on, not on m alone, so each is measured at the allreduce's own size and shape. An earlier
+form of this model, rates per cache level fitted by least squares to micro-benchmarks that
+cycled through three vectors, over-priced the butterfly and the tree by a quarter or more.
 
 Why hot steps apart. MPICH hands a message of >= 8 KiB to another rank of the node with one copy,
 made by the receiver (CMA). Bytes the sender has just written with numpy sit modified in its
