@@ -12,13 +12,13 @@ allreduce pays a fixed cost per call that a bare ping-pong does not. The plain a
 model (one ping-pong, one in-cache add) misses all of that (collectives.bench prints it beside).
 
 The model (cost.predict_calibrated) is Hockney's t = alpha + beta m for each kind of step k, with
-its own latency alpha[k] and a per-byte rate beta[k](n) that depends on the allreduce's size n:
+its own latency alpha_k and a per-byte rate beta_k(n) that depends on the allreduce's size n:
 
-    t(n) = o[algorithm] + sum over kinds k of (c[k] alpha[k] + b[k] beta[k](n))
+    t(n) = o[algorithm] + sum over kinds k of (c_k alpha_k + b_k beta_k(n))
              + reduce(n)/n x bytes reduced from sendbuf + add(n)/n x bytes reduced in place
              + copy(n) x whole-vector copies
 
-with c[k] steps and b[k] bytes of kind k on the critical path (cost.traffic, cost.reduced_from_source,
+with c_k steps and b_k bytes of kind k on the critical path (cost.traffic, cost.reduced_from_source,
 cost.extra_copies, hot_steps). The kinds, each timed by calibrate.fit_steps at every size n of a
 ladder (512 B .. 64 MiB) on an allreduce's own three n-byte vectors, as the allreduce at p = 2
 takes that step:
@@ -29,8 +29,8 @@ takes that step:
     hot_exchange     an exchanged block its sender's reduction has just written, m = n/2
     hot_one_way      the same sent one way, m = n
 
-alpha[k] is kind k's time at the ladder's first size, beta[k](n) = (T[k](n) - alpha[k]) / m, and
-T[k](n), like reduce(n), add(n) and copy(n), is the measured time at n, linear in n between
+alpha_k is kind k's time at the ladder's first size, beta_k(n) = (T_k(n) - alpha_k) / m, and
+T_k(n), like reduce(n), add(n) and copy(n), is the measured time at n, linear in n between
 ladder sizes (beyond the last: the last segment's slope; below the first: the first size's time).
 A butterfly's hot step (p >= 4) is its whole-vector exchange plus what a hot block exchange costs
 above a cold one of the same bytes. So at p = 2 the model gives each algorithm the sum of its
