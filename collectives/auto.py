@@ -61,6 +61,34 @@ def load_selection(path=SELECTION_FILE):
 SELECTION = load_selection()
 
 
+def fastest_table(records):
+    """[[from_bytes, algorithm], ...] from collectives.bench's records: at each measured size the
+    fastest point-to-point algorithm (auto and MPI's own left out), runs of the same choice merged.
+    [] if nothing was measured."""
+    fastest = {}
+    for record in records:
+        name = record["algorithm"]
+        if name in ("mpi", "auto", "mpi_init", "auto_init"):
+            continue
+        best = fastest.get(record["bytes"])
+        if best is None or record["seconds"] < best[1]:
+            fastest[record["bytes"]] = (name, record["seconds"])
+    rows = []
+    for nbytes in sorted(fastest):
+        if not rows or rows[-1][1] != fastest[nbytes][0]:
+            rows.append([nbytes, fastest[nbytes][0]])
+    return rows
+
+
+def write_selection(p, rows, path=SELECTION_FILE):
+    """Store auto's table for p (fastest_table's rows) in the JSON file auto reads (other p's entries kept)."""
+    entries = {str(k): [list(row) for row in v] for k, v in load_selection(path).items()}
+    entries[str(p)] = rows
+    with open(path, "w") as file:
+        json.dump(dict(sorted(entries.items(), key=lambda item: int(item[0]))), file)
+        file.write("\n")
+
+
 def table(p):
     """The (from_bytes, algorithm) list auto follows on p ranks."""
     return SELECTION.get(p, DEFAULT)

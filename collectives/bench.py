@@ -93,33 +93,6 @@ def target(name, nbytes, ratio, refined_ratio, calibrated_ratio=None):
     return ",".join(text for text, _ in checks), all(ok for _, ok in checks)
 
 
-def selection(records):
-    """[[from_bytes, algorithm], ...]: at each measured size the fastest point-to-point algorithm
-    (auto and MPI's own left out), runs of the same choice merged. [] if nothing was measured."""
-    fastest = {}
-    for record in records:
-        name = record["algorithm"]
-        if name in ("mpi", "auto", "mpi_init", "auto_init"):
-            continue
-        best = fastest.get(record["bytes"])
-        if best is None or record["seconds"] < best[1]:
-            fastest[record["bytes"]] = (name, record["seconds"])
-    rows = []
-    for nbytes in sorted(fastest):
-        if not rows or rows[-1][1] != fastest[nbytes][0]:
-            rows.append([nbytes, fastest[nbytes][0]])
-    return rows
-
-
-def write_selection(p, rows, path=auto.SELECTION_FILE):
-    """Store auto's table for p in the JSON file auto reads (other p's entries kept)."""
-    table = {str(k): [list(row) for row in v] for k, v in auto.load_selection(path).items()}
-    table[str(p)] = rows
-    with open(path, "w") as file:
-        json.dump(dict(sorted(table.items(), key=lambda item: int(item[0]))), file)
-        file.write("\n")
-
-
 def describe(rows):
     return ", ".join(f"{name} from {human(nbytes)}" for nbytes, name in rows)
 
@@ -341,7 +314,7 @@ def main(argv=None):
                       f"{'-' if calibrated is None else f'{calibrated_ratio:.2f}':>8}  {goal:<27} "
                       f"{'-' if met is None else 'met' if met else 'NO'}", flush=True)
 
-    measured = selection(records)
+    measured = auto.fastest_table(records)
     if rank == 0 and measured:
         print(f"# fastest measured at p = {size}: {describe(measured)}")
         print(f"# auto uses at p = {size}: {describe(auto.table(size))}"
@@ -350,7 +323,7 @@ def main(argv=None):
         if not measured:
             print("# --write-selection: nothing measured")
         else:
-            write_selection(size, measured)
+            auto.write_selection(size, measured)
             print(f"# wrote p = {size} to {auto.SELECTION_FILE} (auto reads it at its next import)")
     if rank == 0:
         rows = [r for r in records if r["met"] is not None]
