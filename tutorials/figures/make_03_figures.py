@@ -126,7 +126,7 @@ def select(out, quick, repeats):
     import statistics
     sys.path.insert(0, str(ROOT))
     from collectives import auto
-    from collectives.bench import describe, write_selection
+    from collectives.bench import describe
     for p in RANKS:
         runs = []
         for _ in range(repeats):
@@ -146,7 +146,7 @@ def select(out, quick, repeats):
                 rows.append([nbytes, fastest])
         print(f"p = {p}, median of {repeats} launches: {describe(rows)}", flush=True)
         if not quick:
-            write_selection(p, rows)
+            auto.write_selection(p, rows)
 
 
 def bench(out, quick, keep, repeats):
