@@ -1,36 +1,38 @@
 """pytest plugin for tests/grade.py: a task's function runs in the sandbox, its tests run here.
 
-$MINIDL_GRADE_PROXY names a task (tutorials/assignments/tasks.toml) and
-$MINIDL_GRADE_STUDENT the student tree. Before collection the plugin swaps the body of the task's
-function in this (reference) checkout for a call of a forwarder, so every caller reaches it: a
-function's or method's code is replaced; a closure (``matmul.backward``) is recompiled inside its
-enclosing function so that each closure made hands the forwarder the enclosing function's
-variables. The tests, their expected values and every other function stay here, in the grader's
-process; only the call crosses into ``sandbox.Session`` (one job per rank count, serving every
-call: ``{"function", "args", "kwargs"}`` packed by tutorials/assignments/values.py), which
-rebuilds the function and its arguments from the student's tree and can hand back nothing but
-arrays and one JSON text. From those, values.py writes the state the call left (arrays, the
-project's objects, lists, dicts, generators) into the caller's own objects, after checking every
-piece, and rebuilds the return value; a closure of the task's own code that comes back (a
-Tensor's backward) is a stand-in that calls it in the sandbox again.
+$MINIDL_GRADE_PROXY names a task (tutorials/assignments/tasks.toml) and $MINIDL_GRADE_STUDENT the
+student tree. Before collection the plugin swaps the body of the task's function in this
+(reference) checkout for a call of a forwarder, so every caller reaches it: a function's or
+method's code is replaced; a closure (``matmul.backward``) is recompiled inside its enclosing
+function so that each closure made hands the forwarder the enclosing function's variables. The
+tests, their expected values and every other function stay here; only the call crosses.
 
-The call is collective over its communicator (an argument ``comm``, or one found in the
-arguments: a partial's, a closure's, an object's): every rank sends its arguments to its rank 0,
-which runs the student's function once on ``comm.size`` sandboxed ranks (rank i there gets rank
-i's arguments) and sends each rank its reply. Communicators of some of the ranks make the call
-the world's; a call without one runs alone, and the MPI objects it holds cross as stand-ins that
-raise when used. A student function that raises, deadlocks ($MINIDL_GRADE_CALL_TIMEOUT s) or
-replies with junk fails the test on every rank with the sandbox's message, led by the required
-task to blame when the traceback shows one.
+**Each rank has its own sandboxed worker** (``sandbox.Job("serve")``, one per pytest process,
+kept for every call), which builds the function and its arguments from the student's tree
+(values.py) and answers with data (replies.py): the return value, and what the call changed of
+what it was sent, checked here and then written into the caller's own arrays, lists and objects.
+Nothing in a reply is ever called, formatted by its own methods or compared by its own ``__eq__``
+here: a reply cannot hold anything that runs. A Tensor the call made is rebuilt here by minidl's
+own class; its backward stays in the sandbox, and the rebuilt Tensor's backward asks for it there.
 
-**Whole calls** (tasks.toml's ``forward = ["module.qualname", ...]``). A task whose tests call its
-function thousands of times (each forwarded call costs milliseconds) names, besides, functions of
-the project or of the tests' helpers whose *whole* call is forwarded the same way: a batch helper
-(``tests.helpers.run_calls``: one round trip runs every call of the task's function it makes, in
-the sandbox, with the student's code) or a whole training run that every rank enters, servers
-included (run once on ``comm.size`` sandboxed ranks, rank i with rank i's arguments, exactly as
-the task's function is). Only values come back, through values.py, and the tests check them here;
-the task's function stays forwarded call by call for the tests that call it directly.
+**The grader is the network.** A communicator in the arguments crosses as a handle: in the
+sandbox it is a stand-in (proxy.py) whose every MPI call comes back here as an "op" frame, and
+this rank makes that call on the test's own communicator (``Network``). So the student's ring on
+five sandboxed ranks is five grader ranks' messages, and a ``TracedComm`` the test handed over
+records them here, where the student's code cannot reach the records.
+
+**Whole runs** (tasks.toml's ``forward``, called with a communicator of several ranks: a
+parameter-server run, servers included, or Hogwild!'s shared window): every rank sends its
+arguments to its rank 0, which runs the function once on ``comm.size`` ranks of one sandboxed
+``mpiexec`` job (rank i there gets rank i's arguments) and sends each rank its reply, data only.
+A batch helper (``tests.helpers.run_calls``) runs on this rank's worker: thousands of calls of the
+task's function in one round trip.
+
+A call that does not come back within $MINIDL_GRADE_CALL_TIMEOUT seconds (a receive that no send
+matches, an endless loop) fails its test and ends this pytest run at once (grade_record.hang), so a
+deadlock costs its task one timeout. A student function that raises, or replies with anything but
+data, fails the test on that rank with the sandbox's message, led by the required task to blame
+when the traceback shows one.
 """
 import functools
 import importlib
@@ -38,42 +40,354 @@ import inspect
 import os
 import re
 import textwrap
+import threading
+import time
 import types
 
 import numpy as np
 from mpi4py import MPI
 
 from collectives.trace import WatchedComm
+from minidl.tensor import Tensor
+from tests import grade_record
 from tests.helpers import idle_until_all_arrive
-from tutorials.assignments import codec, fences, sandbox, values   # here, not at rank 0's first call: see below
+from tutorials.assignments import channel, codec, fences, replies, sandbox, values  # imported on every rank
 
-# Every rank must draw the same hypothesis examples. Rank 0 alone runs the sandbox; importing a
-# module for the first time inside a test on one rank only was seen to change which examples that
-# rank drew next (rank 0 drew a length of 100 where the others drew 120), so the import is here.
-SESSIONS = {}
-MODULE = FUNCTION = CODE_NAME = TASK = TASKS = None
+MODULE = FUNCTION = CODE_NAME = TASK = TASKS = FORWARD = None
 FORWARDS = {}                                     # "module.qualname" (tasks.toml's forward) -> its forwarder
+STATE = {"worker": None, "jobs": {}}
+OPS = {"SUM": MPI.SUM, "MAX": MPI.MAX, "MIN": MPI.MIN, "PROD": MPI.PROD, "LAND": MPI.LAND, "LOR": MPI.LOR,
+       "BAND": MPI.BAND, "BOR": MPI.BOR}
 
 
-def _session(size):
-    if size not in SESSIONS:
-        SESSIONS[size] = sandbox.Session(os.environ["MINIDL_GRADE_STUDENT"], MODULE, "*", nprocs=size)
-    return SESSIONS[size]
+def call_timeout():
+    return float(os.environ.get("MINIDL_GRADE_CALL_TIMEOUT", 20))
 
 
-def _run(size, per_rank):
-    """The replies of one call on ``size`` sandboxed ranks, or the sandbox's message."""
+class Watchdog:
+    """Ends this process (grade_record.hang) when a sandboxed call outlives its deadline, wherever this
+    rank is waiting then: for the sandbox's reply, or inside an MPI call made for the sandbox."""
+
+    def __init__(self):
+        self.deadline, self.what, self.thread = None, "", None
+
+    def arm(self, seconds, what):
+        self.deadline, self.what = time.monotonic() + seconds, what
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._watch, daemon=True)
+            self.thread.start()
+
+    def disarm(self):
+        self.deadline = None
+
+    def _watch(self):
+        while True:
+            time.sleep(0.1)
+            deadline = self.deadline
+            if deadline is not None and time.monotonic() > deadline:
+                grade_record.hang(self.what)
+
+
+WATCHDOG = Watchdog()
+
+
+def _status_info(status):
+    return status.Get_source(), status.Get_tag(), status.Get_count(MPI.BYTE)
+
+
+def _int(fields, name):
+    value = fields.get(name)
+    if type(value) is not int:
+        raise ValueError(f"{name} must be an int")
+    return value
+
+
+class Network:
+    """This rank's communicators (and requests) that sandboxed code may use, by handle; ``answer``
+    makes the MPI call an "op" frame asks for, on the test's own communicator."""
+
+    def __init__(self):
+        self.things, self.numbers, self.made = {}, {}, set()
+        self.forbid = set()                       # the task's forbidden MPI calls (tasks.toml's ``forbid``)
+
+    def _register(self, thing, made=False):
+        if id(thing) not in self.numbers:
+            handle = self.next = getattr(self, "next", -1) + 1
+            self.things[handle], self.numbers[id(thing)] = thing, handle
+            if made:
+                self.made.add(handle)
+        return self.numbers[id(thing)]
+
+    def spec(self, thing):
+        """``comms`` for values.pack_call: a communicator becomes a handle, any other MPI object unusable."""
+        if isinstance(thing, WatchedComm) or (isinstance(thing, MPI.Comm) and thing != MPI.COMM_NULL):
+            return ["comm", self._register(thing), thing.Get_rank(), thing.Get_size()]
+        if type(thing).__module__ == "mpi4py.MPI":
+            return ["mpi"]
+        return None
+
+    def answer(self, frame):
+        """The result frame for one op frame (an MPI error, or a malformed op, is an error result)."""
+        try:
+            op = replies.unpack_data(frame)
+            name, handle, arrays, fields = op["name"], op["handle"], op["arrays"], op["fields"]
+            if not (isinstance(name, str) and type(handle) is int and handle in self.things
+                    and isinstance(arrays, list) and isinstance(fields, dict)
+                    and all(a is None or isinstance(a, np.ndarray) for a in arrays)):
+                raise ValueError("a malformed op")
+            if name in self.forbid and not (name.islower() and isinstance(fields.get("obj"), (bool, int, float))):
+                raise Stop(f"called {name}, which task {TASK.id} must build from point-to-point messages "
+                           f"(Send, Recv, Sendrecv, Isend, Irecv); see {TASK.section}")
+            method = getattr(self, "op_" + name, None)
+            if method is None:
+                raise ValueError(f"{name} is not an MPI call that graded code may make here")
+            first, second = method(self.things[handle], handle, arrays, fields)
+            return replies.pack_data(first=first, second=second)
+        except Stop:
+            raise
+        except Exception as error:                # MPI's own error, or an op we refuse: the student's to see
+            return {"__error__": np.array(f"{type(error).__name__}: {error}"[:1000])}
+
+    # point to point
+    def op_Send(self, comm, handle, arrays, fields):
+        comm.Send(arrays[0], _int(fields, "dest"), _int(fields, "tag"))
+        return None, None
+
+    op_Ssend = op_Send
+
+    def op_Recv(self, comm, handle, arrays, fields):
+        buffer, status = np.empty_like(arrays[0]), MPI.Status()
+        comm.Recv(buffer, _int(fields, "source"), _int(fields, "tag"), status)
+        return buffer, _status_info(status)
+
+    def op_Sendrecv(self, comm, handle, arrays, fields):
+        buffer, status = np.empty_like(arrays[1]), MPI.Status()
+        comm.Sendrecv(arrays[0], _int(fields, "dest"), _int(fields, "sendtag"), buffer, _int(fields, "source"),
+                      _int(fields, "recvtag"), status)
+        return buffer, _status_info(status)
+
+    def op_Isend(self, comm, handle, arrays, fields):
+        data = arrays[0].copy()
+        request = comm.Isend(data, _int(fields, "dest"), _int(fields, "tag"))
+        return self._register((request, data, None)), None
+
+    def op_Irecv(self, comm, handle, arrays, fields):
+        buffer, status = np.empty_like(arrays[0]), MPI.Status()
+        request = comm.Irecv(buffer, _int(fields, "source"), _int(fields, "tag"))
+        return self._register((request, buffer, status)), None
+
+    def op_Wait(self, pending, handle, arrays, fields):
+        request, buffer, status = self._request(pending)
+        request.Wait(status)
+        self._forget(handle)
+        return (buffer, _status_info(status)) if status is not None else (None, None)
+
+    def op_Test(self, pending, handle, arrays, fields):
+        request, buffer, status = self._request(pending)
+        if not request.Test(status):
+            return False, (None, None)
+        self._forget(handle)
+        return True, ((buffer, _status_info(status)) if status is not None else (None, None))
+
+    def _forget(self, handle):
+        thing = self.things.pop(handle)
+        del self.numbers[id(thing)]
+
+    def op_Cancel(self, pending, handle, arrays, fields):
+        self._request(pending)[0].Cancel()
+        return None, None
+
+    def _request(self, pending):
+        if not (isinstance(pending, tuple) and len(pending) == 3):
+            raise ValueError("not a request")
+        return pending
+
+    def op_Probe(self, comm, handle, arrays, fields):
+        status = MPI.Status()
+        comm.Probe(_int(fields, "source"), _int(fields, "tag"), status)
+        return True, _status_info(status)
+
+    def op_Iprobe(self, comm, handle, arrays, fields):
+        status = MPI.Status()
+        flag = comm.Iprobe(_int(fields, "source"), _int(fields, "tag"), status)
+        return bool(flag), _status_info(status) if flag else None
+
+    # collectives
+    def op_Barrier(self, comm, handle, arrays, fields):
+        comm.Barrier()
+        return None, None
+
+    def op_Allreduce(self, comm, handle, arrays, fields):
+        sendbuf, recvbuf = arrays
+        out = recvbuf.copy()
+        comm.Allreduce(MPI.IN_PLACE if sendbuf is None else sendbuf, out, op=OPS[fields["op"]])
+        return out, None
+
+    def op_Bcast(self, comm, handle, arrays, fields):
+        buffer = arrays[0].copy()
+        comm.Bcast(buffer, root=_int(fields, "root"))
+        return buffer, None
+
+    # pickling calls: data only, both ways (the grader's ranks pickle it among themselves)
+    def op_send(self, comm, handle, arrays, fields):
+        comm.send(fields["obj"], _int(fields, "dest"), _int(fields, "tag"))
+        return None, None
+
+    def op_recv(self, comm, handle, arrays, fields):
+        status = MPI.Status()
+        obj = comm.recv(None, _int(fields, "source"), _int(fields, "tag"), status)
+        return obj, _status_info(status)
+
+    def op_sendrecv(self, comm, handle, arrays, fields):
+        status = MPI.Status()
+        obj = comm.sendrecv(fields["obj"], _int(fields, "dest"), _int(fields, "sendtag"), None,
+                            _int(fields, "source"), _int(fields, "recvtag"), status)
+        return obj, _status_info(status)
+
+    def op_allreduce(self, comm, handle, arrays, fields):
+        return comm.allreduce(fields["obj"], op=OPS[fields["op"]]), None
+
+    def op_bcast(self, comm, handle, arrays, fields):
+        return comm.bcast(fields["obj"], root=_int(fields, "root")), None
+
+    def op_gather(self, comm, handle, arrays, fields):
+        return comm.gather(fields["obj"], root=_int(fields, "root")), None
+
+    def op_allgather(self, comm, handle, arrays, fields):
+        return comm.allgather(fields["obj"]), None
+
+    # communicators
+    def op_Split(self, comm, handle, arrays, fields):
+        new = comm.Split(_int(fields, "color"), _int(fields, "key"))
+        if new == MPI.COMM_NULL:
+            return None, None
+        return self._register(new, made=True), (new.Get_rank(), new.Get_size())
+
+    def op_Split_type(self, comm, handle, arrays, fields):
+        new = comm.Split_type(_int(fields, "split_type"), _int(fields, "key"))
+        if new == MPI.COMM_NULL:
+            return None, None
+        return self._register(new, made=True), (new.Get_rank(), new.Get_size())
+
+    def op_Dup(self, comm, handle, arrays, fields):
+        new = comm.Dup()
+        return self._register(new, made=True), (new.Get_rank(), new.Get_size())
+
+    def op_Free(self, comm, handle, arrays, fields):
+        if handle not in self.made:
+            raise ValueError("a communicator the grader handed over is not the call's to free")
+        comm.Free()
+        return None, None
+
+    def op_Abort(self, comm, handle, arrays, fields):
+        raise Stop(f"called Abort({fields.get('errorcode')}) on its communicator")
+
+
+class Stop(Exception):
+    """The sandboxed code asked for something that ends the call here (Abort)."""
+
+
+NETWORK = Network()
+
+
+STARTUP = 120.0                                   # seconds for a worker to start and import the task's module
+
+
+def _started(mode, nprocs):
+    """A sandboxed job of the student's tree, started (and the task's module imported there on every
+    rank) before any call is timed: starting costs seconds on a busy machine, a call milliseconds."""
+    job = sandbox.Job(os.environ["MINIDL_GRADE_STUDENT"], mode, nprocs)
     try:
-        replies = _session(size)(per_rank, timeout=float(os.environ.get("MINIDL_GRADE_CALL_TIMEOUT", 20)))
-        return [dict(replies[rank]) for rank in range(size)]
-    except (sandbox.SandboxError, TypeError, ValueError) as error:
-        return str(error)
+        job.send({"__warm__": np.array(MODULE)})
+        frame = job.receive(time.monotonic() + STARTUP)
+    except (channel.FrameError, TimeoutError) as error:
+        job.close()
+        raise AssertionError(f"the sandbox did not start: {error or 'no answer in time'}") from None
+    if "__error__" in frame:
+        job.close()
+        raise AssertionError(f"importing {MODULE} (the student's, in the sandbox): {sandbox.failure_of(frame, nprocs)}")
+    return job
 
 
-def _comm_of(things, depth=4):
-    """The call's communicator: the first MPI communicator among ``things`` or held by one of them
-    (a partial's arguments, a closure's cells, an object's fields, a container's items; a few
-    levels deep), or None."""
+def _worker():
+    """This rank's sandboxed worker (one process, kept for every call)."""
+    if STATE["worker"] is None:
+        STATE["worker"] = _started("serve", 1)
+    return STATE["worker"]
+
+
+def _drop_worker():
+    worker, STATE["worker"] = STATE["worker"], None
+    if worker is not None:
+        worker.close()
+
+
+def _hang_message(name, size):
+    return (f"{name} (the student's, in the sandbox): timed out after {call_timeout():g} s at p = {size}: probably "
+            "a receive that no rank's send matches, a rank that stopped sending, or an endless loop")
+
+
+def exchange(arrays, sent, name):
+    """Send one call (or backward) to this rank's worker, answer its MPI ops, and return its value."""
+    worker = _worker()
+    if "__backward__" in arrays and STATE["worker"] is not arrays.pop("__worker__"):
+        raise AssertionError(f"{name}: its sandboxed worker has ended (an earlier call failed)")
+    WATCHDOG.arm(call_timeout(), _hang_message(name, MPI.COMM_WORLD.Get_size()))
+    try:
+        worker.send(arrays)
+        while True:
+            frame = worker.receive()              # no deadline here: the watchdog bounds the wait
+            kind = str(frame.get("kind", ""))
+            if kind == "op":
+                worker.send(NETWORK.answer(frame))
+            elif kind == "error":
+                raise AssertionError(f"{name} (the student's, in the sandbox): "
+                                     f"{_blame(sandbox.failure_of(frame, MPI.COMM_WORLD.Get_size()))}")
+            elif kind == "reply":
+                break
+            else:
+                raise channel.FrameError(f"a frame of kind {kind[:40]!r}")
+    except (channel.FrameError, Stop) as error:
+        _drop_worker()                            # a fresh worker for the next call
+        raise AssertionError(f"{name} (the student's, in the sandbox): {error}") from None
+    finally:
+        WATCHDOG.disarm()
+    try:
+        return replies.unpack_reply(frame, sent, tensor_class=Tensor,
+                                    remote=functools.partial(_backward, worker, sent, name))
+    except ValueError as error:
+        raise AssertionError(f"{name} (the student's, in the sandbox) replied with junk: {error}") from None
+
+
+def _backward(worker, sent, name, handle, grad):
+    """A rebuilt Tensor's backward: the closure the call made runs in the sandbox, where it stayed."""
+    return exchange({"__backward__": np.array(handle), "grad": np.asarray(grad), "__worker__": worker}, sent,
+                    f"the backward of {name}")
+
+
+def call(function, args, kwargs, name=None, whole=False):
+    """``function(*args, **kwargs)`` in the sandbox: the return value; what it changed of the arguments
+    is written into them here. ``whole``: a whole run, on one sandboxed job of comm.size ranks."""
+    name = name or FUNCTION
+    comm = _comm_of([*args, *kwargs.values()]) if whole else None
+    if comm is not None and comm.Get_size() > 1:
+        return _whole(function, args, kwargs, comm, name)
+    try:
+        arrays, sent = values.pack_call({"function": function, "args": tuple(args), "kwargs": dict(kwargs)},
+                                        comms=NETWORK.spec)
+    except TypeError as error:                    # the test hands the function something that cannot cross
+        raise AssertionError(f"{name}: its arguments cannot cross into the sandbox: {error}") from None
+    return exchange(arrays, sent, name)
+
+
+def _innermost(comm):
+    while isinstance(comm, WatchedComm):
+        comm = comm.comm
+    return comm
+
+
+def _comm_of(things, depth=3):
+    """The call's communicator: the first one among ``things`` or held by one of them, or None."""
     for thing in things:
         if isinstance(thing, (MPI.Comm, WatchedComm)):
             return thing
@@ -81,10 +395,6 @@ def _comm_of(things, depth=4):
             continue
         if isinstance(thing, functools.partial):
             inner = [*thing.args, *thing.keywords.values()]
-        elif isinstance(thing, codec.Remote):
-            inner = list(thing.spec[3].values())
-        elif isinstance(thing, types.FunctionType):
-            inner = [cell.cell_contents for cell in thing.__closure__ or () if codec._full(cell)]
         elif isinstance(thing, (list, tuple)):
             inner = list(thing)
         elif isinstance(thing, dict):
@@ -99,53 +409,63 @@ def _comm_of(things, depth=4):
     return None
 
 
-def call(function, args, kwargs, comm, name=None):
-    """``function(*args, **kwargs)`` in the sandbox (collective when ``comm`` has several ranks):
-    the return value; what it changed of the arguments is written into them here. ``name``: what
-    the messages call it (the task's function by default)."""
-    name = name or FUNCTION
-    chain = [comm]
-    while isinstance(chain[-1], WatchedComm):
-        chain.append(chain[-1].comm)
-    if chain[-1] is not None and chain[-1].Get_size() < MPI.COMM_WORLD.Get_size():
-        comm, chain = None, [MPI.COMM_WORLD]     # communicators of some ranks: the call is the world's
-    alone = chain[-1] is None or chain[-1].Get_size() == 1
-    # a wrapper of the project's (collectives.trace's counting and tracing) crosses as an object around
-    # the sandbox's own communicator, and its counts come back; a test's own is replayed (``__watch__``)
-    watch = isinstance(comm, WatchedComm) and not all(codec.plain_class(type(part)) for part in chain[:-1])
-    placeholder = tuple(part for part in (chain if watch else chain[-1:]) if part is not None)
-    try:                                          # alone: other communicators cross as unusable stand-ins
-        sent_arrays, sent = values.pack_call({"function": function, "args": tuple(args), "kwargs": dict(kwargs)},
-                                             comm=placeholder,
-                                             subcomm=(lambda c: None) if alone else values.world_ranks(MPI.COMM_WORLD))
-    except TypeError as error:                    # the test hands the function something that cannot cross
+def _whole(function, args, kwargs, comm, name):
+    """A whole run (servers included) on one sandboxed job of comm.size ranks, driven by rank 0."""
+    inner = _innermost(comm)
+    rank, size = inner.Get_rank(), inner.Get_size()
+
+    def spec(thing):
+        if thing is comm or thing is inner:
+            return ["comm", 0, rank, size]
+        return ["mpi"] if isinstance(thing, WatchedComm) or type(thing).__module__ == "mpi4py.MPI" else None
+    try:
+        arrays, sent = values.pack_call({"function": function, "args": tuple(args), "kwargs": dict(kwargs)},
+                                        comms=spec)
+    except TypeError as error:
         raise AssertionError(f"{name}: its arguments cannot cross into the sandbox: {error}") from None
-    if watch:                                     # a test counts the messages: record them there
-        sent_arrays["__watch__"] = np.array(True)
-    inner = chain[-1]
-    if alone:
-        outcome = _run(1, [sent_arrays])
-        reply = outcome if isinstance(outcome, str) else outcome[0]
-    else:
-        gathered, parts = inner.gather(sent_arrays, root=0), None
-        if inner.Get_rank() == 0:
-            outcome = _run(inner.Get_size(), gathered)
-            parts = outcome if isinstance(outcome, list) else [outcome] * inner.Get_size()
-        idle_until_all_arrive(inner)
-        reply = inner.scatter(parts, root=0)
+    gathered, parts = inner.gather(arrays, root=0), None
+    if rank == 0:
+        parts = _run_job(size, gathered, name)
+    idle_until_all_arrive(inner)
+    reply = inner.scatter(parts, root=0)
     if isinstance(reply, str):
         raise AssertionError(f"{name} (the student's, in the sandbox): {_blame(reply)}")
-    if watch:                                     # the sandbox's messages, as if sent through ``comm``
-        for row in reply.pop("__messages__", np.zeros((0, 6), dtype=np.int64)).reshape(-1, 6).tolist():
-            sent_, received = tuple(row[:3]), tuple(row[3:])
-            comm.watch(0.0, 0.0, sent=None if sent_[0] < 0 else sent_, received=None if received[0] < 0 else received)
     try:
-        out = values.unpack_reply(reply, sent, comm=placeholder[0] if placeholder else None, remote=(MODULE, CODE_NAME))
-        if not (isinstance(out, dict) and out.keys() == {"return", "after"}):
-            raise ValueError("not a reply of the call: a dict of 'return' and 'after'")
+        return replies.unpack_reply(reply, sent)
     except ValueError as error:
         raise AssertionError(f"{name} (the student's, in the sandbox) replied with junk: {error}") from None
-    return out["return"]
+
+
+def _run_job(size, gathered, name):
+    """Rank 0: every rank's reply of one call of a whole run, or the message of why there is none."""
+    jobs = STATE["jobs"]
+    if size not in jobs:
+        try:
+            jobs[size] = _started("job", size)
+        except AssertionError as error:
+            return [str(error)] * size
+    job = jobs[size]
+    WATCHDOG.arm(call_timeout(), _hang_message(name, size))
+    errors = []
+    try:
+        job.send({f"r{r}.{key}": array for r, arrays in enumerate(gathered) for key, array in arrays.items()})
+        while True:
+            frame = job.receive(time.monotonic() + 1.0) if errors else job.receive()
+            if str(frame.get("kind", "")) == "error":
+                errors.append(frame)              # this rank's root cause; the job is ending: hear the others
+                continue
+            if str(frame.get("kind", "")) != "reply" or errors:
+                raise channel.FrameError("a frame that is not a reply")
+            return [{key.split(".", 1)[1]: array for key, array in frame.items() if key.startswith(f"r{r}.")}
+                    for r in range(size)]
+    except (channel.FrameError, TimeoutError) as error:
+        jobs.pop(size).close()
+        if errors:                                # a stub's own words first: the root cause
+            errors.sort(key=lambda frame: "NotImplementedError" not in str(frame.get("__error__")))
+            return [sandbox.failure_of(errors[0], size)] * size
+        return [f"{error} (p = {size})"] * size
+    finally:
+        WATCHDOG.disarm()
 
 
 def _blame(message):
@@ -163,12 +483,7 @@ def _blame(message):
     return message
 
 
-def _remote_call(remote, args, kwargs):
-    """A closure of the student's task code that came back (a Tensor's backward): called in the sandbox."""
-    return call(remote, args, kwargs, _comm_of([*args, *kwargs.values(), remote]))
-
-
-def forwarder(original, function=None, method=0, name=None):
+def forwarder(original, function=None, method=0, name=None, whole=False):
     """The forwarder for ``original`` (the task's function, or a closure's code: then each call
     gets the closure's cells and ``function`` builds the thing to call in the sandbox; or a
     function of tasks.toml's ``forward``). ``method``: 1 if args[0] is the method's object."""
@@ -179,9 +494,8 @@ def forwarder(original, function=None, method=0, name=None):
         if function is not None:
             cells, args, kwargs = args
             target = function(cells)
-        bound = signature.bind(*args, **kwargs)        # a method's object: its comm is not the call's
-        comm = bound.arguments.get("comm") or _comm_of([*args[method:], *kwargs.values()])
-        return call(target, args, kwargs, comm, name)
+        signature.bind(*args, **kwargs)           # a wrong call fails here, as it would have
+        return call(target, args, kwargs, name, whole=whole)
     return forward
 
 
@@ -227,7 +541,7 @@ def forward_whole_calls(task):
         if name in FORWARDS or function.__code__ in (_trampoline.__code__, _trampoline_to(name)):
             continue                                 # the task's own function is forwarded already
         method = int("." in function.__qualname__)
-        FORWARDS[name] = forwarder(function, method=method,
+        FORWARDS[name] = forwarder(function, method=method, whole=True,
                                    name=f"{FUNCTION}, called by {function.__module__}.{function.__qualname__}")
         function.__code__ = _trampoline_to(name)
 
@@ -255,19 +569,18 @@ def _reroute(outer, inner):
 
 
 def pytest_configure(config):
-    global MODULE, FUNCTION, CODE_NAME, FORWARD
+    global MODULE, FUNCTION, CODE_NAME, FORWARD, TASK, TASKS
     task_id = os.environ.get("MINIDL_GRADE_PROXY")
     if not task_id:
         return
     from tutorials import assignments
     tasks, _ = assignments.load()
-    global TASK, TASKS
     TASKS = {task.id: task for task in tasks}
     task = TASK = TASKS[task_id]
+    NETWORK.forbid = set(task.forbid)
     MODULE, FUNCTION = task.file.removesuffix(".py").replace("/", "."), task.function
     for package in ("minidl", "collectives", "algorithms"):
         importlib.import_module(package)
-    codec.Remote.CALL = _remote_call
     module = importlib.import_module(MODULE)
     head, _, tail = FUNCTION.partition(".")
     owner = getattr(module, head)
@@ -282,12 +595,13 @@ def pytest_configure(config):
     code = codec.code_of(MODULE, CODE_NAME, 0)
     dummy = types.FunctionType(code, module.__dict__, code.co_name, None,
                                tuple(types.CellType() for _ in code.co_freevars))
-    FORWARD = forwarder(dummy, lambda cells: codec.Remote(MODULE, CODE_NAME, 0, cells, None, None))
+    FORWARD = forwarder(dummy, lambda cells: codec.Closure(MODULE, CODE_NAME, 0, cells))
     _reroute(owner, code)
     forward_whole_calls(task)
 
 
 def pytest_unconfigure(config):
-    for session in SESSIONS.values():
-        session.close()
-    SESSIONS.clear()
+    _drop_worker()
+    for job in STATE["jobs"].values():
+        job.close()
+    STATE["jobs"].clear()

@@ -208,23 +208,76 @@ def body(task, root=ROOT):
     return lines[begin + 1:end]
 
 
-def forbidden_calls(task, lines):
-    """Why a submitted body may not be graded ("" if it may): it calls one of ``task.forbid``
-    (``comm.Allreduce`` in a ring task scores nothing, whatever its tests say). Read from the
-    source, never run, so it catches the plain call (``comm.Allreduce``, ``f = comm.Allreduce``),
-    not one spelled at run time (``getattr(comm, name)``); a body that does not parse is graded
-    (its tests then fail, saying why)."""
+# Names that reach an attribute or a module spelled at run time: in a file whose task forbids MPI calls, any
+# of them would let a body call one without writing its name, so the file is not graded.
+DYNAMIC = {"getattr": "getattr() with a name computed at run time", "eval": "eval()", "exec": "exec()",
+           "compile": "compile()", "__import__": "__import__()", "vars": "vars()", "globals": "globals()",
+           "locals": "locals()", "attrgetter": "operator.attrgetter()", "methodcaller": "operator.methodcaller()",
+           "__getattribute__": "__getattribute__", "__dict__": "__dict__", "import_module": "importlib"}
+NOT_MPI = ("np", "numpy", "xp", "functools", "itertools", "math", "operator")   # np.add.reduce is no MPI call
+
+
+def _root_name(node):
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        node = node.value if not isinstance(node, ast.Call) else node.func
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _written(text, reference):
+    """The 1-based numbers of the lines of ``text`` that are not the reference's own (what the student wrote)."""
+    import difflib
+    mine, theirs = text.splitlines(), reference.splitlines()
+    kept = set()
+    for block in difflib.SequenceMatcher(None, mine, theirs, autojunk=False).get_matching_blocks():
+        kept.update(range(block.a + 1, block.a + block.size + 1))
+    return set(range(1, len(mine) + 1)) - kept
+
+
+def forbidden_calls(task, root=ROOT, text=None, reference=ROOT):
+    """Why a submitted file may not be graded ("" if it may): the file of a task with ``forbid``
+    reaches one of those MPI methods (``comm.Allreduce`` in a ring task scores nothing, whatever its
+    tests say). Read from the whole file's source, never run: an attribute of that name anywhere
+    (``comm.Allreduce``, ``f = comm.Allreduce``, ``type(comm).Allreduce``; not ``np.add.reduce``),
+    ``getattr(comm, "Allreduce")``, or a way to name one at run time
+    (``getattr`` with a computed name, ``eval``, ``vars``, ``__dict__``, ``importlib``, ...). The
+    grader's network refuses those MPI calls from the sandbox too (tests/grade_proxy.py), however
+    they were reached; this check says so before anything runs. A file that does not parse is
+    graded (its tests then fail, saying why). Lines that are the reference's own, unchanged (a set-up
+    helper of the file: the hierarchical allreduce's node size), are the grader's, not the student's."""
     if not task.forbid:
         return ""
+    text = text if text is not None else (Path(root) / task.file).read_text()
     try:
-        tree = ast.parse(textwrap.dedent("\n".join(lines)))
+        tree = ast.parse(text)
     except SyntaxError:
         return ""
-    used = sorted({node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr in task.forbid})
+    written, used = _written(text, (Path(reference) / task.file).read_text()), set()
+    for node in ast.walk(tree):
+        if not set(range(getattr(node, "lineno", 0), getattr(node, "end_lineno", -1) + 1)) & written:
+            continue
+        if isinstance(node, ast.Attribute):
+            if node.attr in task.forbid and _root_name(node.value) not in NOT_MPI:
+                used.add(node.attr)
+            elif node.attr in DYNAMIC:
+                used.add(DYNAMIC[node.attr])
+        elif isinstance(node, ast.Name) and node.id in DYNAMIC and node.id != "getattr":
+            used.add(DYNAMIC[node.id])
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            modules = [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            names = [alias.name for alias in node.names]
+            if any(module.split(".")[0] in ("importlib", "builtins") for module in modules) \
+                    or any(name in DYNAMIC for name in names):
+                used.add("an import of importlib, builtins or operator's attrgetter")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr"):
+            name = node.args[1] if len(node.args) >= 2 else None
+            if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
+                used.add(DYNAMIC["getattr"])
+            elif name.value in task.forbid:
+                used.add(name.value)
     if not used:
         return ""
-    return (f"task {task.id} calls {', '.join(used)}, which it must build from point-to-point messages "
-            f"(Send, Recv, Sendrecv, Isend, Irecv); see {task.section}")
+    return (f"task {task.id}'s file {task.file} reaches {', '.join(sorted(used))}, and the task must build its "
+            f"collective from point-to-point messages (Send, Recv, Sendrecv, Isend, Irecv); see {task.section}")
 
 
 def stubbed(task_id, root=ROOT):

@@ -1,10 +1,13 @@
-"""The two halves of tutorials/assignments/values.py: ``Packer`` (a value -> one JSON spec and its
-arrays) and ``Builder`` (back, checking every piece). Read values.py's docstring first.
+"""One half of tutorials/assignments/values.py: ``Packer``, a call's value -> one JSON spec and its
+arrays. Read values.py's docstring first.
 
 Spec nodes (JSON lists): ``[kind, ...]``. Mutable things carry a number ``n`` (unique in one
-message; ``["ref", n]`` is the same thing again, so shared references and cycles survive) and
-``was``: the number the thing had in the call it came back from (a reply only), or null.
-This file imports nothing of the project: the sandbox loads it from beside its driver.
+message; ``["ref", n]`` is the same thing again, so shared references and cycles survive), by
+which the sandbox's reply names the things it changed (tutorials/assignments/replies.py). This
+direction carries the project's objects, functions and closures by name, because the sandbox
+rebuilds them from the student's tree and nothing it builds runs on the grader's side; the
+reply direction carries data only. This file imports nothing of the project: the sandbox loads
+it from beside its driver.
 """
 import collections
 import dataclasses
@@ -100,24 +103,17 @@ def field_allowed(cls, name):
 
 
 
-class Remote:
-    """A closure of the task's own code that came back from the sandbox: this side does not run the
-    student's code, so calling it calls it there (``CALL``, set by the grader), and it packs back
-    into the closure it was."""
-    CALL = None
+class Closure:
+    """A closure of the task's code to call in the sandbox: its code's name and the cells to give it
+    (the grader does not run the student's code, so it sends the name and the enclosing variables)."""
 
-    def __init__(self, module, qualname, index, cells, defaults, kwdefaults):     # cells: {name: value}
-        self.spec = (module, qualname, index, cells, defaults, kwdefaults)
-
-    def __call__(self, *args, **kwargs):
-        if Remote.CALL is None:
-            raise RuntimeError("a closure of the student's code can only be called in the sandbox")
-        return Remote.CALL(self, args, kwargs)
+    def __init__(self, module, qualname, index, cells):
+        self.spec = (module, qualname, index, cells, None, None)
 
 
 class Unreachable:
-    """In the sandbox, an MPI object of the grader's that the call cannot use (a communicator of
-    more ranks than the call runs on, a pending request): held and handed back, any use raises."""
+    """In the sandbox, an MPI object of the grader's that the call cannot use (a pending request, a
+    window, a communicator of a whole run's other ranks): held, and any use raises."""
 
     def __getattr__(self, name):
         if name.startswith("__"):
@@ -127,10 +123,10 @@ class Unreachable:
 
 
 class Packer:
-    def __init__(self, comm=(), known=None, subcomm=None):
-        self.comm = comm if isinstance(comm, tuple) else (comm,)
-        self.subcomm = subcomm            # another communicator -> the world ranks of its members
-        self.known = known or {}          # id(thing) -> (its number in the call, it, an array's bytes then)
+    """A call's value -> one JSON spec and its arrays (the grader's side: it may hold anything of the project's)."""
+
+    def __init__(self, comms=None):
+        self.comms = comms                # an MPI thing -> its spec (["comm", handle, rank, size] or ["mpi"])
         self.sent, self.numbers, self.blobs = {}, {}, {}
 
     def arrays(self, value):
@@ -140,17 +136,7 @@ class Packer:
     def _number(self, v):
         n = len(self.sent)
         self.sent[n], self.numbers[id(v)] = v, n
-        known = self.known.get(id(v))
-        return [n, known[0] if known is not None and known[1] is v else None]
-
-    def _unchanged(self, v):
-        """The number ``v`` came with, if it is an array that came in the call and is bitwise as it came."""
-        known = self.known.get(id(v))
-        if known is None or known[1] is not v or known[2] is None:
-            return None
-        before = known[2]
-        same = before.dtype == v.dtype and before.shape == v.shape and before.tobytes() == v.tobytes()
-        return known[0] if same else None
+        return [n]
 
     def _blob(self, array):
         key = f"v{len(self.blobs)}"
@@ -160,14 +146,13 @@ class Packer:
     def spec(self, v, depth):
         if depth > MAX_DEPTH:
             raise TypeError(f"a value nested more than {MAX_DEPTH} deep cannot cross the sandbox")
-        if any(v is comm for comm in self.comm):
-            return ["comm"]
         if id(v) in self.numbers and self.sent[self.numbers[id(v)]] is v:
             return ["ref", self.numbers[id(v)]]
-        if isinstance(v, Unreachable) or type(v).__module__ == "mpi4py.MPI" and self.subcomm is not None:
-            usable = not isinstance(v, Unreachable) and hasattr(v, "Get_group")   # not a request, a window
-            ranks = self.subcomm(v) if usable else None
-            return ["subcomm", *self._number(v), None if ranks is None else [int(rank) for rank in ranks]]
+        mpi = self.comms(v) if self.comms is not None else None
+        if mpi is not None:
+            return mpi
+        if type(v).__module__ == "mpi4py.MPI":
+            raise TypeError(f"an MPI {type(v).__name__} cannot cross the sandbox here")
         down = depth + 1
         if isinstance(v, (np.ndarray, np.generic)):     # first: numpy's float64 is also a float
             if v.dtype.hasobject:
@@ -178,8 +163,6 @@ class Packer:
             while isinstance(base.base, np.ndarray):
                 base = base.base
             if base is v or not base.flags.c_contiguous or base.dtype.hasobject:
-                if self._unchanged(v) is not None:          # a reply: the caller has it already
-                    return ["same", *self._number(v)]
                 return ["array", self._blob(v), *self._number(v)]
             number = self._number(v)
             return ["view", *number, self.spec(base, down), v.__array_interface__["data"][0]
@@ -221,7 +204,7 @@ class Packer:
             return ["range", [v.start, v.stop, v.step]]
         if isinstance(v, types.ModuleType) and (v.__name__ in MODULES or ours(v.__name__)):
             return ["module", v.__name__]
-        if isinstance(v, Remote):
+        if isinstance(v, Closure):
             return self._closure(v, *v.spec, down)
         if isinstance(v, (types.FunctionType, type)) and resolve(v.__module__, v.__qualname__) is v:
             return ["function", v.__module__, v.__qualname__]
@@ -262,37 +245,6 @@ def _full(cell):
     except ValueError:
         return False
     return True
-
-
-def world_ranks(world):
-    """``subcomm`` for ``pack_call``: a communicator's members as ranks of ``world``."""
-    return lambda comm: comm.Get_group().Translate_ranks(list(range(comm.Get_size())), world.Get_group())
-
-
-def subcommunicators(world):
-    """``subcomm`` for ``unpack_call``: the communicator of those ranks of ``world`` (made once, by
-    its members together, in the order the arguments name them)."""
-    made = {}
-
-    def make(ranks):
-        if not (isinstance(ranks, list) and ranks and len(set(ranks)) == len(ranks)
-                and all(type(r) is int and 0 <= r < world.Get_size() for r in ranks) and world.Get_rank() in ranks):
-            raise ValueError(f"a communicator of ranks {str(ranks)[:80]}")
-        if tuple(ranks) not in made:
-            made[tuple(ranks)] = world.Create_group(world.Get_group().Incl(ranks))
-        return made[tuple(ranks)]
-    return make
-
-
-def same_array(original, after):
-    if original.shape != after.shape or original.dtype != after.dtype:
-        raise ValueError(f"an array came back as {after.dtype}{list(after.shape)}, "
-                         f"was {original.dtype}{list(original.shape)}")
-
-
-def write(original, after):
-    if original.tobytes() != after.tobytes():
-        original[...] = after
 
 
 def hashable(key):

@@ -1,191 +1,205 @@
-"""The trusted driver that tutorials/assignments/sandbox.py runs inside the sandbox, once per rank.
+"""The driver that tutorials/assignments/sandbox.py runs inside the sandbox.
 
-    python sandbox_driver.py TREE IO MODULE FUNCTION NPROCS [serve]
+    python driver.py TREE serve IN_FD OUT_FD          # one process: the grader's calls, one by one
+    mpiexec -n P python driver.py TREE job IN_FD OUT_FD   # P ranks: each call runs on all of them
 
-It loads this rank's arguments from ``IO/in/args.<rank>.npz`` (0-d arrays become Python scalars
-and strings; the names listed in ``__none__`` become None; or, with ``__values__``, any value
-tutorials/assignments/values.py packs, and then the reply is packed the same way: the return
-value and every argument after the call), imports MODULE from TREE, calls ``FUNCTION(**args)`` (with ``comm=MPI.COMM_WORLD``
-if the function takes a ``comm``), and writes ``IO/out/reply.<rank>.npz``: the return value
-(``return``; a tuple as ``return.0``, ``return.1``, ...; a dict as ``return.<key>``) and every
-array argument the call changed in place, under its own name. An exception is written as
-``__error__`` (its type and message); on several ranks the job is then aborted.
+It speaks frames (channel.py, beside it) on two pipes the sandbox hands it, and imports the
+student's code from TREE. Each call frame is a packed call (values.py: the function, its
+arguments and keyword arguments, built here from TREE); the reply frame is replies.py's: the
+return value as data and what the call changed of what it was sent. An exception is an error
+frame (its type and message, and the call's own traceback).
 
-With FUNCTION ``*`` each call names its function: the arguments are one packed value
-{"function", "args", "kwargs"} (values.py's ``pack_call``: the task's function, a closure of it,
-or a method, rebuilt from TREE; the call's ``comm`` is this job's), and the reply is
-``pack_reply`` of {"return", "after": that value}, the things that arrived tagged as such.
+**serve** (the graded function of one grader rank): the call's communicators are the grader's
+(proxy.py): every MPI call of the student's code is an "op" frame the grader answers. A Tensor the
+call returns keeps its backward here, under a handle; a "backward" frame runs it.
 
-``serve`` keeps the job for many calls (``sandbox.Session``): call number K reads
-``IO/in/args.K.<rank>.npz`` once it appears and writes ``IO/out/reply.K.<rank>.npz``.
+**job** (a whole run that every rank enters, servers included: ``mpiexec`` inside the sandbox):
+rank 0 reads one frame holding every rank's call (``r<rank>.<entry>``), hands each rank its own,
+and writes one frame of every rank's reply. A rank whose call raises writes its own error frame
+(small enough for one atomic write) before the job ends, so the grader hears the root cause.
 
-"Trusted" means only that the grader wrote it: it runs in the same process as the student's code,
-which can rewrite any of this. That is why sandbox.py trusts nothing it reads back except arrays.
+"Trusted" means only that the grader wrote this file: it runs in the same process as the
+student's code, which can rewrite any of it. That is why the grader trusts nothing it reads back
+but data (replies.py) and its own communicators' records.
 """
-import functools
 import importlib
+import importlib.util
 import inspect
-import itertools
 import os
 import sys
-import time
 import traceback
-import zipfile
 
 import numpy as np
 
 
-SUBCOMMS = []
-
-
-def load(path):
-    with np.load(path, allow_pickle=False) as archive:
-        arrays = {name: archive[name] for name in archive.files}
-    if "__values__" in arrays:                  # packed by tutorials/assignments/values.py: kept as it is
-        return arrays
-    nones = [str(name) for name in arrays.pop("__none__", [])]
-    values = {name: array.item() if array.ndim == 0 else array for name, array in arrays.items()}
-    return {**values, **{name: None for name in nones}}
-
-
-def save(path, arrays):
-    """An uncompressed .npz (np.savez's format, written by hand: a key may be named 'file')."""
-    part = path + ".part"
-    with zipfile.ZipFile(part, "w", zipfile.ZIP_STORED) as archive:
-        for name, value in arrays.items():
-            with archive.open(name + ".npy", "w", force_zip64=True) as entry:
-                np.lib.format.write_array(entry, np.asarray(value), allow_pickle=False)
-    os.replace(part, path)
-
-
-def failure(error):
-    """The reply of a call that raised: what (``__error__``) and where (``__traceback__``, its last
-    frames: this call's own, not the tail of a log that every earlier call wrote into too)."""
-    return {"__error__": f"{type(error).__name__}: {error}"[:2000],
-            "__traceback__": "".join(traceback.format_exception(error))[-1500:]}
-
-
-def flatten(value):
-    """{name: value} of a return value: None is nothing, a tuple or dict is taken apart."""
-    if value is None:
-        return {}
-    if isinstance(value, tuple):
-        return {f"return.{i}": item for i, item in enumerate(value)}
-    if isinstance(value, dict):
-        return {f"return.{key}": item for key, item in value.items()}
-    return {"return": value}
-
-
-def only_arrays(arrays):
-    for name, value in arrays.items():
-        if not isinstance(value, (np.ndarray, np.generic, bool, int, float, complex, str, list)) \
-                or np.asarray(value).dtype.hasobject:
-            raise TypeError(f"only arrays, numbers and strings cross back; {name} is a {type(value).__name__}")
-    return arrays
-
-
-def recorder(comm):
-    """``comm`` wrapped so that every point-to-point call is kept as a row (sent peer, bytes, tag,
-    received peer, bytes, tag; -1 where there is none): the grader replays them into its own
-    watched communicator (collectives.trace.WatchedComm), whose tests count the messages."""
-    from collectives.trace import WatchedComm
-
-    class Recorder(WatchedComm):
-        def __init__(self, comm):
-            super().__init__(comm)
-            self.rows = []
-
-        def watch(self, start, end, sent=None, received=None):
-            self.rows.append([*(sent or (-1, -1, -1)), *(received or (-1, -1, -1))])
-    return Recorder(comm)
-
-
-def call_once(target, comm, arguments, reply):
-    kwargs = load(arguments)
-    watched = None
-    if bool(kwargs.pop("__watch__", False)) and comm is not None:
-        comm = watched = recorder(comm)
-    if "__values__" in kwargs and target is None:    # a call that names its function (and its comm)
-        values = codec()
-        mine = (comm, *((comm.comm,) if watched is not None else ()))
-        world = mine[-1]
-        if not SUBCOMMS:                            # the job's communicators of some of its ranks
-            SUBCOMMS.append(values.subcommunicators(world))
-        message, seen = values.unpack_call(kwargs, comm=comm, subcomm=SUBCOMMS[0])
-        if not (isinstance(message, dict) and message.keys() == {"function", "args", "kwargs"}
-                and callable(message["function"]) and isinstance(message["args"], tuple)):
-            raise TypeError("not a call: a dict of 'function', 'args' and 'kwargs'")
-        result = message["function"](*message["args"], **message["kwargs"])
-        arrays = values.pack_reply({"return": result, "after": message}, seen, comm=mine,
-                                   subcomm=values.world_ranks(world))
-    elif "__values__" in kwargs:                # any value the codec carries: the reply is packed too
-        values = codec()
-        kwargs = values.unpack(kwargs)
-        result = target(**kwargs, **({} if comm is None else {"comm": comm}))
-        arrays = values.pack({"return": result, "after": kwargs})
-    else:
-        before = {name: value.copy() for name, value in kwargs.items() if isinstance(value, np.ndarray)}
-        if comm is not None:
-            kwargs["comm"] = comm
-        arrays = flatten(target(**kwargs))
-        arrays.update({name: kwargs[name] for name, old in before.items()
-                       if kwargs[name].tobytes() != old.tobytes()})
-    if watched is not None:
-        arrays["__messages__"] = np.array(watched.rows, dtype=np.int64).reshape(-1, 6)
-    save(reply, only_arrays(arrays))
-
-
-@functools.lru_cache(maxsize=None)
-def codec():
-    """tutorials/assignments/values.py (and codec.py), copied beside this file (sandbox.py puts them there)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("sandbox_values", os.path.join(os.path.dirname(__file__), "values.py"))
+def _beside(name):
+    """A module of the grader's, copied beside this file (never the student tree's copy)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(__file__), name + ".py"))
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
 
-def wait_for(path):
-    """Until ``path`` exists (the grader writes each call's arguments and renames them into place)."""
-    pause = 0.0005
-    while not os.path.exists(path):
-        time.sleep(pause)
-        pause = min(2 * pause, 0.002)
+channel = _beside("channel")
+ERROR_TEXT = 1500                                  # an error frame stays under one atomic pipe write (4096 bytes)
 
 
-def main(tree, io, module, function, nprocs, serve=""):
-    world, comm, rank = None, None, 0
-    if int(nprocs) > 1:
-        from mpi4py import MPI
-        world = MPI.COMM_WORLD
-        rank = world.Get_rank()
-    reply = f"{io}/out/reply.{rank}.npz"
-    try:
-        sys.path.insert(0, tree)
-        target = None if function == "*" else getattr(importlib.import_module(module), function)
-        if target is None or "comm" in inspect.signature(target).parameters:
-            from mpi4py import MPI
-            comm = MPI.COMM_WORLD
-        if not serve:
-            call_once(target, comm, f"{io}/in/args.{rank}.npz", reply)
-            return
-        for number in itertools.count():
-            reply = f"{io}/out/reply.{number}.{rank}.npz"
-            wait_for(f"{io}/in/args.{number}.{rank}.npz")
+def failure(error, rank=0):
+    """The frame of a call that raised: what (``__error__``) and where (``__traceback__``: its last frames)."""
+    text = "".join(traceback.format_exception(error))
+    return {"kind": np.array("error"), "rank": np.array(rank), "__error__": np.array(f"{type(error).__name__}: "
+            f"{error}"[:ERROR_TEXT]), "__traceback__": np.array(text[-ERROR_TEXT:])}
+
+
+class Link:
+    """This process's end of the channel: the grader's calls in, replies and MPI ops out."""
+
+    def __init__(self, in_fd, out_fd):
+        self.in_fd, self.out_fd = in_fd, out_fd
+        self.replies = _beside("replies")
+
+    def op(self, name, handle, arrays, fields):
+        """One MPI call made by the grader on communicator (or request) ``handle``: (first, second)."""
+        frame = self.replies.pack_data(name=name, handle=handle, arrays=list(arrays), fields=fields)
+        channel.write_frame(self.out_fd, {"kind": np.array("op"), **frame})
+        answer = channel.read_frame(self.in_fd)
+        if "__error__" in answer:
+            raise RuntimeError(f"{name}: {answer['__error__']}")
+        result = self.replies.unpack_data(answer)
+        return result["first"], result["second"]
+
+
+def call_of(values, frame, comms):
+    """(message, seen) of a call frame: a packed call of the project's function, or with ``__target__``
+    ("module", "function"), that function of TREE with packed keyword arguments (sandbox.call's)."""
+    if "__target__" in frame:
+        module, function = (str(part) for part in frame["__target__"])
+        target = getattr(importlib.import_module(module), function)
+        kwargs, seen = values.unpack_call(frame, comms=comms)
+        if "comm" in inspect.signature(target).parameters and "comm" not in kwargs:
+            kwargs["comm"] = comms(0, 0, 1) if comms is not None else None
+        message = {"function": target, "args": (), "kwargs": kwargs}
+    else:
+        message, seen = values.unpack_call(frame, comms=comms)
+    if not (isinstance(message, dict) and message.keys() == {"function", "args", "kwargs"}
+            and callable(message["function"]) and isinstance(message["args"], tuple)
+            and isinstance(message["kwargs"], dict)):
+        raise TypeError("not a call: a dict of 'function', 'args' and 'kwargs'")
+    return message, seen
+
+
+class Server:
+    """The ``serve`` loop: calls (and a returned Tensor's backward) one at a time, on one process."""
+
+    def __init__(self, link):
+        self.link, self.values, self.replies = link, _beside("values"), _beside("replies")
+        proxy = _beside("proxy")
+        proxy.install()
+        self.proxy, self.kept, self.comms = proxy, {}, {}
+
+    def comm(self, handle, rank, size):
+        if handle not in self.comms:                  # one stand-in per communicator, kept across calls
+            self.comms[handle] = self.proxy.ProxyComm(self.link, handle, rank, size)
+        return self.comms[handle]
+
+    def keeper(self, seen):
+        """``keep`` for a reply: a returned Tensor's backward stays here under a new handle, with the
+        call's things (its backward's changes to them are named as the call's were)."""
+        def keep(closure):
+            handle = len(self.kept)
+            self.kept[handle] = (closure, seen)
+            return handle
+        return keep
+
+    def one(self, frame):
+        if "__warm__" in frame:                       # import the task's module now, before any call is timed
+            importlib.import_module(str(frame["__warm__"]))
+            return {"__ready__": np.array(True)}
+        if "__backward__" in frame:                   # a Tensor's backward that stayed here
+            closure, seen = self.kept[int(frame["__backward__"])]
+            before = self.replies.snapshot(seen)
+            result = closure(frame["grad"])
+            return self.replies.pack_reply(result, seen, before, self.keeper(seen))
+        message, seen = call_of(self.values, frame, comms=self.comm)
+        before = self.replies.snapshot(seen)
+        result = message["function"](*message["args"], **message["kwargs"])
+        return self.replies.pack_reply(result, seen, before, self.keeper(seen))
+
+    def serve(self):
+        while True:
             try:
-                call_once(target, comm, f"{io}/in/args.{number}.{rank}.npz", reply)
-            except Exception as error:
-                if world is not None:                   # the other ranks may wait for this one: end the job
-                    raise
-                traceback.print_exc()                   # one rank: say why, and serve the next call
-                save(reply, failure(error))
-    except BaseException as error:                      # SystemExit too: say why, then end the job
-        traceback.print_exc()
-        save(reply, failure(error))
-        if world is not None:
+                frame = channel.read_frame(self.link.in_fd)
+            except channel.Closed:
+                return
+            try:
+                reply = {"kind": np.array("reply"), **self.one(frame)}
+            except Exception as error:                # the student's code raised: say why, serve on
+                reply = failure(error)
+            channel.write_frame(self.link.out_fd, reply)
+
+
+def job(in_fd, out_fd):
+    """The ``job`` loop under mpiexec: every call runs on every rank of the sandbox's own world."""
+    from mpi4py import MPI
+    world = MPI.COMM_WORLD
+    rank, values, replies = world.Get_rank(), _beside("values"), _beside("replies")
+    while True:
+        parts = None
+        if rank == 0:
+            try:
+                frame = channel.read_frame(in_fd)
+            except channel.Closed:
+                frame = None
+            parts = [None if frame is None else frame if "__warm__" in frame else
+                     {key.split(".", 1)[1]: array for key, array in frame.items() if key.startswith(f"r{r}.")}
+                     for r in range(world.Get_size())]
+        mine = world.scatter(parts, root=0)           # inside the sandbox: the job's own messages
+        if mine is None:
+            return
+        if "__warm__" in mine:                        # every rank imports the task's module before any call
+            try:
+                importlib.import_module(str(mine["__warm__"]))
+            except BaseException as error:
+                channel.write_frame(out_fd, failure(error, rank))
+                world.Abort(1)
+            world.Barrier()
+            if rank == 0:
+                channel.write_frame(out_fd, {"__ready__": np.array(True)})
+            continue
+        try:
+            message, seen = call_of(values, mine, comms=lambda handle, r, s: world if handle == 0
+                                    else values.Unreachable())
+            before = replies.snapshot(seen)
+            result = message["function"](*message["args"], **message["kwargs"])
+            reply = replies.pack_reply(result, seen, before)
+        except BaseException as error:                # this rank's own words, then the whole job ends
+            channel.write_frame(out_fd, failure(error, rank))
             world.Abort(1)
+        everything = world.gather(reply, root=0)
+        if rank == 0:
+            channel.write_frame(out_fd, {"kind": np.array("reply"), **{f"r{r}.{key}": array
+                                         for r, arrays in enumerate(everything) for key, array in arrays.items()}})
+
+
+def main(tree, mode, in_fd, out_fd):
+    sys.path.insert(0, tree)
+    in_fd, out_fd = int(in_fd), int(out_fd)
+    try:
+        if mode == "serve":
+            Server(Link(in_fd, out_fd)).serve()
+        else:
+            job(in_fd, out_fd)
+    except BaseException as error:                    # the driver itself failed (or exit): say why
+        traceback.print_exc()
+        try:
+            channel.write_frame(out_fd, failure(error))
+        except OSError:
+            pass
         sys.exit(1)
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:7])
+    main(*sys.argv[1:5])
