@@ -8,6 +8,9 @@ must fail when only that task's body is the generated stub (``raise NotImplement
 pass with the reference, so items that never reach the function (a collective on one rank, a cost
 of n = 0) carry no mark. Tests whose oracle would hand a student a solution live in tests/hidden/.
 
+In a student tree (``python -m tutorials.assignments make``), a test of a task that the tree neither
+assigns nor releases is skipped, saying so: its body is a stub there and nobody is to write it yet.
+
 ``@pytest.mark.needs("1.1", "4.1")`` marks a test that runs those tasks' code without being a test
 of them (a figure script's quick run): in a student tree where one of them is still the stub, the
 test is skipped and says which task it waits for, as a chapter block with a ``# needs:`` line is.
@@ -71,6 +74,11 @@ def task_ids(item):
 
 
 def pytest_runtest_setup(item):
+    if task_ids(item):
+        from tutorials.assignments import not_assigned
+        why = next(filter(None, (not_assigned(task_id) for task_id in sorted(task_ids(item)))), "")
+        if why:
+            pytest.skip(why)
     wanted = [str(task_id) for mark in item.iter_markers("needs") for task_id in mark.args]
     if wanted:
         from tutorials.assignments import stubbed

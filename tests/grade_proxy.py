@@ -129,12 +129,9 @@ class Network:
     def answer(self, frame):
         """The result frame for one op frame (an MPI error, or a malformed op, is an error result)."""
         try:
-            op = replies.unpack_data(frame)
-            name, handle, arrays, fields = op["name"], op["handle"], op["arrays"], op["fields"]
-            if not (isinstance(name, str) and type(handle) is int and handle in self.things
-                    and isinstance(arrays, list) and isinstance(fields, dict)
-                    and all(a is None or isinstance(a, np.ndarray) for a in arrays)):
-                raise ValueError("a malformed op")
+            name, handle, arrays, fields = replies.unpack_op(frame)
+            if handle not in self.things:
+                raise ValueError(f"{name} on a communicator or request {handle} that the call was not given")
             if name in self.forbid and not (name.islower() and isinstance(fields.get("obj"), (bool, int, float))):
                 raise Stop(f"called {name}, which task {TASK.id} must build from point-to-point messages "
                            f"(Send, Recv, Sendrecv, Isend, Irecv); see {TASK.section}")
@@ -142,7 +139,7 @@ class Network:
             if method is None:
                 raise ValueError(f"{name} is not an MPI call that graded code may make here")
             first, second = method(self.things[handle], handle, arrays, fields)
-            return replies.pack_data(first=first, second=second)
+            return replies.pack_result(first, second)
         except Stop:
             raise
         except Exception as error:                # MPI's own error, or an op we refuse: the student's to see

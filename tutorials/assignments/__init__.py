@@ -337,13 +337,14 @@ def tracked_files(root=ROOT):
     return [name for name in listed if (Path(root) / name).is_file()]
 
 
-def copy_tree(out, root=ROOT, leave_out=()):
-    """Copy the repository's files to ``out`` (which must not exist or be empty), but ``leave_out``."""
+def copy_tree(out, root=ROOT, leave_out=(), only=None):
+    """Copy the repository's files (``only`` these, if given) to ``out`` (which must not exist or be
+    empty), but ``leave_out``."""
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"{out} exists and is not empty")
     skip = [Path(item) for item in leave_out]
-    for name in tracked_files(root):
+    for name in (tracked_files(root) if only is None else only):
         path = Path(name)
         if any(path == item or item in path.parents for item in skip):
             continue
@@ -353,12 +354,69 @@ def copy_tree(out, root=ROOT, leave_out=()):
     return out
 
 
-def make(out, ids=None, solutions=False, root=ROOT):
-    """Write a student tree (or, with ``solutions``, an instructor tree) to ``out``; returns the tasks."""
+ASSIGNMENT = "tutorials/assignments/assignment.toml"       # written into every student tree
+
+
+def prerequisites(tasks, ids):
+    """Every task that the tasks ``ids`` run through, directly or not (``requires``, transitively)."""
+    by_id, found, todo = {task.id: task for task in tasks}, set(), list(ids)
+    while todo:
+        for needed in by_id[todo.pop()].requires:
+            if needed not in found:
+                found.add(needed)
+                todo.append(needed)
+    return found
+
+
+def released(tasks, assigned, also=()):
+    """The tasks whose reference code a student tree keeps: the prerequisites of the ``assigned``
+    ones that are not assigned themselves, and ``also`` (an instructor's ``--released``). Every other
+    task is a stub, so that the first homework does not hand out the answers to the next ones."""
+    assigned, also = set(assigned), set(also)
+    if assigned & also:
+        raise ValueError(f"task(s) {', '.join(sorted(assigned & also))} both assigned and released")
+    return (prerequisites(tasks, assigned) - assigned) | also
+
+
+def assignment(root=ROOT):
+    """(assigned ids, released ids) that ``make`` wrote into a student tree, or None elsewhere."""
+    path = Path(root) / ASSIGNMENT
+    if not path.exists():
+        return None
+    with open(path, "rb") as file:
+        table = tomllib.load(file)
+    return set(table.get("assigned", ())), set(table.get("released", ()))
+
+
+def not_assigned(task_id, root=ROOT):
+    """Why a test of ``task_id`` skips in the tree at ``root`` ("" if it runs): a student tree stubs the
+    tasks it neither assigns nor releases, and their tests have nothing to test there."""
+    written = assignment(root)
+    if written is None or task_id in written[0] or task_id in written[1]:
+        return ""
+    return (f"task {task_id} is not part of this assignment: its body is a stub here and its reference code is "
+            "not released (make --tasks / --released)")
+
+
+def make(out, ids=None, solutions=False, root=ROOT, also_released=(), files=None):
+    """Write a student tree (or, with ``solutions``, an instructor tree) to ``out``; returns the
+    assigned tasks. Stubbed: every task but the assigned ones' prerequisites and ``also_released``
+    (``released``); the assigned tasks and what they release are written to ``ASSIGNMENT``.
+    ``files``: copy only these of the repository's files (a test's quick tree)."""
     tasks, generator = load()
     chosen = select(tasks, ids)
-    copy_tree(out, root, leave_out=() if solutions else generator.get("remove", ()))
+    extra = select(tasks, also_released) if also_released else []
+    keep = released(tasks, [task.id for task in chosen], [task.id for task in extra])
+    copy_tree(out, root, leave_out=() if solutions else generator.get("remove", ()), only=files)
     if not solutions:
-        for task in chosen:
-            stub(task, out)
+        for task in tasks:
+            if task.id not in keep and (files is None or task.file in files):
+                stub(task, out)
+        listed = ", ".join(f'"{task.id}"' for task in chosen)
+        kept = ", ".join(f'"{task_id}"' for task_id in sorted(keep, key=lambda i: tuple(map(int, i.split(".")))))
+        path = Path(out) / ASSIGNMENT
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("# What this student tree assigns (stubbed, to do) and releases (reference code kept);\n"
+                        "# every other task is a stub whose tests skip here. Written by make.\n"
+                        f"assigned = [{listed}]\nreleased = [{kept}]\n")
     return chosen

@@ -1,4 +1,4 @@
-"""python -m tutorials.assignments list | syllabus | make --out DIR [--tasks IDS] [--solutions] |
+"""python -m tutorials.assignments list | syllabus | make --out DIR [--tasks IDS] [--released IDS] [--solutions] |
 block CHAPTER N | gradescope --out autograder.zip [--tasks IDS]"""
 import sys
 
@@ -24,7 +24,10 @@ def main(argv=None):
     commands.add_parser("syllabus", help="the syllabus and rubric tables of tutorials/assignments/syllabus.md")
     make = commands.add_parser("make", help="write a student (or instructor) tree")
     make.add_argument("--out", required=True, help="a new folder")
-    make.add_argument("--tasks", default=None, help="comma-separated task ids (default: all)")
+    make.add_argument("--tasks", default=None, help="comma-separated task ids to assign (default: all)")
+    make.add_argument("--released", default="",
+                      help="comma-separated task ids whose reference code the tree keeps besides the assigned "
+                           "tasks' prerequisites (every other task is a stub)")
     make.add_argument("--solutions", action="store_true", help="keep the bodies and hidden tests (instructor)")
     block = commands.add_parser("block", help="run one python block of a chapter (as python -m tutorials.block)")
     block.add_argument("chapter", help="the chapter's number, e.g. 03")
@@ -39,10 +42,17 @@ def main(argv=None):
         elif args.command == "syllabus":
             print(assignments.syllabus(), end="")
         elif args.command == "make":
-            chosen = assignments.make(args.out, args.tasks, args.solutions)
-            what = "instructor tree (solutions kept)" if args.solutions else \
-                f"student tree: {len(chosen)} task(s) stubbed ({', '.join(task.id for task in chosen)})"
-            print(f"wrote {args.out}: {what}")
+            if args.solutions and args.released:
+                raise ValueError("--released with --solutions: an instructor tree keeps every task already")
+            chosen = assignments.make(args.out, args.tasks, args.solutions,
+                                      also_released=[part for part in args.released.split(",") if part.strip()])
+            if args.solutions:
+                print(f"wrote {args.out}: instructor tree (solutions kept)")
+            else:
+                kept = sorted(assignments.assignment(args.out)[1], key=lambda i: tuple(map(int, i.split("."))))
+                print(f"wrote {args.out}: student tree assigning {len(chosen)} task(s) "
+                      f"({', '.join(task.id for task in chosen)}); reference code kept for "
+                      f"{', '.join(kept) or 'no other task'}; every other task is a stub")
         elif args.command == "gradescope":
             chosen = gradescope.build(args.out, args.tasks)
             print(f"wrote {args.out}: Gradescope autograder for task(s) {', '.join(task.id for task in chosen)}")

@@ -1,23 +1,23 @@
-"""Frames between the grader and a sandboxed job: a length, then arrays as an uncompressed .npz.
+"""Frames between the grader and a sandboxed job: a length, then arrays (a JSON header and raw bytes).
 
     write_frame(fd, {"kind": np.array("reply"), "v0": array, ...})
     arrays = read_frame(fd, deadline, cap)      # {name: array}; FrameError on anything malformed
 
 Both sides speak only this: no pickle, no code. A frame is an 8-byte little-endian length and
-that many bytes of a zip archive of ``.npy`` entries (np.savez's format). ``read_frame`` is the
-grader's parser of bytes a student's process wrote, so it trusts nothing: the length and the
-unpacked size are capped, entry names must be identifiers, every ``.npy`` header must agree
-with its data and hold no objects, and whatever numpy or zipfile raise on a crafted archive
-becomes a ``FrameError``. This file imports nothing of the project: the sandbox loads it from
+that many bytes: a 4-byte header length, the header (JSON: ``[[name, dtype, shape], ...]``) and
+each array's raw bytes in order. ``read_frame`` is the grader's parser of bytes a student's
+process wrote, so it trusts nothing: the length is capped, entry names must be identifiers,
+dtypes are numbers, booleans or strings (never objects or records), every shape must account
+for exactly the bytes that follow, and whatever json or numpy raise on a crafted frame becomes a
+``FrameError``. (No archive, no compression: nothing to unpack bigger than it came.) This file imports nothing of the project: the sandbox loads it from
 beside its driver.
 """
-import io
+import json
 import math
 import os
 import re
 import select
 import time
-import zipfile
 
 import numpy as np
 
@@ -33,15 +33,21 @@ class Closed(FrameError):
     """The other side closed the channel (its process ended) before a whole frame came."""
 
 
+KINDS = "biufcSU"                 # booleans, integers, floats, complex, bytes, text: never objects or records
+
+
 def pack(arrays):
-    """The bytes of one frame: {name: array-like} as an uncompressed .npz (a key may be named 'file')."""
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
-        for name, value in arrays.items():
-            with archive.open(name + ".npy", "w", force_zip64=True) as entry:
-                np.lib.format.write_array(entry, np.asarray(value), allow_pickle=False)
-    data = buffer.getvalue()
-    return len(data).to_bytes(8, "little") + data
+    """The bytes of one frame: {name: array-like} as a JSON header (names, dtypes, shapes) and the raw data."""
+    entries, blobs = [], []
+    for name, value in arrays.items():
+        array = np.asarray(value)
+        if array.dtype.kind not in KINDS or array.dtype.fields is not None:
+            raise TypeError(f"{name}: an array of dtype {array.dtype} cannot cross")
+        entries.append([name, array.dtype.str, list(array.shape)])
+        blobs.append(np.ascontiguousarray(array).tobytes() if array.ndim else array.tobytes())
+    header = json.dumps(entries).encode()
+    body = len(header).to_bytes(4, "little") + header + b"".join(blobs)
+    return len(body).to_bytes(8, "little") + body
 
 
 def write_frame(fd, arrays):
@@ -75,39 +81,33 @@ def read_frame(fd, deadline=None, cap=MAX_FRAME):
     return parse(_read_exactly(fd, size, deadline), cap)
 
 
-def _parse_npy(blob):
-    """An array from .npy bytes, after checking that the header is sane and matches the data."""
-    stream = io.BytesIO(blob)
-    version = np.lib.format.read_magic(stream)
-    if version not in ((1, 0), (2, 0)):
-        raise ValueError(f".npy version {version}")
-    shape, _, dtype = getattr(np.lib.format, f"read_array_header_{version[0]}_0")(stream)
-    if dtype.hasobject:
-        raise ValueError("an object array (that would need pickle)")
-    if dtype.itemsize * math.prod(shape) != len(blob) - stream.tell():
-        raise ValueError("the header's shape does not match the data")
-    stream.seek(0)
-    return np.lib.format.read_array(stream, allow_pickle=False)
-
-
 def parse(data, cap=MAX_FRAME):
-    """{name: array} from the bytes of one frame's archive; FrameError if they are not that."""
-    arrays, budget = {}, cap
+    """{name: array} from the bytes of one frame (after its length); FrameError if they are not that."""
     try:
-        with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            for entry in archive.infolist():
-                key = entry.filename.removesuffix(".npy")
-                if key == entry.filename or not re.fullmatch(r"[A-Za-z_][\w.]*", key, re.ASCII) \
-                        or key in arrays or len(arrays) == MAX_ENTRIES:
-                    raise ValueError(f"an entry named {entry.filename[:80]!r} (or one too many)")
-                with archive.open(entry) as stream:
-                    blob = stream.read(budget + 1)      # decompressed: the header's sizes are claims
-                budget -= len(blob)
-                if budget < 0:
-                    raise FrameError(f"a frame of over {cap} bytes unpacked")
-                arrays[key] = _parse_npy(blob)
+        size = int.from_bytes(data[:4], "little")
+        if size > min(len(data) - 4, 1 << 24):
+            raise ValueError("a header longer than the frame")
+        entries, offset, arrays = json.loads(bytes(data[4:4 + size])), 4 + size, {}
+        if not isinstance(entries, list) or len(entries) > MAX_ENTRIES:
+            raise ValueError("a header that is not a list of entries")
+        view = memoryview(data)
+        for entry in entries:
+            name, dtype, shape = entry
+            if not (isinstance(name, str) and re.fullmatch(r"[A-Za-z_][\w.]*", name, re.ASCII)) or name in arrays:
+                raise ValueError(f"an entry named {str(name)[:80]!r}")
+            dtype = np.dtype(dtype)
+            if dtype.kind not in KINDS or dtype.fields is not None or dtype.hasobject \
+                    or not (isinstance(shape, list) and all(type(n) is int and n >= 0 for n in shape)):
+                raise ValueError(f"{name}: an array of dtype {dtype} and shape {str(shape)[:40]}")
+            nbytes = dtype.itemsize * math.prod(shape)
+            if nbytes > cap or offset + nbytes > len(data):
+                raise ValueError(f"{name}: the header's shape does not match the data")
+            arrays[name] = np.frombuffer(view[offset:offset + nbytes], dtype=dtype).reshape(shape).copy()
+            offset += nbytes
+        if offset != len(data):
+            raise ValueError("bytes after the last entry")
     except FrameError:
         raise
-    except Exception as error:                          # whatever a crafted archive makes numpy or zipfile say
+    except Exception as error:                          # whatever a crafted frame makes json or numpy say
         raise FrameError(f"not arrays ({type(error).__name__}: {str(error)[:200]})") from None
     return arrays

@@ -23,8 +23,10 @@ hold another of the same class or a rebuilt Tensor). A new field, a deleted one,
 another kind is refused, and so is any reply that is not of this form: ``ValueError``.
 This file imports nothing of the project: the sandbox loads it from beside its driver.
 """
+import functools
 import json
 import numbers
+import types
 
 import numpy as np
 
@@ -75,7 +77,8 @@ class ReplyPacker:
 
     def _blob(self, array):
         key = f"v{len(self.blobs)}"
-        self.blobs[key] = np.ascontiguousarray(array)
+        array = np.asarray(array)
+        self.blobs[key] = array if array.flags.c_contiguous else array.copy(order="C")
         return key
 
     def value(self, v, depth=0):
@@ -193,6 +196,10 @@ def unpack_data(arrays):
 
 # ---- the grader's side -------------------------------------------------------------------------------
 
+CALLABLES = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, functools.partial, type,
+             types.ModuleType)
+
+
 class Remote:
     """A rebuilt Tensor's backward: the grader's own callable that asks the sandbox to run the closure
     it kept under ``handle`` (``call(handle, grad)``, set by the grader). It holds nothing of the reply."""
@@ -230,7 +237,11 @@ class ReplyBuilder:
             raise ValueError("a malformed, too deep or too large reply")
         kind, rest, down = node[0], node[1:], depth + 1
         if kind == "sent" and len(rest) == 1 and type(rest[0]) is int and rest[0] in self.sent:
-            return self.sent[rest[0]]
+            thing = self.sent[rest[0]]
+            if isinstance(thing, CALLABLES):
+                raise ValueError(f"a reply names the call's {type(thing).__name__} {rest[0]}: nothing that runs "
+                                 "crosses back, not even the caller's own")
+            return thing
         if kind == "atom" and len(rest) == 1 and (rest[0] is None or isinstance(rest[0], (bool, str))):
             return rest[0]
         if kind == "int" and len(rest) == 1 and isinstance(rest[0], str) and len(rest[0]) < 5000:
@@ -368,3 +379,52 @@ def unpack_reply(arrays, sent, tensor_class=None, remote=None):
     for write in builder.writes:                  # nothing of the caller's changes before this
         write()
     return value
+
+
+# ---- MPI ops between a sandboxed process and the grader (proxy.py, tests/grade_proxy.py) --------------------
+# Compact, since a ring sends one per step: a JSON header of plain numbers and the buffers as arrays; only a
+# pickling call's object goes through the data vocabulary above.
+
+def pack_op(name, handle, arrays, fields):
+    """An "op" frame: MPI call ``name`` on the grader's ``handle`` with buffers ``arrays`` (None where absent)."""
+    plain = {key: value for key, value in fields.items() if key != "obj"}
+    frame = {"kind": np.array("op"), "op": np.array(json.dumps([name, handle, [a is not None for a in arrays], plain]))}
+    frame.update({f"a{i}": array for i, array in enumerate(arrays) if array is not None})
+    if "obj" in fields:
+        frame.update(pack_data(obj=fields["obj"]))
+    return frame
+
+
+def unpack_op(frame):
+    """(name, handle, arrays, fields) of an "op" frame; ValueError unless every piece is of its kind."""
+    try:
+        name, handle, present, fields = json.loads(str(frame["op"]))
+        if not (isinstance(name, str) and type(handle) is int and isinstance(present, list) and len(present) <= 4
+                and isinstance(fields, dict) and all(isinstance(key, str) and (value is None or type(value) in (int, str))
+                                                     for key, value in fields.items())):
+            raise ValueError("a malformed op")
+        arrays = [frame[f"a{i}"] if there is True else None for i, there in enumerate(present)]
+        if "__data__" in frame:
+            fields["obj"] = unpack_data(frame)["obj"]
+        return name, handle, arrays, fields
+    except (KeyError, TypeError, json.JSONDecodeError) as error:
+        raise ValueError(f"a malformed op ({type(error).__name__})") from None
+
+
+def pack_result(first, second):
+    """A "result" frame: ``first`` (None, a bool, an int, an array, or data) and ``second`` (None or ints)."""
+    if first is None or isinstance(first, (bool, int)) and not isinstance(first, np.generic):
+        head, frame = ["plain", first], {}
+    elif isinstance(first, np.ndarray):
+        head, frame = ["array", None], {"b0": first}
+    else:
+        head, frame = ["data", None], pack_data(obj=first)
+    frame["r"] = np.array(json.dumps([*head, None if second is None else [int(n) for n in second]]))
+    return frame
+
+
+def unpack_result(frame):
+    """(first, second) of a "result" frame (the grader's: this side reads it)."""
+    kind, plain, second = json.loads(str(frame["r"]))
+    first = plain if kind == "plain" else frame["b0"] if kind == "array" else unpack_data(frame)["obj"]
+    return first, None if second is None else tuple(second)

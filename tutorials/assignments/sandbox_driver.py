@@ -63,13 +63,11 @@ class Link:
 
     def op(self, name, handle, arrays, fields):
         """One MPI call made by the grader on communicator (or request) ``handle``: (first, second)."""
-        frame = self.replies.pack_data(name=name, handle=handle, arrays=list(arrays), fields=fields)
-        channel.write_frame(self.out_fd, {"kind": np.array("op"), **frame})
+        channel.write_frame(self.out_fd, self.replies.pack_op(name, handle, list(arrays), fields))
         answer = channel.read_frame(self.in_fd)
         if "__error__" in answer:
             raise RuntimeError(f"{name}: {answer['__error__']}")
-        result = self.replies.unpack_data(answer)
-        return result["first"], result["second"]
+        return self.replies.unpack_result(answer)
 
 
 def call_of(values, frame, comms):
