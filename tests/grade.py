@@ -203,8 +203,9 @@ def grade_task(tree, task, timeout, env, max_ranks=8, grader=None, groups=None):
         if stopped:
             outcomes.update({nodeid: ("not run", stopped) for nodeid in ids})
             continue
-        got, elsewhere = run(tree, nprocs, ["--task", task.id, *test_files(tree, [task.id])], timeout, len(ids),
-                             env, grader)
+        if not ids:
+            continue
+        got, elsewhere = run(tree, nprocs, ids, timeout, len(ids), env, grader)
         outcomes.update({nodeid: got[nodeid] for nodeid in ids if nodeid in got})
         silent = [nodeid for nodeid in ids if nodeid not in got]
         hung = [nodeid for nodeid in ids if "timed out after" in got.get(nodeid, ("", ""))[1]]
@@ -326,6 +327,9 @@ def main(argv=None):
                         help="seconds for the whole submission; tasks not reached by then score 0")
     parser.add_argument("--gradescope", default=None, help="also write Gradescope's results.json here")
     parser.add_argument("--max-ranks", type=int, default=8, help="leave out tests on more ranks (not counted)")
+    parser.add_argument("--tests", default=None,
+                        help="grade only these of the tasks' tests (comma-separated node ids); the others are left "
+                             "out and not counted (to look again at one test)")
     parser.add_argument("--grader-uid", type=int, default=GRADER_UID,
                         help="the uid the tests run as with --student (not root, not the sandbox's 65534)")
     args = parser.parse_args(argv)
@@ -369,6 +373,10 @@ def main(argv=None):
             threading.Thread(target=sandbox.serve_broker, args=(kept, sandboxed), daemon=True).start()
             grader = Grader(env, home, lent.fileno(), args.grader_uid)
         groups = collect(grader, chosen, env)
+        if args.tests is not None:
+            wanted = {nodeid.strip() for nodeid in args.tests.split(",") if nodeid.strip()}
+            groups = {task_id: {nprocs: [nodeid for nodeid in ids if nodeid in wanted] for nprocs, ids in sizes.items()}
+                      for task_id, sizes in groups.items()}
         for task in chosen:
             if time.monotonic() - started > args.time_limit:
                 results.append({**score(task, {}), "failed": [f"not graded: the submission's --time-limit of "
@@ -388,8 +396,10 @@ def main(argv=None):
                                 MINIDL_GRADE_CALL_TIMEOUT=str(max(1, args.timeout - 5)))
             else:
                 task_env = env
+            began = time.monotonic()
             results.append(score(task, grade_task(ROOT, task, args.timeout, task_env, args.max_ranks, grader,
                                                   groups[task.id])))
+            results[-1]["seconds"] = round(time.monotonic() - began, 1)
             last = results[-1]
             print(f"{task.id:<5} {task.title[:44]:<44} {last['passed']:>3}/{last['total']:<3} "
                   f"{last['points']:>5g}/{task.points:g}", flush=True)

@@ -21,8 +21,8 @@ this rank makes that call on the test's own communicator (``Network``). So the s
 five sandboxed ranks is five grader ranks' messages, and a ``TracedComm`` the test handed over
 records them here, where the student's code cannot reach the records.
 
-**Whole runs** (tasks.toml's ``forward``, called with a communicator of several ranks: a
-parameter-server run, servers included, or Hogwild!'s shared window): every rank sends its
+**Whole runs** (tasks.toml's ``forward``, called with a communicator: a parameter-server run,
+servers included, or Hogwild!'s shared window, which need MPI among their own ranks): every rank sends its
 arguments to its rank 0, which runs the function once on ``comm.size`` ranks of one sandboxed
 ``mpiexec`` job (rank i there gets rank i's arguments) and sends each rank its reply, data only.
 A batch helper (``tests.helpers.run_calls``) runs on this rank's worker: thousands of calls of the
@@ -54,6 +54,7 @@ from tests.helpers import idle_until_all_arrive
 from tutorials.assignments import channel, codec, fences, replies, sandbox, values  # imported on every rank
 
 MODULE = FUNCTION = CODE_NAME = TASK = TASKS = FORWARD = None
+RECORDS = {}                                      # tasks.toml's returns: "module:qualname" -> this tree's class
 FORWARDS = {}                                     # "module.qualname" (tasks.toml's forward) -> its forwarder
 STATE = {"worker": None, "jobs": {}}
 OPS = {"SUM": MPI.SUM, "MAX": MPI.MAX, "MIN": MPI.MIN, "PROD": MPI.PROD, "LAND": MPI.LAND, "LOR": MPI.LOR,
@@ -350,7 +351,7 @@ def exchange(arrays, sent, name):
     finally:
         WATCHDOG.disarm()
     try:
-        return replies.unpack_reply(frame, sent, tensor_class=Tensor,
+        return replies.unpack_reply(frame, sent, tensor_class=Tensor, records=RECORDS,
                                     remote=functools.partial(_backward, worker, sent, name))
     except ValueError as error:
         raise AssertionError(f"{name} (the student's, in the sandbox) replied with junk: {error}") from None
@@ -367,7 +368,7 @@ def call(function, args, kwargs, name=None, whole=False):
     is written into them here. ``whole``: a whole run, on one sandboxed job of comm.size ranks."""
     name = name or FUNCTION
     comm = _comm_of([*args, *kwargs.values()]) if whole else None
-    if comm is not None and comm.Get_size() > 1:
+    if comm is not None:                          # a whole run: real MPI among the sandbox's own ranks
         return _whole(function, args, kwargs, comm, name)
     try:
         arrays, sent = values.pack_call({"function": function, "args": tuple(args), "kwargs": dict(kwargs)},
@@ -428,7 +429,7 @@ def _whole(function, args, kwargs, comm, name):
     if isinstance(reply, str):
         raise AssertionError(f"{name} (the student's, in the sandbox): {_blame(reply)}")
     try:
-        return replies.unpack_reply(reply, sent)
+        return replies.unpack_reply(reply, sent, records=RECORDS)
     except ValueError as error:
         raise AssertionError(f"{name} (the student's, in the sandbox) replied with junk: {error}") from None
 
@@ -575,6 +576,12 @@ def pytest_configure(config):
     TASKS = {task.id: task for task in tasks}
     task = TASK = TASKS[task_id]
     NETWORK.forbid = set(task.forbid)
+    for name in task.returns:                     # the task's schema: records rebuilt by this tree's classes
+        module, _, qualname = name.partition(":")
+        cls = codec.resolve(module, qualname, importing=True)
+        if not isinstance(cls, type):
+            raise ValueError(f"tasks.toml: task {task.id} returns {name!r}, which is no class of the project")
+        RECORDS[name] = cls
     MODULE, FUNCTION = task.file.removesuffix(".py").replace("/", "."), task.function
     for package in ("minidl", "collectives", "algorithms"):
         importlib.import_module(package)

@@ -162,6 +162,25 @@ def test_a_tensor_comes_back_rebuilt_here_and_its_backward_is_a_handle_for_the_s
                                  remote=print)
 
 
+def test_a_tensor_the_call_made_crosses_back_with_its_graph_and_its_backward_kept_there():
+    x = Tensor(np.arange(3.0), requires_grad=True)
+
+    def change(args):
+        return (args[0] * 2.0).relu()                       # two nodes the call made, on the caller's x
+    kept = []                                               # the sandbox's side: the closures it keeps
+    arrays, sent = values.pack_call({"args": (x,)})
+    message, seen = values.unpack_call(arrays, importing=True)
+    reply_arrays = replies.pack_reply(change(message["args"]), seen, replies.snapshot(seen),
+                                      keep=lambda closure: kept.append(closure) or len(kept) - 1)
+    out = replies.unpack_reply(reply_arrays, sent, tensor_class=Tensor,
+                               remote=lambda handle, grad: kept[handle](grad))
+    assert out.data.tolist() == [0.0, 2.0, 4.0] and out.grad is None and len(kept) == 2
+    (middle,) = out._parents
+    assert middle._parents[0] is x and middle is not x, "the graph runs back into the caller's own x"
+    out.backward(np.ones(3))
+    assert x.grad.tolist() == [0.0, 2.0, 2.0]
+
+
 def test_the_sandbox_side_refuses_to_pack_anything_but_data():
     class Outsider:
         pass

@@ -54,6 +54,7 @@ class Task:
     requires: tuple
     forbid: tuple = ()          # MPI methods the body may not call (it builds them from point-to-point)
     forward: tuple = ()         # "module.qualname" of functions whose whole call the grader forwards too
+    returns: tuple = ()         # "module:qualname" of the namedtuples and dataclasses its calls may return
 
     def stub_line(self):
         """The line that replaces the body: it says which task and where the chapter explains it."""
@@ -70,7 +71,7 @@ def load(path=REGISTRY):
         if unknown:                               # e.g. a `sandbox = false`: every task is sandboxed, no switch
             raise ValueError(f"{path}: task {entry.get('id', '?')} has unknown key(s) {unknown}")
     tasks = [Task(**{**entry, "requires": tuple(entry.get("requires", ())), "forbid": tuple(entry.get("forbid", ())),
-                     "forward": tuple(entry.get("forward", ()))})
+                     "forward": tuple(entry.get("forward", ())), "returns": tuple(entry.get("returns", ()))})
              for entry in registry["task"]]
     tasks.sort(key=lambda task: tuple(int(part) for part in task.id.split(".")))
     ids = [task.id for task in tasks]

@@ -23,6 +23,7 @@ hold another of the same class or a rebuilt Tensor). A new field, a deleted one,
 another kind is refused, and so is any reply that is not of this form: ``ValueError``.
 This file imports nothing of the project: the sandbox loads it from beside its driver.
 """
+import dataclasses
 import functools
 import json
 import numbers
@@ -35,6 +36,14 @@ TENSOR = ("minidl.tensor", ("Tensor", "Parameter"))
 
 
 # ---- the sandbox's side ------------------------------------------------------------------------------
+
+def _is_record(v):
+    """A namedtuple or dataclass instance of the project's: its fields cross as data, by name."""
+    module = type(v).__module__
+    return module.startswith(("minidl.", "collectives.", "algorithms.")) and (
+        (isinstance(v, tuple) and hasattr(type(v), "_fields"))
+        or (dataclasses.is_dataclass(v) and not isinstance(v, type)))
+
 
 def _is_tensor(v):
     return type(v).__module__ == TENSOR[0] and type(v).__name__ in TENSOR[1]
@@ -102,7 +111,11 @@ class ReplyPacker:
             return ["dtype", v.str]
         if isinstance(v, range):
             return ["range", [v.start, v.stop, v.step]]
-        if type(v) is tuple or (isinstance(v, tuple) and hasattr(type(v), "_fields")):   # a namedtuple: its items
+        if _is_record(v):
+            fields = v._fields if isinstance(v, tuple) else [field.name for field in dataclasses.fields(v)]
+            return ["record", f"{type(v).__module__}:{type(v).__qualname__}",
+                    [[name, self.value(getattr(v, name), down)] for name in fields]]
+        if type(v) is tuple:
             return ["tuple", [self.value(x, down) for x in v]]
         if isinstance(v, list):
             return ["list", [self.value(x, down) for x in v]]
@@ -128,7 +141,7 @@ class ReplyPacker:
             handle = self.keep(t._backward)
         parents = [self.value(parent, down) for parent in t._parents]
         return ["tensor", key, self.value(np.asarray(t.data), down),
-                None if t.grad is None else self.value(np.asarray(t.grad), down),
+                ["atom", None] if t.grad is None else self.value(np.asarray(t.grad), down),
                 bool(t.requires_grad), str(t.op)[:200], parents, handle]
 
     def updates(self, seen, before):
@@ -225,9 +238,10 @@ def _kind(value):
 class ReplyBuilder:
     """Builds a reply's value from its spec, checking every node; writes the updates once all check out."""
 
-    def __init__(self, arrays, sent, tensor_class=None, remote=None):
+    def __init__(self, arrays, sent, tensor_class=None, remote=None, records=None):
         self.arrays, self.sent = arrays, sent
         self.tensor_class, self.remote = tensor_class, remote
+        self.records = records or {}              # "module:qualname" -> the grader's own class (the task's schema)
         self.nodes, self.tensors, self.writes = 0, {}, []
 
     def build(self, node, depth=0):
@@ -268,6 +282,16 @@ class ReplyBuilder:
             if not all(isinstance(pair, list) and len(pair) == 2 for pair in rest[0]):
                 raise ValueError("dict: not a list of pairs")
             return {_hashable(self.build(k, down)): self.build(v, down) for k, v in rest[0]}
+        if kind == "record" and len(rest) == 2 and rest[0] in self.records and isinstance(rest[1], list):
+            cls = self.records[rest[0]]
+            names = [field.name for field in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else cls._fields
+            if [pair[0] if isinstance(pair, list) and len(pair) == 2 else None for pair in rest[1]] != list(names):
+                raise ValueError(f"a {rest[0]} with other fields than its class")
+            built = {name: self.build(pair[1], down) for name, pair in zip(names, rest[1])}
+            return cls(**built)
+        if kind == "record" and len(rest) == 2:
+            raise ValueError(f"a reply node of kind 'record' ({str(rest[0])[:80]}), which this task's tests do not "
+                             "take back (tasks.toml's returns): only data and the call's own things cross back")
         if kind == "tensorref" and len(rest) == 1 and rest[0] in self.tensors:
             return self.tensors[rest[0]]
         if kind == "tensor" and len(rest) == 7 and self.tensor_class is not None:
@@ -358,11 +382,13 @@ def _state(state):
     return state
 
 
-def unpack_reply(arrays, sent, tensor_class=None, remote=None):
+def unpack_reply(arrays, sent, tensor_class=None, remote=None, records=None):
     """The return value of a reply; every update of ``sent`` (number -> the caller's thing) checked,
     then written. ``tensor_class``: minidl's Tensor, to rebuild the Tensors a call made (else they
-    are refused); ``remote(handle, grad)``: what their backward calls. ValueError if malformed."""
-    builder = ReplyBuilder(arrays, sent, tensor_class, remote)
+    are refused); ``remote(handle, grad)``: what their backward calls; ``records``: {"module:qualname":
+    class} of the namedtuples and dataclasses the task may return, rebuilt from their fields by the
+    grader's own class. ValueError if malformed."""
+    builder = ReplyBuilder(arrays, sent, tensor_class, remote, records)
     try:
         text = str(arrays["__reply__"])
         if len(text) > MAX_TEXT:

@@ -1,0 +1,230 @@
+"""The grader attacked by a student who has read its source: one submission of hostile fenced bodies.
+
+Each body below is what a student who wants the points, and knows how tests/grade.py,
+tests/grade_proxy.py and tutorials/assignments/ work, would write into one task. They are graded
+together, through the grader itself (``tests/grade.py --student``: the tests as their own uid in
+a namespace, the sandbox lent by the broker, outcomes over pipes), one chosen test of each task,
+and each must score nothing (or, for the bodies that only look around and then answer right,
+full marks with nothing found), leave nothing running and write nothing outside the sandbox.
+
+Needs what grading needs: root, bubblewrap with namespaces and util-linux (``apt-get install
+bubblewrap``; CI installs it); elsewhere it skips, saying so.
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests import grade
+from tutorials import assignments
+
+ROOT = Path(__file__).resolve().parent.parent
+TASKS, GENERATOR = assignments.load()
+MISSING = grade.missing_tools() if os.geteuid() == 0 else "grading a submission needs root"
+pytestmark = [pytest.mark.skipif(bool(MISSING), reason=f"the grader's sandbox cannot run here: {MISSING}; it "
+                                 "needs root and bubblewrap with namespaces (apt-get install bubblewrap; CI installs it)"),
+              pytest.mark.skipif(assignments.is_student_tree(ROOT), reason=assignments.STUDENT_TREE)]
+TIMEOUT = 12                                  # --timeout: a sandboxed call may wait 7 s, a test 12 s
+
+# {task: (the test of it that is graded, its body ({indent}: the fence's; {marker}: a file nobody may write),
+#         what the task scores, words its message must hold)}
+ATTACKS = {
+    # the gadget chain: hand back a function of the tests' helpers that would start a program as the grader
+    "1.1": ("tests/hidden/test_chapter1_hidden.py::test_matmul_gradients_of_float32_operands_are_float32", """\
+{indent}import functools, tests.helpers as helpers
+{indent}payload = functools.partial(helpers.mpiexec, 1, "-c", "open({marker!r}, 'w')")
+{indent}a.grad = payload                                   # a field of the caller's Tensor, made a function
+{indent}grad_a, grad_b = payload, helpers.mpiexec
+""", 0, ["cannot cross back"]),
+    # an object whose every protocol method would run code wherever the grader touched it
+    "1.2": ("tests/hidden/test_chapter1_hidden.py::test_softmax_cross_entropy_gradient_of_float32_logits_is_float32",
+            """\
+{indent}class Gadget:
+{indent}    def _run(self, *args, **kwargs):
+{indent}        open({marker!r}, "w")
+{indent}        return True
+{indent}    __repr__ = __str__ = __format__ = __eq__ = __len__ = __iter__ = __array__ = __del__ = __bool__ = _run
+{indent}    def __getattr__(self, name):
+{indent}        return self._run
+{indent}return (Gadget(),)
+""", 0, ["cannot cross back"]),
+    # forge the grader's record of outcomes, then leave before anything checks
+    "1.3": ("tests/hidden/test_chapter1_hidden.py::test_im2col_equals_the_index_loop[n1c1_5x7_k2x3_s1]", """\
+{indent}import glob, os
+{indent}line = "call\\tpassed\\t" + "tests/hidden/test_chapter1_hidden.py::forged" + "\\t\\t0\\n"
+{indent}for place in [value for name, value in os.environ.items() if "GRADE" in name] + glob.glob("/proc/*/fd/*"):
+{indent}    try:
+{indent}        os.write(int(place), line.encode()) if place.isdigit() else open(place, "a").write(line)
+{indent}    except (OSError, ValueError):
+{indent}        pass
+{indent}try:
+{indent}    open({marker!r}, "w")
+{indent}except OSError:
+{indent}    pass
+{indent}os._exit(0)
+""", 0, ["ended"]),
+    # make every comparison pass, then hand back zeros of the right shape
+    "1.4": ("tests/hidden/test_chapter1_hidden.py::test_col2im_equals_the_index_loop[n1c1_5x7_k2x3_s1]", """\
+{indent}import numpy, numpy.testing, pytest
+{indent}numpy.testing.assert_allclose = numpy.testing.assert_array_equal = lambda *a, **k: None
+{indent}numpy.array_equal = numpy.allclose = lambda *a, **k: True
+{indent}pytest.approx = lambda *a, **k: True
+{indent}return numpy.zeros(padded_shape, dtype=cols.dtype)
+""", 0, ["AssertionError"]),                           # the test's own check, here: wrong values
+    # an answer that equals anything it is compared with
+    "2.1": ("tests/hidden/test_chapter2_hidden.py::test_fft_forward_equals_the_loop_in_float64[x7x5_k1x3_s1_p0]", """\
+{indent}class Equal:
+{indent}    shape = dtype = None
+{indent}    def __eq__(self, other):
+{indent}        return True
+{indent}    __ne__ = lambda self, other: False
+{indent}return Equal()
+""", 0, ["cannot cross back"]),
+    # one rank of five waits for a message no rank sends
+    "3.1": ("tests/hidden/test_chapter3_hidden.py::test_naive_heart_reads_source_and_writes_data[nprocs=5-sum]", """\
+{indent}if rank == size - 1:
+{indent}    comm.Recv(data, source=0, tag=999)
+""", 0, ["timed out after 7 s at p = 5"]),
+    # the collective the task must build, asked for by a name the source never spells
+    "3.2": ("tests/hidden/test_chapter3_hidden.py::test_reduce_in_place_on_a_root_that_is_not_rank_0[nprocs=3]", """\
+{indent}getattr(comm, "Reduce")(source, data, root=root)
+""", 0, ["reaches Reduce"]),
+    # not a ring (every vector goes all the way round), and a try at the trace through the communicator
+    "3.4": ("tests/hidden/test_chapter3_hidden.py::test_ring_reduce_scatter_sends_p_minus_1_blocks_of_the_uneven_sizes"
+            "[nprocs=3]", """\
+{indent}comm.messages, comm.comm = [], None                  # the grader's tracer is not here to rewrite
+{indent}everyone, passing = [source.copy()], source.copy()
+{indent}for step in range(size - 1):
+{indent}    arrived = np.empty_like(passing)
+{indent}    comm.Sendrecv(passing, (rank + 1) % size, REDUCE_SCATTER, arrived, (rank - 1) % size, REDUCE_SCATTER)
+{indent}    everyone.append(arrived)
+{indent}    passing = arrived
+{indent}total = everyone[0].copy()
+{indent}for other in everyone[1:]:
+{indent}    total += other
+{indent}block(rank)[...] = total[offsets[rank]:offsets[rank] + counts[rank]]
+""", 0, ["expected blocks of"]),                       # the grader's tracer saw whole vectors go round
+    # the collective again, reached through a helper module of the student's that the fence only calls
+    "3.5": ("tests/hidden/test_chapter3_hidden.py::test_allgather_every_dtype_length_and_in_place[nprocs=3]", """\
+{indent}from collectives import student_helper
+{indent}student_helper.complete(comm, data, counts, offsets)
+""", 0, ["called allgather, which task 3.5 must build"]),
+    # a daemon that would outlive the grading and write later; the answer itself is right
+    "4.6": ("tests/hidden/test_chapter4_hidden.py::test_ensemble_prediction_on_p_members_is_their_mean_with_the_shape_of_one"
+            "[nprocs=3-7]", """\
+{indent}import os, time
+{indent}if os.fork() == 0:
+{indent}    os.setsid()
+{indent}    if os.fork() == 0:
+{indent}        time.sleep(60)
+{indent}        open({marker!r}, "w")
+{indent}    os._exit(0)
+""", "full", []),
+    # look for the hidden tests, the answers, the grader's checkout, its processes and the network;
+    # answer wrong if anything is found
+    "5.2": ("tests/hidden/test_chapter5_hidden.py::test_may_proceed_reads_the_clocks_of_a_dict_view_of_the_live_workers",
+            """\
+{indent}import glob, os, socket
+{indent}found = [p for p in ("tests/hidden", "tutorials/assignments/answers.md", "/etc/shadow")
+{indent}         if any(os.path.exists(os.path.join(base, p)) and os.access(os.path.join(base, p), os.R_OK)
+{indent}                for base in ("/student", "/", ".", {root!r}))]
+{indent}found += glob.glob("/*/tests/hidden") + glob.glob("/tmp/*/grader") + [
+{indent}    p for p in glob.glob("/proc/*/environ") if os.access(p, os.R_OK) and b"MINIDL_GRADE" in open(p, "rb").read()]
+{indent}try:
+{indent}    socket.create_connection(("1.1.1.1", 53), timeout=2)
+{indent}    found.append("the network")
+{indent}except OSError:
+{indent}    pass
+{indent}if found:
+{indent}    return not (staleness is None or clock - min(clocks) <= staleness)
+""", "full", []),
+    # eat the grader's memory
+    "9.1": ("tests/hidden/test_chapter9_hidden.py::test_lr_at_the_schedules_edges_in_closed_form[a quarter into warm-up]", """\
+{indent}import numpy
+{indent}hog = numpy.ones(20 * 10**9 // 8)
+""", 0, ["MemoryError"]),
+    # never return
+    "9.2": ("tests/hidden/test_chapter9_hidden.py::test_with_q_two_the_winners_are_the_two_best_and_nan_never_wins", """\
+{indent}import time
+{indent}time.sleep(10**6)
+""", 0, ["timed out after 7 s at p = 1"]),
+}
+HELPER = '''"""A module the student added: the fence calls it, so the fence's own source names no collective."""
+
+
+def complete(comm, data, counts, offsets):
+    everything = comm.allgather(data[offsets[comm.rank]:offsets[comm.rank] + counts[comm.rank]].copy())
+    for rank, block in enumerate(everything):
+        data[offsets[rank]:offsets[rank] + counts[rank]] = block
+'''
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """The hostile submission graded once: (rows by task, results.json, stdout, seconds, markers)."""
+    folder = tmp_path_factory.mktemp("redteam")
+    tree = folder / "tree"
+    ids = sorted(ATTACKS, key=lambda i: tuple(map(int, i.split("."))))
+    assignments.make(tree, ids=ids)
+    markers = {}
+    for task in assignments.select(TASKS, ids):
+        node, body, _, _ = ATTACKS[task.id]
+        markers[task.id] = folder / f"written-by-{task.id}"
+        lines, begin, _ = assignments.fence_of(task, tree)
+        indent = lines[begin][:len(lines[begin]) - len(lines[begin].lstrip())]
+        reference = assignments.body(task) if ATTACKS[task.id][2] == "full" else []
+        text = body.format(indent=indent, marker=str(markers[task.id]), root=str(ROOT))
+        assignments.replace_body(task, tree, [*text.splitlines(keepends=True), *reference])
+    (tree / "collectives" / "student_helper.py").write_text(HELPER)
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, str(ROOT / "tests/grade.py"), "--student", str(tree), "--tasks",
+                           ",".join(ids), "--tests", ",".join(attack[0] for attack in ATTACKS.values()),
+                           "--timeout", str(TIMEOUT), "--json", str(folder / "g.json"),
+                           "--gradescope", str(folder / "results.json")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    seconds = time.monotonic() - started
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = {row["id"]: row for row in json.loads((folder / "g.json").read_text())["tasks"]}
+    return rows, json.loads((folder / "results.json").read_text()), done.stdout, seconds, markers
+
+
+@pytest.mark.parametrize("task_id", sorted(ATTACKS, key=lambda i: tuple(map(int, i.split(".")))))
+def test_each_hostile_body_scores_nothing_and_says_why(graded, task_id):
+    rows, _, _, _, _ = graded
+    row, (node, _, expected, words) = rows[task_id], ATTACKS[task_id]
+    assert row["total"] == 1 or row["failed"], row                  # its one test was graded (or refused whole)
+    if expected == "full":
+        assert row["points"] == row["max_points"] and row["passed"] == 1, row
+        return
+    assert row["points"] == 0, row
+    said = " ".join([*row["failed"], *(test["message"] for test in row["tests"])])
+    assert all(word in said for word in words), (words, said)
+    assert not any("forged" in test["name"] for test in row["tests"]), row
+
+
+def test_nothing_the_bodies_start_writes_outside_the_sandbox_or_outlives_grading(graded):
+    _, _, _, _, markers = graded
+    assert not [task for task, marker in markers.items() if marker.exists()], "a payload ran outside the sandbox"
+    for uid in (65534, grade.GRADER_UID):
+        alive = subprocess.run(["pgrep", "-u", str(uid)], capture_output=True, text=True).stdout.split()
+        assert not alive, f"processes of uid {uid} outlived the grading: {alive}"
+
+
+def test_a_hang_costs_its_task_one_timeout_and_the_others_nothing(graded):
+    rows, _, _, seconds, _ = graded
+    for task_id in ("3.1", "9.2"):
+        assert rows[task_id]["seconds"] < TIMEOUT + 20, rows[task_id]         # one timeout, and the start-up
+    assert rows["4.6"]["points"] == rows["4.6"]["max_points"] and rows["5.2"]["points"] == rows["5.2"]["max_points"]
+
+
+def test_gradescopes_scores_add_up_to_each_tasks_points_exactly(graded):
+    rows, results, _, _, _ = graded
+    for task_id, row in rows.items():
+        tests = [test for test in results["tests"] if test["name"].startswith(f"{task_id} ")]
+        assert round(sum(test["max_score"] for test in tests), 6) == row["max_points"], (task_id, tests)
+        assert round(sum(test["score"] for test in tests), 6) == row["points"] <= row["max_points"], (task_id, tests)
+    assert results["score"] == round(sum(row["points"] for row in rows.values()), 6)
