@@ -91,6 +91,7 @@ from algorithms.core import allocations, cli, run
 from algorithms.core.accounts import EXAMPLE, PARTS, predicted_rows
 from algorithms.core.cli import SettingError
 
+
 def measured_row(comm, model, p, batch, recompute, momentum):
     """The data-parallel row measured on this process (the comm buffer only when comm has p ranks)."""
     real = comm.Get_size() == p and p > 1

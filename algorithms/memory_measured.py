@@ -25,6 +25,7 @@ import tracemalloc
 from types import SimpleNamespace
 
 import numpy
+from mpi4py import MPI
 
 import collectives
 from algorithms import pipeline_parallel, spatial_parallel, tensor_parallel, zero as zero_module
@@ -39,7 +40,6 @@ from minidl.flat import FlatParameters, flatten
 from minidl.nn import Sequential
 from minidl.optim import SGD
 from minidl.tensor import Tensor, no_grad
-from mpi4py import MPI
 
 
 def layout(comm, p):

@@ -79,8 +79,7 @@ from mpi4py import MPI
 from algorithms.core import checkpoint, cli, run, tags
 from algorithms.core.cli import SettingError
 from algorithms.core.objective import build_model
-from minidl import backend
-from minidl import functional as F
+from minidl import backend, functional as F
 from minidl.data import shard
 from minidl.nn import Sequential
 from minidl.recompute import Checkpoint

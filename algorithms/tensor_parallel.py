@@ -55,10 +55,9 @@ from mpi4py import MPI
 
 from algorithms.core import checkpoint, cli, partition, run
 from algorithms.core.objective import build_model, loss_and_grad
-from minidl import functional as F
+from minidl import functional as F, recompute as recomputation
 from minidl.data import shard
 from minidl.nn import Linear, Module, ReLU, Sequential
-from minidl import recompute as recomputation
 from minidl.tensor import Parameter
 
 

@@ -48,14 +48,14 @@ import os
 for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_variable] = "1"
 
-import json              # noqa: E402  (after the thread pinning on purpose)
+import json  # noqa: E402  (after the thread pinning on purpose)
 
-import numpy as np       # noqa: E402
-from mpi4py import MPI   # noqa: E402
+import numpy as np  # noqa: E402
+from mpi4py import MPI  # noqa: E402
 
-from . import auto, butterfly, calibration, cost, naive, persistent, rabenseifner, ring, tree   # noqa: E402
+from . import auto, butterfly, calibration, cost, naive, persistent, rabenseifner, ring, tree  # noqa: E402
 from .calibrate import LADDER, cores, fit_alpha_beta, fit_gamma, fit_rates, measure_calibration, timed  # noqa: E402
-from .cli import Parser, fail, number, output_path   # noqa: E402
+from .cli import Parser, fail, number, output_path  # noqa: E402
 
 ALGORITHMS = {"naive": naive.allreduce, "tree": tree.allreduce, "butterfly": butterfly.allreduce,
               "ring": ring.allreduce, "rabenseifner": rabenseifner.allreduce, "auto": auto.allreduce}

@@ -40,6 +40,7 @@ def worker(nbytes, repeats, ours="ring"):
     from mpi4py import MPI
 
     import collectives
+
     from .calibrate import timed
     comm = MPI.COMM_WORLD
     send = np.full(nbytes // 4, comm.rank + 1, dtype=np.float32)

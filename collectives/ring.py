@@ -40,11 +40,9 @@ Building blocks, public and tested on their own: `reduce_scatter(comm, sendbuf, 
 import numpy as np
 from mpi4py import MPI
 
-from .buffers import (scratch, block_counts, block_offsets, copy_into, from_mpi, run_allreduce, to_mpi,
-                      validate)
+from .buffers import block_counts, block_offsets, copy_into, from_mpi, run_allreduce, scratch, to_mpi, validate
 from .ops import array_module, base_op, combine, finish
 from .tags import ALLGATHER, REDUCE_SCATTER
-
 
 # ---- the heart: the ring's two loops ----------------------------------------------------------
 

@@ -64,7 +64,6 @@ from .compress import INDEX, Sparse
 from .fold import largest_power_of_two, world_rank
 from .tags import DIRECT_GATHER, SPARSE_EXCHANGE, SPARSE_FOLD_IN, SPARSE_FOLD_OUT
 
-
 # ---- representation: sparse pairs or a dense vector -----------------------------------------------
 
 def is_dense_cheaper(count, n, itemsize):

@@ -19,8 +19,7 @@ import zlib
 
 import numpy
 
-from minidl import backend
-from minidl import functional as F
+from minidl import backend, functional as F
 from minidl.tensor import Parameter, Tensor
 
 

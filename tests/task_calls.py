@@ -105,6 +105,7 @@ def install():
 def run_file(path, out):
     """(under mpiexec) Run a block's file with every task watched; this rank's calls to ``out``.<rank>."""
     import runpy
+
     from mpi4py import MPI
     install()
     try:

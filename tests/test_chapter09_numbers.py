@@ -14,9 +14,9 @@ a table from each. Checked here:
 Rerunning the script changes no accuracy (same seed, same bits), so these fail only when the text,
 the defaults or the script change without the others.
 """
+import ast
 import importlib.util
 import inspect
-import ast
 import json
 import math
 import os

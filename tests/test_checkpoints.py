@@ -25,9 +25,16 @@ from pytest_mpi import parallel_assert
 
 from algorithms.core import checkpoint, evaluate
 from algorithms.core.cli import SettingError
-from tests.helpers import (ENV, EQUAL_UP_TO_ROUNDING, ROOT, assert_stopped, float64_mlp, launch, relative_error,
-                           tiny_digits)
-
+from tests.helpers import (
+    ENV,
+    EQUAL_UP_TO_ROUNDING,
+    ROOT,
+    assert_stopped,
+    float64_mlp,
+    launch,
+    relative_error,
+    tiny_digits,
+)
 
 SMALL = dict(model="mlp", batch_size=64, quiet=True)
 # algorithm: (its own arguments for a small run on 3 ranks, how a resumed run compares with an

@@ -19,8 +19,7 @@ import sys
 
 import numpy as np
 import pytest
-from hypothesis import example, given, settings
-from hypothesis import strategies as st
+from hypothesis import example, given, settings, strategies as st
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 

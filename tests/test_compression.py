@@ -23,10 +23,7 @@ from pytest_mpi import parallel_assert
 from algorithms import allreduce_sgd, compressed_sgd
 from algorithms.core.cli import SettingError
 from collectives import compress
-from tests.helpers import (EQUAL_UP_TO_ROUNDING, assert_stopped, float64_mlp, launch, parallel_assert_close,
-                           tiny_digits)
-
-
+from tests.helpers import EQUAL_UP_TO_ROUNDING, assert_stopped, float64_mlp, launch, parallel_assert_close, tiny_digits
 
 # ---- unbiasedness -----------------------------------------------------------------------------------
 # Each decoded entry of one draw lies in an interval of width w that does not depend on the draw:

@@ -26,8 +26,7 @@ or a block's columns read from the wrong offset of the kept buffer, gives errors
 import numpy as np
 import pytest
 
-from minidl.conv import set_column_budget
-from minidl.conv import batch_inner, budget, im2col, im2col_blocked
+from minidl.conv import batch_inner, budget, im2col, im2col_blocked, set_column_budget
 
 SWEEP_SHAPES = {            # (n, c, f, side, k, padding): stride 1, as in the benchmark
     "lenet conv1": (64, 1, 6, 28, 5, 2),

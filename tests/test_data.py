@@ -11,12 +11,22 @@ import struct
 
 import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
-from minidl.data import (LeastSquares, LogisticRegression, batches, digits_split, least_squares,
-                         load_digits, load_mnist, logistic_regression, read_idx, shard, shard_sizes,
-                         train_test_split)
+from minidl.data import (
+    LeastSquares,
+    LogisticRegression,
+    batches,
+    digits_split,
+    least_squares,
+    load_digits,
+    load_mnist,
+    logistic_regression,
+    read_idx,
+    shard,
+    shard_sizes,
+    train_test_split,
+)
 from tests import strategies
 
 # ---------------------------------------------------------------------------------------------

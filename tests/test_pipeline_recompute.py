@@ -22,8 +22,7 @@ import pytest
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
-from algorithms import hybrid_parallel, pipeline_parallel, zero
-from algorithms import memory_measured as measured
+from algorithms import hybrid_parallel, memory_measured as measured, pipeline_parallel, zero
 from algorithms.core import cli
 from minidl.recompute import Checkpoint
 from tests.helpers import expect_error_on_every_rank, small_data

@@ -44,7 +44,7 @@ from algorithms.sandblaster.coordinator import Coordinator, Shards
 from algorithms.sandblaster.shard import Shard
 from minidl.data import least_squares
 from minidl.optim import LBFGS, two_loop_direction
-from tests.helpers import ENV, InProcessShards, MPIEXEC, ROOT, assert_stopped, launch, sharded
+from tests.helpers import ENV, MPIEXEC, ROOT, InProcessShards, assert_stopped, launch, sharded
 
 TOLERANCE = 1e-10
 D = 64                               # parameters: one shard's slice is >= 256 bytes at S <= 2

@@ -25,8 +25,15 @@ from algorithms.core.objective import NetworkObjective
 from algorithms.schedule import Schedule
 from minidl.data import epoch_order
 from minidl.optim import SGD
-from tests.helpers import (EQUAL_UP_TO_ROUNDING, assert_stopped, float64_mlp, launch, parallel_assert_close,
-                           results_of, tiny_digits)
+from tests.helpers import (
+    EQUAL_UP_TO_ROUNDING,
+    assert_stopped,
+    float64_mlp,
+    launch,
+    parallel_assert_close,
+    results_of,
+    tiny_digits,
+)
 
 
 @pytest.mark.task("9.1")

@@ -20,8 +20,17 @@ from algorithms import admm_sgd, allreduce_sgd, easgd, ensemble, gossip_sgd, mod
 from algorithms.core import cli, run
 from algorithms.core.objective import Data, NetworkObjective
 from minidl.data import least_squares, rank_batches
-from tests.helpers import (EQUAL_UP_TO_ROUNDING, assert_stopped, expect_error_on_every_rank, float64_mlp, launch,
-                           parallel_assert_close, same_on_every_rank, serial_reference, tiny_digits)
+from tests.helpers import (
+    EQUAL_UP_TO_ROUNDING,
+    assert_stopped,
+    expect_error_on_every_rank,
+    float64_mlp,
+    launch,
+    parallel_assert_close,
+    same_on_every_rank,
+    serial_reference,
+    tiny_digits,
+)
 
 ALL_RANKS = [1, 2, 3, 4]
 

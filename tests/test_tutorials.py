@@ -198,6 +198,7 @@ def test_every_chapter_becomes_a_notebook_of_its_own_blocks(tmp_path, capsys):
     # run, in order, an MPI block under '%%mpiexec -n N' with its own N, and ```bash/```text blocks no code
     pytest.importorskip("jupytext", reason="jupytext comes with the test extra: pip install -e '.[test]'")
     import nbformat
+
     from tutorials import notebook
 
     for chapter in CHAPTERS:
@@ -227,6 +228,7 @@ def test_chapter_one_runs_as_a_notebook_and_mpi_cells_run_through_the_magic(tmp_
     for module in ("jupytext", "nbclient", "ipykernel"):
         pytest.importorskip(module, reason=f"{module} comes with the test extra: pip install -e '.[test]'")
     import nbformat
+
     from tutorials import notebook
 
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))        # the kernel's connection file,

@@ -23,8 +23,8 @@ from pytest_mpi import parallel_assert
 
 from algorithms import allreduce_sgd, zero
 from algorithms.core import checkpoint, run
-from algorithms.core.objective import NetworkObjective, evaluate_at
 from algorithms.core.cli import SettingError
+from algorithms.core.objective import NetworkObjective, evaluate_at
 from minidl.data import least_squares, rank_batches
 from minidl.optim import Adam
 from tests.helpers import assert_stopped, launch, same_on_every_rank, tiny_digits, uneven_mlp

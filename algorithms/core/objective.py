@@ -17,8 +17,7 @@ import math
 import numpy
 
 from algorithms.core import cli
-from minidl import backend, data as datasets, models
-from minidl import functional as F
+from minidl import backend, data as datasets, functional as F, models
 from minidl.flat import FlatParameters, flatten
 from minidl.recompute import checkpointed
 from minidl.tensor import Parameter, Tensor, no_grad

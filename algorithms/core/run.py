@@ -35,12 +35,12 @@ from algorithms.core.divergence import FiniteCheck, check_divergence
 from algorithms.core.log import Log
 from algorithms.core.objective import build as build_objective
 from algorithms.schedule import Schedule
+from collectives.hierarchical import environment_ranks_per_node
+from collectives.trace import CountingComm
 from minidl import backend
 from minidl.conv import budget
 from minidl.data import rank_batches
 from minidl.optim import SGD
-from collectives.hierarchical import environment_ranks_per_node
-from collectives.trace import CountingComm
 
 
 @dataclasses.dataclass

@@ -34,7 +34,7 @@ import heapq
 from collections import deque
 
 import numpy as np
-from greenlet import greenlet, getcurrent
+from greenlet import getcurrent, greenlet
 
 from ..buffers import SCRATCH_CACHE
 from .network import message_times

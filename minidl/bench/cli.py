@@ -16,8 +16,8 @@ from minidl.bench.measure import FORCING, add_costs, conv_summary, measure
 from minidl.bench.steps import minidl_worker
 from minidl.bench.table import CONV_COLUMNS, LAYERS_COLUMNS, MAIN_COLUMNS, SWEEP_COLUMNS, plot, print_table
 from minidl.bench.timing import CLOCK
-from minidl.conv import budget
 from minidl.bench.yardstick import torch_worker
+from minidl.conv import budget
 
 
 def fail(message):

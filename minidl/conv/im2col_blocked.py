@@ -32,12 +32,11 @@ N * C*kh*kw * Ho*Wo elements (one block, or kept under the budget), or one block
 import os
 
 from minidl.backend import get_array_module
-from minidl.conv.scratch import workspace
-from minidl.conv.shapes import output_size
 from minidl.conv import batch_inner, budget
 from minidl.conv.budget import column_bytes
-from minidl.conv.im2col import (columns, forward_block, gradient_2d, input_gradient_by_col2im, weight_gradient,
-                                zero_pad)
+from minidl.conv.im2col import columns, forward_block, gradient_2d, input_gradient_by_col2im, weight_gradient, zero_pad
+from minidl.conv.scratch import workspace
+from minidl.conv.shapes import output_size
 
 
 def supports(x_shape, weight_shape, stride, padding):

@@ -19,8 +19,14 @@ Everything here is plain NumPy on the host; training code moves each batch to th
 from minidl.data.digits import digits_split, load_digits, train_test_split
 from minidl.data.idx import load_mnist, read_idx
 from minidl.data.sharding import PARTITIONS, Batch, batches, epoch_order, rank_batches, shard, shard_sizes
-from minidl.data.synthetic import (LeastSquares, LogisticRegression, SparseLogistic, least_squares,
-                                   logistic_regression, sparse_logistic_regression)
+from minidl.data.synthetic import (
+    LeastSquares,
+    LogisticRegression,
+    SparseLogistic,
+    least_squares,
+    logistic_regression,
+    sparse_logistic_regression,
+)
 
 __all__ = [
     "load_digits", "train_test_split", "digits_split",

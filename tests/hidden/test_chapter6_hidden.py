@@ -16,8 +16,15 @@ from algorithms.core.objective import NetworkObjective
 from minidl.data import Batch, epoch_order
 from minidl.nn import Conv2d, Flatten, Linear, MaxPool2d, ReLU, Sequential
 from minidl.optim import SGD
-from tests.helpers import (EQUAL_UP_TO_ROUNDING, check_partitioned_equals_whole, float64_mlp_of,
-                           parallel_assert_close, serial_reference, six_layer_mlp, tiny_digits)
+from tests.helpers import (
+    EQUAL_UP_TO_ROUNDING,
+    check_partitioned_equals_whole,
+    float64_mlp_of,
+    parallel_assert_close,
+    serial_reference,
+    six_layer_mlp,
+    tiny_digits,
+)
 
 F, B = "forward", "backward"
 

@@ -327,7 +327,7 @@ def allocator_worker(library, case_name, quick, repeats):
     """In this (fresh) process: one case's best step time (CPU clock) and minor page faults per step."""
     import resource
 
-    from minidl import bench                           # importing minidl sets malloc's thresholds, unless told not to
+    from minidl import bench  # importing minidl sets malloc's thresholds, unless told not to
     case = next(c for c in bench.main_cases(quick) if c["case"] == case_name)
     if library == "minidl":
         step = bench.minidl_step(case, np.random.default_rng(0))

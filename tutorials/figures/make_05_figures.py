@@ -270,7 +270,7 @@ def table(results):
 
 
 def figures(results, out):
-    import matplotlib                        # rank 0 only: the other ranks need not pay for the import
+    import matplotlib  # rank 0 only: the other ranks need not pay for the import
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]

@@ -57,6 +57,7 @@ def run_job(name, out, kwargs):
     """Inside mpiexec: one training run; rank 0 writes {history, report...} to ``out``."""
     sys.path.insert(0, str(ROOT))
     from mpi4py import MPI
+
     from algorithms import async_easgd, downpour_sgd, easgd, sandblaster_lbfgs
     comm = MPI.COMM_WORLD
     seed = kwargs.pop("seed", 0)
@@ -89,6 +90,7 @@ def serial_lbfgs(seed, epochs, max_iter):
     """minidl.optim.LBFGS on the same problem, one step(closure) per epoch: (seconds, loss) per epoch."""
     sys.path.insert(0, str(ROOT))
     import numpy
+
     from algorithms.core.objective import ConvexObjective
     from algorithms.sandblaster_lbfgs import default_problem
     from minidl.optim import LBFGS

@@ -61,11 +61,13 @@ sys.path.insert(0, str(ROOT))
 from algorithms.core.objective import Data, NetworkObjective  # noqa: E402
 from algorithms.pipeline_parallel import schedule  # noqa: E402
 from collectives import cost  # noqa: E402
-from collectives.simulate import simulate  # noqa: E402
 from collectives.sim import Engine, LogGP, SimComm, Sized, Topology  # noqa: E402
+from collectives.simulate import simulate  # noqa: E402
 from collectives.table import HEARTS  # noqa: E402
-from minidl import functional as F  # noqa: E402
-from minidl import models  # noqa: E402
+from minidl import (
+    functional as F,  # noqa: E402
+    models,  # noqa: E402
+)
 from minidl.tensor import Tensor  # noqa: E402
 
 OUT = HERE / "out"
