@@ -41,7 +41,8 @@ Restrictions: size divisible by --stages; the pipeline's (P <= layers, 1 <= m <=
 --batch-size is per replica) or the model's (P <= every split width), and the data-parallel one
 (R <= training rows); --split only with --group model, --schedule, --micro-batches and --recompute
 (each stage one checkpointed segment, as in pipeline_parallel) only with --group pipeline.
-Checkpoints are layout-free: --save writes the serial model and its momentum (gathered), which any SGD-family algorithm resumes on any layout, this one included.
+Checkpoints are layout-free: --save writes the serial model and its momentum (gathered), which any SGD-family
+algorithm resumes on any layout, this one included.
 
 Default run (the small CNN on the embedded digits, 20 epochs, batch 32 per replica, 2 stages,
 1F1B with 4 micro-batches, ring allreduce, lr 0.05, momentum 0.9): the trajectory of serial SGD at

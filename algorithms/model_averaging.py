@@ -19,7 +19,8 @@ H = 1 with plain SGD is synchronous SGD (averaging w_r = w - lr g_r gives w - lr
 and, because the momentum update is linear, also with momentum: the local velocities differ but
 their mean is the synchronous velocity. That holds when every rank's piece of each batch has the
 same size (--partition global with p b dividing n): averaging weighs every rank by 1/p, while
-synchronous SGD weighs a rank by its rows, so an uneven last batch makes the two differ. H = end (``--period end``) is Zinkevich's one-shot
+synchronous SGD weighs a rank by its rows, so an uneven last batch makes the two differ. H = end (``--period end``)
+is Zinkevich's one-shot
 averaging: p independent runs and one allreduce. In between, communication falls by H while the
 replicas drift apart between averages; with iid shards the drift is small and averaging works,
 with label-sorted shards (``--partition sorted``) each replica learns different classes and the

@@ -12,7 +12,8 @@ The network is a Sequential of blocks (``partition.blocks_of``: the cut lives in
 algorithms/core/partition.py, which the hybrid grid and Downpour's replicas share): a Linear or
 Conv2d layer, the Flattens in front of it, the ReLUs and max-poolings behind it. For an MLP,
 layer k maps a_k (N, i_k) to z_k = a_k W_k + b_k (N, o_k). Every rank holds a piece of every
-layer, and every rank sees the whole batch. Two ways to cut W_k (i_k, o_k), uneven blocks allowed (``minidl.data.shard``):
+layer, and every rank sees the whole batch. Two ways to cut W_k (i_k, o_k), uneven blocks allowed
+(``minidl.data.shard``):
 
     --split output   rank r owns the output neurons cols_r: W_k[:, cols_r], b_k[cols_r]
       forward    z_r = a_k W_k[:, cols_r] + b_k[cols_r]              (N, i_k) @ (i_k, o_r)

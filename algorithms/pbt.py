@@ -281,7 +281,8 @@ def train(comm=None, population=None, ready=40, rounds=12, fraction=0.25, search
         objective.params[...] = backend.asarray(own)
         checkpoint.write(comm, settings.save, params, optimizer, rounds, meta=writer.meta(settings, size),
                          own={"params": objective.params, "stream": numpy.array([stream.epoch, stream.position])},
-                         shared={"hyper": hyper, "best": numpy.array(best), "lineage": numpy.array(json.dumps(records))})
+                         shared={"hyper": hyper, "best": numpy.array(best),
+                                 "lineage": numpy.array(json.dumps(records))})
     if rank == 0 and lineage:
         with open(lineage, "w") as file:
             json.dump({"search": search, "population": population, "ready": ready, "ready_batch": ready_batch,

@@ -136,7 +136,7 @@ class Stage:
         self.slices = [(sum(sizes[:first]), sum(sizes[:stop])) for first, stop in self.bounds]
         first, stop = self.bounds[stage]
         self.layers = Sequential(*layers[first:stop])
-        if recompute:            # --recompute: the whole stage one segment, only its input kept (GPipe's re-materialization)
+        if recompute:       # --recompute: the whole stage one segment, its input kept (GPipe's re-materialization)
             self.layers = Checkpoint(self.layers)
         self.receives, self.sends = self.shapes[first], self.shapes[stop]
         self.start, self.end = self.slices[stage]

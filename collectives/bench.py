@@ -113,7 +113,8 @@ def settings(argv, size):
     parser.add_argument("--write-selection", action="store_true",
                         help="store, for this p, the algorithm measured fastest at each size in "
                              "collectives/selection.json, which collectives.auto reads")
-    calibrated = "the calibrated model's JSON, read for the 'calibrated' column, written by --calibrate; none: no column"
+    calibrated = ("the calibrated model's JSON, read for the 'calibrated' column, written by --calibrate; "
+                  "none: no column")
     parser.add_argument("--calibration", default=str(calibration.CALIBRATION_FILE), help=calibrated + " (%(default)s)")
     parser.add_argument("--calibrate", action="store_true", help="fit the calibrated model first (see the header)")
     parser.add_argument("--median", action="store_true", help="median of single calls (a loaded machine)")
@@ -259,7 +260,7 @@ def main(argv=None):
                     best[name] = min(best.get(name, np.inf), timed(comm, call, min_time, args.median))
                     if not np.all(recvbuf == expected):
                         raise SystemExit(f"rank {rank}: {name} gave a wrong sum at {row_bytes} bytes")
-    if args.calibrate:             # the calibration's rounds and the table's in turn, size by size (measure_calibration)
+    if args.calibrate:             # the calibration's rounds and the table's in turn, size by size
         model_cal = calibrate(comm, args, between=table_round)
     else:
         model_cal = args.model
@@ -284,7 +285,8 @@ def main(argv=None):
             refined = (cost.predict_refined(model_name, size, count * 4, rates)
                        if model_name != "lower bound" else None)     # MPI's own: no refined model
             refined_ratio = None if refined is None else refined / best[name]
-            reference = best.get("mpi_init", best["mpi"]) if name == "auto_init" else best["mpi"]   # persistent vs persistent
+            # the persistent auto against MPI's persistent allreduce
+            reference = best.get("mpi_init", best["mpi"]) if name == "auto_init" else best["mpi"]
             calibrated = (cost.predict_calibrated(model_name, size, count * 4, model_cal)
                           if model_cal and model_name != "lower bound" else None)
             calibrated_ratio = None if calibrated is None else calibrated / best[name]

@@ -133,7 +133,8 @@ class Calibration:
                    + messages("one_way", one_way - hot_1, busy + solo - hot_1_bytes)
                    + messages("hot_one_way", hot_1, hot_1_bytes))
         from_source = cost.reduced_from_source(algorithm, p, nbytes, in_place)
-        return (seconds + (self.seconds("reduce", n) * from_source + self.seconds("add", n) * (reduced - from_source)) / n
+        reducing = self.seconds("reduce", n) * from_source + self.seconds("add", n) * (reduced - from_source)
+        return (seconds + reducing / n
                 + self.seconds("copy", n) * cost.extra_copies(algorithm, in_place, p))
 
     def as_json(self):

@@ -5,7 +5,8 @@
 Rank r holds r, r + 1, ..., r + length - 1 (float64 integers, so every summation order is
 exact). The algorithm runs on a TracedComm with the agreement check on (one MPI Allreduce of
 a few integers, which the tracer does not record); rank 0 prints every message of the algorithm,
-each rank's message and byte counts beside collectives.cost's formula, and the result. Every rank then compares its result, bit for bit, with MPI's own
+each rank's message and byte counts beside collectives.cost's formula, and the result. Every rank then compares its
+result, bit for bit, with MPI's own
 Allreduce of the same vector; if any rank differs, every rank exits with status 1.
 """
 

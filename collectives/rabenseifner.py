@@ -9,8 +9,8 @@ each keeps a window [lo, hi) of blocks it is still responsible for, at first all
 
     reduce-scatter, recursive halving, distance pof2/2, ..., 2, 1:
         split the window in two halves; two partners `distance` apart share out the halves,
-        each sends the half it gives up and reduces the half it keeps. After lg pof2 rounds the window is the single block
-        `newrank`, reduced over all ranks.
+        each sends the half it gives up and reduces the half it keeps. After lg pof2 rounds the window is the
+        single block `newrank`, reduced over all ranks.
     allgather, recursive doubling, distance 1, 2, ..., pof2/2:
         partners swap their windows (copy, no reduction), so windows double back to the
         whole vector.

@@ -146,7 +146,8 @@ def settings(argv):
     parser.add_argument("--ranks", required=True, help="simulated ranks p (>= 1)")
     parser.add_argument("--bytes", required=True, help="bytes per rank, e.g. 4096, 64K, 1M (a multiple of 4)")
     parser.add_argument("--ranks-per-node", help="ranks per node c (default: every rank on one node)")
-    parser.add_argument("--algorithms", default=",".join(ALGORITHMS), help="comma-separated, from: " + ", ".join(ALGORITHMS))
+    parser.add_argument("--algorithms", default=",".join(ALGORITHMS),
+                        help="comma-separated, from: " + ", ".join(ALGORITHMS))
     parser.add_argument("--sizes-only", action="store_true", help="no data: buffers are stand-ins (large p)")
     parser.add_argument("--json", help="write the rows as a JSON list here")
     parser.add_argument("--alpha", default="2e-6", help="network latency L, seconds")
@@ -199,7 +200,8 @@ def main(argv=None):
         print(f"# fat tree: {fabric['nodes_per_switch']} nodes per leaf switch, {fabric['uplinks']} uplinks each "
               f"(at most that many messages leave or enter a leaf at once)")
     print(f"{'algorithm':<22} {'ranks':>6} {'bytes':>9} {'simulated us':>13} {'closed us':>11} {'sim/closed':>10} "
-          f"{'bound us':>10} {'messages':>9} {'events':>9} {'wall s':>7} {'cpu s':>7} {'events/s':>9}  {'target':<12} met")
+          f"{'bound us':>10} {'messages':>9} {'events':>9} {'wall s':>7} {'cpu s':>7} {'events/s':>9}  "
+          f"{'target':<12} met")
     rows = []
     for name in names:
         try:
@@ -212,7 +214,8 @@ def main(argv=None):
         met = record["met"]
         print(f"{label:<22} {record['ranks']:>6} {human(nbytes):>9} {record['seconds'] * 1e6:13.2f} "
               f"{record['closed_form_seconds'] * 1e6:11.2f} {ratio:10.4f} {record['lower_bound_seconds'] * 1e6:10.2f} "
-              f"{record['messages']:>9} {record['events']:>9} {record['wall_seconds']:7.2f} {record['cpu_seconds']:7.2f} "
+              f"{record['messages']:>9} {record['events']:>9} {record['wall_seconds']:7.2f} "
+              f"{record['cpu_seconds']:7.2f} "
               f"{record['events_per_second'] or 0:9.0f}  {record['target']:<12} "
               f"{'-' if met is None else 'met' if met else 'NO'}", flush=True)
     if path:

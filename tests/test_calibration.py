@@ -105,7 +105,8 @@ def test_at_p2_each_algorithm_is_o_plus_its_steps_as_measured(k):
     n, t = SIZES[k], {name: values[k] for name, values in TRUE.items()}
     expected = {"ring": t["exchange"] + t["hot_exchange"] + t["reduce"] / 2,
                 "rabenseifner": t["exchange"] + t["hot_exchange"] + t["reduce"] / 2,
-                "tree": t["one_way"] + t["hot_one_way"] + t["reduce"], "naive": t["one_way"] + t["hot_one_way"] + t["reduce"],
+                "tree": t["one_way"] + t["hot_one_way"] + t["reduce"],
+                "naive": t["one_way"] + t["hot_one_way"] + t["reduce"],
                 "butterfly": t["exchange_whole"] + t["reduce"]}
     for name, steps in expected.items():
         assert cost.predict_calibrated(name, 2, n, hand_model()) == pytest.approx(TRUE_O[name] + steps, rel=1e-12), name
@@ -135,7 +136,8 @@ def test_the_butterfly_at_p4_pays_whole_vectors_and_a_hot_surcharge_on_its_secon
     copy brings the result back from the scratch vector."""
     k, n = 3, SIZES[3]
     expected = (TRUE_O["butterfly"] + 2 * (TRUE["exchange_whole"][0] + n * beta("exchange_whole", k))
-                + (TRUE["hot_exchange"][0] + n * beta("hot_exchange", k)) - (TRUE["exchange"][0] + n * beta("exchange", k))
+                + (TRUE["hot_exchange"][0] + n * beta("hot_exchange", k)) - (TRUE["exchange"][0] + n * beta("exchange",
+                                                                                                            k))
                 + TRUE["reduce"][k] + TRUE["add"][k] + TRUE["copy"][k])
     assert cost.predict_calibrated("butterfly", 4, n, hand_model()) == pytest.approx(expected, rel=1e-12)
 

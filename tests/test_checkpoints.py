@@ -201,7 +201,8 @@ def test_a_pipeline_checkpoint_continues_in_allreduce_sgd_and_evaluates_serially
     assert done.returncode == 0, done.stderr
     assert ck.is_file() and not (tmp_path / "pipeline.npz").exists()
     last = json.loads(log.read_text().splitlines()[-1])
-    done = subprocess.run([sys.executable, "-m", "algorithms.core.evaluate", str(ck), "--json", str(tmp_path / "e.json")],
+    done = subprocess.run([sys.executable, "-m", "algorithms.core.evaluate", str(ck), "--json",
+                           str(tmp_path / "e.json")],
                           capture_output=True, text=True, timeout=60, env=ENV, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     found = json.loads((tmp_path / "e.json").read_text())

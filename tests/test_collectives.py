@@ -681,7 +681,8 @@ def test_predicted_times_order_like_the_paper():
     for p in (4, 8, 16):
         at = {a: cost.predict(a, p, large, alpha, beta, gamma) for a in TRACED + ("lower bound",)}
         assert at["lower bound"] <= at["rabenseifner"] <= at["ring"] < at["butterfly"] < at["tree"] < at["naive"]
-        assert cost.predict("butterfly", p, small, alpha, beta, gamma) < cost.predict("ring", p, small, alpha, beta, gamma)
+        assert cost.predict("butterfly", p, small, alpha, beta, gamma) < cost.predict("ring", p, small, alpha, beta,
+                                                                                      gamma)
 
 
 # ---------------------------------------------------------------------------------------------

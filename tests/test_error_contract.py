@@ -36,7 +36,8 @@ def test_an_output_path_that_is_a_folder_is_refused(tmp_path):
 
 
 def test_compare_checks_its_png_path_before_training():
-    done = mpiexec(RANKS, "-m", "algorithms.core.compare", "--epochs", "1", "--out", "/nonexistent-folder/c.png", timeout=60)
+    done = mpiexec(RANKS, "-m", "algorithms.core.compare", "--epochs", "1", "--out", "/nonexistent-folder/c.png",
+                   timeout=60)
     assert_stopped(done, "--out /nonexistent-folder/c.png")
 
 

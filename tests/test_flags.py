@@ -18,7 +18,6 @@ import io
 import pkgutil
 
 import pytest
-from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
 import algorithms
@@ -50,7 +49,8 @@ MODULES = sorted(info.name.removeprefix("algorithms.")
                  for info in pkgutil.walk_packages(algorithms.__path__, prefix="algorithms.")
                  if hasattr(importlib.import_module(info.name), "main") and info.name != "algorithms.core.evaluate")
 # a short run of each, so that a flag the walk fails to have refused costs seconds, not minutes
-SHORT = {"pbt": ["--rounds", "1", "--ready", "2"], "bench": ["--quick", "--no-torch"], "sandblaster_lbfgs": ["--epochs", "1", "--max-iter", "2"],
+SHORT = {"pbt": ["--rounds", "1", "--ready", "2"], "bench": ["--quick", "--no-torch"],
+         "sandblaster_lbfgs": ["--epochs", "1", "--max-iter", "2"],
          "memory": ["--ranks", "2", "--model", "mlp"],
          "core.compare": ["--epochs", "1", "--algorithms", "allreduce_sgd", "--out", "/tmp/minidl-flags-compare.png"]}
 

@@ -5,7 +5,8 @@ Run: python tests/run.py --max-ranks 2 -- tests/test_memory.py
 Hand counts for the MLP 64 -> 128 -> 64 -> 10 (float32, 4 bytes a value): n = 64*128 + 128 + 128*64 + 64
 + 64*10 + 10 = 17226 parameters; per example its forward keeps the two hidden layers' outputs and
 their ReLUs' (128 + 128 + 64 + 64 values), the logits and the loss's shifted logits (10 + 10) and
-its log-sum (1), 1620 bytes, and the loss's int64 labels and row indices, 16 bytes: 1636 bytes. The measured bytes include a few hundred bytes of Python objects per layer and graph
+its log-sum (1), 1620 bytes, and the loss's int64 labels and row indices, 16 bytes: 1636 bytes. The measured bytes
+include a few hundred bytes of Python objects per layer and graph
 node that no formula counts: for the MLP at 512 rows (64 per pipeline micro-batch) and LeNet-5 at 64
 that stays below the 10% the accounts are held to.
 """

@@ -137,7 +137,8 @@ def pictured(title):
     return rows
 
 
-@pytest.mark.parametrize("kind, title", [("gpipe", "GPipe, P = 3, m = 4 (F = forward, B = backward, . = bubble; one slot each)"),
+@pytest.mark.parametrize("kind, title", [("gpipe", "GPipe, P = 3, m = 4 (F = forward, B = backward, . = bubble; one "
+                                                   "slot each)"),
                                          ("1f1b", "1F1B, P = 3, m = 4")])
 def test_the_docstrings_schedule_pictures_are_what_the_schedules_run(kind, title):
     assert pictured(title) == timeline(kind, 3, 4)

@@ -33,7 +33,8 @@ SAVED = {"gpipe": 192 * KIB, "1f1b": 64 * KIB}
 
 @pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
 def test_stage_0s_activations_in_flight_drop_by_what_the_stage_predicts(kind):
-    plain, recomputed = (measured.pipeline("mlp", 2, 512, 4, kind, recompute)["activations"] for recompute in (False, True))
+    plain, recomputed = (measured.pipeline("mlp", 2, 512, 4, kind, recompute)["activations"]
+                         for recompute in (False, True))
     saved = plain - recomputed
     assert abs(saved - SAVED[kind]) <= 0.1 * SAVED[kind], \
         f"{kind}: saved {saved / KIB:.1f} KiB (plain {plain / KIB:.1f}), predicted {SAVED[kind] / KIB:.0f} KiB"

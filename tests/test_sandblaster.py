@@ -40,7 +40,7 @@ from algorithms.core.log import Log
 from algorithms.core.objective import ConvexObjective, build as build_objective, evaluate_at
 from algorithms.sandblaster import wire
 from algorithms.sandblaster.batch import Batch
-from algorithms.sandblaster.coordinator import Coordinator, Shards
+from algorithms.sandblaster.coordinator import Coordinator
 from algorithms.sandblaster.shard import Shard
 from minidl.data import least_squares
 from minidl.optim import LBFGS, two_loop_direction

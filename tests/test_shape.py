@@ -341,7 +341,8 @@ def test_tiny_digits_and_the_fence_parser_are_each_defined_once():
 def test_a_second_fence_parser_is_seen_whatever_its_name():
     copies = ["def markers(text):\n    return [i for i, line in enumerate(text.splitlines())\n"
               "            if line.strip() == BEGIN]\n",
-              "def markers(text):\n    return [line for line in text.splitlines() if '# END SOLUTION' in (line.strip(),)]\n",
+              "def markers(text):\n    return [line for line in text.splitlines() if '# END SOLUTION' in "
+              "(line.strip(),)]\n",
               "def markers(lines):\n    return [line for line in lines\n"
               "            if line.lstrip().startswith(('# BEGIN SOLUTION', 'x'))]\n",
               "def markers(lines):\n    return [line for line in lines if line.strip() == assignments.END]\n"]
@@ -360,7 +361,8 @@ def test_the_agreed_set_up_is_written_once():
     assert callers == ["algorithms/core/run.py:" + str(next(
         number for number, line in enumerate((ROOT / "algorithms/core/run.py").read_text().splitlines(), 1)
         if line.strip() == "agree_on_errors(comm, error)"))], f"agree_on_errors called outside run.agreed: {callers}"
-    users = {path.relative_to(ROOT).as_posix() for path in python_files("algorithms") if "run.agreed(" in path.read_text()}
+    users = {path.relative_to(ROOT).as_posix() for path in python_files("algorithms")
+             if "run.agreed(" in path.read_text()}
     assert {"algorithms/pbt.py", "algorithms/hogwild.py", "algorithms/sandblaster_lbfgs.py", "algorithms/ps/job.py",
             "algorithms/core/compare.py"} <= users, users
 

@@ -243,7 +243,8 @@ def test_split_barrier_and_proc_null_behave_as_in_mpi():
     (["--ranks", "4", "--bytes", "64", "--json", "/no/such/folder/out.json"], "--json"),
     (["--bytes", "64"], "the following arguments are required: --ranks"),
     (["--ranks", "4", "--bytes", "64", "--uplinks", "2"], "--uplinks needs --nodes-per-switch"),
-    (["--ranks", "4", "--bytes", "64", "--nodes-per-switch", "2", "--uplinks", "0"], "--uplinks must be an integer >= 1"),
+    (["--ranks", "4", "--bytes", "64", "--nodes-per-switch", "2", "--uplinks", "0"], "--uplinks must be an integer "
+                                                                                     ">= 1"),
 ])
 def test_bad_flags_stop_with_one_error_line_and_status_2(flags, message, capsys):
     with pytest.raises(SystemExit) as stop:

@@ -266,9 +266,9 @@ def test_a_nan_loss_stops_every_rank_naming_the_step_and_rank_where_it_appeared(
     data = tiny_digits()
     x_train = data.x_train.copy()
     # poison one row; find (step, rank) of its first use from the algorithm's own batch layout
-    batches_of = lambda rank: rank_batches(len(x_train), 4, rank, comm.size, 0, 0, "global")
     bad_row = 37
-    where = min((step, rank) for rank in range(comm.size) for step, batch in enumerate(batches_of(rank))
+    where = min((step, rank) for rank in range(comm.size)
+                for step, batch in enumerate(rank_batches(len(x_train), 4, rank, comm.size, 0, 0, "global"))
                 if bad_row in batch.index)
     x_train[bad_row] = np.nan
     poisoned = Data(x_train, data.y_train, data.x_test, data.y_test)

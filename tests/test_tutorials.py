@@ -128,7 +128,8 @@ def test_chapter_code_runs(chapter, tmp_path):
     # its figures travel inside it, and no link of its prose points at a file beside it (it opens anywhere)
     figures = set(re.findall(r"!\[[^\]]*\]\(figures/out/([^)\s]+)\)", chapter.read_text()))
     attached = {name for cell in done.made.cells for name in cell.get("attachments", {})}
-    assert attached == figures, f"{chapter.stem}.ipynb: attached {sorted(attached)}, the chapter shows {sorted(figures)}"
+    assert attached == figures, \
+        f"{chapter.stem}.ipynb: attached {sorted(attached)}, the chapter shows {sorted(figures)}"
     prose = "".join(cell.source for cell in done.made.cells if cell.cell_type == "markdown")
     assert not [target for target in LINK.findall(prose) if not re.match(r"[a-z]+:|#", target)], \
         f"{chapter.stem}.ipynb links files by relative path"

@@ -255,7 +255,8 @@ def start(comm, settings, check=None, model_seed=None, replicated=True, reader=N
     """The agreed set-up of a run (see the module docstring); returns a ``Run``.
 
     ``settings``: a ``Settings``. ``writer``: a ``checkpoint.Writer``, what --save records and
-    --resume compares (the algorithm, its family, its state-shaping flags, its layout). ``check(settings)``: the algorithm's own checks (raise
+    --resume compares (the algorithm, its family, its state-shaping flags, its layout). ``check(settings)``: the
+    algorithm's own checks (raise
     SettingError). ``model_seed``: the initial weights' seed if not ``settings.seed`` (ensembles).
     ``replicated``: every rank holds the same parameters and optimizer state at the end (so a
     checkpoint needs one copy); otherwise each rank's own are saved too. ``reader``: (piece, pieces),

@@ -187,4 +187,4 @@ def test_two_replicas_of_a_three_stage_pipeline_equal_serial_sgd():
                                       allreduce="mpi", model=six_layer_mlp, data=data, epochs=1, lr=0.1, momentum=0.9,
                                       batch_size=4, quiet=True)
     serial = serial_reference(data, epochs=1, lr=0.1, momentum=0.9, batch_size=8, model=six_layer_mlp)
-    parallel_assert_close(params, serial, EQUAL_UP_TO_ROUNDING, f"2 replicas x pipeline 3")
+    parallel_assert_close(params, serial, EQUAL_UP_TO_ROUNDING, "2 replicas x pipeline 3")

@@ -7,7 +7,8 @@
    (every algorithm, its default settings, 20 epochs) -> 04_compare.json (every history; per p and
    algorithm the final test accuracy of each seed, its mean, standard deviation and 95% t
    interval, the mean of every logged quantity, bytes per rank, examples processed), 04_table.md
-   (accuracy as mean ± the half-width of the 95% t interval over the seeds, examples, bytes), 04_differences.md (each method minus allreduce SGD, paired by seed, with a
+   (accuracy as mean ± the half-width of the 95% t interval over the seeds, examples, bytes), 04_differences.md
+   (each method minus allreduce SGD, paired by seed, with a
    95% t interval) and 04_compare_p4.png (p = 4: test accuracy against the examples processed by
    all ranks and against the bytes one rank sent; mean line, band from the lowest to the highest
    seed).

@@ -53,7 +53,8 @@ def markdown(rows, model, load):
              "| calibrated / measured | target | met |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in rows:
-        cells = [human(row["bytes"]), row["algorithm"], f"{row['seconds'] * 1e6:.1f}", f"{row['model_seconds'] * 1e6:.1f}",
+        cells = [human(row["bytes"]), row["algorithm"], f"{row['seconds'] * 1e6:.1f}",
+                 f"{row['model_seconds'] * 1e6:.1f}",
                  f"{row['model_seconds'] / row['seconds']:.2f}", f"{row['calibrated_seconds'] * 1e6:.1f}",
                  f"{row['calibrated_ratio']:.2f}", "0.75-1.25", "yes" if row["within"] else "NO"]
         lines.append("| " + " | ".join(cells) + " |")
@@ -113,7 +114,8 @@ def main():
     parser.add_argument("--quick", action="store_true", help="3 sizes, shorter timings, a temporary folder")
     parser.add_argument("--launches", type=int, help="jobs, each fitting and checking its own model (default 3; "
                         "--quick: 1); the table shows the first, a line each of the others")
-    parser.add_argument("--out", help="folder for the results (default tutorials/figures/out; --quick: a temporary one)")
+    parser.add_argument("--out", help="folder for the results (default tutorials/figures/out; --quick: a temporary "
+                                      "one)")
     args = parser.parse_args()
     launches = args.launches or (1 if args.quick else 3)
     if launches < 1:

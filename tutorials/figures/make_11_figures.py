@@ -254,7 +254,7 @@ def kib(value):
 def memory_markdown(path):
     with open(path) as handle:
         table = json.load(handle)
-    lines = [f"| method | recompute | | params | grads | optimizer | activations | comm | total |",
+    lines = ["| method | recompute | | params | grads | optimizer | activations | comm | total |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for record in table["rows"]:
         head = f"| {record['method']} | {'yes' if record['recompute'] else 'no'} |"
