@@ -23,7 +23,7 @@ Weighting by |index| / total rather than 1/p keeps that true for the last, short
 epoch, whose pieces differ in size.
 
 Communication per step: one allreduce of the n-element gradient: for the ring
-2 (p-1) alpha + 2 (p-1)/p n beta + (p-1)/p n gamma (see collectives/cost.py for the others),
+2 (p-1) alpha + 2 (p-1)/p n beta + (p-1)/p n gamma (see collectives/model/cost.py for the others),
 plus one 8-byte Allreduce(MIN) for the non-finite-loss check (divergence.FiniteCheck; every
 --check-every steps, counted in the log's bytes). The CNN has n = 6090 float32 parameters, 24 KB:
 on one node the latency terms dominate, which is why the log-p algorithms beat the ring here.

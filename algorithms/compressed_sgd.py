@@ -8,8 +8,8 @@ Papers: Ben-Nun & Hoefler 2019 ("Communication optimizations": quantization, spa
 "use lossy compression when sending, accumulate error locally"); Seide et al. 2014 (1-bit SGD
 with error feedback); Wen et al. 2017 (TernGrad); Alistarh et al. 2017 (QSGD); Strom 2015 and
 Lin et al. 2018 (top-k with residuals); Renggli et al. 2019 (SparCML's sparse allreduce).
-Full references: tutorials/references.md. The compressors are collectives/compress.py's, the
-exchanges collectives/sparse.py's.
+Full references: tutorials/references.md. The compressors are collectives/compression/compress.py's, the
+exchanges collectives/compression/sparse.py's.
 
 The update, in the code's names (``compressed_step``), at step k on rank r:
 
@@ -68,7 +68,7 @@ from mpi4py import MPI
 
 from algorithms.core import checkpoint, cli, run
 from algorithms.core.cli import SettingError
-from collectives import compress, sparse
+from collectives.compression import compress, sparse
 from minidl import backend
 
 BIASED = ("onebit", "topk", "randomk")
@@ -164,7 +164,7 @@ def train(comm=None, compressor="none", levels=None, bits=None, density=None, k=
           bucket=None, allreduce=None, **settings):
     """Compressed synchronous SGD on ``comm``; returns (final flat parameters as NumPy, history).
 
-    ``compressor``: one of collectives.compress.NAMES; ``levels`` for qsgd (its s, default 127), ``bits``
+    ``compressor``: one of collectives.compression.compress.NAMES; ``levels`` for qsgd (its s, default 127), ``bits``
     for rounding (1..16, default 8); ``density`` or ``k`` for topk/randomk (default density 0.01);
     ``bucket`` for the quantizers (default 512); ``allreduce`` for none (default ring);
     ``error_feedback`` None: on for onebit, topk, randomk. A setting the compressor would ignore is

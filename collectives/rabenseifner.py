@@ -27,7 +27,7 @@ Cost (p a power of two): 2 lg p alpha + 2 (p - 1)/p n beta + (p - 1)/p n gamma: 
 bandwidth with the tree's latency. Exactly, with uneven blocks, survivor q sends n - c_q
 elements while halving and sum_k S_k(q) while doubling, where S_k(q) is the size of the
 aligned group of 2^k blocks holding block q; it reduces the same sum_k S_k(q) (see
-collectives.cost). Other p add the fold-in's 2 alpha + 2 n beta + n gamma.
+collectives.model.cost). Other p add the fold-in's 2 alpha + 2 n beta + n gamma.
 Restriction: the halving needs a power of two; other p fold in first.
 Deadlock-freedom: every round is one Sendrecv with one partner.
 

@@ -1,4 +1,4 @@
-"""The calibrated cost model (collectives.calibration, cost.predict_calibrated) and the bench's flags.
+"""The calibrated cost model (collectives.model.calibration, cost.predict_calibrated) and the bench's flags.
 
 The fit runs on synthetic measurements made here from known parameters (no timing), and must give
 them back; the prediction is checked against the model's formula written out by hand; bad
@@ -15,7 +15,8 @@ import pytest
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
-from collectives import bench, calibrate, calibration, cost
+from collectives.bench import calibrate, measure
+from collectives.model import calibration, cost
 from tests.helpers import ROOT, assert_stopped, mpiexec, same_on_every_rank
 
 KIB, MIB = 1 << 10, 1 << 20
@@ -189,14 +190,14 @@ def test_the_bench_turns_transparent_huge_pages_off_for_itself():
     status = Path("/proc/self/status")
     if not status.is_file() or "THP_enabled" not in status.read_text():
         pytest.skip("no THP_enabled line in /proc/self/status (not Linux >= 5.0)")
-    code = ("from collectives import bench; took = bench.small_pages(); "
+    code = ("from collectives.bench import measure; took = measure.small_pages(); "
             "print(took, [l for l in open('/proc/self/status') if l.startswith('THP_enabled')][0].split()[1])")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 0 and done.stdout.split() == ["True", "0"], done.stdout + done.stderr
 
 
 def test_calibration_none_leaves_the_column_out():
-    assert bench.settings(["--quick", "--calibration", "none"], 2).model is None
+    assert measure.settings(["--quick", "--calibration", "none"], 2).model is None
 
 
 def test_a_written_calibration_reads_back_equal(tmp_path):
@@ -243,9 +244,9 @@ def test_bad_calibration_files_are_refused_with_what_is_wrong(tmp_path):
     (["--calibrate", "--calibration", "none"], "--calibrate needs a --calibration file"),
 ])
 def test_bad_bench_flags_are_one_error_line_and_status_2(flags, message, capsys):
-    """The checks every rank runs on its own argv (bench.settings), here on one process."""
+    """The checks every rank runs on its own argv (measure.settings), here on one process."""
     with pytest.raises(SystemExit) as stop:
-        bench.settings(["--quick", *flags], 2)
+        measure.settings(["--quick", *flags], 2)
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err.startswith("error: ") and message in err and err.count("\n") == 1, err
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from collectives.cost import predict
+from collectives.model.cost import predict
 from collectives.nonblocking import overlap_prediction
 from tests.helpers import mpiexec
 

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from collectives.sim import LogGP, Topology
-from collectives.simulate import simulate
+from collectives.sim.simulate import simulate
 
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES = ROOT / "tutorials" / "figures" / "out"

@@ -24,9 +24,11 @@ from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
 import collectives
-from collectives import bench, cost, spacetime, trace
+from collectives import spacetime, trace
+from collectives.bench import measure
 from collectives.buffers import block_counts, block_offsets
 from collectives.fold import fold_in, fold_out, largest_power_of_two, world_rank
+from collectives.model import cost
 from tests import strategies
 from tests.helpers import fill, results_of, same_on_every_rank, traced_costs
 
@@ -716,7 +718,7 @@ def test_bench_quick_writes_json_with_the_documented_fields(tmp_path_factory):
     comm = MPI.COMM_WORLD
     path = tmp_path_factory.mktemp("bench") / "bench.json" if comm.rank == 0 else None
     path = comm.bcast(str(path) if path else None)
-    records = bench.main(["--quick", "--sizes", "4K", "--algorithms", "ring,auto", "--json", path])
+    records = measure.main(["--quick", "--sizes", "4K", "--algorithms", "ring,auto", "--json", path])
     ok = True
     if comm.rank == 0:
         with open(path) as file:

@@ -1,4 +1,5 @@
-"""Gradient compressors (collectives/compress.py) and compressed synchronous SGD (algorithms/compressed_sgd.py).
+"""Gradient compressors (collectives/compression/compress.py) and compressed synchronous SGD
+(algorithms/compressed_sgd.py).
 
 Run: python tests/run.py --max-ranks 3 -- tests/test_compression.py
 
@@ -22,7 +23,7 @@ from pytest_mpi import parallel_assert
 
 from algorithms import allreduce_sgd, compressed_sgd
 from algorithms.core.cli import SettingError
-from collectives import compress
+from collectives.compression import compress
 from tests.helpers import EQUAL_UP_TO_ROUNDING, assert_stopped, float64_mlp, launch, parallel_assert_close, tiny_digits
 
 # ---- unbiasedness -----------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from algorithms import admm_sgd, easgd, ensemble, gossip_sgd, model_averaging
 from algorithms.core import checkpoint, run
 from algorithms.core.cli import SettingError
 from algorithms.core.objective import load_data
-from collectives.cost import per_rank
+from collectives.model.cost import per_rank
 from tests.helpers import assert_stopped, launch, mpiexec
 
 RANKS = 3
@@ -176,7 +176,7 @@ def test_the_ensemble_sends_nothing_between_epoch_ends():
         bytes_sent.append(history[-1]["bytes"])
     parallel_assert(counts[0] == counts[1], f"messages grow with the step count: {counts}")
     # what is left, per epoch and rank: the 8-byte agreement (2 (p-1)/p 8 bytes counted) and the
-    # ring allreduce of the (test images x 10 classes) float32 predictions (collectives.cost)
+    # ring allreduce of the (test images x 10 classes) float32 predictions (collectives.model.cost)
     p, tests = comm.size, len(load_data("digits", 0).y_test)
     expected = sum(2 * (p - 1) * 8 // p + per_rank("ring", p, tests * 10, 4, rank).bytes_sent for rank in range(p))
     parallel_assert(bytes_sent == [expected, expected], f"bytes {bytes_sent}, expected {expected}")

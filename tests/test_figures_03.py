@@ -183,7 +183,7 @@ def test_chapter_3_quotes_mpichs_forced_algorithms_at_p4():
 
 
 def test_chapter_3_quotes_the_mpich_measurement_its_script_wrote():
-    """Section 5's MPICH paragraph against figures/out/03_mpich_p2.json (collectives.mpich_choice), in ms
+    """Section 5's MPICH paragraph against figures/out/03_mpich_p2.json (collectives.bench.mpich_choice), in ms
     to one decimal as printed; the differences are taken before rounding."""
     runs = {run["setting"]: run
             for run in json.loads((ROOT / "tutorials" / "figures" / "out" / "03_mpich_p2.json").read_text())}

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from collectives import cost
+from collectives.model import cost
 from tutorials.assignments import sandbox, values
 from tutorials.assignments.sandbox import SandboxError
 
@@ -526,7 +526,7 @@ class Outsider:
 @pytest.mark.parametrize("spec, why", [
     ('["namedtuple", "inspect:FullArgSpec", [' + ", ".join(['["atom", null]'] * 7) + "]]", "not a namedtuple of the"),
     ('["dataclass", "tests.test_sandbox:Outsider", [["command", ["atom", "rm"]]]]', "not a dataclass of the"),
-    ('["dataclass", "collectives.cost:RankCost", [["messages", ["int", "1"]]]]', "fields"),
+    ('["dataclass", "collectives.model.cost:RankCost", [["messages", ["int", "1"]]]]', "fields"),
     ('["array", "__values__"]', "not an array of the reply"),
     ('["array", "v7"]', "KeyError"),
     ('["generator", "{\\"bit_generator\\": \\"Evil\\"}"]', "not one of numpy's"),

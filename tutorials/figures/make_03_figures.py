@@ -2,7 +2,7 @@
 
     python tutorials/figures/make_03_figures.py [--quick] [--out DIR] [--only spacetime|select|bench] [--keep]
 
-spacetime: `mpiexec -n 4 python -m collectives.figures OUT` traces every algorithm at p = 4 (arrow width
+spacetime: `mpiexec -n 4 python tutorials/figures/make_03_spacetime.py OUT` traces every algorithm at p = 4 (arrow width
     proportional to the message's bytes) and the ring on the wall clock (span and start skew, cold and
     warm, p = 4 and p = 2, to 03_spacetime_wall.json); then `mpiexec -n 6` draws Rabenseifner's fold-in
     at p = 6. --quick: no p = 6 run.
@@ -44,9 +44,9 @@ def mpiexec(n, *args):
 
 
 def spacetime(out, quick):
-    mpiexec(4, "-m", "collectives.figures", str(out))          # diagrams at p = 4 and the wall clock
+    mpiexec(4, str(ROOT / "tutorials/figures/make_03_spacetime.py"), str(out))   # diagrams at p = 4 and the wall clock
     if not quick:
-        mpiexec(6, "-m", "collectives.figures", str(out))      # Rabenseifner's fold-in at p = 6
+        mpiexec(6, str(ROOT / "tutorials/figures/make_03_spacetime.py"), str(out))   # Rabenseifner's fold-in at p = 6
     wall = json.loads((out / "03_spacetime_wall.json").read_text())
     cold = wall["first_call_no_barrier"]
     print(f"ring 1 MiB p = 4 wall clock: cold span {cold['span_us']:.0f} us, start skew {cold['start_skew_us']:.0f} us")
@@ -130,7 +130,7 @@ def select(out, quick, repeats):
     import statistics
     sys.path.insert(0, str(ROOT))
     from collectives import auto
-    from collectives.bench import describe
+    from collectives.bench.measure import describe
     for p in RANKS:
         runs = []
         for _ in range(repeats):

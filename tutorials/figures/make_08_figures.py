@@ -187,7 +187,9 @@ def measure(sizes, out):
     from mpi4py import MPI
 
     import collectives
-    from collectives import calibrate, compress, cost, sparse
+    from collectives.bench import calibrate
+    from collectives.compression import compress, sparse
+    from collectives.model import cost
     from collectives.trace import CountingComm
     comm = MPI.COMM_WORLD
     p, rank = comm.Get_size(), comm.Get_rank()

@@ -15,7 +15,7 @@ timed by LogGP with o = g = 0, on a two-level topology of 8 ranks per node:
 1. scaling: p = 2, 4, ..., 1024 at 1 MiB for ring, tree, butterfly, Rabenseifner, auto and the
    hierarchical allreduce, beside two lower bounds: the alpha-beta bound at the network's
    parameters over the nodes (each node one process whose own copies cost nothing) and
-   collectives.simulate's bound at the fastest link; and, with one network port per node instead of
+   collectives.sim.simulate's bound at the fastest link; and, with one network port per node instead of
    one per rank (OnePortPerNode), tree, butterfly, Rabenseifner and the hierarchy again
                                                                          -> 10_scaling.json/.png
 2. sizes: time against size at p = 64 (256 B .. 64 MiB), the fastest algorithm at each size and
@@ -60,9 +60,9 @@ sys.path.insert(0, str(ROOT))
 
 from algorithms.core.objective import Data, NetworkObjective  # noqa: E402
 from algorithms.pipeline_parallel import schedule  # noqa: E402
-from collectives import cost  # noqa: E402
+from collectives.model import cost  # noqa: E402
 from collectives.sim import Engine, LogGP, SimComm, Sized, Topology  # noqa: E402
-from collectives.simulate import simulate  # noqa: E402
+from collectives.sim.simulate import simulate  # noqa: E402
 from collectives.table import HEARTS  # noqa: E402
 from minidl import functional as F, models  # noqa: E402
 from minidl.tensor import Tensor  # noqa: E402

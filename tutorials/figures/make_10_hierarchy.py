@@ -39,7 +39,7 @@ sys.path.insert(0, str(HERE.parent.parent))
 
 from make_10_cluster import cluster, prepare, two_level_model  # noqa: E402
 
-from collectives import cost  # noqa: E402
+from collectives.model import cost  # noqa: E402
 
 SIZES, QUICK_SIZES = "4K,64K,256K,1M,4M,16M", "4K,1M"
 PER_HOST = 2
@@ -50,7 +50,8 @@ def worker(sizes, rounds, min_time):
     """One rank of the job: rank 0 prints JSON lines (the links, then one per size and algorithm)."""
     from mpi4py import MPI
 
-    from collectives import calibrate, hierarchical, rabenseifner, ring
+    from collectives import hierarchical, rabenseifner, ring
+    from collectives.bench import calibrate
     comm = MPI.COMM_WORLD
     rank, p = comm.Get_rank(), comm.Get_size()
 

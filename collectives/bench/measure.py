@@ -6,7 +6,7 @@
     mpiexec -n 4 python -m collectives.bench --sizes 4K,16K,64K --persistent   # + allreduce_init rows
     mpiexec -n 2 python -m collectives.bench --calibrate --median     # fit the calibrated model first
 
-1. the machine's rates, from micro-benchmarks that are not allreduces (collectives.calibrate):
+1. the machine's rates, from micro-benchmarks that are not allreduces (collectives.bench.calibrate):
    alpha and beta from a ping-pong between ranks 0 and 1, gamma from numpy's element-wise add
    into a float32 vector, every rank at once;
 2. for each size (float32 vectors, 4 KiB .. 64 MiB by default) and each algorithm, the time
@@ -21,10 +21,10 @@
    algorithm from 1 MiB. And auto's table: at each size, the point-to-point algorithm measured
    fastest; --write-selection stores it for this p in collectives/selection.json, which
    collectives.auto reads (so auto's row is only as good as the last such run on this machine).
-5. the calibrated model (cost.predict_calibrated, collectives.calibration): each kind of step's
+5. the calibrated model (cost.predict_calibrated, collectives.model.calibration): each kind of step's
    latency and per-byte rates at the allreduce's own size, a hot step's (one that sends what a
    reduction just wrote) apart, and a per-call overhead, measured once by --calibrate and read
-   from --calibration (default collectives/calibration.json);
+   from --calibration (default collectives/model/calibration.json);
    target: within 25% of the measured time at every size >= 4 KiB,
    at the p it was fitted at. Bad flags or a bad calibration file: `error: ...`, exit 2, every rank;
 6. with --persistent, two more rows: MPI's persistent Allreduce_init (Start + Wait per call, "mpi_init")
@@ -53,27 +53,15 @@ import json  # noqa: E402  (after the thread pinning on purpose)
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
-from . import auto, butterfly, calibration, cost, naive, persistent, rabenseifner, ring, tree  # noqa: E402
+from .. import auto, butterfly, naive, persistent, rabenseifner, ring, tree  # noqa: E402
+from ..cli import Parser, fail, human, number, output_path, parse_size  # noqa: E402
+from ..model import calibration, cost  # noqa: E402
 from .calibrate import LADDER, cores, fit_alpha_beta, fit_gamma, fit_rates, measure_calibration, timed  # noqa: E402
-from .cli import Parser, fail, number, output_path  # noqa: E402
 
 ALGORITHMS = {"naive": naive.allreduce, "tree": tree.allreduce, "butterfly": butterfly.allreduce,
               "ring": ring.allreduce, "rabenseifner": rabenseifner.allreduce, "auto": auto.allreduce}
 DEFAULT_SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 QUICK_SIZES = [4 << 10, 256 << 10]
-
-
-def parse_size(text):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper().rstrip("IB")
-    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
-
-
-def human(nbytes):
-    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:g} {unit}"
-    return f"{nbytes} B"
 
 
 def target(name, nbytes, ratio, refined_ratio, calibrated_ratio=None):
@@ -335,10 +323,6 @@ def main(argv=None):
         with open(args.json, "w") as file:
             json.dump(records, file, indent=1)
     if rank == 0 and args.plot:
-        from .figures import plot_bench
+        from .plot import plot_bench
         plot_bench(records, args.plot, size)
     return records
-
-
-if __name__ == "__main__":
-    main()

@@ -73,8 +73,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..fold import largest_power_of_two
 from . import cost
-from .fold import largest_power_of_two
 
 CALIBRATION_FILE = Path(__file__).resolve().parent / "calibration.json"
 MESSAGES = {"exchange": 0.5, "exchange_whole": 1.0, "one_way": 1.0,     # kind: bytes moved, per n

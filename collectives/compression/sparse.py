@@ -52,17 +52,17 @@ rank or a hang. Locally it costs the sort the allreduce needs anyway and O(k) co
 check=False (the training loops) skips the agreement: this rank's own problems still raise
 ValueError before it sends, but the same n, dtype and length on every rank are the caller's promise.
 
-    mpiexec -n 4 python -m collectives.sparse
+    mpiexec -n 4 python -m collectives.compression.sparse
 """
 import math
 
 import numpy as np
 from mpi4py import MPI
 
-from .check import Problem, agree, dtype_code, dtype_problem
+from ..check import Problem, agree, dtype_code, dtype_problem
+from ..fold import largest_power_of_two, world_rank
+from ..tags import DIRECT_GATHER, SPARSE_EXCHANGE, SPARSE_FOLD_IN, SPARSE_FOLD_OUT
 from .compress import INDEX, Sparse
-from .fold import largest_power_of_two, world_rank
-from .tags import DIRECT_GATHER, SPARSE_EXCHANGE, SPARSE_FOLD_IN, SPARSE_FOLD_OUT
 
 # ---- representation: sparse pairs or a dense vector -----------------------------------------------
 
