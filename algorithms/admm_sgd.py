@@ -44,6 +44,8 @@ from mpi4py import MPI
 from algorithms.core import checkpoint, cli, run
 from algorithms.core.objective import evaluate_at
 
+COMPARE = True       # python -m algorithms.compare runs it beside the other data-parallel algorithms
+
 
 def admm_round(comm, objective, optimizer, batches, z, u, rho, allreduce):
     """One ADMM iteration (the heart): K SGD steps on the augmented loss, then the z- and u-steps.

@@ -45,7 +45,7 @@ from mpi4py import MPI
 
 from algorithms import easgd
 from algorithms.core import checkpoint, cli, run
-from algorithms.ps import job as ps_job
+from algorithms.ps import flags, job as ps_job
 from minidl import backend
 
 
@@ -105,11 +105,9 @@ def main(argv=None):
     parser.add_argument("--tau", type=int, default=4, help="communication period (steps)")
     parser.add_argument("--rho", type=float, default=None,
                         help="elastic force; alpha = lr * rho (default: beta = W alpha = 0.9)")
-    parser.add_argument("--servers", type=int, default=1, help="parameter-server ranks (0 .. S-1)")
-    parser.add_argument("--deterministic", action="store_true",
-                        help="serve workers in a seeded order; the run is replayable from its log")
+    flags.add_server_flags(parser, "--servers", "--deterministic")
     args = parser.parse_args(argv)
-    cli.run_main(train, args, tau=args.tau, rho=args.rho, servers=args.servers, deterministic=args.deterministic)
+    cli.run_main(train, args, tau=args.tau, rho=args.rho, **flags.server_flags(args))
 
 
 if __name__ == "__main__":

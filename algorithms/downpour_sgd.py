@@ -59,7 +59,7 @@ order of updates, hence the result, varies from run to run), about 3 seconds; th
 """
 from algorithms import model_parallel
 from algorithms.core import checkpoint, cli, run
-from algorithms.ps import job as ps_job
+from algorithms.ps import flags, job as ps_job
 
 
 def downpour_step(replica, rows, i, end_of_epoch, last_step):
@@ -104,26 +104,8 @@ def train(comm=None, servers=1, n_fetch=1, n_push=1, server_optimizer="adagrad",
                           replica_gradient=model_parallel.model_parallel_gradient)
 
 
-def add_server_flags(parser):
-    """The flags every parameter-server algorithm shares."""
-    parser.add_argument("--servers", type=int, default=1, help="parameter-server ranks (0 .. S-1)")
-    parser.add_argument("--server-optimizer", default="adagrad", choices=["sgd", "adagrad"])
-    parser.add_argument("--deterministic", action="store_true",
-                        help="serve workers in a seeded order; the run is replayable from its log")
-    parser.add_argument("--fail-worker", type=int, default=None, help="rank of a worker that goes silent")
-    parser.add_argument("--fail-step", type=int, default=None, help="the step at which it does")
-    parser.add_argument("--timeout", type=float, default=10.0,
-                        help="seconds of silence after which server 0 drops a worker")
-    return parser
-
-
-def server_flags(args):
-    return dict(servers=args.servers, server_optimizer=args.server_optimizer, deterministic=args.deterministic,
-                fail_worker=args.fail_worker, fail_step=args.fail_step, timeout=args.timeout)
-
-
 def main(argv=None):
-    parser = add_server_flags(cli.parser(__doc__.splitlines()[0], epochs=10, lr=0.05, momentum=0.0))
+    parser = flags.add_server_flags(cli.parser(__doc__.splitlines()[0], epochs=10, lr=0.05, momentum=0.0))
     parser.add_argument("--n-fetch", type=int, default=1, help="fetch parameters every n_fetch steps")
     parser.add_argument("--n-push", type=int, default=1, help="push the accrued gradient every n_push steps")
     parser.add_argument("--warm-start-steps", type=int, default=0,
@@ -134,7 +116,7 @@ def main(argv=None):
                         help="ranks per model replica, its layers split by output neurons among them (default 1)")
     args = parser.parse_args(argv)
     cli.run_main(train, args, n_fetch=args.n_fetch, n_push=args.n_push, warm_start_steps=args.warm_start_steps,
-                 groups=args.groups, replica_size=args.replica_size, **server_flags(args))
+                 groups=args.groups, replica_size=args.replica_size, **flags.server_flags(args))
 
 
 if __name__ == "__main__":

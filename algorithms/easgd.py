@@ -42,6 +42,8 @@ from mpi4py import MPI
 from algorithms.core import checkpoint, cli, run
 from algorithms.core.objective import evaluate_at
 
+COMPARE = True       # python -m algorithms.compare runs it beside the other data-parallel algorithms
+
 
 def easgd_step(comm, objective, optimizer, batch, center, step, tau, alpha, allreduce):
     """One synchronous EASGD step (the heart); ``center`` is updated in place. Returns the loss."""

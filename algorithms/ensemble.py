@@ -38,6 +38,8 @@ from algorithms.core import checkpoint, cli, run
 from algorithms.serial_sgd import sgd_step
 from minidl import backend
 
+COMPARE = True       # python -m algorithms.compare runs it beside the other data-parallel algorithms
+
 
 def ensemble_predict(comm, objective, x, allreduce):
     """The members' mean prediction on ``x`` (the heart), the same on every rank."""

@@ -45,6 +45,8 @@ from algorithms.core import checkpoint, cli, run, tags
 from algorithms.core.objective import evaluate_at
 from minidl import backend
 
+COMPARE = True       # python -m algorithms.compare runs it beside the other data-parallel algorithms
+
 PAIRINGS = ("ring", "random")
 GOSSIP_TAG = tags.GOSSIP
 

@@ -285,7 +285,7 @@ def main(argv=None):
     parser.add_argument("--problem", default="sparse", choices=sorted(DEFAULTS),
                         help="sparse: logistic regression with --nnz nonzeros per sample; dense: --model on --dataset")
     # its own dest: the shared settings (cli.SHARED) have an lr_decay of their own, the synchronous
-    # family's list of step epochs (algorithms.schedule); Hogwild's is a factor per epoch
+    # family's list of step epochs (algorithms.core.schedule); Hogwild's is a factor per epoch
     parser.add_argument("--lr-decay", dest="decay_per_epoch", type=float, default=None,
                         help="lr <- lr * decay after each epoch")
     parser.add_argument("--n-samples", type=int, default=None, help=f"samples (sparse problem; {SPARSE['n_samples']})")

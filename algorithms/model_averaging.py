@@ -45,6 +45,8 @@ from mpi4py import MPI
 from algorithms.core import checkpoint, cli, run
 from algorithms.core.objective import evaluate_at
 
+COMPARE = True       # python -m algorithms.compare runs it beside the other data-parallel algorithms
+
 
 def parallel_sgd_step(comm, objective, optimizer, batch, step, period, allreduce):
     """One step of local SGD (the heart), then the model average when ``step + 1`` is a multiple of H.

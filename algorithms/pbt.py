@@ -16,7 +16,7 @@ Full references: tutorials/references.md.
 
 The population: M = --population members; member m is the group of R = p / M consecutive ranks
 m R .. m R + R - 1, which trains it by synchronous data-parallel SGD on its own communicator
-(``allreduce_sgd.data_parallel_step``). Every member starts from the same weights and draws its
+(``core.step.data_parallel_step``, allreduce SGD's step). Every member starts from the same weights and draws its
 hyperparameters h_m = (lr, momentum, batch) from the prior (``sample``). Then, for each round:
 
     train     every member reads B = ready x ready_batch x R examples with its own h_m: steps of
@@ -39,7 +39,7 @@ Cost per round, beyond training: one allgather of p scores, and per loser R mess
 floats (n = 6090 for the CNN: 49 KB each). The rounds are not an epoch loop: members read the
 same examples per round (the budget: --rounds x B each, 12 x 1280 for the defaults), but a member
 with a bigger batch takes fewer steps; each member reads an endless stream of its own shuffled
-epochs (``core.stream.Stream``), so a round need not end at an epoch's end.
+epochs (``minidl.data.Stream``), so a round need not end at an epoch's end.
 
 Restrictions: 2 <= M <= p with M dividing p; 0 < fraction <= 0.5. The result is the best member
 at the last ranking; its test accuracy is in the last record. --save keeps every rank's member
@@ -58,14 +58,14 @@ import math
 import numpy
 from mpi4py import MPI
 
-from algorithms.allreduce_sgd import data_parallel_step
 from algorithms.core import checkpoint, cli, divergence, run, tags
 from algorithms.core.cli import SettingError
 from algorithms.core.log import Log
-from algorithms.core.objective import evaluate, load_data
-from algorithms.core.stream import Stream, split_validation
+from algorithms.core.objective import evaluate, load_data, split_validation
+from algorithms.core.step import data_parallel_step
 from collectives.trace import CountingComm
 from minidl import backend
+from minidl.data import Stream
 
 SEARCHES = ("pbt", "random", "evolution")
 HYPERPARAMETERS = ("lr", "momentum", "batch_size")

@@ -62,7 +62,7 @@ evaluates, saves and returns the whole trained model, and a --save file is the s
 checkpointed segment (``minidl.recompute``), so a micro-batch in flight keeps only the stage's input
 and output, and its backward runs the stage's forward again first: the same bits, the activations
 in flight m (GPipe) or P - s (1F1B) stage inputs and outputs plus one micro-batch's stage at a time
-(``algorithms.core.accounts`` predicts the bytes, ``algorithms.memory`` measures them).
+(``algorithms.memory.accounts`` predicts the bytes, ``algorithms.memory`` measures them).
 
 Restrictions: P <= L (a stage needs a layer); 1 <= m <= --batch-size (a micro-batch needs a row;
 the epoch's last, shorter batch uses min(m, its rows)); a Sequential model (not --problem). Stages

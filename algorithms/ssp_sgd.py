@@ -43,9 +43,8 @@ import time
 
 from mpi4py import MPI
 
-from algorithms import downpour_sgd
 from algorithms.core import checkpoint, cli, run
-from algorithms.ps import job as ps_job
+from algorithms.ps import flags, job as ps_job
 
 
 def ssp_step(replica, rows, i, end_of_epoch, last_step):
@@ -108,7 +107,7 @@ def train(comm=None, staleness=2, servers=1, server_optimizer="sgd", determinist
 
 
 def main(argv=None):
-    parser = downpour_sgd.add_server_flags(cli.parser(__doc__.splitlines()[0], epochs=10, lr=0.05))
+    parser = flags.add_server_flags(cli.parser(__doc__.splitlines()[0], epochs=10, lr=0.05))
     parser.set_defaults(server_optimizer="sgd")
     parser.add_argument("--staleness", type=parse_staleness, default=2,
                         help="the bound s (an integer >= 0, or 'inf' for none)")
@@ -117,7 +116,7 @@ def main(argv=None):
                         help="seconds the straggler sleeps before each step")
     args = parser.parse_args(argv)
     cli.run_main(train, args, staleness=args.staleness, straggler=args.straggler,
-                 straggler_delay=args.straggler_delay, **downpour_sgd.server_flags(args))
+                 straggler_delay=args.straggler_delay, **flags.server_flags(args))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ and sends 128 values, 512 bytes. A global batch of 512 rows in m = 4 micro-batch
                  max(k r 512, (k - 1) r 512 + r 1024) for k micro-batches in flight
     saved        GPipe 512 KiB - 320 KiB = 192 KiB;   1F1B 256 KiB - 192 KiB = 64 KiB
 
-Measured by ``algorithms.memory_measured.pipeline`` (stage 0's schedule run in this process under
+Measured by ``algorithms.memory.measured.pipeline`` (stage 0's schedule run in this process under
 tracemalloc); the saving must be within 10% of the hand count.
 """
 import numpy as np
@@ -22,8 +22,9 @@ import pytest
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
-from algorithms import hybrid_parallel, memory_measured as measured, pipeline_parallel, zero
+from algorithms import hybrid_parallel, pipeline_parallel, zero
 from algorithms.core import cli
+from algorithms.memory import measured
 from minidl.recompute import Checkpoint
 from tests.helpers import expect_error_on_every_rank, small_data
 

@@ -26,20 +26,32 @@ def run_line(path):
     return paragraphs[1].strip().splitlines()[0].strip() if len(paragraphs) > 1 and paragraphs[1].strip() else ""
 
 
+def commands(package=ROOT / "algorithms"):
+    """{name: the file whose header shows its run line} for every ``python -m algorithms.<name>``: a
+    module that runs as ``__main__``, or a package with a ``__main__.py`` (its header: the ``__init__.py``)."""
+    found = {}
+    for path in sorted(package.rglob("*.py")):
+        if "__pycache__" in path.parts or not re.search(r'^if __name__ == "__main__":', path.read_text(), re.M):
+            continue
+        parts = path.relative_to(package).with_suffix("").parts
+        if parts[-1] == "__main__":
+            found[".".join(parts[:-1])] = path.with_name("__init__.py")
+        else:
+            found[".".join(parts)] = path
+    return found
+
+
 def test_the_readmes_algorithm_table_and_the_runnable_modules_are_the_same_and_each_shows_its_run_line():
     readme = README.read_text()
     listed = re.findall(r"^\| `algorithms\.([\w.]+)`", readme, re.M)
-    runnable = sorted(".".join(path.relative_to(ROOT / "algorithms").with_suffix("").parts)
-                      for path in (ROOT / "algorithms").rglob("*.py")
-                      if re.search(r"^def main\(", path.read_text(), re.M))
-    assert sorted(listed + ["core.evaluate"]) == runnable, "README's table and algorithms/ disagree"
+    runnable = commands()
+    assert sorted(listed + ["core.evaluate"]) == sorted(runnable), "README's table and algorithms/ disagree"
     assert "python -m algorithms.core.evaluate" in readme
-    for name in runnable:                          # each header opens with the command that runs it
-        module = importlib.import_module(f"algorithms.{name}")
-        assert callable(module.main), name
-        line = run_line(ROOT / "algorithms" / (name.replace(".", "/") + ".py"))
+    for name, header in runnable.items():          # each header opens with the command that runs it
+        assert importlib.import_module(f"algorithms.{name}"), name
+        line = run_line(header)
         assert re.match(RUN_LINE.format(name=name), line), \
-            f"algorithms/{name}.py: the header's second paragraph should open with its run line, not {line!r}"
+            f"{header.relative_to(ROOT)}: the header's second paragraph should open with its run line, not {line!r}"
 
 
 def test_a_header_that_only_mentions_its_command_in_prose_has_no_run_line(tmp_path):

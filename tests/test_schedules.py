@@ -1,4 +1,4 @@
-"""Large-batch schedules (algorithms/schedule.py) against their closed forms, and inside the one loop.
+"""Large-batch schedules (algorithms/core/schedule.py) against their closed forms, and inside the one loop.
 
 Run: python tests/run.py --max-ranks 2 -- tests/test_schedules.py
 
@@ -22,7 +22,7 @@ from algorithms import allreduce_sgd
 from algorithms.core import run
 from algorithms.core.cli import SettingError
 from algorithms.core.objective import NetworkObjective
-from algorithms.schedule import Schedule
+from algorithms.core.schedule import Schedule
 from minidl.data import epoch_order
 from minidl.optim import SGD
 from tests.helpers import (

@@ -26,7 +26,7 @@ from minidl import models
 from minidl.data import PARTITIONS
 
 ALLREDUCE_NAMES = ("ring", "tree", "butterfly", "rabenseifner", "naive", "auto", "hierarchical", "mpi")
-DECAY_FACTOR = 10.0                     # the default --decay-factor (algorithms.schedule)
+DECAY_FACTOR = 10.0                     # the default --decay-factor (algorithms.core.schedule)
 
 
 class SettingError(ValueError):
@@ -95,7 +95,7 @@ def parser(description, epochs=10, lr=0.05, batch_size=32, model="cnn", momentum
 
 
 def add_schedule_flags(p):
-    """The large-batch schedule's flags (algorithms.schedule); their defaults change nothing."""
+    """The large-batch schedule's flags (algorithms.core.schedule); their defaults change nothing."""
     p.add_argument("--lr-scaling", default="none", choices=["none", "linear", "sqrt"],
                    help="scale --lr by the global batch over --reference-batch (Goyal et al. 2017)")
     p.add_argument("--reference-batch", type=int, default=None,

@@ -34,7 +34,7 @@ from algorithms.core.cli import SettingError
 from algorithms.core.divergence import FiniteCheck, check_divergence
 from algorithms.core.log import Log
 from algorithms.core.objective import build as build_objective
-from algorithms.schedule import Schedule
+from algorithms.core.schedule import Schedule
 from collectives.hierarchical import environment_ranks_per_node
 from collectives.trace import CountingComm
 from minidl import backend
@@ -62,11 +62,11 @@ class Settings:
     check_every: int = 1             # steps between non-finite agreements; 0: at epoch ends only
     data: object = None              # a ready objective.Data (tests, compare)
     problem: object = None           # a synthetic convex problem instead of model and data
-    lr_scaling: str = "none"         # large-batch schedule (algorithms.schedule); the defaults change nothing
+    lr_scaling: str = "none"         # large-batch schedule (algorithms.core.schedule); the defaults change nothing
     reference_batch: int = None
     warmup_epochs: float = 0.0
     lr_decay: tuple = ()
-    decay_factor: float = 10.0
+    decay_factor: float = cli.DECAY_FACTOR
     batch_schedule: bool = False
     recompute: bool = False          # activations recomputed in the backward (minidl.recompute)
 

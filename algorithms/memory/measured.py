@@ -29,10 +29,11 @@ from mpi4py import MPI
 
 import collectives
 from algorithms import pipeline_parallel, spatial_parallel, tensor_parallel, zero as zero_module
-from algorithms.core import allocations, run
-from algorithms.core.accounts import EXAMPLE, dataset_of, row
+from algorithms.core import run
 from algorithms.core.objective import build_model
 from algorithms.core.tiling import Tiling
+from algorithms.memory import allocations
+from algorithms.memory.accounts import EXAMPLE, dataset_of, row
 from collectives.buffers import release_scratch
 from minidl import functional as F
 from minidl.conv.scratch import release
