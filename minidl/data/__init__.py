@@ -16,6 +16,9 @@ Everything here is plain NumPy on the host; training code moves each batch to th
     epoch_order(n, seed, epoch)          serial SGD's permutation of the rows in an epoch
     rank_batches(n, b, rank, size, ...)  this rank's Batch(index, total) for each step of an epoch
     Stream(n, seed, member, piece, pieces)  endless batches of changing size (population-based training)
+
+The modules: digits.py (the embedded set and the split), idx.py (the IDX reader), synthetic.py (the
+convex problems), sharding.py (shards, batches, the stream), _checks.py (argument checks they share).
 """
 from minidl.data.digits import digits_split, load_digits, train_test_split
 from minidl.data.idx import load_mnist, read_idx
