@@ -41,8 +41,9 @@ K = 8, iid shards, ring), measured on 2 shared cores: p = 4 reaches 97.8% test a
 """
 from mpi4py import MPI
 
-from algorithms.core import checkpoint, cli, run
+from algorithms.core import checkpoint, cli
 from algorithms.core.objective import evaluate_at
+from algorithms.core.run import Run, Settings, allreduce_function
 
 COMPARE = True       # python -m algorithms.compare runs it beside the other data-parallel algorithms
 
@@ -84,20 +85,20 @@ def train(comm=None, rho=0.1, local_steps=8, allreduce="ring", on_round=None, **
     ``on_round(x, z, u)``, if given, is called after every round (tests use it).
     """
     comm = comm or MPI.COMM_WORLD
-    settings = run.Settings.of(settings, epochs=20, momentum=0.9, partition="shards")
-    job = run.start(comm, settings, check=lambda _: (check_admm(rho, local_steps), run.allreduce_function(allreduce)),
+    settings = Settings.of(settings, epochs=20, momentum=0.9, partition="shards")
+    run = Run.start(comm, settings, check=lambda _: (check_admm(rho, local_steps), allreduce_function(allreduce)),
                     replicated=False, writer=checkpoint.Writer("admm_sgd", state={"--rho": rho}))
-    summed = run.allreduce_function(allreduce)
-    z = job.keep("z", job.objective.params.copy())         # every rank starts from the same weights
-    u = job.keep("u", job.objective.params * 0)
+    summed = allreduce_function(allreduce)
+    z = run.keep("z", run.objective.params.copy())         # every rank starts from the same weights
+    u = run.keep("u", run.objective.params * 0)
 
     def round_of(batches):                                 # rounds restart with each epoch
-        losses = admm_round(job.counting, job.objective, job.optimizer, batches, z, u, rho, summed)
+        losses = admm_round(run.counting, run.objective, run.optimizer, batches, z, u, rho, summed)
         if on_round:
-            on_round(job.objective.params, z, u)
+            on_round(run.objective.params, z, u)
         return losses
 
-    return job.loop(round_of, group=local_steps, evaluate=lambda: evaluate_at(job.objective, z),
+    return run.loop(round_of, group=local_steps, evaluate=lambda: evaluate_at(run.objective, z),
                     result=lambda: z)
 
 

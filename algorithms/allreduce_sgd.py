@@ -54,7 +54,8 @@ tutorials/04_data_parallelism.md.
 """
 from mpi4py import MPI
 
-from algorithms.core import checkpoint, cli, run
+from algorithms.core import checkpoint, cli
+from algorithms.core.run import Run, Settings, allreduce_function
 from algorithms.core.step import data_parallel_step
 from collectives.nonblocking import BucketedAllreduce
 
@@ -108,15 +109,15 @@ def train(comm=None, allreduce="ring", buckets=None, **settings):
     fresh Module, ``problem`` a synthetic convex problem). Every rank returns the same parameters.
     """
     comm = comm or MPI.COMM_WORLD
-    settings = run.Settings.of(settings, epochs=20, momentum=0.9, partition="global")
-    job = run.start(comm, settings, check=lambda _: (run.allreduce_function(allreduce),
+    settings = Settings.of(settings, epochs=20, momentum=0.9, partition="global")
+    run = Run.start(comm, settings, check=lambda _: (allreduce_function(allreduce),
                                                      bucket_settings(buckets, allreduce)),
                     writer=checkpoint.Writer("allreduce_sgd", checkpoint.SGD_FAMILY))
     if buckets is not None:
-        overlapped = overlapped_allreduce(job.counting, job.objective, buckets)
-        return job.loop(lambda batch: bucketed_step(job.counting, job.objective, job.optimizer, batch, overlapped))
-    summed = run.allreduce_function(allreduce)
-    return job.loop(lambda batch: data_parallel_step(job.counting, job.objective, job.optimizer, batch, summed))
+        overlapped = overlapped_allreduce(run.counting, run.objective, buckets)
+        return run.loop(lambda batch: bucketed_step(run.counting, run.objective, run.optimizer, batch, overlapped))
+    summed = allreduce_function(allreduce)
+    return run.loop(lambda batch: data_parallel_step(run.counting, run.objective, run.optimizer, batch, summed))
 
 
 def main(argv=None):

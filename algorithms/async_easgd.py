@@ -44,7 +44,8 @@ import functools
 from mpi4py import MPI
 
 from algorithms import easgd
-from algorithms.core import checkpoint, cli, run
+from algorithms.core import checkpoint, cli
+from algorithms.core.run import Settings
 from algorithms.ps import flags, job as ps_job
 from minidl import backend
 
@@ -81,7 +82,7 @@ def async_easgd_step(spring, replica, rows, i, end_of_epoch, last_step):
 def train(comm=None, tau=4, rho=None, servers=1, deterministic=False, report=None, **settings):
     """Asynchronous EASGD; returns (the centre as NumPy, the same on every rank; per-epoch history)."""
     comm = comm or MPI.COMM_WORLD
-    settings = run.Settings.of(settings, epochs=20, lr=0.05, momentum=0.0)
+    settings = Settings.of(settings, epochs=20, lr=0.05, momentum=0.0)
     workers = comm.Get_size() - servers
     try:                                          # every rank computes the same: every rank raises alike
         cli.require("--tau", tau, integer=True, low=1)

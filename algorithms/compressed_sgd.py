@@ -66,8 +66,9 @@ import argparse
 import numpy
 from mpi4py import MPI
 
-from algorithms.core import checkpoint, cli, run
+from algorithms.core import checkpoint, cli
 from algorithms.core.cli import SettingError
+from algorithms.core.run import Run, Settings, allreduce_function
 from collectives.compression import compress, sparse
 from minidl import backend
 
@@ -171,7 +172,7 @@ def train(comm=None, compressor="none", levels=None, bits=None, density=None, k=
     refused (SettingError). ``settings``: run.Settings.
     """
     comm = comm or MPI.COMM_WORLD
-    settings = run.Settings.of(settings, epochs=20, lr=0.2, momentum=0.0, partition="global")
+    settings = Settings.of(settings, epochs=20, lr=0.2, momentum=0.0, partition="global")
     feedback = compressor in BIASED if error_feedback is None else bool(error_feedback)
     given = {"--levels": levels, "--bits": bits, "--density": density, "--k": k, "--bucket": bucket,
              "--allreduce": allreduce, "--error-feedback": error_feedback}
@@ -179,23 +180,23 @@ def train(comm=None, compressor="none", levels=None, bits=None, density=None, k=
 
     def check(_):
         chosen.update(settings_for(compressor, given))
-        run.allreduce_function(chosen["--allreduce"] or "ring")
+        allreduce_function(chosen["--allreduce"] or "ring")
         host_only()
         build(compressor, chosen, numpy.float64)
-    job = run.start(comm, settings, check=check, replicated=not feedback,
+    run = Run.start(comm, settings, check=check, replicated=not feedback,
                     writer=checkpoint.Writer("compressed_sgd", state={"--compressor": compressor,
                                                                       "--error-feedback": feedback}))
-    codec_of = build(compressor, chosen, job.objective.grad.dtype)
-    codec = (compress.ErrorFeedback if feedback else compress.NoFeedback)(codec_of, len(job.objective.grad))
+    codec_of = build(compressor, chosen, run.objective.grad.dtype)
+    codec = (compress.ErrorFeedback if feedback else compress.NoFeedback)(codec_of, len(run.objective.grad))
     if feedback:
-        job.keep("residual", codec.residual)
-    exchange = exchange_for(codec_of, run.allreduce_function(chosen["--allreduce"] or "ring"))
+        run.keep("residual", codec.residual)
+    exchange = exchange_for(codec_of, allreduce_function(chosen["--allreduce"] or "ring"))
 
     def step(batch):
-        key = [settings.seed, job.step] + ([] if codec_of.same_on_every_rank else [job.rank])
-        return compressed_step(job.counting, job.objective, job.optimizer, batch, codec, exchange,
+        key = [settings.seed, run.step] + ([] if codec_of.same_on_every_rank else [run.rank])
+        return compressed_step(run.counting, run.objective, run.optimizer, batch, codec, exchange,
                                numpy.random.default_rng(key))
-    return job.loop(step)
+    return run.loop(step)
 
 
 def main(argv=None):

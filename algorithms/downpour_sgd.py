@@ -58,7 +58,8 @@ worker, 10 epochs): measured on 2 shared cores, 96.7% to 98.9% test accuracy ove
 order of updates, hence the result, varies from run to run), about 3 seconds; the test checks >= 90%.
 """
 from algorithms import model_parallel
-from algorithms.core import checkpoint, cli, run
+from algorithms.core import checkpoint, cli
+from algorithms.core.run import Settings
 from algorithms.ps import flags, job as ps_job
 
 
@@ -93,7 +94,7 @@ def train(comm=None, servers=1, n_fetch=1, n_push=1, server_optimizer="adagrad",
     ``settings`` are ``run.Settings`` (the shared flags). ``report`` (a dict) receives the servers'
     update logs and the lost workers (see ``ps.job.run_job``).
     """
-    settings = run.Settings.of(settings, epochs=10, lr=0.05, momentum=0.0)
+    settings = Settings.of(settings, epochs=10, lr=0.05, momentum=0.0)
     ps = ps_job.Settings(servers=servers, n_fetch=n_fetch, n_push=n_push, staleness=None,
                          warm_start_steps=warm_start_steps, server_optimizer=server_optimizer,
                          deterministic=deterministic, fail_worker=fail_worker, fail_step=fail_step, timeout=timeout,

@@ -39,8 +39,9 @@ import math
 
 from mpi4py import MPI
 
-from algorithms.core import checkpoint, cli, run
+from algorithms.core import checkpoint, cli
 from algorithms.core.objective import evaluate_at
+from algorithms.core.run import Run, Settings, allreduce_function
 
 COMPARE = True       # python -m algorithms.compare runs it beside the other data-parallel algorithms
 
@@ -88,21 +89,21 @@ def moving_rate(lr, rho, size):
 def train(comm=None, tau=4, rho=None, allreduce="ring", **settings):
     """Synchronous EASGD; returns (the centre as NumPy, the same on every rank; per-epoch history)."""
     comm = comm or MPI.COMM_WORLD
-    settings = run.Settings.of(settings, epochs=20, momentum=0.9, partition="shards")
+    settings = Settings.of(settings, epochs=20, momentum=0.9, partition="shards")
 
     def check(settings):
         cli.require("--tau", tau, integer=True, low=1)
         moving_rate(settings.lr, rho, comm.Get_size())
-        run.allreduce_function(allreduce)
+        allreduce_function(allreduce)
 
-    job = run.start(comm, settings, check=check, replicated=False, writer=checkpoint.Writer("easgd"))
-    alpha, summed = moving_rate(settings.lr, rho, comm.Get_size()), run.allreduce_function(allreduce)
-    center = job.keep("center", job.objective.params.copy())   # x~ starts at the common initial weights
+    run = Run.start(comm, settings, check=check, replicated=False, writer=checkpoint.Writer("easgd"))
+    alpha, summed = moving_rate(settings.lr, rho, comm.Get_size()), allreduce_function(allreduce)
+    center = run.keep("center", run.objective.params.copy())   # x~ starts at the common initial weights
 
     def step(batch):
-        return easgd_step(job.counting, job.objective, job.optimizer, batch, center, job.step, tau, alpha, summed)
+        return easgd_step(run.counting, run.objective, run.optimizer, batch, center, run.step, tau, alpha, summed)
 
-    return job.loop(step, evaluate=lambda: evaluate_at(job.objective, center), result=lambda: center)
+    return run.loop(step, evaluate=lambda: evaluate_at(run.objective, center), result=lambda: center)
 
 
 def main(argv=None):

@@ -34,7 +34,8 @@ Default run (small CNN, embedded digits, 10 epochs, batch 32, lr 0.05, momentum 
 """
 from mpi4py import MPI
 
-from algorithms.core import checkpoint, cli, run
+from algorithms.core import checkpoint, cli
+from algorithms.core.run import Run, Settings, allreduce_function, epoch_mean
 from algorithms.serial_sgd import sgd_step
 from minidl import backend
 
@@ -64,7 +65,7 @@ def evaluate_ensemble(comm, counting, objective, allreduce):
     picked = probabilities[xp.arange(len(labels)), labels]
     return {"test_loss": float(-xp.log(xp.maximum(picked, 1e-300)).mean()),
             "test_accuracy": float((probabilities.argmax(axis=1) == labels).mean()),
-            "member_accuracy": run.epoch_mean(comm, own["test_accuracy"], 1)}     # sum over ranks / p
+            "member_accuracy": epoch_mean(comm, own["test_accuracy"], 1)}     # sum over ranks / p
 
 
 def train(comm=None, allreduce="ring", **settings):
@@ -73,13 +74,13 @@ def train(comm=None, allreduce="ring", **settings):
     --save writes one file: ``params`` is member 0's, ``rank.params`` holds every member (row r).
     """
     comm = comm or MPI.COMM_WORLD
-    settings = run.Settings.of(settings, epochs=10, momentum=0.9, partition="replicated", check_every=0)
-    job = run.start(comm, settings, check=lambda _: run.allreduce_function(allreduce),
+    settings = Settings.of(settings, epochs=10, momentum=0.9, partition="replicated", check_every=0)
+    run = Run.start(comm, settings, check=lambda _: allreduce_function(allreduce),
                     model_seed=settings.seed + comm.Get_rank(), replicated=False,
                     writer=checkpoint.Writer("ensemble"))   # member r: its own weights
-    summed = run.allreduce_function(allreduce)
-    return job.loop(lambda batch: sgd_step(job.objective, job.optimizer, batch),     # member r: serial SGD
-                    evaluate=lambda: evaluate_ensemble(comm, job.counting, job.objective, summed))
+    summed = allreduce_function(allreduce)
+    return run.loop(lambda batch: sgd_step(run.objective, run.optimizer, batch),     # member r: serial SGD
+                    evaluate=lambda: evaluate_ensemble(comm, run.counting, run.objective, summed))
 
 
 def main(argv=None):

@@ -42,8 +42,9 @@ iid shards, ring), measured on 2 shared cores: p = 4 reaches 98.1% test accuracy
 """
 from mpi4py import MPI
 
-from algorithms.core import checkpoint, cli, run
+from algorithms.core import checkpoint, cli
 from algorithms.core.objective import evaluate_at
+from algorithms.core.run import Run, Settings, allreduce_function, mean_over_ranks
 
 COMPARE = True       # python -m algorithms.compare runs it beside the other data-parallel algorithms
 
@@ -84,27 +85,27 @@ def train(comm=None, period=8, allreduce="ring", **settings):
     The log evaluates the mean of the ranks' current parameters (an evaluation-only reduction).
     """
     comm = comm or MPI.COMM_WORLD
-    settings = run.Settings.of(settings, epochs=20, momentum=0.9, partition="shards")
-    job = run.start(comm, settings, check=lambda _: (check_period(period), run.allreduce_function(allreduce)),
+    settings = Settings.of(settings, epochs=20, momentum=0.9, partition="shards")
+    run = Run.start(comm, settings, check=lambda _: (check_period(period), allreduce_function(allreduce)),
                     replicated=False, writer=checkpoint.Writer("model_averaging"))
-    summed = run.allreduce_function(allreduce)
+    summed = allreduce_function(allreduce)
 
     def step(batch):
-        return parallel_sgd_step(job.counting, job.objective, job.optimizer, batch, job.step, period, summed)
+        return parallel_sgd_step(run.counting, run.objective, run.optimizer, batch, run.step, period, summed)
 
     final = []                                             # the average after the last step
 
     def final_average(epoch):                              # Zinkevich's only average, if not just done
         if epoch == settings.epochs - 1:                   # (on a copy: each rank's own w_r is kept
-            final.append(job.objective.params.copy())      #  for --save, so --resume continues exactly)
-            if period is None or job.step % period:
-                average(job.counting, final[0], summed)
+            final.append(run.objective.params.copy())      #  for --save, so --resume continues exactly)
+            if period is None or run.step % period:
+                average(run.counting, final[0], summed)
 
     def evaluate():
-        consensus = final[0] if final else run.mean_over_ranks(comm, job.objective.params)
-        return evaluate_at(job.objective, consensus)
+        consensus = final[0] if final else mean_over_ranks(comm, run.objective.params)
+        return evaluate_at(run.objective, consensus)
 
-    return job.loop(step, evaluate=evaluate, end_of_epoch=final_average, result=lambda: final[0])
+    return run.loop(step, evaluate=evaluate, end_of_epoch=final_average, result=lambda: final[0])
 
 
 def main(argv=None):

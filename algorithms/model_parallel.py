@@ -70,7 +70,8 @@ far too small for its layers to be worth splitting; tutorials/06 counts the byte
 import numpy
 from mpi4py import MPI
 
-from algorithms.core import checkpoint, cli, partition, run, tags
+from algorithms.core import checkpoint, cli, partition, tags
+from algorithms.core.run import Run, Settings
 from minidl.tensor import Tensor
 
 EXCHANGE = tags.MODEL_PARALLEL         # the tag of every partition-crossing message
@@ -181,20 +182,20 @@ def train(comm=None, split="output", **settings):
     """Model-parallel SGD on ``comm``: one replica, its layers in P pieces; returns (final flat
     parameters of the whole model, on every rank, history)."""
     comm = comm or MPI.COMM_WORLD
-    settings = run.Settings.of(settings, epochs=10, momentum=0.9, partition="global", model="mlp")
+    settings = Settings.of(settings, epochs=10, momentum=0.9, partition="global", model="mlp")
     writer = checkpoint.Writer("model_parallel", checkpoint.SGD_FAMILY, layout={"pieces": comm.Get_size(),
                                                                                 "split": split})
-    job = run.start(comm, settings, check=lambda s: partition.check(s, comm.Get_size(), split), reader=(0, 1),
+    run = Run.start(comm, settings, check=lambda s: partition.check(s, comm.Get_size(), split), reader=(0, 1),
                     writer=writer)
-    mine = partition.Partition(job, job.comm, split)
-    x_all, y_all = job.objective.data.x_train, job.objective.data.y_train
+    mine = partition.Partition(run, run.comm, split)
+    x_all, y_all = run.objective.data.x_train, run.objective.data.y_train
 
     def step(batch):
-        loss = model_parallel_gradient(job.counting, mine.pieces, x_all[batch.index], y_all[batch.index], split)
+        loss = model_parallel_gradient(run.counting, mine.pieces, x_all[batch.index], y_all[batch.index], split)
         mine.optimizer.step()                          # every rank: its own pieces only
         return loss
 
-    return job.loop(step, evaluate=mine.evaluate)
+    return run.loop(step, evaluate=mine.evaluate)
 
 
 def main(argv=None):

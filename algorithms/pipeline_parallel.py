@@ -76,9 +76,10 @@ with other jobs on the 2 cores, against 14 s serially: 4 ranks share 2 cores, an
 import numpy
 from mpi4py import MPI
 
-from algorithms.core import checkpoint, cli, run, tags
+from algorithms.core import checkpoint, cli, tags
 from algorithms.core.cli import SettingError
 from algorithms.core.objective import build_model
+from algorithms.core.run import Run, Settings
 from minidl import backend, functional as F
 from minidl.data import shard
 from minidl.nn import Sequential
@@ -246,24 +247,24 @@ def train(comm=None, schedule="1f1b", micro_batches=4, recompute=False, **settin
     """
     comm = comm or MPI.COMM_WORLD
     kind = schedule                                # the argument's name hides the function schedule() here
-    settings = run.Settings.of(settings, epochs=20, momentum=0.9, partition="global")
+    settings = Settings.of(settings, epochs=20, momentum=0.9, partition="global")
     writer = checkpoint.Writer("pipeline_parallel", checkpoint.SGD_FAMILY,
                                layout={"stages": comm.Get_size(), "schedule": kind, "micro_batches": micro_batches})
-    job = run.start(comm, settings, check=lambda s: check(s, comm.Get_size(), kind, micro_batches),
+    run = Run.start(comm, settings, check=lambda s: check(s, comm.Get_size(), kind, micro_batches),
                     reader=(0, 1), writer=writer)
-    stage = Stage(job.objective.net, job.rank, job.size, job.objective.data.x_train[:1], recompute)
-    last = job.size - 1
+    stage = Stage(run.objective.net, run.rank, run.size, run.objective.data.x_train[:1], recompute)
+    last = run.size - 1
 
     def step(batch):
-        loss = pipeline_gradient(job.counting, stage, job.objective, batch, micro_batches, kind)
-        job.optimizer.step()                       # w_s <- w_s - lr * grad_s: only this stage's slice moves
-        return job.comm.bcast(loss, root=last)     # the loss the last stage saw, for the log
+        loss = pipeline_gradient(run.counting, stage, run.objective, batch, micro_batches, kind)
+        run.optimizer.step()                       # w_s <- w_s - lr * grad_s: only this stage's slice moves
+        return run.comm.bcast(loss, root=last)     # the loss the last stage saw, for the log
 
     def evaluate():
-        share_stages(job.comm, stage, job.objective, job.optimizer)
-        return job.objective.evaluate()
+        share_stages(run.comm, stage, run.objective, run.optimizer)
+        return run.objective.evaluate()
 
-    return job.loop(step, evaluate=evaluate)
+    return run.loop(step, evaluate=evaluate)
 
 
 def main(argv=None):

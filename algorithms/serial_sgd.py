@@ -16,7 +16,8 @@ checkpointed segments (``minidl.recompute``): bitwise the same parameters, fewer
 """
 from mpi4py import MPI
 
-from algorithms.core import checkpoint, cli, run
+from algorithms.core import checkpoint, cli
+from algorithms.core.run import Run, Settings
 
 
 def sgd_step(objective, optimizer, batch):
@@ -35,9 +36,9 @@ def train(comm=None, **settings):
     (``MPI.COMM_SELF``). ``settings`` are ``run.Settings``; the batches are
     ``minidl.data.rank_batches`` with one rank, i.e. epoch_order(n, seed, epoch) cut into batches.
     """
-    settings = run.Settings.of(settings, epochs=10, momentum=0.9, partition="global")
-    job = run.start(MPI.COMM_SELF, settings, writer=checkpoint.Writer("serial_sgd", checkpoint.SGD_FAMILY))
-    return job.loop(lambda batch: sgd_step(job.objective, job.optimizer, batch))
+    settings = Settings.of(settings, epochs=10, momentum=0.9, partition="global")
+    run = Run.start(MPI.COMM_SELF, settings, writer=checkpoint.Writer("serial_sgd", checkpoint.SGD_FAMILY))
+    return run.loop(lambda batch: sgd_step(run.objective, run.optimizer, batch))
 
 
 def main(argv=None):

@@ -70,7 +70,8 @@ import functools
 import numpy
 from mpi4py import MPI
 
-from algorithms.core import checkpoint, cli, run, tags
+from algorithms.core import checkpoint, cli, tags
+from algorithms.core.run import Run, Settings, agreed, allreduce_function
 from algorithms.core.tiling import Tiling
 from minidl import functional as F
 from minidl.nn import Sequential
@@ -230,26 +231,26 @@ def train(comm=None, recompute=False, **settings):
     """Spatially partitioned SGD on ``comm``: one replica, every feature map in P row blocks; returns
     (final flat parameters, the same on every rank, history). ``recompute``: each stage recomputed."""
     comm = comm or MPI.COMM_WORLD
-    settings = run.Settings.of(settings, epochs=10, momentum=0.9, partition="global")
-    job = run.start(comm, settings, check=no_problem, reader=(0, 1),
+    settings = Settings.of(settings, epochs=10, momentum=0.9, partition="global")
+    run = Run.start(comm, settings, check=no_problem, reader=(0, 1),
                     writer=checkpoint.Writer("spatial_parallel", checkpoint.SGD_FAMILY,
                                              layout={"tiles": comm.Get_size()}))
-    objective = job.objective
+    objective = run.objective
     _, _, height, width = objective.data.x_train.shape
-    with run.agreed(comm):                     # after the shared flags' checks, before any message of the run
+    with agreed(comm):                     # after the shared flags' checks, before any message of the run
         name = f"--model {settings.model}" if isinstance(settings.model, str) else "the model"
         tiling = Tiling.of(objective.net, height, width, comm.Get_size(), name)
     conv_gradient = objective.grad[:tiling.conv_parameters()]       # the conv layers come first in the flat vector
-    sum_conv_gradient = functools.partial(run.allreduce_function("ring"), job.counting, conv_gradient)
+    sum_conv_gradient = functools.partial(allreduce_function("ring"), run.counting, conv_gradient)
 
     def step(batch):
         objective.flat.zero_grad()
-        loss = spatial_gradient(job.counting, tiling, objective.data.x_train[batch.index],
+        loss = spatial_gradient(run.counting, tiling, objective.data.x_train[batch.index],
                                 objective.data.y_train[batch.index], sum_conv_gradient, recompute)
-        job.optimizer.step()                            # the same update on every rank
+        run.optimizer.step()                            # the same update on every rank
         return loss
 
-    return job.loop(step)
+    return run.loop(step)
 
 
 def main(argv=None):

@@ -43,7 +43,8 @@ import time
 
 from mpi4py import MPI
 
-from algorithms.core import checkpoint, cli, run
+from algorithms.core import checkpoint, cli
+from algorithms.core.run import Settings
 from algorithms.ps import flags, job as ps_job
 
 
@@ -97,7 +98,7 @@ def train(comm=None, staleness=2, servers=1, server_optimizer="sgd", determinist
     comm = comm if comm is not None else MPI.COMM_WORLD
     check_straggler(straggler, straggler_delay, servers, comm.Get_size())
     step = slowed(ssp_step, straggler_delay) if comm.Get_rank() == straggler else ssp_step
-    settings = run.Settings.of(settings, epochs=10, lr=0.05, momentum=0.0)
+    settings = Settings.of(settings, epochs=10, lr=0.05, momentum=0.0)
     ps = ps_job.Settings(servers=servers, n_fetch=1, n_push=1, staleness=staleness,
                          server_optimizer=server_optimizer, deterministic=deterministic,
                          fail_worker=fail_worker, fail_step=fail_step, timeout=timeout)

@@ -118,7 +118,7 @@ def test_a_set_up_failure_on_one_rank_stops_every_rank_with_its_message():
             raise SettingError("--data-dir /x: unreadable here")
 
     try:
-        run.start(comm, run.Settings(model="mlp", epochs=1, quiet=True), check=fails_on_rank_one,
+        run.Run.start(comm, run.Settings(model="mlp", epochs=1, quiet=True), check=fails_on_rank_one,
                   writer=checkpoint.Writer("test"))
         message = None
     except SettingError as error:

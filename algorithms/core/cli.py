@@ -12,7 +12,7 @@ objective (a flag an algorithm cannot honour is not offered).
 
 The error contract (``run_main``): any bad input or failure stops every rank with one line
 ``error: <what, where>`` and exit status 2, never a traceback for something a user can cause and
-never a hang. Settings are checked on every rank before the first message (``run.start`` agrees
+never a hang. Settings are checked on every rank before the first message (``Run.start`` agrees
 on the outcome of the set-up, so a file that only one rank cannot read still stops all of them);
 a non-finite loss is agreed on by every rank (``divergence.FiniteCheck``). Anything else that escapes
 on some rank aborts the whole job (``MPI.Abort(2)``), so the other ranks cannot wait forever.

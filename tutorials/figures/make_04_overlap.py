@@ -53,7 +53,7 @@ def step_times(comm, model, buckets, data, epochs=1):
     """Seconds of each step on this rank: one training run of allreduce SGD (butterfly)."""
     settings = run.Settings.of(dict(model=model, data=data, epochs=epochs, batch_size=BATCH, quiet=True),
                                momentum=0.9, partition="global")
-    job = run.start(comm, settings, writer=checkpoint.Writer("make_04_overlap"))
+    job = run.Run.start(comm, settings, writer=checkpoint.Writer("make_04_overlap"))
     seconds = []
     if buckets is None:
         summed = run.allreduce_function("butterfly")
