@@ -125,7 +125,7 @@ def check(args, names, known):
 
 def main(argv=None):
     known = compared()
-    parser = cli.parser(__doc__.splitlines()[0], epochs=20, lr=0.05, momentum=0.9, files=False)
+    parser = cli.parser(__doc__.splitlines()[0], files=False)   # the family's defaults
     parser.add_argument("--ranks", type=int, default=4, help="ranks of each run (mpiexec -n)")
     parser.add_argument("--algorithms", default=",".join(known), help="comma-separated names from: " + ", ".join(known))
     parser.add_argument("--out", default="compare.png", help="the PNG to draw")

@@ -72,6 +72,9 @@ from algorithms.core.run import Run, Settings, allreduce_function
 from collectives.compression import compress, sparse
 from minidl import backend
 
+# the shared flags' defaults for this algorithm, for train() and --help alike
+DEFAULTS = dict(epochs=20, lr=0.2, momentum=0.0, partition="global")
+
 BIASED = ("onebit", "topk", "randomk")
 
 
@@ -123,7 +126,7 @@ def host_only():
 FLAGS = {"--levels": ("qsgd",), "--bits": ("rounding",), "--density": ("topk", "randomk"),
          "--k": ("topk", "randomk"), "--bucket": ("qsgd", "rounding", "terngrad", "onebit"),
          "--allreduce": ("none",), "--error-feedback": tuple(n for n in compress.NAMES if n != "none")}
-DEFAULTS = {"--levels": 127, "--bits": 8, "--bucket": compress.BUCKET, "--allreduce": "ring"}
+COMPRESSOR_DEFAULTS = {"--levels": 127, "--bits": 8, "--bucket": compress.BUCKET, "--allreduce": "ring"}
 
 
 def settings_for(name, given):
@@ -139,7 +142,7 @@ def settings_for(name, given):
     if given["--k"] is not None and given["--density"] is not None:
         raise SettingError(f"--k {given['--k']} and --density {given['--density']} both given with --compressor "
                            f"{name}: give one (--k entries, or a fraction --density of them)")
-    chosen = {flag: DEFAULTS.get(flag) if value is None and name in FLAGS[flag] else value
+    chosen = {flag: COMPRESSOR_DEFAULTS.get(flag) if value is None and name in FLAGS[flag] else value
               for flag, value in given.items()}
     if name in FLAGS["--density"] and chosen["--k"] is None and chosen["--density"] is None:
         chosen["--density"] = 0.01
@@ -172,7 +175,7 @@ def train(comm=None, compressor="none", levels=None, bits=None, density=None, k=
     refused (SettingError). ``settings``: run.Settings.
     """
     comm = comm or MPI.COMM_WORLD
-    settings = Settings.of(settings, epochs=20, lr=0.2, momentum=0.0, partition="global")
+    settings = Settings.of(settings, **DEFAULTS)
     feedback = compressor in BIASED if error_feedback is None else bool(error_feedback)
     given = {"--levels": levels, "--bits": bits, "--density": density, "--k": k, "--bucket": bucket,
              "--allreduce": allreduce, "--error-feedback": error_feedback}
@@ -200,7 +203,7 @@ def train(comm=None, compressor="none", levels=None, bits=None, density=None, k=
 
 
 def main(argv=None):
-    parser = cli.parser(__doc__.splitlines()[0], epochs=20, lr=0.2, momentum=0.0, partition="global", allreduce="ring")
+    parser = cli.parser(__doc__.splitlines()[0], allreduce="ring", **DEFAULTS)
     # a flag left out is absent (SUPPRESS), so train() can tell it from one given, and refuse it where ignored
     unset = argparse.SUPPRESS
     parser.set_defaults(allreduce=unset)                 # only --compressor none uses it (default ring)

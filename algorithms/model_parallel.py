@@ -62,10 +62,9 @@ for replicas of a partitioned model). Checkpoints are layout-free (``partition.P
 pieces and their momentum in the serial model's order, and --resume cuts such a file, written by any
 SGD-family algorithm on any number of ranks, back into this run's pieces.
 
-Default run (the MLP on the embedded digits, 10 epochs, batch 32, lr 0.05, momentum 0.9): the
-same trajectory as serial SGD on the same MLP; measured at P = 4: 97.5% test accuracy, as
-``serial_sgd --model mlp`` (17 s with other jobs on the 2 cores, against 2 s serially: this MLP is
-far too small for its layers to be worth splitting; tutorials/06 counts the bytes).
+Default run (the defaults ``--help`` shows): the same trajectory as serial SGD on the same MLP; measured at P
+= 4: 97.5% test accuracy, as ``serial_sgd --model mlp`` (17 s with other jobs on the 2 cores, against 2 s
+serially: this MLP is far too small for its layers to be worth splitting; tutorials/06 counts the bytes).
 """
 import numpy
 from mpi4py import MPI
@@ -73,6 +72,9 @@ from mpi4py import MPI
 from algorithms.core import checkpoint, cli, partition, tags
 from algorithms.core.run import Run, Settings
 from minidl.tensor import Tensor
+
+# the shared flags' defaults for this algorithm, for train() and --help alike
+DEFAULTS = dict(epochs=10, momentum=0.9, model="mlp")
 
 EXCHANGE = tags.MODEL_PARALLEL         # the tag of every partition-crossing message
 
@@ -182,7 +184,7 @@ def train(comm=None, split="output", **settings):
     """Model-parallel SGD on ``comm``: one replica, its layers in P pieces; returns (final flat
     parameters of the whole model, on every rank, history)."""
     comm = comm or MPI.COMM_WORLD
-    settings = Settings.of(settings, epochs=10, momentum=0.9, partition="global", model="mlp")
+    settings = Settings.of(settings, **DEFAULTS)
     writer = checkpoint.Writer("model_parallel", checkpoint.SGD_FAMILY, layout={"pieces": comm.Get_size(),
                                                                                 "split": split})
     run = Run.start(comm, settings, check=lambda s: partition.check(s, comm.Get_size(), split), reader=(0, 1),
@@ -199,7 +201,7 @@ def train(comm=None, split="output", **settings):
 
 
 def main(argv=None):
-    parser = cli.parser(__doc__.splitlines()[0], epochs=10, momentum=0.9, model="mlp")
+    parser = cli.parser(__doc__.splitlines()[0], **DEFAULTS)
     parser.add_argument("--split", default="output", choices=partition.SPLITS,
                         help="output: each rank owns some output neurons (channels) of every layer; input: some "
                              "input features (MLP only)")

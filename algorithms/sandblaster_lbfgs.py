@@ -92,6 +92,9 @@ from algorithms.sandblaster.worker import work
 from collectives.trace import CountingComm, TracedComm
 from minidl.data import least_squares
 
+# the shared flags' defaults for this algorithm, for train() and --help alike
+DEFAULTS = dict(epochs=10, lr=1.0)
+
 
 def sharded_direction(shards, pairs):
     """d <- -H g on the shards, by the two-loop recursion (the heart); ``pairs`` = k, the history's length.
@@ -139,7 +142,7 @@ def train(comm=None, servers=1, portions=32, backup_threshold=None, push_every=4
     unused = [f"--{name.replace('_', '-')}" for name in ("model", "dataset", "data_dir")   # beside a problem
               if settings.get(name) is not None] if settings.get("problem") is not None else []
     settings = {name: value for name, value in settings.items() if not (value is None and name in ("model", "dataset"))}
-    settings = Settings.of(settings, epochs=10, lr=1.0, momentum=0.0, model="mlp")
+    settings = Settings.of(settings, momentum=0.0, model="mlp", **DEFAULTS)
     size, rank = comm.Get_size(), comm.Get_rank()
     threshold = (1.0 if deterministic else 0.9) if backup_threshold is None else backup_threshold
     roles = None
@@ -223,7 +226,7 @@ def default_problem(seed=0):
 
 
 def main(argv=None):
-    parser = cli.parser(__doc__.splitlines()[0], epochs=10, lr=1.0, model=None, momentum=None)   # model: mlp
+    parser = cli.parser(__doc__.splitlines()[0], model=None, momentum=None, **DEFAULTS)   # model: mlp
     parser.set_defaults(batch_size=None, dataset=None)   # given, refused (--model, --dataset: with --problem)
     parser.add_argument("--servers", type=int, default=1, help="parameter-server shards (ranks 1 .. S)")
     parser.add_argument("--portions", type=int, default=32, help="pieces of each batch, handed out one at a time")

@@ -58,6 +58,9 @@ from minidl import backend
 from minidl.nn import Linear, Module, Sequential
 from minidl.tensor import Tensor
 
+# the shared flags' defaults for this algorithm, for train() and --help alike
+DEFAULTS = dict(epochs=20, momentum=0.9, partition="global", model="mlp")
+
 CHOICES = ("auto", "always", "never")
 EXCHANGES = ("broadcast", "server")
 
@@ -234,7 +237,7 @@ def train(comm=None, factors="auto", exchange="broadcast", allreduce="ring", **s
     The history's records carry ``factored``, the layers factored in that epoch as (in, out) pairs.
     """
     comm = comm or MPI.COMM_WORLD
-    settings = Settings.of(settings, epochs=20, momentum=0.9, partition="global", model="mlp")
+    settings = Settings.of(settings, **DEFAULTS)
 
     def check(_):
         allreduce_function(allreduce)
@@ -291,8 +294,7 @@ def dense_entries(objective, sending):
 
 
 def main(argv=None):
-    parser = cli.parser(__doc__.splitlines()[0], epochs=20, momentum=0.9, partition="global", allreduce="ring",
-                        model="mlp")
+    parser = cli.parser(__doc__.splitlines()[0], allreduce="ring", **DEFAULTS)
     parser.add_argument("--factors", default="auto", choices=CHOICES,
                         help="send a Linear layer's factors: auto (where they cost fewer bytes), always, never")
     parser.add_argument("--exchange", default="broadcast", choices=EXCHANGES,

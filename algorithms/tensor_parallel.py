@@ -47,8 +47,8 @@ Restrictions: p <= h of every block (a rank needs a column; more ranks are refus
 the serial model and its momentum, so any SGD-family algorithm resumes the file and this one
 resumes theirs (``partition.Placement``).
 
-Default run (the MLP on the embedded digits, 10 epochs, batch 32, lr 0.05, momentum 0.9): serial
-SGD's trajectory up to rounding, 97.5% test accuracy as ``serial_sgd --model mlp``.
+Default run (the defaults ``--help`` shows): serial SGD's trajectory up to rounding, 97.5% test accuracy as
+``serial_sgd --model mlp``.
 """
 import numpy
 from mpi4py import MPI
@@ -60,6 +60,9 @@ from minidl import functional as F, recompute as recomputation
 from minidl.data import shard
 from minidl.nn import Linear, Module, ReLU, Sequential
 from minidl.tensor import Parameter
+
+# the shared flags' defaults for this algorithm, for train() and --help alike
+DEFAULTS = dict(epochs=10, momentum=0.9, model="mlp")
 
 
 def tensor_parallel_block(x, column, row_weight, row_bias, total):
@@ -189,7 +192,7 @@ def train(comm=None, allreduce="ring", recompute=False, **settings):
     """Tensor-parallel SGD on ``comm``: one replica, its blocks split over the ranks; returns (final flat
     parameters of the whole model, on every rank, history). ``recompute``: each block a checkpointed segment."""
     comm = comm or MPI.COMM_WORLD
-    settings = Settings.of(settings, epochs=10, momentum=0.9, partition="global", model="mlp")
+    settings = Settings.of(settings, **DEFAULTS)
     writer = checkpoint.Writer("tensor_parallel", checkpoint.SGD_FAMILY, layout={"tensor_ranks": comm.Get_size()})
     run = Run.start(comm, settings, check=lambda s: (check(s, comm.Get_size()), allreduce_function(allreduce)),
                     reader=(0, 1), writer=writer)
@@ -206,8 +209,7 @@ def train(comm=None, allreduce="ring", recompute=False, **settings):
 
 
 def main(argv=None):
-    parser = cli.parser(__doc__.splitlines()[0], epochs=10, momentum=0.9, model="mlp", allreduce="ring",
-                        recompute="block")
+    parser = cli.parser(__doc__.splitlines()[0], allreduce="ring", recompute="block", **DEFAULTS)
     args = parser.parse_args(argv)
     cli.run_main(train, args, allreduce=args.allreduce)
 

@@ -56,10 +56,10 @@ allreduce_sgd: the same bits, fewer activations kept.
 
 Restrictions: p <= n (every rank owns a shard) and p <= the training examples; --stage 1, 2 or 3.
 
-Default run (small CNN, embedded digits, stage 3, momentum SGD 0.9, 20 epochs, batch 32 per rank,
-lr 0.05): the trajectory of allreduce_sgd's default run, bit for bit (98.1% test accuracy at p = 4,
-measured on 2 shared cores); --optimizer adam (lr 0.001, 20 epochs): 96.4%. Stage 1's log counts 1.5
-times the bytes of stages 2 and 3 (its allreduce is a reduce-scatter and an allgather of the gradient).
+Default run (the defaults ``--help`` shows): the trajectory of allreduce_sgd's default run, bit for bit (98.1%
+test accuracy at p = 4, measured on 2 shared cores); --optimizer adam (lr 0.001, 20 epochs): 96.4%. Stage 1's
+log counts 1.5 times the bytes of stages 2 and 3 (its allreduce is a reduce-scatter and an allgather of the
+gradient).
 """
 import numpy
 from mpi4py import MPI
@@ -70,6 +70,9 @@ from algorithms.core.run import Run, Settings, agreed, sgd
 from minidl import backend
 from minidl.optim import Adam
 from minidl.tensor import Parameter
+
+# the shared flags' defaults for this algorithm, for train() and --help alike
+DEFAULTS = dict(epochs=20, momentum=0.9, partition="global")
 
 STAGES = (1, 2, 3)
 OPTIMIZERS = ("sgd", "adam")
@@ -165,7 +168,7 @@ def check_stage(stage):
 def train(comm=None, stage=3, optimizer="sgd", **settings):
     """ZeRO stage ``stage`` on ``comm``; returns (final flat parameters as NumPy, history), the same on every rank."""
     comm = comm or MPI.COMM_WORLD
-    settings = Settings.of(settings, epochs=20, momentum=0.9, partition="global", lr=LR.get(optimizer, 0.05))
+    settings = Settings.of(settings, lr=LR.get(optimizer, 0.05), **DEFAULTS)
     adam = optimizer == "adam"
     writer = checkpoint.Writer("zero", None if adam else checkpoint.SGD_FAMILY,
                                state={"optimizer": "adam"} if adam else {},
@@ -187,7 +190,7 @@ def train(comm=None, stage=3, optimizer="sgd", **settings):
 
 
 def main(argv=None):
-    parser = cli.parser(__doc__.splitlines()[0], epochs=20, momentum=0.9, partition="global", lr=None, recompute=True)
+    parser = cli.parser(__doc__.splitlines()[0], lr=None, recompute=True, **DEFAULTS)
     parser.add_argument("--stage", type=int, default=3, help="1: shard the optimizer state; 2: and the gradients; "
                         "3: and the parameters")
     parser.add_argument("--optimizer", default="sgd", choices=OPTIMIZERS,

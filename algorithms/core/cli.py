@@ -1,6 +1,6 @@
 """The command line every algorithm shares: flags, their checks, and the error contract.
 
-    parser = cli.parser("Allreduce SGD", epochs=20, momentum=0.9, allreduce="ring")
+    parser = cli.parser("Allreduce SGD", allreduce="ring", **DEFAULTS)   # the algorithm's DEFAULTS
     parser.add_argument("--period", ...)                  # the algorithm's own flags
     cli.run_main(train, parser.parse_args(argv), period=args.period)
 
@@ -48,11 +48,14 @@ RECOMPUTE_HELP = {
 }
 
 
-def parser(description, epochs=10, lr=0.05, batch_size=32, model="cnn", momentum=0.0,
-           partition=None, allreduce=None, files=True, recompute=False):
+def parser(description, epochs=20, lr=0.05, batch_size=32, model="cnn", momentum=0.9,
+           partition=None, check_every=1, allreduce=None, files=True, recompute=False):
     """An ArgumentParser with the flags every algorithm shares; modules add their own.
 
-    ``partition`` (a default) adds --partition and --check-every (the data-parallel family);
+    The defaults are the algorithm's: its ``DEFAULTS``, the dict its ``train`` hands ``Settings.of``
+    (``cli.parser(doc, **DEFAULTS)``), over the family's own (``run.Settings``'s, which these keyword
+    defaults equal: tests/test_defaults.py). ``partition`` (a default) adds --partition and
+    --check-every (the data-parallel family);
     ``allreduce`` (a default) adds --allreduce; ``momentum`` None leaves --momentum out (an update
     without momentum, such as Hogwild's, does not offer the flag); ``files`` False leaves out --log,
     --save and --resume (a command that runs several algorithms in turn); ``recompute`` True adds
@@ -81,7 +84,7 @@ def parser(description, epochs=10, lr=0.05, batch_size=32, model="cnn", momentum
     if partition is not None:
         p.add_argument("--partition", default=partition, choices=PARTITIONS,
                        help="which rows each rank sees (see minidl.data.rank_batches)")
-        p.add_argument("--check-every", type=int, default=1,
+        p.add_argument("--check-every", type=int, default=check_every,
                        help="agree on a non-finite loss every this many steps (0: at epoch ends only)")
         add_schedule_flags(p)
     if recompute:
