@@ -6,29 +6,24 @@
 Every algorithm module reads the same way: a header (the paper, the update in the code's names,
 the cost, the run command), the heart (one function, fenced ``# BEGIN SOLUTION`` /
 ``# END SOLUTION``, the paper's steps as phase comments), a short ``train()`` and ``main()``.
-The papers sit at the top of the package; the machinery they share lives once, split by concern,
-in two sub-packages:
+The papers sit at the top of the package, one module each; README.md's table lists them with
+their papers, and CONTRIBUTING.md says how to add one (three files: the module, its test, its row).
+Beside them, the commands that run or measure several of them:
 
-    core/   cli.py        the shared flags, the one validation helper, run_main (the error contract)
-            objective.py  the network or convex problem one rank trains, as one flat parameter vector
-            run.py        the agreed set-up, the one epoch loop, checkpoints
-            log.py        the per-epoch log: printed on rank 0, --log as JSON lines
-            divergence.py a nan, inf or hundredfold loss stops every rank together, one message
-            checkpoint.py what --save writes and --resume reads (layout-free)
-            tags.py       the MPI tags of every family, in one registry
-            evaluate.py   python -m algorithms.core.evaluate FILE: any checkpoint's test loss and accuracy
-            compare.py    python -m algorithms.core.compare: several algorithms on the same data, one PNG
-            partition.py  a model cut into pieces across ranks (model parallelism, its hybrids and replicas)
-    ps/     server.py     the sharded server's algorithm      wire.py      requests, replies, the layout
-            job.py        start, serve or work, end           worker.py    a worker's share, steps, failure
-            relay.py      --groups: a group server            log.py       rank 0's per-epoch log
-            replica.py    model-parallel replicas as workers  schedule.py  --deterministic's order
-            loop.py       the asynchronous family's job loop: each rank plays its role, all end together
+    compare.py    python -m algorithms.compare: the data-parallel algorithms (each declares
+                  ``COMPARE = True``) on the same data and seed, one PNG
+    bench.py      python -m algorithms.bench: allreduce SGD's step against PyTorch DDP
 
-Sandblaster L-BFGS keeps its roles' code beside it, in ``sandblaster/`` (wire, coordinator, shard,
-batch, worker); ``sandblaster_lbfgs.py`` holds the header, the heart and ``train``, which runs the
-roles through the parameter-server family's job loop (``ps.loop``) and its polling (``ps.wire``).
+and the rooms, each with its own map (its ``__init__.py``):
 
-Rank sharding and batching are data (``minidl.data.rank_batches``); collectives come from
-``collectives``. The README lists the modules with their papers.
+    core/         what every algorithm shares: the flags and the error contract, the objective, the
+                  run (the one epoch loop, its schedule and log), checkpoints, divergence, MPI tags,
+                  a model cut across ranks, the data-parallel step
+    ps/           the parameter-server machinery of Downpour, SSP, async EASGD and the hierarchical server
+    sandblaster/  the roles of Sandblaster L-BFGS (coordinator, shards, workers)
+    memory/       the per-rank memory accounts, predicted and measured: python -m algorithms.memory
+
+Nothing in core/, ps/ or sandblaster/ imports a paper module; a paper imports them (and, where it
+builds on another paper's heart, that module). Rank sharding and batching are data
+(``minidl.data.rank_batches``); collectives come from ``collectives``.
 """

@@ -1,19 +1,20 @@
 """Data-parallel training against PyTorch DistributedDataParallel: milliseconds per step.
 
-    python -m algorithms.bench [--ranks 2] [--steps 30] [--runs 3] [--json OUT] [--markdown OUT] [--quick] [--no-torch] [--blas native]
+    python -m algorithms.bench [--ranks 2] [--steps 30] [--runs 3] [--json OUT] [--markdown OUT] [--quick] \
+        [--no-torch] [--blas native]
     python -m algorithms.bench --blas native --cases lenet5:128     # only these cases (model:batch, comma-separated)
 
 Each case (model, per-rank batch, side) runs in its own ``mpiexec -n R`` job, one BLAS thread per
 rank, on random MNIST-shaped data (1 x 28 x 28, 10 classes) with SGD (lr 0.01, momentum 0.9) and
 the same model on both sides: LeNet-5 (ReLU, max pooling) or the MLP 784-256-256-10. A step is
 forward, backward, the gradient's allreduce and the update. minidl takes it with
-``allreduce_sgd.data_parallel_step`` (the heart of Allreduce SGD) and ``--allreduce ring`` or
+``core.step.data_parallel_step`` (the step of allreduce SGD) and ``--allreduce ring`` or
 ``mpi`` (MPI's own Allreduce); PyTorch with ``DistributedDataParallel`` and the gloo backend,
 started by this benchmark on loopback (rank and size from MPI, the port from rank 0). A step's
 time is the slowest rank's; a run gives the minimum over the timed steps after the warm-up ones,
 the least disturbed by other work on the machine. ``--runs`` repeats every job: the table gives the
-median of the runs and, for each ratio, [min, max] over them (how far one run can be off). Both sides import minidl, so both run
-with the malloc thresholds minidl sets at import (``minidl.backend.keep_freed_memory``). Some
+median of the runs and, for each ratio, [min, max] over them (how far one run can be off). Both sides import
+minidl, so both run with the malloc thresholds minidl sets at import (``minidl.backend.keep_freed_memory``). Some
 machines force OpenBLAS's kernel (OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE); ``--blas native`` runs both
 sides' jobs without them, as ``python -m minidl.bench --blas native`` does (PyTorch brings its own
 BLAS, so it mainly changes minidl's side); the table's first line and the JSON say which ran.
@@ -37,9 +38,9 @@ from pathlib import Path
 import numpy
 from mpi4py import MPI
 
-from algorithms.allreduce_sgd import data_parallel_step
 from algorithms.core import cli, run
 from algorithms.core.objective import Data, NetworkObjective
+from algorithms.core.step import data_parallel_step
 from minidl import Tensor, backend, functional as F, models
 from minidl.bench.measure import blas_environment
 from minidl.data.sharding import Batch

@@ -8,8 +8,8 @@ Papers: Ben-Nun & Hoefler 2019 ("Communication optimizations": quantization, spa
 "use lossy compression when sending, accumulate error locally"); Seide et al. 2014 (1-bit SGD
 with error feedback); Wen et al. 2017 (TernGrad); Alistarh et al. 2017 (QSGD); Strom 2015 and
 Lin et al. 2018 (top-k with residuals); Renggli et al. 2019 (SparCML's sparse allreduce).
-Full references: tutorials/references.md. The compressors are collectives/compress.py's, the
-exchanges collectives/sparse.py's.
+Full references: tutorials/references.md. The compressors are collectives/compression/compress.py's, the
+exchanges collectives/compression/sparse.py's.
 
 The update, in the code's names (``compressed_step``), at step k on rank r:
 
@@ -66,10 +66,14 @@ import argparse
 import numpy
 from mpi4py import MPI
 
-from algorithms.core import checkpoint, cli, run
+from algorithms.core import checkpoint, cli
 from algorithms.core.cli import SettingError
-from collectives import compress, sparse
+from algorithms.core.run import Run, Settings, allreduce_function
+from collectives.compression import compress, sparse
 from minidl import backend
+
+# the shared flags' defaults for this algorithm, for train() and --help alike
+DEFAULTS = dict(epochs=20, lr=0.2, momentum=0.0, partition="global")
 
 BIASED = ("onebit", "topk", "randomk")
 
@@ -122,7 +126,7 @@ def host_only():
 FLAGS = {"--levels": ("qsgd",), "--bits": ("rounding",), "--density": ("topk", "randomk"),
          "--k": ("topk", "randomk"), "--bucket": ("qsgd", "rounding", "terngrad", "onebit"),
          "--allreduce": ("none",), "--error-feedback": tuple(n for n in compress.NAMES if n != "none")}
-DEFAULTS = {"--levels": 127, "--bits": 8, "--bucket": compress.BUCKET, "--allreduce": "ring"}
+COMPRESSOR_DEFAULTS = {"--levels": 127, "--bits": 8, "--bucket": compress.BUCKET, "--allreduce": "ring"}
 
 
 def settings_for(name, given):
@@ -138,7 +142,7 @@ def settings_for(name, given):
     if given["--k"] is not None and given["--density"] is not None:
         raise SettingError(f"--k {given['--k']} and --density {given['--density']} both given with --compressor "
                            f"{name}: give one (--k entries, or a fraction --density of them)")
-    chosen = {flag: DEFAULTS.get(flag) if value is None and name in FLAGS[flag] else value
+    chosen = {flag: COMPRESSOR_DEFAULTS.get(flag) if value is None and name in FLAGS[flag] else value
               for flag, value in given.items()}
     if name in FLAGS["--density"] and chosen["--k"] is None and chosen["--density"] is None:
         chosen["--density"] = 0.01
@@ -164,14 +168,14 @@ def train(comm=None, compressor="none", levels=None, bits=None, density=None, k=
           bucket=None, allreduce=None, **settings):
     """Compressed synchronous SGD on ``comm``; returns (final flat parameters as NumPy, history).
 
-    ``compressor``: one of collectives.compress.NAMES; ``levels`` for qsgd (its s, default 127), ``bits``
+    ``compressor``: one of collectives.compression.compress.NAMES; ``levels`` for qsgd (its s, default 127), ``bits``
     for rounding (1..16, default 8); ``density`` or ``k`` for topk/randomk (default density 0.01);
     ``bucket`` for the quantizers (default 512); ``allreduce`` for none (default ring);
     ``error_feedback`` None: on for onebit, topk, randomk. A setting the compressor would ignore is
     refused (SettingError). ``settings``: run.Settings.
     """
     comm = comm or MPI.COMM_WORLD
-    settings = run.Settings.of(settings, epochs=20, lr=0.2, momentum=0.0, partition="global")
+    settings = Settings.of(settings, **DEFAULTS)
     feedback = compressor in BIASED if error_feedback is None else bool(error_feedback)
     given = {"--levels": levels, "--bits": bits, "--density": density, "--k": k, "--bucket": bucket,
              "--allreduce": allreduce, "--error-feedback": error_feedback}
@@ -179,27 +183,27 @@ def train(comm=None, compressor="none", levels=None, bits=None, density=None, k=
 
     def check(_):
         chosen.update(settings_for(compressor, given))
-        run.allreduce_function(chosen["--allreduce"] or "ring")
+        allreduce_function(chosen["--allreduce"] or "ring")
         host_only()
         build(compressor, chosen, numpy.float64)
-    job = run.start(comm, settings, check=check, replicated=not feedback,
+    run = Run.start(comm, settings, check=check, replicated=not feedback,
                     writer=checkpoint.Writer("compressed_sgd", state={"--compressor": compressor,
                                                                       "--error-feedback": feedback}))
-    codec_of = build(compressor, chosen, job.objective.grad.dtype)
-    codec = (compress.ErrorFeedback if feedback else compress.NoFeedback)(codec_of, len(job.objective.grad))
+    codec_of = build(compressor, chosen, run.objective.grad.dtype)
+    codec = (compress.ErrorFeedback if feedback else compress.NoFeedback)(codec_of, len(run.objective.grad))
     if feedback:
-        job.keep("residual", codec.residual)
-    exchange = exchange_for(codec_of, run.allreduce_function(chosen["--allreduce"] or "ring"))
+        run.keep("residual", codec.residual)
+    exchange = exchange_for(codec_of, allreduce_function(chosen["--allreduce"] or "ring"))
 
     def step(batch):
-        key = [settings.seed, job.step] + ([] if codec_of.same_on_every_rank else [job.rank])
-        return compressed_step(job.counting, job.objective, job.optimizer, batch, codec, exchange,
+        key = [settings.seed, run.step] + ([] if codec_of.same_on_every_rank else [run.rank])
+        return compressed_step(run.counting, run.objective, run.optimizer, batch, codec, exchange,
                                numpy.random.default_rng(key))
-    return job.loop(step)
+    return run.loop(step)
 
 
 def main(argv=None):
-    parser = cli.parser(__doc__.splitlines()[0], epochs=20, lr=0.2, momentum=0.0, partition="global", allreduce="ring")
+    parser = cli.parser(__doc__.splitlines()[0], allreduce="ring", **DEFAULTS)
     # a flag left out is absent (SUPPRESS), so train() can tell it from one given, and refuse it where ignored
     unset = argparse.SUPPRESS
     parser.set_defaults(allreduce=unset)                 # only --compressor none uses it (default ring)

@@ -34,16 +34,20 @@ of the ranks' parameters (an evaluation-only allreduce, not counted in ``bytes``
 
 Restrictions: H >= 1; p <= number of training examples.
 
-Default run (small CNN, embedded digits, 20 epochs, batch 32, lr 0.05, momentum 0.9, H = 1,
-ring pairing, iid shards), measured on 2 shared cores: p = 4 reaches 98.3% test accuracy (the
-mean model's; spread 0.4%) in 3-5.5 s.
+Default run (the defaults ``--help`` shows), measured on 2 shared cores: p = 4 reaches 98.3% test accuracy
+(the mean model's; spread 0.4%) in 3-5.5 s.
 """
 import numpy
 from mpi4py import MPI
 
-from algorithms.core import checkpoint, cli, run, tags
+from algorithms.core import checkpoint, cli, tags
 from algorithms.core.objective import evaluate_at
+from algorithms.core.run import Run, Settings, mean_over_ranks
 from minidl import backend
+
+COMPARE = True       # python -m algorithms.compare runs it beside the other data-parallel algorithms
+# the shared flags' defaults for this algorithm, for train() and --help alike
+DEFAULTS = dict(epochs=20, momentum=0.9, partition="shards")
 
 PAIRINGS = ("ring", "random")
 GOSSIP_TAG = tags.GOSSIP
@@ -110,23 +114,23 @@ def train(comm=None, period=1, pairing="ring", **settings):
     and the mean is what is returned and saved (--save also keeps each rank's own, for --resume).
     """
     comm = comm or MPI.COMM_WORLD
-    settings = run.Settings.of(settings, epochs=20, momentum=0.9, partition="shards")
-    job = run.start(comm, settings, check=lambda _: check_gossip(period, pairing), replicated=False,
+    settings = Settings.of(settings, **DEFAULTS)
+    run = Run.start(comm, settings, check=lambda _: check_gossip(period, pairing), replicated=False,
                     writer=checkpoint.Writer("gossip_sgd"))
 
     def step(batch):
-        return gossip_sgd_step(job.counting, job.objective, job.optimizer, batch, job.step, period, pairing,
+        return gossip_sgd_step(run.counting, run.objective, run.optimizer, batch, run.step, period, pairing,
                                settings.seed)
 
     def evaluate():
-        mean = run.mean_over_ranks(comm, job.objective.params)
-        return {**evaluate_at(job.objective, mean), "spread": spread(comm, job.objective.params, mean)}
+        mean = mean_over_ranks(comm, run.objective.params)
+        return {**evaluate_at(run.objective, mean), "spread": spread(comm, run.objective.params, mean)}
 
-    return job.loop(step, evaluate=evaluate, result=lambda: run.mean_over_ranks(comm, job.objective.params))
+    return run.loop(step, evaluate=evaluate, result=lambda: mean_over_ranks(comm, run.objective.params))
 
 
 def main(argv=None):
-    parser = cli.parser(__doc__.splitlines()[0], epochs=20, momentum=0.9, partition="shards")
+    parser = cli.parser(__doc__.splitlines()[0], **DEFAULTS)
     parser.add_argument("--period", type=int, default=1, help="a gossip round every H steps")
     parser.add_argument("--pairing", default="ring", choices=PAIRINGS)
     args = parser.parse_args(argv)

@@ -43,10 +43,11 @@ import types
 import numpy
 from mpi4py import MPI
 
-from algorithms.core import checkpoint, cli, divergence, run
+from algorithms.core import checkpoint, cli, divergence
 from algorithms.core.cli import SettingError
 from algorithms.core.log import Log
 from algorithms.core.objective import build as build_objective, evaluate_at
+from algorithms.core.run import Settings, agreed, wait_together
 from minidl import backend
 from minidl.data import batches, epoch_order, shard, sparse_logistic_regression
 
@@ -96,7 +97,7 @@ def shared_array(node, initial):
 
 # ---- the run: set-up and epochs, shared by the two problems ---------------------------------------
 
-class Job:
+class Run:
     """One Hogwild! run: the agreed set-up (every check on every rank inside ``run.agreed``,
     so that any error stops every rank before training; ``build()`` -> (the problem or objective,
     with ``.n`` samples; w's starting value) runs inside it), then the epochs (``loop``)."""
@@ -107,7 +108,7 @@ class Job:
         node = comm.Split_type(MPI.COMM_TYPE_SHARED)   # collective: before anything that can fail
         rank, size = comm.Get_rank(), comm.Get_size()
         try:
-            with run.agreed(comm):
+            with agreed(comm):
                 if settings.momentum != 0:
                     raise SettingError(f"--momentum {settings.momentum}: Hogwild!'s update w_v <- w_v - lr g_v "
                                        "has no momentum; leave it at 0")
@@ -134,7 +135,7 @@ class Job:
         count_window, self.updates = shared_array(node, numpy.zeros(size, numpy.int64))   # rank r's, in slot r
         self.node, self.windows = node, (w_window, count_window)
         self.sync()
-        run.wait_together(node)
+        wait_together(node)
         self.sync()
 
     def sync(self):
@@ -183,7 +184,7 @@ class Job:
                 record.update(updates=int(updates.sum()), staleness_mean=float(stale_sum.sum() / updates.sum()),
                               staleness_max=int(stale_max.max()))
                 self.logger.epoch(**record)
-                run.wait_together(comm)       # nobody writes w while another rank still reads it
+                wait_together(comm)       # nobody writes w while another rank still reads it
         except Exception as error:
             if getattr(error, "every_rank", False):      # every rank is here: free the windows together
                 self.close()
@@ -221,20 +222,20 @@ def train_sparse(comm, settings, lr_decay, problem=None, n_samples=None, feature
 
     shape = {"--n-samples": n_samples, "--features": features, "--nnz": nnz} if problem is None else {"sparse": "given"}
     writer = checkpoint.Writer("hogwild", state={"--problem": "sparse", **shape}, model="sparse-logistic")
-    job = Job(comm, settings, lr_decay, build, writer)
-    problem = job.model
-    first, best = problem.loss(job.initial), problem.loss(problem.w_star)
+    run = Run(comm, settings, lr_decay, build, writer)
+    problem = run.model
+    first, best = problem.loss(run.initial), problem.loss(problem.w_star)
 
     def step(index, rate):
         for e in index:
-            hogwild_step(job.w, problem, e, rate)
+            hogwild_step(run.w, problem, e, rate)
 
     def evaluate(epoch, w):              # F(w) on every rank, from the shared w: all agree on divergence
         loss = problem.loss(w)
         divergence.check_divergence(loss, first, f"epoch {epoch}'s full-data")
         return {"loss": loss, "loss_gap": loss - best,
                 "distance": float(numpy.linalg.norm(w - problem.w_star) / numpy.linalg.norm(problem.w_star))}
-    return job.loop(step, evaluate)
+    return run.loop(step, evaluate)
 
 
 def train_dense(comm, settings, lr_decay, given=()):
@@ -247,9 +248,9 @@ def train_dense(comm, settings, lr_decay, given=()):
         objective = build_objective(settings.model, settings.dataset, settings.seed, settings.data, settings.data_dir)
         return objective, backend.to_numpy(objective.params).copy()
 
-    job = Job(comm, settings, lr_decay, build, checkpoint.Writer("hogwild", state={"--problem": "dense"}))
-    objective = job.model                     # the test metrics: on rank 0 only, the others wait
-    return job.loop(lambda index, rate: hogwild_dense_step(job.w, objective, index, rate),
+    run = Run(comm, settings, lr_decay, build, checkpoint.Writer("hogwild", state={"--problem": "dense"}))
+    objective = run.model                     # the test metrics: on rank 0 only, the others wait
+    return run.loop(lambda index, rate: hogwild_dense_step(run.w, objective, index, rate),
                     lambda epoch, w: evaluate_at(objective, w) if comm.Get_rank() == 0 else {})
 
 
@@ -265,7 +266,7 @@ def train(comm=None, problem="sparse", lr_decay=None, n_samples=None, features=N
     if problem not in DEFAULTS:          # the same on every rank: every rank raises it
         raise SettingError(f"--problem must be 'sparse' or 'dense', got {problem!r}", every_rank=True)
     given = {name: value for name, value in settings.items() if value is not None}
-    settings = run.Settings.of(given, momentum=0.0, **DEFAULTS[problem])
+    settings = Settings.of(given, momentum=0.0, **DEFAULTS[problem])
     lr_decay = LR_DECAY[problem] if lr_decay is None else lr_decay
     if problem == "dense":
         sparse_flags = [flag for flag, value in (("--n-samples", n_samples), ("--features", features),
@@ -285,7 +286,7 @@ def main(argv=None):
     parser.add_argument("--problem", default="sparse", choices=sorted(DEFAULTS),
                         help="sparse: logistic regression with --nnz nonzeros per sample; dense: --model on --dataset")
     # its own dest: the shared settings (cli.SHARED) have an lr_decay of their own, the synchronous
-    # family's list of step epochs (algorithms.schedule); Hogwild's is a factor per epoch
+    # family's list of step epochs (algorithms.core.schedule); Hogwild's is a factor per epoch
     parser.add_argument("--lr-decay", dest="decay_per_epoch", type=float, default=None,
                         help="lr <- lr * decay after each epoch")
     parser.add_argument("--n-samples", type=int, default=None, help=f"samples (sparse problem; {SPARSE['n_samples']})")

@@ -41,19 +41,22 @@ Restrictions: size divisible by --stages; the pipeline's (P <= layers, 1 <= m <=
 --batch-size is per replica) or the model's (P <= every split width), and the data-parallel one
 (R <= training rows); --split only with --group model, --schedule, --micro-batches and --recompute
 (each stage one checkpointed segment, as in pipeline_parallel) only with --group pipeline.
-Checkpoints are layout-free: --save writes the serial model and its momentum (gathered), which any SGD-family algorithm resumes on any layout, this one included.
+Checkpoints are layout-free: --save writes the serial model and its momentum (gathered), which any SGD-family
+algorithm resumes on any layout, this one included.
 
-Default run (the small CNN on the embedded digits, 20 epochs, batch 32 per replica, 2 stages,
-1F1B with 4 micro-batches, ring allreduce, lr 0.05, momentum 0.9): the trajectory of serial SGD at
-batch 32 R; measured at 4 ranks (2 x 2): 97.8% test accuracy, as ``serial_sgd --epochs 20
---batch-size 64``.
+Default run (the defaults ``--help`` shows; 1F1B with 4 micro-batches): the trajectory of serial SGD at batch
+32 R; measured at 4 ranks (2 x 2): 97.8% test accuracy, as ``serial_sgd --epochs 20 --batch-size 64``.
 """
 from mpi4py import MPI
 
 from algorithms import model_parallel, pipeline_parallel
-from algorithms.core import checkpoint, cli, partition, run
+from algorithms.core import checkpoint, cli, partition
 from algorithms.core.cli import SettingError
+from algorithms.core.run import Run, Settings, allreduce_function
 from collectives.trace import CountingComm
+
+# the shared flags' defaults for this algorithm, for train() and --help alike
+DEFAULTS = dict(epochs=20, momentum=0.9)
 
 GROUPS = ("pipeline", "model")
 
@@ -112,7 +115,7 @@ def train(comm=None, stages=2, group="pipeline", split=None, schedule=None, micr
     group is refused; ``recompute`` (each stage one checkpointed segment) only with "pipeline"."""
     comm = comm or MPI.COMM_WORLD
     size, rank = comm.Get_size(), comm.Get_rank()
-    settings = run.Settings.of(settings, epochs=20, momentum=0.9, partition="global")
+    settings = Settings.of(settings, **DEFAULTS)
 
     given = {"pipeline": {"--split": split},
              "model": {"--schedule": schedule, "--micro-batches": micro_batches, "--recompute": recompute or None}}
@@ -125,28 +128,28 @@ def train(comm=None, stages=2, group="pipeline", split=None, schedule=None, micr
                                f"{'model' if group == 'pipeline' else 'pipeline'} replica runs; this run has "
                                f"--group {group}")
         check(s, size, stages, group, split, schedule, micro_batches)
-        run.allreduce_function(allreduce)
+        allreduce_function(allreduce)
 
     replica, position = divmod(rank, stages) if isinstance(stages, int) and stages >= 1 else (0, 0)
     layout = {"stages": stages, "group": group, **({"split": split} if group == "model" else
                                                     {"schedule": schedule, "micro_batches": micro_batches})}
-    job = run.start(comm, settings, check=check_all, reader=(replica, size // max(stages, 1)),
+    run = Run.start(comm, settings, check=check_all, reader=(replica, size // max(stages, 1)),
                     writer=checkpoint.Writer("hybrid_parallel", checkpoint.SGD_FAMILY, layout=layout))
     row = CountingComm(comm.Split(color=replica, key=position))          # one replica: a pipeline or a model
     column = CountingComm(comm.Split(color=position, key=replica))       # the same share in every replica
-    summed = run.allreduce_function(allreduce)
+    summed = allreduce_function(allreduce)
     if group == "pipeline":
-        stage = pipeline_parallel.Stage(job.objective.net, position, stages, job.objective.data.x_train[:1],
+        stage = pipeline_parallel.Stage(run.objective.net, position, stages, run.objective.data.x_train[:1],
                                         recompute)
-        share, optimizer = job.objective.grad[stage.start:stage.end], job.optimizer
+        share, optimizer = run.objective.grad[stage.start:stage.end], run.optimizer
 
         def replica_gradient(batch):
-            return pipeline_parallel.pipeline_gradient(row, stage, job.objective, batch, micro_batches, schedule)
+            return pipeline_parallel.pipeline_gradient(row, stage, run.objective, batch, micro_batches, schedule)
 
         def gather():
-            pipeline_parallel.share_stages(row.comm, stage, job.objective, job.optimizer)
+            pipeline_parallel.share_stages(row.comm, stage, run.objective, run.optimizer)
     else:
-        mine = partition.Partition(job, row.comm, split)    # gathers for evaluation: not counted
+        mine = partition.Partition(run, row.comm, split)    # gathers for evaluation: not counted
         share, optimizer, gather = mine.flat.grad, mine.optimizer, mine.gather
 
         def replica_gradient(batch):
@@ -158,17 +161,17 @@ def train(comm=None, stages=2, group="pipeline", split=None, schedule=None, micr
 
     def evaluate():
         gather()
-        return {**job.objective.evaluate(), f"bytes_{group}": job.comm.allreduce(row.bytes_sent),
-                "bytes_allreduce": job.comm.allreduce(column.bytes_sent)}
+        return {**run.objective.evaluate(), f"bytes_{group}": run.comm.allreduce(row.bytes_sent),
+                "bytes_allreduce": run.comm.allreduce(column.bytes_sent)}
 
-    result = job.loop(step, evaluate=evaluate)
+    result = run.loop(step, evaluate=evaluate)
     row.comm.Free()
     column.comm.Free()
     return result
 
 
 def main(argv=None):
-    parser = cli.parser(__doc__.splitlines()[0], epochs=20, momentum=0.9, allreduce="ring", recompute="stage")
+    parser = cli.parser(__doc__.splitlines()[0], allreduce="ring", recompute="stage", **DEFAULTS)
     parser.add_argument("--stages", type=int, default=2,
                         help="ranks per replica P (pipeline stages, or model pieces); size / P replicas")
     parser.add_argument("--group", default="pipeline", choices=GROUPS, help="how each replica is split")

@@ -19,7 +19,8 @@ H = 1 with plain SGD is synchronous SGD (averaging w_r = w - lr g_r gives w - lr
 and, because the momentum update is linear, also with momentum: the local velocities differ but
 their mean is the synchronous velocity. That holds when every rank's piece of each batch has the
 same size (--partition global with p b dividing n): averaging weighs every rank by 1/p, while
-synchronous SGD weighs a rank by its rows, so an uneven last batch makes the two differ. H = end (``--period end``) is Zinkevich's one-shot
+synchronous SGD weighs a rank by its rows, so an uneven last batch makes the two differ. H = end (``--period end``)
+is Zinkevich's one-shot
 averaging: p independent runs and one allreduce. In between, communication falls by H while the
 replicas drift apart between averages; with iid shards the drift is small and averaging works,
 with label-sorted shards (``--partition sorted``) each replica learns different classes and the
@@ -35,14 +36,18 @@ Restrictions: H >= 1 (or 'end'); p <= number of training examples; every rank ta
 number of steps per epoch (minidl.data.rank_batches), so the averages line up. --save keeps every
 rank's own parameters and momentum too, so --resume (on as many ranks) continues bit for bit.
 
-Default run (small CNN, embedded digits, 20 epochs, batch 32, lr 0.05, momentum 0.9, H = 8,
-iid shards, ring), measured on 2 shared cores: p = 4 reaches 98.1% test accuracy in 2-5 s
-(one-shot, --period end: 97.2%; with --partition sorted --period end: 48%).
+Default run (the defaults ``--help`` shows), measured on 2 shared cores: p = 4 reaches 98.1% test accuracy in
+2-5 s (one-shot, --period end: 97.2%; with --partition sorted --period end: 48%).
 """
 from mpi4py import MPI
 
-from algorithms.core import checkpoint, cli, run
+from algorithms.core import checkpoint, cli
 from algorithms.core.objective import evaluate_at
+from algorithms.core.run import Run, Settings, allreduce_function, mean_over_ranks
+
+COMPARE = True       # python -m algorithms.compare runs it beside the other data-parallel algorithms
+# the shared flags' defaults for this algorithm, for train() and --help alike
+DEFAULTS = dict(epochs=20, momentum=0.9, partition="shards")
 
 
 def parallel_sgd_step(comm, objective, optimizer, batch, step, period, allreduce):
@@ -81,31 +86,31 @@ def train(comm=None, period=8, allreduce="ring", **settings):
     The log evaluates the mean of the ranks' current parameters (an evaluation-only reduction).
     """
     comm = comm or MPI.COMM_WORLD
-    settings = run.Settings.of(settings, epochs=20, momentum=0.9, partition="shards")
-    job = run.start(comm, settings, check=lambda _: (check_period(period), run.allreduce_function(allreduce)),
+    settings = Settings.of(settings, **DEFAULTS)
+    run = Run.start(comm, settings, check=lambda _: (check_period(period), allreduce_function(allreduce)),
                     replicated=False, writer=checkpoint.Writer("model_averaging"))
-    summed = run.allreduce_function(allreduce)
+    summed = allreduce_function(allreduce)
 
     def step(batch):
-        return parallel_sgd_step(job.counting, job.objective, job.optimizer, batch, job.step, period, summed)
+        return parallel_sgd_step(run.counting, run.objective, run.optimizer, batch, run.step, period, summed)
 
     final = []                                             # the average after the last step
 
     def final_average(epoch):                              # Zinkevich's only average, if not just done
         if epoch == settings.epochs - 1:                   # (on a copy: each rank's own w_r is kept
-            final.append(job.objective.params.copy())      #  for --save, so --resume continues exactly)
-            if period is None or job.step % period:
-                average(job.counting, final[0], summed)
+            final.append(run.objective.params.copy())      #  for --save, so --resume continues exactly)
+            if period is None or run.step % period:
+                average(run.counting, final[0], summed)
 
     def evaluate():
-        consensus = final[0] if final else run.mean_over_ranks(comm, job.objective.params)
-        return evaluate_at(job.objective, consensus)
+        consensus = final[0] if final else mean_over_ranks(comm, run.objective.params)
+        return evaluate_at(run.objective, consensus)
 
-    return job.loop(step, evaluate=evaluate, end_of_epoch=final_average, result=lambda: final[0])
+    return run.loop(step, evaluate=evaluate, end_of_epoch=final_average, result=lambda: final[0])
 
 
 def main(argv=None):
-    parser = cli.parser(__doc__.splitlines()[0], epochs=20, momentum=0.9, partition="shards", allreduce="ring")
+    parser = cli.parser(__doc__.splitlines()[0], allreduce="ring", **DEFAULTS)
     parser.add_argument("--period", type=cli.parse_period, default=8,
                         help="average every H steps; 'end': once after training (Zinkevich)")
     args = parser.parse_args(argv)

@@ -12,7 +12,8 @@ The network is a Sequential of blocks (``partition.blocks_of``: the cut lives in
 algorithms/core/partition.py, which the hybrid grid and Downpour's replicas share): a Linear or
 Conv2d layer, the Flattens in front of it, the ReLUs and max-poolings behind it. For an MLP,
 layer k maps a_k (N, i_k) to z_k = a_k W_k + b_k (N, o_k). Every rank holds a piece of every
-layer, and every rank sees the whole batch. Two ways to cut W_k (i_k, o_k), uneven blocks allowed (``minidl.data.shard``):
+layer, and every rank sees the whole batch. Two ways to cut W_k (i_k, o_k), uneven blocks allowed
+(``minidl.data.shard``):
 
     --split output   rank r owns the output neurons cols_r: W_k[:, cols_r], b_k[cols_r]
       forward    z_r = a_k W_k[:, cols_r] + b_k[cols_r]              (N, i_k) @ (i_k, o_r)
@@ -61,16 +62,19 @@ for replicas of a partitioned model). Checkpoints are layout-free (``partition.P
 pieces and their momentum in the serial model's order, and --resume cuts such a file, written by any
 SGD-family algorithm on any number of ranks, back into this run's pieces.
 
-Default run (the MLP on the embedded digits, 10 epochs, batch 32, lr 0.05, momentum 0.9): the
-same trajectory as serial SGD on the same MLP; measured at P = 4: 97.5% test accuracy, as
-``serial_sgd --model mlp`` (17 s with other jobs on the 2 cores, against 2 s serially: this MLP is
-far too small for its layers to be worth splitting; tutorials/06 counts the bytes).
+Default run (the defaults ``--help`` shows): the same trajectory as serial SGD on the same MLP; measured at P
+= 4: 97.5% test accuracy, as ``serial_sgd --model mlp`` (17 s with other jobs on the 2 cores, against 2 s
+serially: this MLP is far too small for its layers to be worth splitting; tutorials/06 counts the bytes).
 """
 import numpy
 from mpi4py import MPI
 
-from algorithms.core import checkpoint, cli, partition, run, tags
+from algorithms.core import checkpoint, cli, partition, tags
+from algorithms.core.run import Run, Settings
 from minidl.tensor import Tensor
+
+# the shared flags' defaults for this algorithm, for train() and --help alike
+DEFAULTS = dict(epochs=10, momentum=0.9, model="mlp")
 
 EXCHANGE = tags.MODEL_PARALLEL         # the tag of every partition-crossing message
 
@@ -180,24 +184,24 @@ def train(comm=None, split="output", **settings):
     """Model-parallel SGD on ``comm``: one replica, its layers in P pieces; returns (final flat
     parameters of the whole model, on every rank, history)."""
     comm = comm or MPI.COMM_WORLD
-    settings = run.Settings.of(settings, epochs=10, momentum=0.9, partition="global", model="mlp")
+    settings = Settings.of(settings, **DEFAULTS)
     writer = checkpoint.Writer("model_parallel", checkpoint.SGD_FAMILY, layout={"pieces": comm.Get_size(),
                                                                                 "split": split})
-    job = run.start(comm, settings, check=lambda s: partition.check(s, comm.Get_size(), split), reader=(0, 1),
+    run = Run.start(comm, settings, check=lambda s: partition.check(s, comm.Get_size(), split), reader=(0, 1),
                     writer=writer)
-    mine = partition.Partition(job, job.comm, split)
-    x_all, y_all = job.objective.data.x_train, job.objective.data.y_train
+    mine = partition.Partition(run, run.comm, split)
+    x_all, y_all = run.objective.data.x_train, run.objective.data.y_train
 
     def step(batch):
-        loss = model_parallel_gradient(job.counting, mine.pieces, x_all[batch.index], y_all[batch.index], split)
+        loss = model_parallel_gradient(run.counting, mine.pieces, x_all[batch.index], y_all[batch.index], split)
         mine.optimizer.step()                          # every rank: its own pieces only
         return loss
 
-    return job.loop(step, evaluate=mine.evaluate)
+    return run.loop(step, evaluate=mine.evaluate)
 
 
 def main(argv=None):
-    parser = cli.parser(__doc__.splitlines()[0], epochs=10, momentum=0.9, model="mlp")
+    parser = cli.parser(__doc__.splitlines()[0], **DEFAULTS)
     parser.add_argument("--split", default="output", choices=partition.SPLITS,
                         help="output: each rank owns some output neurons (channels) of every layer; input: some "
                              "input features (MLP only)")

@@ -16,7 +16,7 @@ Full references: tutorials/references.md.
 
 The population: M = --population members; member m is the group of R = p / M consecutive ranks
 m R .. m R + R - 1, which trains it by synchronous data-parallel SGD on its own communicator
-(``allreduce_sgd.data_parallel_step``). Every member starts from the same weights and draws its
+(``core.step.data_parallel_step``, allreduce SGD's step). Every member starts from the same weights and draws its
 hyperparameters h_m = (lr, momentum, batch) from the prior (``sample``). Then, for each round:
 
     train     every member reads B = ready x ready_batch x R examples with its own h_m: steps of
@@ -39,7 +39,7 @@ Cost per round, beyond training: one allgather of p scores, and per loser R mess
 floats (n = 6090 for the CNN: 49 KB each). The rounds are not an epoch loop: members read the
 same examples per round (the budget: --rounds x B each, 12 x 1280 for the defaults), but a member
 with a bigger batch takes fewer steps; each member reads an endless stream of its own shuffled
-epochs (``core.stream.Stream``), so a round need not end at an epoch's end.
+epochs (``minidl.data.Stream``), so a round need not end at an epoch's end.
 
 Restrictions: 2 <= M <= p with M dividing p; 0 < fraction <= 0.5. The result is the best member
 at the last ranking; its test accuracy is in the last record. --save keeps every rank's member
@@ -58,14 +58,15 @@ import math
 import numpy
 from mpi4py import MPI
 
-from algorithms.allreduce_sgd import data_parallel_step
-from algorithms.core import checkpoint, cli, divergence, run, tags
+from algorithms.core import checkpoint, cli, divergence, tags
 from algorithms.core.cli import SettingError
 from algorithms.core.log import Log
-from algorithms.core.objective import evaluate, load_data
-from algorithms.core.stream import Stream, split_validation
+from algorithms.core.objective import evaluate, load_data, split_validation
+from algorithms.core.run import Run, Settings, agreed, mpi_allreduce
+from algorithms.core.step import data_parallel_step
 from collectives.trace import CountingComm
 from minidl import backend
+from minidl.data import Stream
 
 SEARCHES = ("pbt", "random", "evolution")
 HYPERPARAMETERS = ("lr", "momentum", "batch_size")
@@ -181,7 +182,7 @@ def train(comm=None, population=None, ready=40, rounds=12, fraction=0.25, search
     comm = comm or MPI.COMM_WORLD
     size, rank = comm.Get_size(), comm.Get_rank()
     population = size if population is None else population
-    with run.agreed(comm, catch=SettingError):  # the same checks on every rank, before any message
+    with agreed(comm, catch=SettingError):  # the same checks on every rank, before any message
         if settings.pop("epochs", None) is not None:
             raise SettingError("--epochs: pbt's budget is --rounds x --ready steps per member")
         for name in HYPERPARAMETERS:
@@ -196,23 +197,23 @@ def train(comm=None, population=None, ready=40, rounds=12, fraction=0.25, search
     member, piece = divmod(rank, per_member)
     team = comm.Split(member, rank)             # the member's own ranks, for its synchronous SGD
 
-    # every member: the same weights, its own data stream and optimizer (run.start, on the team)
-    settings = run.Settings.of(settings, epochs=rounds, partition="global")   # a checkpoint's "epoch": rounds done
+    # every member: the same weights, its own data stream and optimizer (Run.start, on the team)
+    settings = Settings.of(settings, epochs=rounds, partition="global")   # a checkpoint's "epoch": rounds done
     log, settings.log = settings.log, None
     state = {"--population": population, "--search": search, "--ready": ready, "--ready-batch": ready_batch,
              "--fraction": fraction, "--validation": validation}
     writer = checkpoint.Writer("pbt", state=state, layout={"ranks_per_member": size // population})
-    job, held_out, resumed = None, None, None
-    with run.agreed(comm):                      # a member that failed to start stops the whole population
+    run, held_out, resumed = None, None, None
+    with agreed(comm):                      # a member that failed to start stops the whole population
         data, *held_out = split_validation(settings.data or load_data(settings.dataset, settings.seed,
                                                                        settings.data_dir), validation)
-        job = run.start(team, dataclasses.replace(settings, data=data, quiet=True, save=None, resume=None),
+        run = Run.start(team, dataclasses.replace(settings, data=data, quiet=True, save=None, resume=None),
                         reader=(piece, per_member), writer=writer)
-        initial = flat_state(job.objective, job.optimizer)  # every member's start: evolution restarts from it
+        initial = flat_state(run.objective, run.optimizer)  # every member's start: evolution restarts from it
         if settings.resume:                     # this rank's own member state, the shared table, the lineage
-            resumed = checkpoint.resume(settings, job.objective, job.optimizer, rank, size, writer.meta(settings, size))
+            resumed = checkpoint.resume(settings, run.objective, run.optimizer, rank, size, writer.meta(settings, size))
         logger = Log(log, rank=rank, quiet=settings.quiet)
-    objective, optimizer = job.objective, job.optimizer
+    objective, optimizer = run.objective, run.optimizer
     stream = Stream(objective.n, settings.seed, member, piece, per_member)
     world = CountingComm(comm)
     hyper = numpy.array([sample(numpy.random.default_rng([settings.seed, 10 ** 6 + m])) for m in range(population)])
@@ -249,7 +250,7 @@ def train(comm=None, population=None, ready=40, rounds=12, fraction=0.25, search
         with numpy.errstate(over="ignore", invalid="ignore", divide="ignore"):    # a NaN member is replaced
             while examples < budget:
                 batch = stream.next(int(hyper[member, 2]), limit=budget - examples)
-                data_parallel_step(job.counting, objective, optimizer, batch, run.mpi_allreduce)
+                data_parallel_step(run.counting, objective, optimizer, batch, mpi_allreduce)
                 examples += batch.total
             loss, accuracy = evaluate(objective.net, *held_out)
         # eval: every rank learns every member's held-out score (minus the loss: accuracy ties on
@@ -267,7 +268,7 @@ def train(comm=None, population=None, ready=40, rounds=12, fraction=0.25, search
         logger.epoch(round=round_ + 1, examples=(round_ + 1) * budget, best_member=best,
                      best_held_out_loss=-scores[best],
                      held_out_accuracy=[round(value, 4) for value in accuracies], copied=len(parents),
-                     bytes=int(comm.allreduce(world.bytes_sent + job.counting.bytes_sent)))
+                     bytes=int(comm.allreduce(world.bytes_sent + run.counting.bytes_sent)))
 
     # the result: the best member at the last ranking, sent to every rank, scored on the test set
     own = backend.to_numpy(objective.params).copy()   # this member's: --save keeps it for --resume
@@ -281,7 +282,8 @@ def train(comm=None, population=None, ready=40, rounds=12, fraction=0.25, search
         objective.params[...] = backend.asarray(own)
         checkpoint.write(comm, settings.save, params, optimizer, rounds, meta=writer.meta(settings, size),
                          own={"params": objective.params, "stream": numpy.array([stream.epoch, stream.position])},
-                         shared={"hyper": hyper, "best": numpy.array(best), "lineage": numpy.array(json.dumps(records))})
+                         shared={"hyper": hyper, "best": numpy.array(best),
+                                 "lineage": numpy.array(json.dumps(records))})
     if rank == 0 and lineage:
         with open(lineage, "w") as file:
             json.dump({"search": search, "population": population, "ready": ready, "ready_batch": ready_batch,

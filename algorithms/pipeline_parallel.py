@@ -62,29 +62,31 @@ evaluates, saves and returns the whole trained model, and a --save file is the s
 checkpointed segment (``minidl.recompute``), so a micro-batch in flight keeps only the stage's input
 and output, and its backward runs the stage's forward again first: the same bits, the activations
 in flight m (GPipe) or P - s (1F1B) stage inputs and outputs plus one micro-batch's stage at a time
-(``algorithms.core.accounts`` predicts the bytes, ``algorithms.memory`` measures them).
+(``algorithms.memory.accounts`` predicts the bytes, ``algorithms.memory`` measures them).
 
 Restrictions: P <= L (a stage needs a layer); 1 <= m <= --batch-size (a micro-batch needs a row;
 the epoch's last, shorter batch uses min(m, its rows)); a Sequential model (not --problem). Stages
 are cut by layer count, not balanced by cost as GPipe's partitioner does.
 
-Default run (the small CNN on the embedded digits, 20 epochs, batch 32, m 4, 1F1B, lr 0.05,
-momentum 0.9): the same trajectory as serial SGD at batch 32, for any P <= 8; measured at P = 4:
-98.9% test accuracy, as serial SGD's 20 epochs (the final training losses agree to 2e-8; 40 s
-with other jobs on the 2 cores, against 14 s serially: 4 ranks share 2 cores, and the bubble).
+Default run (the defaults ``--help`` shows): the same trajectory as serial SGD at batch 32, for any P <= 8;
+measured at P = 4: 98.9% test accuracy, as serial SGD's 20 epochs (the final training losses agree to 2e-8; 40
+s with other jobs on the 2 cores, against 14 s serially: 4 ranks share 2 cores, and the bubble).
 """
 import numpy
 from mpi4py import MPI
 
-from algorithms.core import checkpoint, cli, run, tags
+from algorithms.core import checkpoint, cli, tags
 from algorithms.core.cli import SettingError
 from algorithms.core.objective import build_model
-from minidl import backend
-from minidl import functional as F
+from algorithms.core.run import Run, Settings
+from minidl import backend, functional as F
 from minidl.data import shard
 from minidl.nn import Sequential
 from minidl.recompute import Checkpoint
 from minidl.tensor import Tensor, no_grad
+
+# the shared flags' defaults for this algorithm, for train() and --help alike
+DEFAULTS = dict(epochs=20, momentum=0.9)
 
 SCHEDULES = ("gpipe", "1f1b")
 ACTIVATION, GRADIENT = tags.PIPELINE, tags.PIPELINE + 1   # micro-batch i: ACTIVATION + 2 i and GRADIENT + 2 i
@@ -137,7 +139,7 @@ class Stage:
         self.slices = [(sum(sizes[:first]), sum(sizes[:stop])) for first, stop in self.bounds]
         first, stop = self.bounds[stage]
         self.layers = Sequential(*layers[first:stop])
-        if recompute:            # --recompute: the whole stage one segment, only its input kept (GPipe's re-materialization)
+        if recompute:       # --recompute: the whole stage one segment, its input kept (GPipe's re-materialization)
             self.layers = Checkpoint(self.layers)
         self.receives, self.sends = self.shapes[first], self.shapes[stop]
         self.start, self.end = self.slices[stage]
@@ -247,28 +249,28 @@ def train(comm=None, schedule="1f1b", micro_batches=4, recompute=False, **settin
     """
     comm = comm or MPI.COMM_WORLD
     kind = schedule                                # the argument's name hides the function schedule() here
-    settings = run.Settings.of(settings, epochs=20, momentum=0.9, partition="global")
+    settings = Settings.of(settings, **DEFAULTS)
     writer = checkpoint.Writer("pipeline_parallel", checkpoint.SGD_FAMILY,
                                layout={"stages": comm.Get_size(), "schedule": kind, "micro_batches": micro_batches})
-    job = run.start(comm, settings, check=lambda s: check(s, comm.Get_size(), kind, micro_batches),
+    run = Run.start(comm, settings, check=lambda s: check(s, comm.Get_size(), kind, micro_batches),
                     reader=(0, 1), writer=writer)
-    stage = Stage(job.objective.net, job.rank, job.size, job.objective.data.x_train[:1], recompute)
-    last = job.size - 1
+    stage = Stage(run.objective.net, run.rank, run.size, run.objective.data.x_train[:1], recompute)
+    last = run.size - 1
 
     def step(batch):
-        loss = pipeline_gradient(job.counting, stage, job.objective, batch, micro_batches, kind)
-        job.optimizer.step()                       # w_s <- w_s - lr * grad_s: only this stage's slice moves
-        return job.comm.bcast(loss, root=last)     # the loss the last stage saw, for the log
+        loss = pipeline_gradient(run.counting, stage, run.objective, batch, micro_batches, kind)
+        run.optimizer.step()                       # w_s <- w_s - lr * grad_s: only this stage's slice moves
+        return run.comm.bcast(loss, root=last)     # the loss the last stage saw, for the log
 
     def evaluate():
-        share_stages(job.comm, stage, job.objective, job.optimizer)
-        return job.objective.evaluate()
+        share_stages(run.comm, stage, run.objective, run.optimizer)
+        return run.objective.evaluate()
 
-    return job.loop(step, evaluate=evaluate)
+    return run.loop(step, evaluate=evaluate)
 
 
 def main(argv=None):
-    parser = cli.parser(__doc__.splitlines()[0], epochs=20, momentum=0.9, recompute="stage")
+    parser = cli.parser(__doc__.splitlines()[0], recompute="stage", **DEFAULTS)
     parser.add_argument("--schedule", default="1f1b", choices=SCHEDULES,
                         help="gpipe: all forwards, then all backwards; 1f1b: one forward, one backward")
     parser.add_argument("--micro-batches", type=int, default=4, help="micro-batches per global batch")

@@ -65,7 +65,7 @@ Restrictions: p >= S + 2; S <= n; W <= --portions <= training examples; 0 < --ba
 <= 1 (1: no backups; below 1 only with W >= 2); --slow-worker (a worker rank) and --slow-factor
 (>= 1) only together; --model and --dataset not with --problem; --batch-size is refused (a batch
 is the training set); --resume is refused (the history would have to be saved too).
-Errors: a bad flag stops every rank before the first message (``run.start``); a non-finite loss,
+Errors: a bad flag stops every rank before the first message (``Run.start``); a non-finite loss,
 or one 100 x the first (``divergence.check_divergence``), makes the coordinator stop every worker and
 shard and every rank raise the same error; an exception in any role prints ``error: ...`` and
 aborts the job (``MPI.Abort(2)``): the other roles would wait for that rank's messages forever.
@@ -81,8 +81,9 @@ make_07_figures.py --part compare; chapter 7 has the comparison with Downpour an
 import numpy
 from mpi4py import MPI
 
-from algorithms.core import checkpoint, cli, divergence, run
+from algorithms.core import checkpoint, cli, divergence
 from algorithms.core.objective import evaluate_at
+from algorithms.core.run import Run, Settings, agreed
 from algorithms.ps import loop
 from algorithms.sandblaster.coordinator import Coordinator
 from algorithms.sandblaster.shard import Shard
@@ -90,6 +91,9 @@ from algorithms.sandblaster.wire import Roles
 from algorithms.sandblaster.worker import work
 from collectives.trace import CountingComm, TracedComm
 from minidl.data import least_squares
+
+# the shared flags' defaults for this algorithm, for train() and --help alike
+DEFAULTS = dict(epochs=10, lr=1.0)
 
 
 def sharded_direction(shards, pairs):
@@ -138,7 +142,7 @@ def train(comm=None, servers=1, portions=32, backup_threshold=None, push_every=4
     unused = [f"--{name.replace('_', '-')}" for name in ("model", "dataset", "data_dir")   # beside a problem
               if settings.get(name) is not None] if settings.get("problem") is not None else []
     settings = {name: value for name, value in settings.items() if not (value is None and name in ("model", "dataset"))}
-    settings = run.Settings.of(settings, epochs=10, lr=1.0, momentum=0.0, model="mlp")
+    settings = Settings.of(settings, momentum=0.0, model="mlp", **DEFAULTS)
     size, rank = comm.Get_size(), comm.Get_rank()
     threshold = (1.0 if deterministic else 0.9) if backup_threshold is None else backup_threshold
     roles = None
@@ -178,12 +182,12 @@ def train(comm=None, servers=1, portions=32, backup_threshold=None, push_every=4
             raise cli.SettingError(f"--slow-worker must be a worker rank ({roles.worker_ranks[0]}..{size - 1}; "
                                    f"rank 0 coordinates and ranks 1..{servers} serve), got {slow_worker}")
 
-    job = run.start(comm, settings, check=check, writer=checkpoint.Writer("sandblaster_lbfgs"))
-    with run.agreed(comm, catch=(cli.SettingError, ValueError)):   # every rank computes the same
-        n = job.objective.n
+    run = Run.start(comm, settings, check=check, writer=checkpoint.Writer("sandblaster_lbfgs"))
+    with agreed(comm, catch=(cli.SettingError, ValueError)):   # every rank computes the same
+        n = run.objective.n
         if portions > n:
             raise cli.SettingError(f"--portions {portions} is more than the {n} training examples")
-        roles = Roles(size, servers, job.objective.params.size)
+        roles = Roles(size, servers, run.objective.params.size)
 
     options = dict(portions=portions, threshold=threshold, push_every=push_every, history=history, max_iter=max_iter,
                    max_backtracks=max_backtracks, tolerance_grad=tolerance_grad, tolerance_change=tolerance_change,
@@ -192,28 +196,28 @@ def train(comm=None, servers=1, portions=32, backup_threshold=None, push_every=4
     role = roles.role(rank)
     if role == "coordinator":
         traced = TracedComm(counting)
-        coordinator = Coordinator(traced, roles, options, job.logger, sharded_direction)
+        coordinator = Coordinator(traced, roles, options, run.logger, sharded_direction)
         loop.play(comm, role, coordinator.train, settings.epochs)
         failure = None if coordinator.failure is None else divergence.Diverged(coordinator.failure)
         mine = dict(error=failure, messages=traced.messages, batch_seconds=coordinator.batch_seconds,
                     backups=coordinator.backups, discarded=coordinator.discarded, evaluations=coordinator.evaluations,
                     final=coordinator.final)
     elif role == "server":
-        shard = Shard(counting, roles, rank - 1, job.objective.params, history)
+        shard = Shard(counting, roles, rank - 1, run.objective.params, history)
         mine = dict(shard=loop.play(comm, role, shard.serve))
     else:
-        rows = numpy.array_split(numpy.arange(job.objective.n), portions)
-        mine = dict(computed=loop.play(comm, role, work, counting, roles, job.objective, options, rows))
+        rows = numpy.array_split(numpy.arange(run.objective.n), portions)
+        mine = dict(computed=loop.play(comm, role, work, counting, roles, run.objective, options, rows))
     mine["bytes"] = counting.bytes_sent
 
-    gathered, params = loop.collect(job, mine, roles.server_ranks)     # the shards' w, joined on every rank
+    gathered, params = loop.collect(run, mine, roles.server_ranks)     # the shards' w, joined on every rank
     final = dict(gathered[0]["final"])           # the last epoch, with the test metrics of the joined parameters
-    job.logger.epoch(epoch=final.pop("epoch"), train_loss=final.pop("train_loss"),
-                     **evaluate_at(job.objective, params), **final)
+    run.logger.epoch(epoch=final.pop("epoch"), train_loss=final.pop("train_loss"),
+                     **evaluate_at(run.objective, params), **final)
     if report is not None:
         report.update(gathered[0], roles=roles, bytes=[part["bytes"] for part in gathered],
                       computed={rank: gathered[rank]["computed"] for rank in roles.worker_ranks})
-    return loop.finish(job, params)
+    return loop.finish(run, params)
 
 
 def default_problem(seed=0):
@@ -222,7 +226,7 @@ def default_problem(seed=0):
 
 
 def main(argv=None):
-    parser = cli.parser(__doc__.splitlines()[0], epochs=10, lr=1.0, model=None, momentum=None)   # model: mlp
+    parser = cli.parser(__doc__.splitlines()[0], model=None, momentum=None, **DEFAULTS)   # model: mlp
     parser.set_defaults(batch_size=None, dataset=None)   # given, refused (--model, --dataset: with --problem)
     parser.add_argument("--servers", type=int, default=1, help="parameter-server shards (ranks 1 .. S)")
     parser.add_argument("--portions", type=int, default=32, help="pieces of each batch, handed out one at a time")

@@ -61,8 +61,8 @@ tile.
 Checkpoints: every rank holds the whole model, so --save writes the same layout-free ``params`` as
 allreduce_sgd, and --resume reads any SGD-family file.
 
-Default run (small CNN, digits, 10 epochs, batch 32, lr 0.05, momentum 0.9): serial SGD's
-trajectory, 98.9% test accuracy at P = 2 as ``serial_sgd``.
+Default run (the defaults ``--help`` shows): serial SGD's trajectory, 98.9% test accuracy at P = 2 as
+``serial_sgd``.
 """
 import contextlib
 import functools
@@ -70,11 +70,15 @@ import functools
 import numpy
 from mpi4py import MPI
 
-from algorithms.core import checkpoint, cli, run, tags
+from algorithms.core import checkpoint, cli, tags
+from algorithms.core.run import Run, Settings, agreed, allreduce_function
 from algorithms.core.tiling import Tiling
 from minidl import functional as F
 from minidl.nn import Sequential
 from minidl.tensor import Tensor, no_grad
+
+# the shared flags' defaults for this algorithm, for train() and --help alike
+DEFAULTS = dict(epochs=10, momentum=0.9)
 
 HALO, GATHER = tags.SPATIAL_HALO, tags.SPATIAL_GATHER
 
@@ -230,30 +234,30 @@ def train(comm=None, recompute=False, **settings):
     """Spatially partitioned SGD on ``comm``: one replica, every feature map in P row blocks; returns
     (final flat parameters, the same on every rank, history). ``recompute``: each stage recomputed."""
     comm = comm or MPI.COMM_WORLD
-    settings = run.Settings.of(settings, epochs=10, momentum=0.9, partition="global")
-    job = run.start(comm, settings, check=no_problem, reader=(0, 1),
+    settings = Settings.of(settings, **DEFAULTS)
+    run = Run.start(comm, settings, check=no_problem, reader=(0, 1),
                     writer=checkpoint.Writer("spatial_parallel", checkpoint.SGD_FAMILY,
                                              layout={"tiles": comm.Get_size()}))
-    objective = job.objective
+    objective = run.objective
     _, _, height, width = objective.data.x_train.shape
-    with run.agreed(comm):                     # after the shared flags' checks, before any message of the run
+    with agreed(comm):                     # after the shared flags' checks, before any message of the run
         name = f"--model {settings.model}" if isinstance(settings.model, str) else "the model"
         tiling = Tiling.of(objective.net, height, width, comm.Get_size(), name)
     conv_gradient = objective.grad[:tiling.conv_parameters()]       # the conv layers come first in the flat vector
-    sum_conv_gradient = functools.partial(run.allreduce_function("ring"), job.counting, conv_gradient)
+    sum_conv_gradient = functools.partial(allreduce_function("ring"), run.counting, conv_gradient)
 
     def step(batch):
         objective.flat.zero_grad()
-        loss = spatial_gradient(job.counting, tiling, objective.data.x_train[batch.index],
+        loss = spatial_gradient(run.counting, tiling, objective.data.x_train[batch.index],
                                 objective.data.y_train[batch.index], sum_conv_gradient, recompute)
-        job.optimizer.step()                            # the same update on every rank
+        run.optimizer.step()                            # the same update on every rank
         return loss
 
-    return job.loop(step)
+    return run.loop(step)
 
 
 def main(argv=None):
-    args = cli.parser(__doc__.splitlines()[0], epochs=10, momentum=0.9, recompute="tile").parse_args(argv)
+    args = cli.parser(__doc__.splitlines()[0], recompute="tile", **DEFAULTS).parse_args(argv)
     cli.run_main(train, args)
 
 

@@ -35,17 +35,20 @@ clock staleness s and then wait, while with s = inf they run ahead (tutorials/05
 Restrictions: at least S + 1 ranks; s >= 0 (``--staleness inf`` for no bound).
 Communication per step: one push + fetch request, 2 S messages of n/S values each way.
 
-Defaults (small CNN, embedded digits, 1 server + 3 workers at -n 4, s = 2, server SGD lr 0.05,
-batch 32 per worker, 10 epochs): measured on 2 shared cores, 93.9% and 96.7% test accuracy in two
-runs, about 3 seconds. (Each push is applied with lr, so 3 workers step like serial SGD at 3 lr.)
+Default run (the defaults ``--help`` shows; 1 server + 3 workers at -n 4): measured on 2 shared cores, 93.9%
+and 96.7% test accuracy in two runs, about 3 seconds. (Each push is applied with lr, so 3 workers step like
+serial SGD at 3 lr.)
 """
 import time
 
 from mpi4py import MPI
 
-from algorithms import downpour_sgd
-from algorithms.core import checkpoint, cli, run
-from algorithms.ps import job as ps_job
+from algorithms.core import checkpoint, cli
+from algorithms.core.run import Settings
+from algorithms.ps import flags, job as ps_job
+
+# the shared flags' defaults for this algorithm, for train() and --help alike
+DEFAULTS = dict(epochs=10, lr=0.05, momentum=0.0)
 
 
 def ssp_step(replica, rows, i, end_of_epoch, last_step):
@@ -98,7 +101,7 @@ def train(comm=None, staleness=2, servers=1, server_optimizer="sgd", determinist
     comm = comm if comm is not None else MPI.COMM_WORLD
     check_straggler(straggler, straggler_delay, servers, comm.Get_size())
     step = slowed(ssp_step, straggler_delay) if comm.Get_rank() == straggler else ssp_step
-    settings = run.Settings.of(settings, epochs=10, lr=0.05, momentum=0.0)
+    settings = Settings.of(settings, **DEFAULTS)
     ps = ps_job.Settings(servers=servers, n_fetch=1, n_push=1, staleness=staleness,
                          server_optimizer=server_optimizer, deterministic=deterministic,
                          fail_worker=fail_worker, fail_step=fail_step, timeout=timeout)
@@ -108,7 +111,7 @@ def train(comm=None, staleness=2, servers=1, server_optimizer="sgd", determinist
 
 
 def main(argv=None):
-    parser = downpour_sgd.add_server_flags(cli.parser(__doc__.splitlines()[0], epochs=10, lr=0.05))
+    parser = flags.add_server_flags(cli.parser(__doc__.splitlines()[0], **DEFAULTS))
     parser.set_defaults(server_optimizer="sgd")
     parser.add_argument("--staleness", type=parse_staleness, default=2,
                         help="the bound s (an integer >= 0, or 'inf' for none)")
@@ -117,7 +120,7 @@ def main(argv=None):
                         help="seconds the straggler sleeps before each step")
     args = parser.parse_args(argv)
     cli.run_main(train, args, staleness=args.staleness, straggler=args.straggler,
-                 straggler_delay=args.straggler_delay, **downpour_sgd.server_flags(args))
+                 straggler_delay=args.straggler_delay, **flags.server_flags(args))
 
 
 if __name__ == "__main__":

@@ -50,12 +50,16 @@ Restrictions: the model's top-level Sequential entries that are Linear layers ca
 import numpy
 from mpi4py import MPI
 
-from algorithms.core import checkpoint, cli, run
+from algorithms.core import checkpoint, cli
 from algorithms.core.cli import SettingError
+from algorithms.core.run import Run, Settings, allreduce_function
 from collectives.tags import DIRECT_GATHER, GATHER, SEND_BACK
 from minidl import backend
 from minidl.nn import Linear, Module, Sequential
 from minidl.tensor import Tensor
+
+# the shared flags' defaults for this algorithm, for train() and --help alike
+DEFAULTS = dict(epochs=20, momentum=0.9, partition="global", model="mlp")
 
 CHOICES = ("auto", "always", "never")
 EXCHANGES = ("broadcast", "server")
@@ -233,10 +237,10 @@ def train(comm=None, factors="auto", exchange="broadcast", allreduce="ring", **s
     The history's records carry ``factored``, the layers factored in that epoch as (in, out) pairs.
     """
     comm = comm or MPI.COMM_WORLD
-    settings = run.Settings.of(settings, epochs=20, momentum=0.9, partition="global", model="mlp")
+    settings = Settings.of(settings, **DEFAULTS)
 
     def check(_):
-        run.allreduce_function(allreduce)
+        allreduce_function(allreduce)
         if backend.get_backend() != "numpy":
             raise SettingError(f"sufficient_factors runs on host (NumPy) arrays only; the backend is "
                                f"{backend.get_backend()!r}")
@@ -244,14 +248,14 @@ def train(comm=None, factors="auto", exchange="broadcast", allreduce="ring", **s
             raise SettingError(f"unknown --factors {factors!r}; choose one of {', '.join(CHOICES)}")
         if exchange not in EXCHANGES:
             raise SettingError(f"unknown --exchange {exchange!r}; choose one of {', '.join(EXCHANGES)}")
-    job = run.start(comm, settings, check=check,
+    run = Run.start(comm, settings, check=check,
                     writer=checkpoint.Writer("sufficient_factors", checkpoint.SGD_FAMILY))
     size = comm.Get_size()
-    net = getattr(job.objective, "net", None)
+    net = getattr(run.objective, "net", None)
     # every Linear layer that may ever send factors keeps them; which do is decided per batch size
     candidates = factor_linear_layers(net, lambda _: factors != "never") if net is not None else []
-    summed = run.allreduce_function(allreduce)
-    plans, now = {}, {"epoch": job.first_epoch, "plan": None}
+    summed = allreduce_function(allreduce)
+    plans, now = {}, {"epoch": run.first_epoch, "plan": None}
 
     def plan(batch):
         """(the layers that send factors, the flat indices of everything else, the largest factors
@@ -260,23 +264,23 @@ def train(comm=None, factors="auto", exchange="broadcast", allreduce="ring", **s
             sending = [layer for layer in candidates if factors == "always" or
                        factors_pay(batch, layer.linear.in_features, layer.linear.out_features, size, exchange)]
             width = sum(layer.linear.in_features + layer.linear.out_features for layer in sending)
-            plans[batch] = sending, dense_entries(job.objective, sending), batch * width
+            plans[batch] = sending, dense_entries(run.objective, sending), batch * width
         return plans[batch]
 
     def step(piece):
         # this epoch's per-rank batch (--batch-schedule grows it): no rank's piece has more rows
-        batch = job.schedule.batch_at(now["epoch"]) if job.schedule else settings.batch_size
+        batch = run.schedule.batch_at(now["epoch"]) if run.schedule else settings.batch_size
         now["plan"] = layers, rest, largest = plan(batch)
         chosen = server_factor_step if exchange == "server" else sufficient_factor_step
-        return chosen(job.counting, job.objective, job.optimizer, piece, layers, rest, summed, largest)
+        return chosen(run.counting, run.objective, run.optimizer, piece, layers, rest, summed, largest)
 
     def next_epoch(epoch):
         now["epoch"] = epoch + 1
 
     def evaluate():
         shapes = [[layer.linear.in_features, layer.linear.out_features] for layer in now["plan"][0]]
-        return {**job.objective.evaluate(), "factored": shapes}
-    return job.loop(step, evaluate=evaluate, end_of_epoch=next_epoch)
+        return {**run.objective.evaluate(), "factored": shapes}
+    return run.loop(step, evaluate=evaluate, end_of_epoch=next_epoch)
 
 
 def dense_entries(objective, sending):
@@ -290,8 +294,7 @@ def dense_entries(objective, sending):
 
 
 def main(argv=None):
-    parser = cli.parser(__doc__.splitlines()[0], epochs=20, momentum=0.9, partition="global", allreduce="ring",
-                        model="mlp")
+    parser = cli.parser(__doc__.splitlines()[0], allreduce="ring", **DEFAULTS)
     parser.add_argument("--factors", default="auto", choices=CHOICES,
                         help="send a Linear layer's factors: auto (where they cost fewer bytes), always, never")
     parser.add_argument("--exchange", default="broadcast", choices=EXCHANGES,

@@ -47,19 +47,22 @@ Restrictions: p <= h of every block (a rank needs a column; more ranks are refus
 the serial model and its momentum, so any SGD-family algorithm resumes the file and this one
 resumes theirs (``partition.Placement``).
 
-Default run (the MLP on the embedded digits, 10 epochs, batch 32, lr 0.05, momentum 0.9): serial
-SGD's trajectory up to rounding, 97.5% test accuracy as ``serial_sgd --model mlp``.
+Default run (the defaults ``--help`` shows): serial SGD's trajectory up to rounding, 97.5% test accuracy as
+``serial_sgd --model mlp``.
 """
 import numpy
 from mpi4py import MPI
 
-from algorithms.core import checkpoint, cli, partition, run
+from algorithms.core import checkpoint, cli, partition
 from algorithms.core.objective import build_model, loss_and_grad
-from minidl import functional as F
+from algorithms.core.run import Run, Settings, allreduce_function
+from minidl import functional as F, recompute as recomputation
 from minidl.data import shard
 from minidl.nn import Linear, Module, ReLU, Sequential
-from minidl import recompute as recomputation
 from minidl.tensor import Parameter
+
+# the shared flags' defaults for this algorithm, for train() and --help alike
+DEFAULTS = dict(epochs=10, momentum=0.9, model="mlp")
 
 
 def tensor_parallel_block(x, column, row_weight, row_bias, total):
@@ -167,17 +170,17 @@ def split_network(net, flat, rank, size, total, recompute=False):
 
 
 class TensorParallel(partition.Placement):
-    """This rank's split network over ``comm``, placed in ``job``'s serial model; summing by ``allreduce``."""
+    """This rank's split network over ``comm``, placed in ``run``'s serial model; summing by ``allreduce``."""
 
-    def __init__(self, job, comm, allreduce, recompute=False):
-        summed = run.allreduce_function(allreduce)
+    def __init__(self, run, comm, allreduce, recompute=False):
+        summed = allreduce_function(allreduce)
 
         def total(array):
             summed(comm, array.reshape(-1))        # in place: ``array`` is a fresh contiguous copy
             return array
-        self.layers, parameters, own = split_network(job.objective.net, job.objective.flat, comm.Get_rank(),
+        self.layers, parameters, own = split_network(run.objective.net, run.objective.flat, comm.Get_rank(),
                                                      comm.Get_size(), total, recompute)
-        super().__init__(job, comm, parameters, own)
+        super().__init__(run, comm, parameters, own)
 
     def __call__(self, x):
         for layer in self.layers:
@@ -189,12 +192,12 @@ def train(comm=None, allreduce="ring", recompute=False, **settings):
     """Tensor-parallel SGD on ``comm``: one replica, its blocks split over the ranks; returns (final flat
     parameters of the whole model, on every rank, history). ``recompute``: each block a checkpointed segment."""
     comm = comm or MPI.COMM_WORLD
-    settings = run.Settings.of(settings, epochs=10, momentum=0.9, partition="global", model="mlp")
+    settings = Settings.of(settings, **DEFAULTS)
     writer = checkpoint.Writer("tensor_parallel", checkpoint.SGD_FAMILY, layout={"tensor_ranks": comm.Get_size()})
-    job = run.start(comm, settings, check=lambda s: (check(s, comm.Get_size()), run.allreduce_function(allreduce)),
+    run = Run.start(comm, settings, check=lambda s: (check(s, comm.Get_size()), allreduce_function(allreduce)),
                     reader=(0, 1), writer=writer)
-    mine = TensorParallel(job, job.counting, allreduce, recompute)
-    x_all, y_all = job.objective.data.x_train, job.objective.data.y_train
+    mine = TensorParallel(run, run.counting, allreduce, recompute)
+    x_all, y_all = run.objective.data.x_train, run.objective.data.y_train
 
     def step(batch):
         mine.flat.zero_grad()
@@ -202,12 +205,11 @@ def train(comm=None, allreduce="ring", recompute=False, **settings):
         mine.optimizer.step()                          # every rank: its own pieces and its replicated copies
         return loss
 
-    return job.loop(step, evaluate=mine.evaluate)
+    return run.loop(step, evaluate=mine.evaluate)
 
 
 def main(argv=None):
-    parser = cli.parser(__doc__.splitlines()[0], epochs=10, momentum=0.9, model="mlp", allreduce="ring",
-                        recompute="block")
+    parser = cli.parser(__doc__.splitlines()[0], allreduce="ring", recompute="block", **DEFAULTS)
     args = parser.parse_args(argv)
     cli.run_main(train, args, allreduce=args.allreduce)
 

@@ -56,19 +56,23 @@ allreduce_sgd: the same bits, fewer activations kept.
 
 Restrictions: p <= n (every rank owns a shard) and p <= the training examples; --stage 1, 2 or 3.
 
-Default run (small CNN, embedded digits, stage 3, momentum SGD 0.9, 20 epochs, batch 32 per rank,
-lr 0.05): the trajectory of allreduce_sgd's default run, bit for bit (98.1% test accuracy at p = 4,
-measured on 2 shared cores); --optimizer adam (lr 0.001, 20 epochs): 96.4%. Stage 1's log counts 1.5
-times the bytes of stages 2 and 3 (its allreduce is a reduce-scatter and an allgather of the gradient).
+Default run (the defaults ``--help`` shows): the trajectory of allreduce_sgd's default run, bit for bit (98.1%
+test accuracy at p = 4, measured on 2 shared cores); --optimizer adam (lr 0.001, 20 epochs): 96.4%. Stage 1's
+log counts 1.5 times the bytes of stages 2 and 3 (its allreduce is a reduce-scatter and an allgather of the
+gradient).
 """
 import numpy
 from mpi4py import MPI
 
 import collectives
-from algorithms.core import checkpoint, cli, run
+from algorithms.core import checkpoint, cli
+from algorithms.core.run import Run, Settings, agreed, sgd
 from minidl import backend
 from minidl.optim import Adam
 from minidl.tensor import Parameter
+
+# the shared flags' defaults for this algorithm, for train() and --help alike
+DEFAULTS = dict(epochs=20, momentum=0.9, partition="global")
 
 STAGES = (1, 2, 3)
 OPTIMIZERS = ("sgd", "adam")
@@ -79,15 +83,15 @@ class Shard:
     """Rank r's block [start, stop) of the flat vector and what this rank keeps only for it: the
     optimizer state; from stage 2 the gradient's block; in stage 3 the parameters' block too."""
 
-    def __init__(self, job, stage, optimizer):
-        n, rank, size = job.objective.params.size, job.rank, job.size
+    def __init__(self, run, stage, optimizer):
+        n, rank, size = run.objective.params.size, run.rank, run.size
         if size > n:
             raise cli.SettingError(f"--stage {stage}: {size} ranks but the model has only {n} parameters: every "
                                    f"rank needs a shard (use at most {n} ranks)")
         self.counts = collectives.block_counts(n, size)
         self.start = sum(self.counts[:rank])
         self.stop = self.start + self.counts[rank]
-        whole = job.objective
+        whole = run.objective
         xp = backend.get_array_module(whole.params)
         # stage 3 keeps its own copy of its block; stages 1 and 2 update their block of the whole vector
         self.params = whole.params[self.start:self.stop].copy() if stage == 3 else whole.params[self.start:self.stop]
@@ -95,8 +99,8 @@ class Shard:
         self.grad = whole.grad[self.start:self.stop] if stage == 1 else xp.zeros(self.counts[rank], whole.grad.dtype)
         parameter = Parameter(self.params)
         parameter.grad = self.grad
-        self.optimizer = optimizer([parameter], job.settings)
-        self.whole = job.optimizer               # the whole model's optimizer: only for --resume and --save
+        self.optimizer = optimizer([parameter], run.settings)
+        self.whole = run.optimizer               # the whole model's optimizer: only for --resume and --save
         for key, value in self.whole.state[0].items():     # a resumed run's state, cut to my block
             self.optimizer.state[0][key] = value[self.start:self.stop].copy()
         self.optimizer.steps = self.whole.steps
@@ -147,11 +151,11 @@ def zero_step(comm, objective, shard, batch, stage):
 
 
 def make_optimizer(name):
-    """``optimizer(parameters, settings)`` for ``run.start`` and the shard: momentum SGD or Adam."""
+    """``optimizer(parameters, settings)`` for ``Run.start`` and the shard: momentum SGD or Adam."""
     if name not in OPTIMIZERS:
         raise cli.SettingError(f"unknown --optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
     if name == "sgd":
-        return run.sgd
+        return sgd
     return lambda parameters, settings: Adam(parameters, lr=settings.lr, betas=(settings.momentum, 0.999))
 
 
@@ -164,29 +168,29 @@ def check_stage(stage):
 def train(comm=None, stage=3, optimizer="sgd", **settings):
     """ZeRO stage ``stage`` on ``comm``; returns (final flat parameters as NumPy, history), the same on every rank."""
     comm = comm or MPI.COMM_WORLD
-    settings = run.Settings.of(settings, epochs=20, momentum=0.9, partition="global", lr=LR.get(optimizer, 0.05))
+    settings = Settings.of(settings, lr=LR.get(optimizer, 0.05), **DEFAULTS)
     adam = optimizer == "adam"
     writer = checkpoint.Writer("zero", None if adam else checkpoint.SGD_FAMILY,
                                state={"optimizer": "adam"} if adam else {},
                                layout={"stage": stage, "shards": comm.Get_size()})
-    job = run.start(comm, settings, check=lambda _: (check_stage(stage), make_optimizer(optimizer)), writer=writer,
+    run = Run.start(comm, settings, check=lambda _: (check_stage(stage), make_optimizer(optimizer)), writer=writer,
                     optimizer=lambda parameters, s: make_optimizer(optimizer)(parameters, s))
-    with run.agreed(comm):
-        shard = Shard(job, stage, make_optimizer(optimizer))
+    with agreed(comm):
+        shard = Shard(run, stage, make_optimizer(optimizer))
 
     def step(batch):
-        shard.optimizer.lr = job.optimizer.lr                  # --lr-scaling and its kin set the whole one's
-        return zero_step(job.counting, job.objective, shard, batch, stage)
+        shard.optimizer.lr = run.optimizer.lr                  # --lr-scaling and its kin set the whole one's
+        return zero_step(run.counting, run.objective, shard, batch, stage)
 
     def evaluate():
-        shard.gather(comm, job.objective, stage, state=False)
-        return job.objective.evaluate()
+        shard.gather(comm, run.objective, stage, state=False)
+        return run.objective.evaluate()
 
-    return job.loop(step, evaluate=evaluate, result=lambda: shard.gather(comm, job.objective, stage))
+    return run.loop(step, evaluate=evaluate, result=lambda: shard.gather(comm, run.objective, stage))
 
 
 def main(argv=None):
-    parser = cli.parser(__doc__.splitlines()[0], epochs=20, momentum=0.9, partition="global", lr=None, recompute=True)
+    parser = cli.parser(__doc__.splitlines()[0], lr=None, recompute=True, **DEFAULTS)
     parser.add_argument("--stage", type=int, default=3, help="1: shard the optimizer state; 2: and the gradients; "
                         "3: and the parameters")
     parser.add_argument("--optimizer", default="sgd", choices=OPTIMIZERS,

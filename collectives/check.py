@@ -52,7 +52,7 @@ PROBLEMS = ("a buffer that is not an array", "a buffer that is not 1-D",
             "a non-contiguous buffer", "an unsupported dtype", "buffers of different dtypes",
             "a buffer of the wrong length", "a read-only buffer to write the result into",
             "overlapping buffers", "an unknown op",
-            # the sparse collectives' (index, value) pairs (collectives/sparse.py)
+            # the sparse collectives' (index, value) pairs (collectives/compression/sparse.py)
             "an invalid vector length n", "indices that are not integers", "an index out of range",
             "duplicate indices")
 

@@ -38,6 +38,22 @@ def number(flag, text, low=0.0, integer=False):
     return value
 
 
+def parse_size(text):
+    """A size in bytes from text such as 4096, 64K, 1M, 4MiB (binary units); ValueError, KeyError or
+    IndexError where it is none."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().rstrip("IB")
+    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
+
+
+def human(nbytes):
+    """4 KiB, 1 MiB, 100 B: a size as the tables print it."""
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes} B"
+
+
 def output_path(flag, path):
     """Error unless `path` can be written: its folder exists and it is not a folder."""
     if path is None:

@@ -5,14 +5,16 @@
 Rank r holds r, r + 1, ..., r + length - 1 (float64 integers, so every summation order is
 exact). The algorithm runs on a TracedComm with the agreement check on (one MPI Allreduce of
 a few integers, which the tracer does not record); rank 0 prints every message of the algorithm,
-each rank's message and byte counts beside collectives.cost's formula, and the result. Every rank then compares its result, bit for bit, with MPI's own
-Allreduce of the same vector; if any rank differs, every rank exits with status 1.
+each rank's message and byte counts beside collectives.model.cost's formula, and the result.
+Every rank then compares its result, bit for bit, with MPI's own Allreduce of the same vector;
+if any rank differs, every rank exits with status 1.
 """
 
 import numpy as np
 from mpi4py import MPI
 
-from . import cli, cost, spacetime, trace
+from . import cli, spacetime, trace
+from .model import cost
 from .ops import OPS
 
 MPI_OPS = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "mean": MPI.SUM}

@@ -25,7 +25,7 @@ Cost, with alpha_i, beta_i inside a node and alpha_e, beta_e between nodes, n by
     + 2 (N - 1) alpha_e + 2 (N - 1)/N n beta_e + (N - 1)/N n gamma    step 2 by the ring
       (2 lg N alpha_e + ... by Rabenseifner, N a power of two)
 
-(collectives.cost.predict_hierarchical). Across nodes the leaders run Rabenseifner when N is a power
+(collectives.model.cost.predict_hierarchical). Across nodes the leaders run Rabenseifner when N is a power
 of two (the ring's bandwidth term with lg N latency) and the ring otherwise (Rabenseifner would
 add its fold-in, 2 alpha_e + 2 n beta_e); `across` picks one explicitly.
 
@@ -39,14 +39,14 @@ a rank takes part in step 2 only between its own steps 1 and 3.
 
     mpiexec -n 4 python -m collectives.hierarchical
     MINIDL_RANKS_PER_NODE=2 mpiexec -n 6 python -m algorithms.allreduce_sgd --allreduce hierarchical
-    python -m collectives.simulate --ranks 64 --ranks-per-node 8 --bytes 1M --algorithms ring,hierarchical
+    python -m collectives.sim --ranks 64 --ranks-per-node 8 --bytes 1M --algorithms ring,hierarchical
 """
 import os
 
 from mpi4py import MPI
 
 from .buffers import run_allreduce
-from .cost import across_nodes
+from .model.cost import across_nodes
 from .rabenseifner import rabenseifner_allreduce_in_place
 from .ring import ring_allreduce_in_place
 from .tree import tree_broadcast_in_place, tree_reduce_in_place

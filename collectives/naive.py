@@ -26,7 +26,6 @@ root posts every receive and every send in a fixed order that each other rank fo
 
     mpiexec -n 4 python -m collectives.naive
 """
-import numpy as np
 from mpi4py import MPI
 
 from .buffers import run_allreduce, scratch

@@ -51,7 +51,7 @@ import threading
 from mpi4py import MPI
 
 from .butterfly import butterfly_allreduce_in_place
-from .cost import predict
+from .model.cost import predict
 
 BASE = 7200                    # above tags.py's range
 STRIDE = 64                    # tags per bucket

@@ -9,8 +9,8 @@ each keeps a window [lo, hi) of blocks it is still responsible for, at first all
 
     reduce-scatter, recursive halving, distance pof2/2, ..., 2, 1:
         split the window in two halves; two partners `distance` apart share out the halves,
-        each sends the half it gives up and reduces the half it keeps. After lg pof2 rounds the window is the single block
-        `newrank`, reduced over all ranks.
+        each sends the half it gives up and reduces the half it keeps. After lg pof2 rounds the window is the
+        single block `newrank`, reduced over all ranks.
     allgather, recursive doubling, distance 1, 2, ..., pof2/2:
         partners swap their windows (copy, no reduction), so windows double back to the
         whole vector.
@@ -27,7 +27,7 @@ Cost (p a power of two): 2 lg p alpha + 2 (p - 1)/p n beta + (p - 1)/p n gamma: 
 bandwidth with the tree's latency. Exactly, with uneven blocks, survivor q sends n - c_q
 elements while halving and sum_k S_k(q) while doubling, where S_k(q) is the size of the
 aligned group of 2^k blocks holding block q; it reduces the same sum_k S_k(q) (see
-collectives.cost). Other p add the fold-in's 2 alpha + 2 n beta + n gamma.
+collectives.model.cost). Other p add the fold-in's 2 alpha + 2 n beta + n gamma.
 Restriction: the halving needs a power of two; other p fold in first.
 Deadlock-freedom: every round is one Sendrecv with one partner.
 

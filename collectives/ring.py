@@ -26,7 +26,7 @@ Cost: 2 (p - 1) alpha + 2 (p - 1)/p n beta + (p - 1)/p n gamma. Each rank sends 
 blocks of n/p: the bandwidth term matches the lower bound, whatever p; the latency term grows
 linearly with p. Exactly, with uneven blocks c_0..c_{p-1} (c_i = n // p or n // p + 1), rank r
 sends n - c_r elements in the reduce-scatter, n - c_{r+1} in the allgather, and reduces
-n - c_{r-1}: see collectives.cost.
+n - c_{r-1}: see collectives.model.cost.
 Restrictions: none. Any p (no fold-in needed), any n, including n < p (empty blocks are
 sent as zero-byte messages, so the schedule never depends on n).
 Deadlock-freedom: each step is one Sendrecv (send right, receive left): every rank sends and
@@ -40,11 +40,9 @@ Building blocks, public and tested on their own: `reduce_scatter(comm, sendbuf, 
 import numpy as np
 from mpi4py import MPI
 
-from .buffers import (scratch, block_counts, block_offsets, copy_into, from_mpi, run_allreduce, to_mpi,
-                      validate)
+from .buffers import block_counts, block_offsets, copy_into, from_mpi, run_allreduce, scratch, to_mpi, validate
 from .ops import array_module, base_op, combine, finish
 from .tags import ALLGATHER, REDUCE_SCATTER
-
 
 # ---- the heart: the ring's two loops ----------------------------------------------------------
 

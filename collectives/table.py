@@ -4,7 +4,7 @@ from . import auto, butterfly, hierarchical, naive, rabenseifner, ring, tree
 ALGORITHMS = ("naive", "tree", "butterfly", "ring", "rabenseifner", "auto", "hierarchical")
 MODULES = {"naive": naive, "tree": tree, "butterfly": butterfly, "ring": ring, "rabenseifner": rabenseifner,
            "auto": auto, "hierarchical": hierarchical}
-# every algorithm's heart, `heart(comm, data, op, source=None)` (collectives.persistent, collectives.simulate)
+# every algorithm's heart, `heart(comm, data, op, source=None)` (collectives.persistent, collectives.sim.simulate)
 HEARTS = {**auto.HEARTS, "auto": auto.auto_allreduce_in_place,
           "hierarchical": hierarchical.hierarchical_allreduce_in_place}
 

@@ -22,7 +22,7 @@ rank, peer, direction ("send" or "recv"), bytes, start and end time, tag, and th
 tag). A Sendrecv is one send record and one receive record with the same times. Received
 bytes are what arrived (MPI_Get_count), not the size of the buffer. `counts(messages, rank)`
 sums one rank's records into (messages sent, bytes sent, bytes reduced) - the numbers
-collectives.cost predicts. Bytes reduced are the bytes received in a phase whose receiver
+collectives.model.cost predicts. Bytes reduced are the bytes received in a phase whose receiver
 combines what it receives (tags.PHASES).
 Limits: nonblocking calls (Isend, Irecv, isend, irecv) raise rather than go unrecorded with a
 wrong end time (the algorithms here use none). MPI's own collectives (Allreduce, Bcast, ...)
@@ -35,7 +35,7 @@ send adds its buffer's size (exact for the algorithms here and for any code on S
 Sendrecv); a pickling send adds the size of the pickle (the object is pickled once more to
 measure it). MPI's own collectives send inside the library, where nothing can be counted, so
 two are estimated: `Allreduce` of n bytes as what a bandwidth-optimal allreduce sends per
-rank, 2 (p - 1) / p n bytes (ring or Rabenseifner, collectives.cost), and the pickling
+rank, 2 (p - 1) / p n bytes (ring or Rabenseifner, collectives.model.cost), and the pickling
 `allreduce` of a Python object alike, with n the bytes numpy stores it in for a number or a
 numpy array (8 for a Python int or float: one MPI int64 or double), and the pickle's size
 for anything else. Other collectives pass through uncounted.
@@ -238,7 +238,7 @@ def gather(traced, root=0):
 
 
 def counts(messages, rank, include_check=False):
-    """(messages sent, bytes sent, bytes reduced) of one rank, as collectives.cost.per_rank counts."""
+    """(messages sent, bytes sent, bytes reduced) of one rank, as collectives.model.cost.per_rank counts."""
     mine = [m for m in messages if m.rank == rank and (include_check or m.tag != CHECK)]
     sent = [m for m in mine if m.direction == "send"]
     reduced = sum(m.nbytes for m in mine if m.direction == "recv" and PHASES.get(m.tag, ("", False))[1])

@@ -1,6 +1,22 @@
 """minidl: a small define-by-run deep-learning library on NumPy or CuPy (no MPI in here).
 
     from minidl import Tensor, nn, functional as F, optim
+
+    tensor.py        Tensor: it records how it was made; its operators' operations and their backward passes
+    autograd.py      the chain rule over the recorded graph (``backward``) and ``no_grad``
+    broadcasting.py  broadcasting's check and its chain rule (a gradient summed back to its operand's shape)
+    functional.py    the other operations with hand-written backward passes (conv2d, pooling, losses, ...)
+    pool.py          max and average pooling kernels
+    nn.py            layers as Modules (Linear, Conv2d, MaxPool2d, ReLU, Flatten, Sequential), .npz files
+    models.py        the MLP, the small CNN and LeNet-5, by name
+    flat.py          one flat parameter vector and one flat gradient vector, views for each layer
+    optim.py         SGD with momentum, Adagrad, Adam, L-BFGS
+    recompute.py     checkpointed segments: activations recomputed in the backward
+    gradcheck.py     finite differences in float64 against the backward passes
+    backend.py       NumPy or CuPy (``xp``), and the allocator settings minidl keeps
+    conv/            the convolution kernels: direct, im2col, FFT, Winograd, chosen by name
+    data/            the embedded digits, the IDX reader, synthetic problems, sharding and batching
+    bench/           ``python -m minidl.bench``: minidl beside PyTorch and the GEMM rate
 """
 from minidl import backend, functional, models, nn, optim
 from minidl.backend import get_backend, set_backend

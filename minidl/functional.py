@@ -21,8 +21,28 @@ with the others, so that ``F.add`` is the function ``a + b`` calls.
 """
 from minidl import backend, conv, pool
 from minidl.broadcasting import unbroadcast
-from minidl.tensor import (Tensor, add, as_tensor, as_tensors, div, exp, log, matmul, mean, mul,  # noqa: F401
-                           neg, pow, relu, reshape, result, sigmoid, sub, sum, tanh, transpose)
+from minidl.tensor import (  # noqa: F401
+    Tensor,
+    add,
+    as_tensor,
+    as_tensors,
+    div,
+    exp,
+    log,
+    matmul,
+    mean,
+    mul,
+    neg,
+    pow,
+    relu,
+    reshape,
+    result,
+    sigmoid,
+    sub,
+    sum,
+    tanh,
+    transpose,
+)
 
 
 # ---- a layer's product ------------------------------------------------------------------------

@@ -19,9 +19,8 @@ import zlib
 
 import numpy
 
-from minidl import backend
-from minidl import functional as F
-from minidl.tensor import Parameter, Tensor
+from minidl import backend, functional as F
+from minidl.tensor import Parameter
 
 
 class Module:
@@ -133,7 +132,7 @@ def read_npz(path):
         archive = numpy.load(path, allow_pickle=False)
     except OSError as error:                                        # missing, a directory
         raise ValueError(f"{path}: not a readable .npz file ({error.strerror or error})") from None
-    except (ValueError, EOFError, zipfile.BadZipFile) as error:     # NumPy found no archive here
+    except (ValueError, EOFError, zipfile.BadZipFile):              # NumPy found no archive here
         raise ValueError(f"{path}: not a readable .npz file (truncated, or not an .npz archive)") from None
     if not isinstance(archive, numpy.lib.npyio.NpzFile):
         raise ValueError(f"{path}: not a readable .npz file (it holds a single .npy array)")

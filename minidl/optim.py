@@ -257,7 +257,8 @@ class LBFGS(Optimizer):
         if not isinstance(max_backtracks, int) or max_backtracks < 1:
             raise ValueError(f"max_backtracks must be an integer >= 1, got {max_backtracks!r}")
         self.lr, self.history_size, self.max_iter = lr, history_size, max_iter
-        self.tolerance_grad, self.tolerance_change, self.max_backtracks = tolerance_grad, tolerance_change, max_backtracks
+        self.tolerance_grad, self.tolerance_change = tolerance_grad, tolerance_change
+        self.max_backtracks = max_backtracks
         self.s_history, self.y_history = [], []
 
     def _gather(self, attribute):

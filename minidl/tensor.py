@@ -17,7 +17,8 @@ beside the others (``linear``, the losses, ``conv2d``, pooling).
     [[2.0, 4.0, 6.0], [8.0, 10.0, 12.0]]
 
 Gradients accumulate: a leaf's ``grad`` is *added to* (in place) by every ``backward()``, until
-``zero_grad()`` (which zeroes it, or with ``set_to_none=True`` drops it). In-place accumulation matters here: a model's ``grad`` arrays can be views into
+``zero_grad()`` (which zeroes it, or with ``set_to_none=True`` drops it). In-place accumulation matters here: a
+model's ``grad`` arrays can be views into
 one flat gradient vector (``minidl.flat``), and an in-place add keeps them views.
 """
 import numpy

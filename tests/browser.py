@@ -27,11 +27,13 @@ INSPECT = r"""(() => {
   const prose = article.cloneNode(true);
   prose.querySelectorAll("pre, code").forEach(node => node.remove());
   const fractions = [...article.querySelectorAll("mfrac")].map(f =>
-      f.children.length === 2 ? f.children[0].getBoundingClientRect().bottom <= f.children[1].getBoundingClientRect().top + 1 : false);
+      f.children.length === 2
+        ? f.children[0].getBoundingClientRect().bottom <= f.children[1].getBoundingClientRect().top + 1 : false);
   return {
     title: document.title,
     images: document.images.length,
-    broken_images: [...document.images].filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.getAttribute("src")),
+    broken_images: [...document.images].filter(i => !(i.complete && i.naturalWidth > 0))
+                                       .map(i => i.getAttribute("src")),
     maths: [...article.querySelectorAll("math")].map(m => getComputedStyle(m).display),
     fractions: fractions,
     tex_left: [...prose.innerText.matchAll(/\$\$|\\\(|\\\[|\\frac|\\left/g)].map(m => m[0]),

@@ -83,6 +83,7 @@ def run(path, folder):
     """Write the chapter's notebook into ``folder`` and run it there in a python3 kernel (nbclient)."""
     import nbformat
     from nbclient.exceptions import CellExecutionError
+
     from tutorials import notebook
 
     record = None if assignments.is_student_tree(ROOT) else folder / "calls.tsv"

@@ -39,7 +39,8 @@ from algorithms.ps import wire as ps_wire
 from algorithms.ps.server import ShardServer
 from algorithms.sandblaster import wire
 from algorithms.sandblaster.shard import Shard
-from collectives import cost, trace
+from collectives import trace
+from collectives.model import cost
 from collectives.trace import TracedComm
 from minidl.data import epoch_order, sparse_logistic_regression
 from minidl.nn import Conv2d, Flatten, Linear, ReLU, Sequential

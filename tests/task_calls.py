@@ -105,6 +105,7 @@ def install():
 def run_file(path, out):
     """(under mpiexec) Run a block's file with every task watched; this rank's calls to ``out``.<rank>."""
     import runpy
+
     from mpi4py import MPI
     install()
     try:
@@ -127,7 +128,8 @@ def watch_kernel(ipython, out):
             script.write_text(code)
             status = plain(f"from tests.task_calls import run_file\nrun_file({str(script)!r}, {str(record)!r})\n",
                            ranks, *args, **kwargs)
-            CALLED.update(task for path in Path(scratch).glob("calls.*") for task in path.read_text().split(",") if task)
+            CALLED.update(task for path in Path(scratch).glob("calls.*") for task in path.read_text().split(",")
+                          if task)
         return status
 
     notebook.run_mpi = run_mpi

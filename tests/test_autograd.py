@@ -63,7 +63,8 @@ def test_linear_is_matmul_plus_bias_bit_for_bit(backend_name, n, k, m, batch, se
         leaves = [Tensor(a.copy(), requires_grad=need) for a, need in zip(arrays, needs)]
         out = op(*leaves)
         out.backward(grad)
-        results.append([backend.to_numpy(a) if a is not None else None for a in [out.data] + [leaf.grad for leaf in leaves]])
+        results.append([backend.to_numpy(a) if a is not None else None
+                        for a in [out.data] + [leaf.grad for leaf in leaves]])
     for ours, plain in zip(*results):
         assert (ours is None) == (plain is None)
         if ours is not None:

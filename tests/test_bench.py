@@ -95,7 +95,8 @@ def test_the_ddp_benchmark_takes_median_ratios_and_judges_the_target_from_them(m
     assert all(row["mpi_ratio"] == 0.25 and row["met"] is True for row in rows)
     runs = iter([{"ring": 5.0, "mpi": 1.0, "ddp": 4.0}] * 12)
     ddp.main(["--runs", "3", "--json", str(tmp_path / "rows.json")])
-    assert all(row["ring_ratio"] == 1.25 and row["met"] is False for row in json.loads((tmp_path / "rows.json").read_text()))
+    assert all(row["ring_ratio"] == 1.25 and row["met"] is False
+               for row in json.loads((tmp_path / "rows.json").read_text()))
 
 
 def test_the_ddp_benchmark_runs_its_jobs(tmp_path):
@@ -105,7 +106,8 @@ def test_the_ddp_benchmark_runs_its_jobs(tmp_path):
     assert done.returncode == 0, done.stderr
     rows = json.loads((tmp_path / "rows.json").read_text())
     assert [row["model"] for row in rows] == ["lenet5", "mlp"]
-    assert all(row["ring_ms"] > 0 and row["mpi_ms"] > 0 and row["ddp_ms"] is None and row["met"] is None for row in rows)
+    assert all(row["ring_ms"] > 0 and row["mpi_ms"] > 0 and row["ddp_ms"] is None and row["met"] is None
+               for row in rows)
     assert all(set(row["ring_phases"]) == {"forward", "backward", "allreduce", "update"}
                and all(ms > 0 for ms in row["ring_phases"].values()) for row in rows)
 

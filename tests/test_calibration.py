@@ -1,4 +1,4 @@
-"""The calibrated cost model (collectives.calibration, cost.predict_calibrated) and the bench's flags.
+"""The calibrated cost model (collectives.model.calibration, cost.predict_calibrated) and the bench's flags.
 
 The fit runs on synthetic measurements made here from known parameters (no timing), and must give
 them back; the prediction is checked against the model's formula written out by hand; bad
@@ -15,7 +15,8 @@ import pytest
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
-from collectives import bench, calibrate, calibration, cost
+from collectives.bench import calibrate, measure
+from collectives.model import calibration, cost
 from tests.helpers import ROOT, assert_stopped, mpiexec, same_on_every_rank
 
 KIB, MIB = 1 << 10, 1 << 20
@@ -105,7 +106,8 @@ def test_at_p2_each_algorithm_is_o_plus_its_steps_as_measured(k):
     n, t = SIZES[k], {name: values[k] for name, values in TRUE.items()}
     expected = {"ring": t["exchange"] + t["hot_exchange"] + t["reduce"] / 2,
                 "rabenseifner": t["exchange"] + t["hot_exchange"] + t["reduce"] / 2,
-                "tree": t["one_way"] + t["hot_one_way"] + t["reduce"], "naive": t["one_way"] + t["hot_one_way"] + t["reduce"],
+                "tree": t["one_way"] + t["hot_one_way"] + t["reduce"],
+                "naive": t["one_way"] + t["hot_one_way"] + t["reduce"],
                 "butterfly": t["exchange_whole"] + t["reduce"]}
     for name, steps in expected.items():
         assert cost.predict_calibrated(name, 2, n, hand_model()) == pytest.approx(TRUE_O[name] + steps, rel=1e-12), name
@@ -135,7 +137,8 @@ def test_the_butterfly_at_p4_pays_whole_vectors_and_a_hot_surcharge_on_its_secon
     copy brings the result back from the scratch vector."""
     k, n = 3, SIZES[3]
     expected = (TRUE_O["butterfly"] + 2 * (TRUE["exchange_whole"][0] + n * beta("exchange_whole", k))
-                + (TRUE["hot_exchange"][0] + n * beta("hot_exchange", k)) - (TRUE["exchange"][0] + n * beta("exchange", k))
+                + (TRUE["hot_exchange"][0] + n * beta("hot_exchange", k)) - (TRUE["exchange"][0] + n * beta("exchange",
+                                                                                                            k))
                 + TRUE["reduce"][k] + TRUE["add"][k] + TRUE["copy"][k])
     assert cost.predict_calibrated("butterfly", 4, n, hand_model()) == pytest.approx(expected, rel=1e-12)
 
@@ -187,14 +190,14 @@ def test_the_bench_turns_transparent_huge_pages_off_for_itself():
     status = Path("/proc/self/status")
     if not status.is_file() or "THP_enabled" not in status.read_text():
         pytest.skip("no THP_enabled line in /proc/self/status (not Linux >= 5.0)")
-    code = ("from collectives import bench; took = bench.small_pages(); "
+    code = ("from collectives.bench import measure; took = measure.small_pages(); "
             "print(took, [l for l in open('/proc/self/status') if l.startswith('THP_enabled')][0].split()[1])")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 0 and done.stdout.split() == ["True", "0"], done.stdout + done.stderr
 
 
 def test_calibration_none_leaves_the_column_out():
-    assert bench.settings(["--quick", "--calibration", "none"], 2).model is None
+    assert measure.settings(["--quick", "--calibration", "none"], 2).model is None
 
 
 def test_a_written_calibration_reads_back_equal(tmp_path):
@@ -241,9 +244,9 @@ def test_bad_calibration_files_are_refused_with_what_is_wrong(tmp_path):
     (["--calibrate", "--calibration", "none"], "--calibrate needs a --calibration file"),
 ])
 def test_bad_bench_flags_are_one_error_line_and_status_2(flags, message, capsys):
-    """The checks every rank runs on its own argv (bench.settings), here on one process."""
+    """The checks every rank runs on its own argv (measure.settings), here on one process."""
     with pytest.raises(SystemExit) as stop:
-        bench.settings(["--quick", *flags], 2)
+        measure.settings(["--quick", *flags], 2)
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err.startswith("error: ") and message in err and err.count("\n") == 1, err
 

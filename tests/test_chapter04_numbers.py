@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from collectives.cost import predict
+from collectives.model.cost import predict
 from collectives.nonblocking import overlap_prediction
 from tests.helpers import mpiexec
 
@@ -161,14 +161,17 @@ def test_section_7_and_e4_6_quote_the_overlap_run():
         f"{median_ms(2, 'mlp', 'with'):.2f} against {median_ms(2, 'mlp', 'without'):.2f} ms",
         f"predicts a gain of {gain_us[2, 'cnn']:.0f} to {gain_us[4, 'cnn']:.0f} us on the CNN's "
         f"{cnn['forward_backward'] * 1e3:.1f} ms of computation "
-        f"({gain_us[2, 'cnn'] / cnn['forward_backward'] / 1e4:.1f} to {gain_us[4, 'cnn'] / cnn['forward_backward'] / 1e4:.1f}%)",
+        f"({gain_us[2, 'cnn'] / cnn['forward_backward'] / 1e4:.1f} to "
+        f"{gain_us[4, 'cnn'] / cnn['forward_backward'] / 1e4:.1f}%)",
         f"its butterfly takes {butterfly[0]:.0f} us (p = 2) or {butterfly[1]:.0f} us (p = 4)",
         f"predicts {gain_us[2, 'mlp']:.0f} to {gain_us[4, 'mlp']:.0f} us "
-        f"({gain_us[2, 'mlp'] / mlp['forward_backward'] / 1e4:.0f} to {gain_us[4, 'mlp'] / mlp['forward_backward'] / 1e4:.0f}% "
+        f"({gain_us[2, 'mlp'] / mlp['forward_backward'] / 1e4:.0f} to "
+        f"{gain_us[4, 'mlp'] / mlp['forward_backward'] / 1e4:.0f}% "
         f"of its {mlp['forward_backward'] * 1e3:.2f} ms)",
         f"the median step grows by {median_ms(4, 'cnn', 'with') - median_ms(4, 'cnn', 'without'):.1f} ms (CNN) and "
         f"{median_ms(4, 'mlp', 'with') - median_ms(4, 'mlp', 'without'):.1f} ms (MLP)",
-        f"alpha = {alpha * 1e6:.2f} us, beta = {beta * 1e9:.3f} ns/B, gamma = {gamma * 1e9:.3f} ns/B, and the butterfly",
+        f"alpha = {alpha * 1e6:.2f} us, beta = {beta * 1e9:.3f} ns/B, gamma = {gamma * 1e9:.3f} ns/B, and the "
+        "butterfly",
         f"hold {cnn['bucket_bytes'][0]}, {cnn['bucket_bytes'][1]} and {cnn['bucket_bytes'][2]} bytes and are ready "
         f"{cnn['backward_after'][0] * 1e6:.0f}, {cnn['backward_after'][1] * 1e6:.0f} and "
         f"{cnn['backward_after'][2] * 1e6:.1f} us before the end of its {cnn['forward_backward'] * 1e3:.2f} ms",
@@ -180,7 +183,8 @@ def test_section_7_and_e4_6_quote_the_overlap_run():
     missing = [phrase for phrase in expected if phrase not in text]
     assert not missing, f"chapter 4 does not quote these as generated: {missing}"
     # "no row is faster with --buckets" (medians), and the whole CNN sum is hidden in the model
-    assert all(median_ms(p, model, "with") >= median_ms(p, model, "without") for p in (2, 4) for model in ("cnn", "mlp"))
+    assert all(median_ms(p, model, "with") >= median_ms(p, model, "without") for p in (2, 4)
+               for model in ("cnn", "mlp"))
     assert all(abs(gain_us[p, "cnn"] - b) < 0.5 for p, b in zip((2, 4), butterfly))
 
 
@@ -198,8 +202,10 @@ def test_the_summary_quotes_the_sections_above():
     expected = [f"H = 1, 8 and end give {iid[0]}, {iid[1]} and {iid[2]}",
                 f"one-shot averaging falls to {mean_sd('sorted, H = end')}",
                 f"recovers {mean_sd('sorted, H = 8')} with 8 times fewer bytes",
-                f"ahead at p = 4 ({differences['ensemble']['mean'] * 100:+.2f} ± {differences['ensemble']['interval'] * 100:.2f}%)",
-                f"allreduce SGD sends {four['allreduce_sgd']['bytes_per_rank'] / 1000:,.0f} kB per rank, model averaging "
+                f"ahead at p = 4 ({differences['ensemble']['mean'] * 100:+.2f} ± "
+                f"{differences['ensemble']['interval'] * 100:.2f}%)",
+                f"allreduce SGD sends {four['allreduce_sgd']['bytes_per_rank'] / 1000:,.0f} kB per rank, model "
+                "averaging "
                 f"(every 8) {four['model_averaging']['bytes_per_rank'] / 1000:,.0f} kB"]
     missing = [phrase for phrase in expected if phrase not in summary]
     assert not missing, f"chapter 4's summary does not quote these as generated: {missing}"
@@ -235,4 +241,5 @@ def test_the_ddp_comparison_quotes_its_benchmark():
     assert high > 0.95, "the prose calls batch 128 even with DDP within the runs' spread"
     split = large["ring_phases"]
     assert (f"of minidl's {large['ring_ms']:.3g} ms, forward takes {split['forward']:.3g} ms and backward "
-            f"{split['backward']:.3g}, the allreduce {split['allreduce']:.3g} and the update {split['update']:.2g}") in flat
+            f"{split['backward']:.3g}, the allreduce {split['allreduce']:.3g} and the update "
+            f"{split['update']:.2g}") in flat

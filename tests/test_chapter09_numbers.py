@@ -14,9 +14,9 @@ a table from each. Checked here:
 Rerunning the script changes no accuracy (same seed, same bits), so these fail only when the text,
 the defaults or the script change without the others.
 """
+import ast
 import importlib.util
 import inspect
-import ast
 import json
 import math
 import os
@@ -165,12 +165,13 @@ def test_the_verdict_and_every_number_quoted_about_it_follow_from_the_json():
     # the exploration's numbers
     for name, budget in [("search_long", "12 x 40"), ("search_short", "6 x 20")]:
         text, explored_p, _ = summary(paired(results(name)), make)
-        assert f"| pbt - random, test accuracy | {text} points" in chapter and f"sign-flip p = {explored_p:.3f}" in chapter, \
-            (name, budget)
+        assert f"| pbt - random, test accuracy | {text} points" in chapter, (name, budget)
+        assert f"sign-flip p = {explored_p:.3f}" in chapter, (name, budget)
     # the protocol's power figures
     power = json.loads((OUT / "09_power.json").read_text())
     assert (f"(mean / sd {power['effect']:.2f}), the test below would find it with 16 pairs only "
-            f"{power['power']['16'] * 100:.0f}% of the time, with 32 pairs {power['power']['32'] * 100:.0f}%") in chapter
+            f"{power['power']['16'] * 100:.0f}% of the time, with 32 pairs "
+            f"{power['power']['32'] * 100:.0f}%") in chapter
 
 
 def test_the_second_protocols_verdict_and_its_numbers_follow_from_the_json():

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from collectives.sim import LogGP, Topology
-from collectives.simulate import simulate
+from collectives.sim.simulate import simulate
 
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES = ROOT / "tutorials" / "figures" / "out"
@@ -66,10 +66,11 @@ def test_section_1_quotes_the_links_the_script_used():
     assert not missing([f"alpha = {a_i * 1e6:.2f} us and beta = {b_i * 1e9:.3f} ns/B",
                         f"alpha = {a_e * 1e6:.1f} us and beta = {b_e * 1e9:.2f} ns/B",
                         f"{a_e / a_i:.0f} times slower to start a message and {b_e / b_i:.0f} times slower per byte",
-                        f"(`quiet/10_link.json`, from `make_10_cluster.py --out tutorials/figures/out/quiet`)",
+                        "(`quiet/10_link.json`, from `make_10_cluster.py --out tutorials/figures/out/quiet`)",
                         f"load average at 13 fitted alpha = {loaded['alpha'] * 1e6:.1f} us, `10_link.json`",
                         # section 3's block and section 5's prose use the same links, rounded
-                        f"LogGP(L={a_i * 1e6:.2f}e-6, G={b_i * 1e9:.3f}e-9), LogGP(L={a_e * 1e6:.1f}e-6, G={b_e * 1e9:.2f}e-9)",
+                        f"LogGP(L={a_i * 1e6:.2f}e-6, G={b_i * 1e9:.3f}e-9), LogGP(L={a_e * 1e6:.1f}e-6, "
+                        f"G={b_e * 1e9:.2f}e-9)",
                         f"network's: {a_e * 1e6:.1f} us, {b_e * 1e9:.2f} ns/B)"])
 
 
@@ -86,8 +87,10 @@ def test_sections_2_and_3_quote_the_scaling_run():
         f"`2 (p-1) alpha` = {ms(2 * 1023 * a_e):.1f} ms of latency alone, "
         f"{2 * 1023 * a_e / top['ring'] * 100:.0f}% of the {ms(top['ring']):.2f} ms",
         f"(alpha = {loaded * 1e6:.1f} us, section 1) the same 2046 steps would cost {ms(2 * 1023 * loaded):.1f} ms",
-        f"about {ms(top['tree'] - half['tree']):.1f} ms at 1 MiB (from {ms(half['tree']):.2f} to {ms(top['tree']):.2f} ms",
-        f"{ms(top['rabenseifner']):.2f} ms at p = 1024, within {(top['rabenseifner'] / top['network_bound'] - 1) * 100:.1f}% of the bound",
+        f"about {ms(top['tree'] - half['tree']):.1f} ms at 1 MiB (from {ms(half['tree']):.2f} to "
+        f"{ms(top['tree']):.2f} ms",
+        f"{ms(top['rabenseifner']):.2f} ms at p = 1024, within "
+        f"{(top['rabenseifner'] / top['network_bound'] - 1) * 100:.1f}% of the bound",
         f"the butterfly, which sends the whole vector `lg p` times, takes {ms(top['butterfly']):.2f} ms",
         f"which took {top['ring_wall']:.0f} s of wall time",
         f"{ms(top['hierarchical']):.2f} ms against the ring's {ms(top['ring']):.2f}",
@@ -131,7 +134,8 @@ def test_section_5_quotes_the_reproduction():
     result = load("10_reproduction.json")["reproduction"]
     low, high = result["simulated_crossover_bytes"]
     m_star = result["table_crossover_bytes"]
-    expected = [f"= {m_star:,.0f} bytes", f"between {low:,} and {high:,} bytes, {(low / m_star - 1) * 100:.1f}% above m*",
+    expected = [f"= {m_star:,.0f} bytes", f"between {low:,} and {high:,} bytes, {(low / m_star - 1) * 100:.1f}% "
+                                          "above m*",
                 f"(about {m_star / 4 / result['ranks']:.1f} elements per rank)",
                 f"butterfly below about {m_star / 1024:.1f} KiB"]
     assert not missing(expected), missing(expected)
@@ -179,10 +183,12 @@ def test_section_6_quotes_the_emulated_hosts():
     before, after = phrases["SMALL_MS"]
     expected = [f"The ring at every size**: simulated / measured {phrases['RING']}",
                 f"predicts {phrases['RAB']} of the measured time, about half",
-                f"predicts {['none', 'one', 'two', 'three', 'four', 'five', 'all'][within]} of the six Rabenseifner rows",
+                f"predicts {['none', 'one', 'two', 'three', 'four', 'five', 'all'][within]} of the six Rabenseifner "
+                "rows",
                 f"load average at {phrases['LOAD']} (`10_allreduce.json`",
                 f"at up to {phrases['SLOWER']} times these times below 1 MiB (the {algorithm} at {nbytes >> 10} KiB on "
-                f"{hosts} x {ranks}: {before:.2f} against {after:.2f} ms), and at {phrases['LARGE']} times them from 4 MiB up"]
+                f"{hosts} x {ranks}: {before:.2f} against {after:.2f} ms), and at {phrases['LARGE']} times them from "
+                "4 MiB up"]
     assert not missing(expected), missing(expected)
     assert all(0.3 <= ratio <= 0.6 for ratio in phrases["rab"])                          # "about half"
 
@@ -196,9 +202,11 @@ def test_section_7_quotes_the_data_parallel_steps():
     expected = [
         f"{result['lenet5']['gradient_bytes']:,} bytes for LeNet-5 and {result['mlp']['gradient_bytes']:,} for the MLP",
         f"at batch 1024 take {ms(lenet[1]['compute']):.1f} ms of one core",
-        f"(p = 8: {ms(lenet[8]['compute']):.1f} ms, speed-up {lenet[8]['speedup']:.1f}, efficiency {lenet[8]['efficiency']:.2f})",
+        f"(p = 8: {ms(lenet[8]['compute']):.1f} ms, speed-up {lenet[8]['speedup']:.1f}, efficiency "
+        f"{lenet[8]['efficiency']:.2f})",
         f"jumps from {ms(lenet[8]['allreduce']):.2f} to {ms(lenet[16]['allreduce']):.2f} ms",
-        f"{lenet[64]['speedup']:.1f} at p = 64, at most {best['lenet5']['speedup']:.1f} (p = {best['lenet5']['ranks']}), "
+        f"{lenet[64]['speedup']:.1f} at p = 64, at most {best['lenet5']['speedup']:.1f} (p = "
+        f"{best['lenet5']['ranks']}), "
         f"{lenet[1024]['speedup']:.1f} at p = 1024",
         f"one row for {ms(lenet[1024]['compute']):.2f} ms and then waits {ms(lenet[1024]['allreduce']):.2f} ms",
         f"as two rows' {ms(lenet[512]['compute']):.2f} ms",
@@ -215,7 +223,8 @@ def test_section_7_quotes_the_data_parallel_steps():
         f"allreduce at p = 1024) it is {weak['mlp'][1024]['efficiency']:.2f}",
     ]
     assert not missing(expected), missing(expected)
-    assert abs(lenet[1024]["compute"] / lenet[512]["compute"] - 1) < 0.15, "the chapter says one row takes about as long as two"
+    assert abs(lenet[1024]["compute"] / lenet[512]["compute"] - 1) < 0.15, \
+        "the chapter says one row takes about as long as two"
     assert all(row["speedup"] < 1 for p, row in mlp.items() if p >= 32), "the chapter says below one from p = 32"
 
 
@@ -232,7 +241,8 @@ def test_section_8_quotes_the_pipeline():
     expected = [
         f"over the network link: {ms(links['alpha'] + 32768 * links['beta']):.2f} ms each",
         f"({error:.0e} at most)",
-        f"the formula says {two['formula']:.3f}, GPipe takes {two['gpipe_network']:.3f} and 1F1B {two['1f1b_network']:.3f}",
+        f"the formula says {two['formula']:.3f}, GPipe takes {two['gpipe_network']:.3f} and 1F1B "
+        f"{two['1f1b_network']:.3f}",
         f"{sixty_four['formula']:.3f} against {sixty_four['gpipe_network']:.3f} and {sixty_four['1f1b_network']:.3f}",
         f"at most P for 1F1B ({two['1f1b_held']} at P = 2, m = 64)",
         f"(its bubble above the formula's is {hidden(two):.2f} of GPipe's)",
@@ -264,12 +274,16 @@ def test_the_summary_quotes_the_sections_above():
         f"latencies add {ms(2 * 1023 * links['alpha']):.1f} ms at p = 1024, where it takes {ms(top['ring']):.2f} ms "
         f"(at the loaded machine's alpha of {loaded * 1e6:.1f} us they would add {ms(2 * 1023 * loaded):.1f} ms); "
         f"the tree grows by {ms(top['tree'] - scaling[512]['tree']):.1f} ms",
-        f"within {(top['rabenseifner'] / top['network_bound'] - 1) * 100:.1f}% of the lower bound ({ms(top['rabenseifner']):.2f} ms)",
-        f"{ms(top['hierarchical_one_port']):.2f} ms against flat Rabenseifner's {ms(top['rabenseifner_one_port']):.2f} ms",
-        f"for the ring at every size ({phrases['RING']} of the measured time) and not for Rabenseifner ({phrases['RAB']})",
+        f"within {(top['rabenseifner'] / top['network_bound'] - 1) * 100:.1f}% of the lower bound "
+        f"({ms(top['rabenseifner']):.2f} ms)",
+        f"{ms(top['hierarchical_one_port']):.2f} ms against flat Rabenseifner's "
+        f"{ms(top['rabenseifner_one_port']):.2f} ms",
+        f"for the ring at every size ({phrases['RING']} of the measured time) and not for Rabenseifner "
+        f"({phrases['RAB']})",
         f"allreduces below 1 MiB took up to {phrases['SLOWER']} times as long",
         f"a speed-up of {best['lenet5']:.1f} (strong scaling, batch 1024), the MLP {best['mlp']:.1f}",
-        f"at p = 1024 is {weak['lenet5']['efficiency']:.2f} for LeNet-5 and {weak['mlp']['efficiency']:.2f} for the MLP",
+        f"at p = 1024 is {weak['lenet5']['efficiency']:.2f} for LeNet-5 and {weak['mlp']['efficiency']:.2f} for the "
+        "MLP",
         f"GPipe's is {pipe['gpipe_network']:.3f} against the formula's {pipe['formula']:.3f}",
     ]
     absent = [phrase for phrase in expected if phrase not in summary]
@@ -300,7 +314,8 @@ def hierarchy_phrases():
     """The numbers the hierarchy subsection of section 6 quotes, from 10_hierarchy.json."""
     rows = load("10_hierarchy.json")["rows"]
     losses = [f"{r['hosts']} x {r['ranks_per_host']} at {r['bytes'] >> 20} MiB" if r["bytes"] >= MIB else
-              f"{r['hosts']} x {r['ranks_per_host']} at {r['bytes'] >> 10} KiB" for r in rows if r["measured_speedup"] <= 1]
+              f"{r['hosts']} x {r['ranks_per_host']} at {r['bytes'] >> 10} KiB" for r in rows
+              if r["measured_speedup"] <= 1]
     fits = load("10_hierarchy.json")["fits"].values()
     slower = sorted(fit["link"]["beta"] / fit["shared_memory"]["beta"] for fit in fits)
     return {"SLOWER_RANGE": f"{slower[0]:.0f} to {slower[-1]:.0f}",
@@ -359,14 +374,16 @@ def test_section_6_quotes_the_hierarchy_on_slow_links():
     assert lost and all(r["hosts"] == 4 for r in rows if r["measured_speedup"] <= 1)
     assert not missing([f"({phrases['SLOWER_RANGE']} times slower per byte than shared memory",
                         f"The model expects the hierarchy to win in {phrases['HIER_MODEL_WINS']} rows",
-                        f"It won in {phrases['HIER_MEASURED_WINS']} of them. Where it did not ({phrases['HIER_LOSSES']})",
+                        f"It won in {phrases['HIER_MEASURED_WINS']} of them. Where it did not "
+                        f"({phrases['HIER_LOSSES']})",
                         f"within {deviation * 100:.0f}% of the model's at every size",
                         f"hierarchy takes {min(lost):.2f} to {max(lost):.2f} times its model's time"])
 
 
 def test_section_9_quotes_the_calibrated_model():
     phrases = calibration_phrases()
-    assert not missing([f"it was met in {phrases['CAL_MET']} rows, the plain model within 25% in {phrases['PLAIN_MET']}",
+    assert not missing([f"it was met in {phrases['CAL_MET']} rows, the plain model within 25% in "
+                        f"{phrases['PLAIN_MET']}",
                         f"the largest miss was {phrases['CAL_WORST']}",
                         f"The plain model's ratios run from {phrases['PLAIN_RANGE']}",
                         f"met the target in {phrases['LAUNCH_MET']} rows of 40; {phrases['LAUNCH_MISS']}.",
@@ -407,7 +424,8 @@ def test_section_6_quotes_the_quiet_machines_run():
     misses = [r for r in rows if not 0.75 <= r["model_over_measured"] <= 1.25]
     assert [(m["hosts"], m["algorithm"], m["bytes"]) for m in misses] == [(4, "rabenseifner", 16 * MIB)]
     twin = next(r for r in loaded["rows"] if (r["hosts"], r["algorithm"], r["bytes"]) == (4, "rabenseifner", 16 * MIB))
-    assert abs(twin["model_over_measured"] - misses[0]["model_over_measured"]) < 0.1     # "missed the same row by about as much"
+    # "missed the same row by about as much"
+    assert abs(twin["model_over_measured"] - misses[0]["model_over_measured"]) < 0.1
     assert not missing([f"within 25% of the measured time in {len(within)} of {len(rows)} rows from 64 KiB up "
                         f"({min(within):.2f} to {max(within):.2f})",
                         f"(model / measured {misses[0]['model_over_measured']:.2f})",

@@ -14,8 +14,6 @@ import re
 import statistics
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES = ROOT / "tutorials" / "figures" / "out"
 T_975 = {2: 4.303}                 # t's 97.5% point for 2 degrees of freedom (3 seeds)

@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = sorted((ROOT / "tutorials").glob("[0-9][0-9]_*.md"))
 T_INTERVAL = re.compile(r"95% t[ -]interval|95% t interval|95% interval on the mean", re.I)
 STANDARD_DEVIATION_AS_PLUS_MINUS = re.compile(
-    r"(?:±|\+-)\s*(?:sample\s+)?(?:standard deviation|std\b|sd\b)|mean\s*(?:±|\+-)\s*(?:sample\s+)?(?:standard|sd\b|std\b)",
+    r"(?:±|\+-)\s*(?:sample\s+)?(?:standard "
+    r"deviation|std\b|sd\b)|mean\s*(?:±|\+-)\s*(?:sample\s+)?(?:standard|sd\b|std\b)",
     re.I)
 ASCII_INTERVAL = re.compile(r"\d\s*\+-\s*\d")
 

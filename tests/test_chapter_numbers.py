@@ -93,7 +93,8 @@ def _claims(numbers):
         (r"counts one block's columns, ([\d.]+) MiB", [numbers["memory_cost_mib"]["im2col"]]),
         (r"its total \(([\d.]+) MiB\)", [numbers["memory_cost_mib"]["winograd"]]),
         (r"and ([\d.]+)-([\d.]+)x at 8, 16 and 32 channels", [min(narrow), max(narrow)]),
-        (r"channel sweep runs from ([\d.]+)x \(8 channels\) to ([\d.]+)x \(128 channels\)", [min(channels), max(channels)]),
+        (r"channel sweep runs from ([\d.]+)x \(8 channels\) to ([\d.]+)x \(128 channels\)",
+         [min(channels), max(channels)]),
         (r"channels 128, where Winograd is ([\d.]+)x faster than im2col", [w["channels 128"]]),
         (r"from ([\d.]+)x \(LeNet's first layer, where PyTorch is slower\) to ([\d.]+)x", numbers["torch_ratio_all"]),
         (r"im2col takes ([\d.]+)-([\d.]+)x PyTorch's time on the CPU", numbers["torch_ratio_all"]),
@@ -144,9 +145,12 @@ def test_chapter_two_quotes_the_gemm_breakdown_of_the_main_suite():
                             (r"take ([\d.]+) ms timed alone, ([\d.]+)x PyTorch's layer",
                              [layer["gemm_and_im2col_ms"], layer["gemm_and_im2col_ms"] / layer["torch_ms"]]),
                             (r"and the GEMMs alone, ([\d.]+)x, leave no room", [layer["gemm_ms"] / layer["torch_ms"]]),
-                            (r"the stages timed alone add up to ([\d.]+) of the rate, the layer as measured reaches (\d\.\d+)",
-                             [flops / layer["sum_of_stages_ms"] / 1e6 / rate, flops / layer["measured_ms"] / 1e6 / rate]),
-                            (r"runs its GEMMs at ([\d.]+)-([\d.]+) of the rate, its second \(6 channels, a sum over 150\) "
+                            (r"the stages timed alone add up to ([\d.]+) of the rate, the layer as measured reaches "
+                             r"(\d\.\d+)",
+                             [flops / layer["sum_of_stages_ms"] / 1e6 / rate,
+                              flops / layer["measured_ms"] / 1e6 / rate]),
+                            (r"runs its GEMMs at ([\d.]+)-([\d.]+) of the rate, its second \(6 channels, a sum over "
+                             r"150\) "
                              r"at ([\d.]+)-(\d\.\d+)", [min(lenet["lenet conv1"]), max(lenet["lenet conv1"]),
                                                       min(lenet["lenet conv2"]), max(lenet["lenet conv2"])]),
                             (r"GFLOP/s, ([\d.]+)-([\d.]+) of the square-matrix rate", fractions),
@@ -162,14 +166,15 @@ def test_chapter_two_quotes_the_gemm_breakdown_of_the_main_suite():
 def test_chapter_two_quotes_the_main_suites_target_rows():
     """Section 5's targets bullet against 02_main.json's rows (ratios to two decimals, as the bench
     prints them to three), and PyTorch's time for the 64-channel layer across the three suites."""
-    rows = {row["case"]: row for row in json.loads((ROOT / "tutorials" / "figures" / "out" / "02_main.json").read_text())[:-1]}
+    rows = {row["case"]: row
+            for row in json.loads((ROOT / "tutorials" / "figures" / "out" / "02_main.json").read_text())[:-1]}
     layer, auto = rows["conv2d large fwd+bwd"], rows["conv2d large fwd+bwd (auto)"]
     lenet, mlp = rows["lenet5 train step"], rows["mlp 784-256-256-10 train step"]
     met = [row["met"] for row in rows.values() if row.get("met") is not None]
     prose = " ".join(CHAPTER.read_text().split())
-    quoted = f"In this run the layer takes {layer['ratio']:.2f}x PyTorch's time at {layer['gemm_fraction']:.2f} of the " \
-             f"GEMM rate, `auto` (im2col here) {auto['ratio']:.2f}x, the LeNet-5 step {lenet['ratio']:.2f}x and the MLP " \
-             f"step {mlp['ratio']:.2f}x: {'none is met' if not any(met) else 'some are met'}"
+    quoted = (f"In this run the layer takes {layer['ratio']:.2f}x PyTorch's time at {layer['gemm_fraction']:.2f} "
+              f"of the GEMM rate, `auto` (im2col here) {auto['ratio']:.2f}x, the LeNet-5 step {lenet['ratio']:.2f}x "
+              f"and the MLP step {mlp['ratio']:.2f}x: {'none is met' if not any(met) else 'some are met'}")
     assert quoted in prose, quoted
     # "the MLP's only just" (within 0.9x by less than 0.02) and the layer's GEMM-rate half of its target met
     assert 0.88 <= mlp["ratio"] <= 0.9 and mlp["met"] and not layer["met"] and not auto["met"]
@@ -211,18 +216,24 @@ def test_chapter_two_quotes_the_conv_suites_times():
     assert_quoted(prose, [
         (r"where Winograd and im2col tie \(([\d.]+) against ([\d.]+) ms\)",
          [ms[("channels 64", "winograd")], ms[("channels 64", "im2col")]]),
-        (r"faster than im2col \(([\d.]+) against ([\d.]+) ms\)", [ms[("channels 128", "winograd")], ms[("channels 128", "im2col")]]),
-        (r"im2col still wins at 5x5 \(([\d.]+) against ([\d.]+) ms\)", [ms[("kernel 5x5", "im2col")], ms[("kernel 5x5", "fft")]]),
+        (r"faster than im2col \(([\d.]+) against ([\d.]+) ms\)",
+         [ms[("channels 128", "winograd")], ms[("channels 128", "im2col")]]),
+        (r"im2col still wins at 5x5 \(([\d.]+) against ([\d.]+) ms\)",
+         [ms[("kernel 5x5", "im2col")], ms[("kernel 5x5", "fft")]]),
         (r"([\d.]+)-([\d.]+)x up to 13x13", [min(ratios), max(ratios)]),
         (r"im2col time grows (\d+)x, its work `kh \* kw` (\d+)x, PyTorch's time (\d+)x",
-         [ms[("kernel 13x13", "im2col")] / ms[("kernel 3x3", "im2col")], 169 / 9, torch["kernel 13x13"] / torch["kernel 3x3"]]),
-        (r"PyTorch's own time jumps \(([\d.]+) to (\d+) ms from 13x13 to 15x15", [torch["kernel 13x13"], torch["kernel 15x15"]]),
+         [ms[("kernel 13x13", "im2col")] / ms[("kernel 3x3", "im2col")], 169 / 9,
+          torch["kernel 13x13"] / torch["kernel 3x3"]]),
+        (r"PyTorch's own time jumps \(([\d.]+) to (\d+) ms from 13x13 to 15x15",
+         [torch["kernel 13x13"], torch["kernel 15x15"]]),
         (r"the table shows direct ([\d.]+)x \(LeNet's conv2\) to ([\d.]+)x \(the 64-channel layer\) slower",
-         [ms[("lenet conv2", "direct")] / ms[("lenet conv2", "im2col")], ms[("large", "direct")] / ms[("large", "im2col")]]),
+         [ms[("lenet conv2", "direct")] / ms[("lenet conv2", "im2col")],
+          ms[("large", "direct")] / ms[("large", "im2col")]]),
         (r"Winograd takes ([\d.]+) ms against ([\d.]+) and FFT (\d+) ms",
          [ms[("large", "winograd")], ms[("large", "im2col")], ms[("large", "fft")]]),
     ], "02_conv.json")
-    assert ms[("kernel 5x5", "im2col")] < ms[("kernel 5x5", "fft")]                            # "im2col still wins at 5x5"
+    # "im2col still wins at 5x5"
+    assert ms[("kernel 5x5", "im2col")] < ms[("kernel 5x5", "fft")]
 
 
 def test_chapter_two_quotes_the_layers_suite():
@@ -237,7 +248,8 @@ def test_chapter_two_quotes_the_layers_suite():
         (r"NumPy runs a square GEMM at (\d+) GFLOP/s and this PyTorch build at (\d+) \(the first line\)",
          [summary["machine"]["gemm_gflops"], summary["machine"]["torch_gemm_gflops"]]),
         (r"three GEMMs, at ([\d.]+)-([\d.]+) of NumPy's square rate on minidl's side", [min(fc), max(fc)]),
-        (r"its rate grows from ([\d.]+) of NumPy's GEMM rate at 16 channels to ([\d.]+) at 128", [min(conv.values()), max(conv.values())]),
+        (r"its rate grows from ([\d.]+) of NumPy's GEMM rate at 16 channels to ([\d.]+) at 128",
+         [min(conv.values()), max(conv.values())]),
     ], "02_layers.json")
 
 
@@ -261,11 +273,12 @@ def test_chapter_two_quotes_the_batch_sweep():
     assert targets == {lenet: "<= 1.2x torch", mlp: "<= 0.9x torch", conv: "<= 1.15x floor"}
     assert sorted({row["batch"] for row in rows}) == [16, 32, 64, 128, 256]           # "batch 16 to 256"
     assert all(row["met"] for row in rows), "the prose says every target is met"
-    against_torch = f"takes {span(conv, 'ratio', (16, 32))}x at batch 16 and 32 and {span(conv, 'ratio', (128, 256))}x " \
-                    f"at batch 128 and 256"
+    against_torch = (f"takes {span(conv, 'ratio', (16, 32))}x at batch 16 and 32 and "
+                     f"{span(conv, 'ratio', (128, 256))}x at batch 128 and 256")
     assert prose.count(against_torch) == 2, f"section 5 and the summary both say: {against_torch}"
     # --blas native: the sweep's workers ran without the forcing, the other suites with it
-    forced = [json.loads((out / name).read_text())[-1]["machine"] for name in ("02_conv.json", "02_layers.json", "02_main.json")]
+    forced = [json.loads((out / name).read_text())[-1]["machine"]
+              for name in ("02_conv.json", "02_layers.json", "02_main.json")]
     assert machine["blas"] == "native" and machine["blas_forced"] == {}
     assert all(m["blas_forced"].get("OPENBLAS_CORETYPE") == "Haswell" for m in forced)
     low, high = min(m["gemm_gflops"] for m in forced), max(m["gemm_gflops"] for m in forced)
@@ -275,7 +288,8 @@ def test_chapter_two_quotes_the_batch_sweep():
                    f"The LeNet-5 step takes {span(lenet, 'ratio')}x PyTorch's time (the target is 1.2x)",
                    f"the MLP step takes {span(mlp, 'ratio')}x (target 0.9x)",
                    f"the 64-channel layer takes {span(conv, 'over_floor')}x its floor (target 1.15x)",
-                   f"the LeNet-5 step takes {span(lenet, 'ratio')}x PyTorch's time, the MLP step {span(mlp, 'ratio')}x, "
+                   f"the LeNet-5 step takes {span(lenet, 'ratio')}x PyTorch's time, the MLP step "
+                   f"{span(mlp, 'ratio')}x, "
                    f"and the 64-channel layer {span(conv, 'over_floor')}x its floor",
                    f"its square GEMM runs at {native:.0f} GFLOP/s there, against {low:.0f}-{high:.0f} GFLOP/s with the "
                    f"forced Haswell kernel",
@@ -296,15 +310,18 @@ def test_chapter_two_quotes_the_batch_sweep():
     assert f"lowest at batch 16 and {span(lenet, 'ratio', (32, 64, 128, 256))}x from batch 32 on" in prose
     floors = {b: by[(conv, b)]["over_floor"] for b in batches}
     assert min(floors, key=floors.get) == 32 and floors[32] < 1 and all(abs(f - 1) < 0.05 for f in floors.values())
-    assert all(1.8 < by[(conv, b)]["minidl_ms"] / by[(conv, a)]["minidl_ms"] < 2.2 for a, b in zip(batches, batches[1:]))
+    assert all(1.8 < by[(conv, b)]["minidl_ms"] / by[(conv, a)]["minidl_ms"] < 2.2
+               for a, b in zip(batches, batches[1:]))
     torch_32, torch_64 = by[(conv, 32)]["torch_ms"], by[(conv, 64)]["torch_ms"]
     suites = {"02_conv.json": "large", "02_layers.json": "conv 64->64 32x32", "02_main.json": "conv2d large fwd+bwd"}
     forced_rows = [row for name, case in suites.items() for row in json.loads((out / name).read_text())
                    if row.get("case") == case and row.get("algorithm", "im2col") == "im2col" and row.get("torch_ms")]
     ours, theirs = [row["minidl_ms"] for row in forced_rows], [row["torch_ms"] for row in forced_rows]
     assert len(forced_rows) == 3
-    for phrase in (f"PyTorch's grows {torch_64 / torch_32:.1f} times from batch 32 to 64 ({torch_32:.3g} to {torch_64:.3g} ms)",
-                   f"the layer takes {by[(conv, 32)]['minidl_ms']:.3g} ms here against {min(ours):.3g}-{max(ours):.3g} ms "
+    for phrase in (f"PyTorch's grows {torch_64 / torch_32:.1f} times from batch 32 to 64 ({torch_32:.3g} to "
+                   f"{torch_64:.3g} ms)",
+                   f"the layer takes {by[(conv, 32)]['minidl_ms']:.3g} ms here against "
+                   f"{min(ours):.3g}-{max(ours):.3g} ms "
                    f"with the forced kernel, while PyTorch's time hardly moves ({torch_32:.3g} ms, "
                    f"{min(theirs):.1f}-{max(theirs):.1f} above)"):
         assert phrase in prose, f"chapter 2 does not quote 02_sweep.json: {phrase}"
@@ -321,8 +338,10 @@ def test_chapter_two_quotes_the_float32_errors_its_script_measured():
         return f"{value:.1e}".replace("e-0", "e-")
     quoted = [f"on {measured['random_shapes']} random shapes",
               f"worst float32 errors are {e(worst['im2col']['error'])} for im2col, {e(worst['fft']['error'])} for FFT "
-              f"and {e(worst['winograd']['error'])} for Winograd (on the 64-channel layer's `{worst['winograd']['array']}`)",
-              f"Winograd's error is at most {ratio['winograd']:.1f} times im2col's and FFT's at most {ratio['fft']:.1f} times"]
+              f"and {e(worst['winograd']['error'])} for Winograd (on the 64-channel layer's "
+              f"`{worst['winograd']['array']}`)",
+              f"Winograd's error is at most {ratio['winograd']:.1f} times im2col's and FFT's at most "
+              f"{ratio['fft']:.1f} times"]
     missing = [q for q in quoted if q not in prose]
     assert not missing, f"chapter 2 does not quote 02_precision.json: {missing}"
     assert worst["winograd"]["shape"][0][1] == 64                        # "the 64-channel layer"
@@ -337,7 +356,8 @@ def test_chapter_one_quotes_the_serial_run_its_script_measured():
     assert found, "chapter 1 no longer quotes the serial run"
     low_s, high_s, low_a, high_a = map(float, found.groups())
     assert _near(low_s, measured["cpu_seconds"]["min"]) and _near(high_s, measured["cpu_seconds"]["max"])
-    assert _near(low_a, 100 * measured["test_accuracy"]["min"]) and _near(high_a, 100 * measured["test_accuracy"]["max"])
+    assert _near(low_a, 100 * measured["test_accuracy"]["min"]) and _near(high_a,
+                                                                          100 * measured["test_accuracy"]["max"])
 
 
 @pytest.mark.needs("1.1", "1.2", "1.3", "1.5")

@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 
-from collectives import cluster, netns
+from collectives.cluster import launch, netns
 from tests.helpers import ENV, ROOT, mpiexec
 
 MIB = 1 << 20
@@ -169,7 +169,7 @@ def test_ctrl_c_removes_the_hosts():
 ])
 def test_bad_flags_stop_with_error_and_status_2(flags, why, capsys):
     before = namespaces(f"mdl{os.getpid()}-") if shutil.which("ip") else set()
-    assert cluster.main(flags) == 2
+    assert launch.main(flags) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and why in lines[0], lines
     if shutil.which("ip"):
@@ -182,15 +182,15 @@ def test_a_bad_flag_stops_the_command_with_status_2_and_one_line():
 
 
 def test_not_root_is_refused(monkeypatch, capsys):
-    monkeypatch.setattr(cluster.os, "geteuid", lambda: 1000)
-    assert cluster.main(["--hosts", "2", "--ranks-per-host", "1", "--", "true"]) == 2
+    monkeypatch.setattr(launch.os, "geteuid", lambda: 1000)
+    assert launch.main(["--hosts", "2", "--ranks-per-host", "1", "--", "true"]) == 2
     assert capsys.readouterr().err == "error: network namespaces need root (run as root or with sudo)\n"
 
 
 def test_no_ip_command_is_refused(monkeypatch, capsys):
-    monkeypatch.setattr(cluster.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(cluster.shutil, "which", lambda tool: None if tool == "ip" else "/bin/" + tool)
-    assert cluster.main(["--hosts", "2", "--ranks-per-host", "1", "--", "true"]) == 2
+    monkeypatch.setattr(launch.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(launch.shutil, "which", lambda tool: None if tool == "ip" else "/bin/" + tool)
+    assert launch.main(["--hosts", "2", "--ranks-per-host", "1", "--", "true"]) == 2
     assert capsys.readouterr().err == "error: no `ip` on PATH (iproute2)\n"
 
 
@@ -198,8 +198,8 @@ def test_an_mpiexec_neither_hydra_nor_open_mpi_is_refused(monkeypatch, capsys, t
     fake = tmp_path / "mpiexec"
     fake.write_text("#!/bin/sh\necho 'mpiexec (Intel(R) MPI Library) 2021'\n")
     fake.chmod(0o755)
-    monkeypatch.setattr(cluster.os, "geteuid", lambda: 0)
-    assert cluster.main(["--hosts", "2", "--ranks-per-host", "1", "--mpiexec", str(fake), "--", "true"]) == 2
+    monkeypatch.setattr(launch.os, "geteuid", lambda: 0)
+    assert launch.main(["--hosts", "2", "--ranks-per-host", "1", "--mpiexec", str(fake), "--", "true"]) == 2
     assert "is neither MPICH's hydra mpiexec nor Open MPI's" in capsys.readouterr().err
 
 

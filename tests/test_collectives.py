@@ -19,15 +19,16 @@ import sys
 
 import numpy as np
 import pytest
-from hypothesis import example, given, settings
-from hypothesis import strategies as st
+from hypothesis import example, given, settings, strategies as st
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
 import collectives
-from collectives import bench, cost, spacetime, trace
+from collectives import spacetime, trace
+from collectives.bench import measure
 from collectives.buffers import block_counts, block_offsets
 from collectives.fold import fold_in, fold_out, largest_power_of_two, world_rank
+from collectives.model import cost
 from tests import strategies
 from tests.helpers import fill, results_of, same_on_every_rank, traced_costs
 
@@ -682,7 +683,8 @@ def test_predicted_times_order_like_the_paper():
     for p in (4, 8, 16):
         at = {a: cost.predict(a, p, large, alpha, beta, gamma) for a in TRACED + ("lower bound",)}
         assert at["lower bound"] <= at["rabenseifner"] <= at["ring"] < at["butterfly"] < at["tree"] < at["naive"]
-        assert cost.predict("butterfly", p, small, alpha, beta, gamma) < cost.predict("ring", p, small, alpha, beta, gamma)
+        assert cost.predict("butterfly", p, small, alpha, beta, gamma) < cost.predict("ring", p, small, alpha, beta,
+                                                                                      gamma)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -716,7 +718,7 @@ def test_bench_quick_writes_json_with_the_documented_fields(tmp_path_factory):
     comm = MPI.COMM_WORLD
     path = tmp_path_factory.mktemp("bench") / "bench.json" if comm.rank == 0 else None
     path = comm.bcast(str(path) if path else None)
-    records = bench.main(["--quick", "--sizes", "4K", "--algorithms", "ring,auto", "--json", path])
+    records = measure.main(["--quick", "--sizes", "4K", "--algorithms", "ring,auto", "--json", path])
     ok = True
     if comm.rank == 0:
         with open(path) as file:

@@ -1,4 +1,5 @@
-"""Gradient compressors (collectives/compress.py) and compressed synchronous SGD (algorithms/compressed_sgd.py).
+"""Gradient compressors (collectives/compression/compress.py) and compressed synchronous SGD
+(algorithms/compressed_sgd.py).
 
 Run: python tests/run.py --max-ranks 3 -- tests/test_compression.py
 
@@ -22,11 +23,8 @@ from pytest_mpi import parallel_assert
 
 from algorithms import allreduce_sgd, compressed_sgd
 from algorithms.core.cli import SettingError
-from collectives import compress
-from tests.helpers import (EQUAL_UP_TO_ROUNDING, assert_stopped, float64_mlp, launch, parallel_assert_close,
-                           tiny_digits)
-
-
+from collectives.compression import compress
+from tests.helpers import EQUAL_UP_TO_ROUNDING, assert_stopped, float64_mlp, launch, parallel_assert_close, tiny_digits
 
 # ---- unbiasedness -----------------------------------------------------------------------------------
 # Each decoded entry of one draw lies in an interval of width w that does not depend on the draw:
@@ -124,7 +122,8 @@ def test_qsgd_variance_is_its_definitions_and_within_the_papers_bound(shape, n, 
 
 
 @pytest.mark.parametrize("dtype, value", [(np.float64, 3.0), (np.float64, -1e-300), (np.float64, 7e300),
-                                          (np.float64, -0.1), (np.float32, -0.1), (np.float32, 3e38), (np.float32, 1e-40)])
+                                          (np.float64, -0.1), (np.float32, -0.1), (np.float32, 3e38),
+                                          (np.float32, 1e-40)])
 @pytest.mark.parametrize("s, bucket", [(1, 512), (4, 512), (16, 8), (32767, 10 ** 9)])
 def test_qsgd_sends_a_one_sparse_vector_exactly(dtype, value, s, bucket):
     # |g_i| / ||g|| = 1: the top level, with no rounding to do, so every draw is g itself (variance 0;
@@ -282,7 +281,7 @@ def test_top_k_at_density_one_is_allreduce_sgd_and_the_log_counts_the_wire_formu
     common = dict(model=float64_mlp, data=data, epochs=1, lr=0.1, momentum=0.9, batch_size=3, quiet=True)
     plain, _ = allreduce_sgd.train(comm, allreduce="mpi", **common)
     everything, _ = compressed_sgd.train(comm, compressor="topk", density=1.0, **common)
-    parallel_assert_close(everything, plain, EQUAL_UP_TO_ROUNDING, f"top-k at density 1")
+    parallel_assert_close(everything, plain, EQUAL_UP_TO_ROUNDING, "top-k at density 1")
     # rounding, 4 bits: each step every rank sends its message to the p - 1 others; the 8-byte non-finite
     # check runs after every step and once more at the epoch's end
     quantized, history = compressed_sgd.train(comm, compressor="rounding", bits=4, **common)

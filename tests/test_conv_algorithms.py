@@ -228,7 +228,8 @@ def test_im2col_in_blocks_of_images_equals_direct(monkeypatch, data, seed, block
     x, weight, grad_out = draw_arrays(setting, seed, "float64")
     blocks = im2col_blocked.image_blocks(x.shape, weight.shape, stride, padding, 8)
     assert blocks[0][0] == 0 and blocks[-1][1] == len(x) and all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))
-    for name, actual, expected in zip(("out", "grad_x", "grad_weight"), run("im2col", x, weight, grad_out, stride, padding),
+    for name, actual, expected in zip(("out", "grad_x", "grad_weight"),
+                                      run("im2col", x, weight, grad_out, stride, padding),
                                       reference(x, weight, grad_out, stride, padding)):
         assert relative_error(actual, expected) <= FLOAT64_TOL, f"{name} for setting {setting}, blocks {blocks}"
 

@@ -10,7 +10,8 @@ The layer (minidl.conv.im2col_blocked) takes one of these paths, by the shape an
 
 Shapes: the sweep's (python -m minidl.bench sweep): LeNet's conv1 (1 -> 6, 28x28, 5x5, padding 2)
 and conv2 (6 -> 16, 14x14, 5x5) at batch 64, which the 2 MiB blocks set here cut into 3 and 2
-blocks (float32; 5 and 4 in float64) with a shorter last one; the 64-channel 32x32 3x3 layer at batch 3 (three 1-image blocks).
+blocks (float32; 5 and 4 in float64) with a shorter last one; the 64-channel 32x32 3x3 layer at batch 3 (three
+1-image blocks).
 
 Tolerances (max|path - textbook| <= tol * max|textbook| per array):
 - float64, both sides: 1e-11, as tests/test_conv_algorithms.py. Both compute the same sums of the
@@ -26,8 +27,7 @@ or a block's columns read from the wrong offset of the kept buffer, gives errors
 import numpy as np
 import pytest
 
-from minidl.conv import set_column_budget
-from minidl.conv import batch_inner, budget, im2col, im2col_blocked
+from minidl.conv import batch_inner, budget, im2col, im2col_blocked, set_column_budget
 
 SWEEP_SHAPES = {            # (n, c, f, side, k, padding): stride 1, as in the benchmark
     "lenet conv1": (64, 1, 6, 28, 5, 2),
@@ -46,7 +46,8 @@ def arrays(shape, dtype, seed=3):
     n, c, f, side, k, padding = shape
     rng = np.random.default_rng(seed)
     out_side = side + 2 * padding - k + 1
-    return tuple(rng.standard_normal(s).astype(dtype) for s in ((n, c, side, side), (f, c, k, k), (n, f, out_side, out_side)))
+    return tuple(rng.standard_normal(s).astype(dtype)
+                 for s in ((n, c, side, side), (f, c, k, k), (n, f, out_side, out_side)))
 
 
 def textbook(x, weight, grad_out, padding):

@@ -70,7 +70,8 @@ def test_one_replica_of_k_ranks_is_serial_sgd_and_serial_adagrad_and_moves_only_
 def test_two_replicas_of_two_equal_two_one_rank_workers_under_the_same_deterministic_schedule():
     # ranks 0-4: 1 server + replicas {1, 2}, {3, 4}; then ranks 0-2 alone: 1 server + workers 1, 2
     comm = MPI.COMM_WORLD
-    settings = dict(model=uneven_mlp, data=tiny_digits(n_train=40), epochs=2, batch_size=4, lr=0.05, n_push=2, n_fetch=3,
+    settings = dict(model=uneven_mlp, data=tiny_digits(n_train=40), epochs=2, batch_size=4, lr=0.05, n_push=2,
+                    n_fetch=3,
                     deterministic=True, seed=4, quiet=True)
     report = {}
     params, _ = downpour_sgd.train(comm, replica_size=2, report=report, **settings)

@@ -90,14 +90,16 @@ def test_chapter_3_sentences_about_the_bench_agree_with_its_json():
     name (two decimals, as printed); 'this launch' and the excerpt are the first of the three."""
     text = " ".join((ROOT / "tutorials" / "03_collectives.md").read_text().split())
     first = first_launches()
-    every = {p: json.loads((ROOT / "tutorials" / "figures" / "out" / f"03_bench_p{p}.json").read_text()) for p in (2, 4)}
+    every = {p: json.loads((ROOT / "tutorials" / "figures" / "out" / f"03_bench_p{p}.json").read_text())
+             for p in (2, 4)}
     mib = 1 << 20
 
     def span(values):
         return f"{min(values):.2f}-{max(values):.2f}"
 
     def rows(records, algorithms=None, low=0, high=1 << 40):
-        return [r for r in records if (algorithms is None or r["algorithm"] in algorithms) and low <= r["bytes"] <= high]
+        return [r for r in records if (algorithms is None or r["algorithm"] in algorithms)
+                and low <= r["bytes"] <= high]
     large = {p: [r["ratio"] for r in rows(first[p], ("ring", "rabenseifner"), mib)] for p in (2, 4)}
     middle = {name: [r["ratio"] for run in every[4] for r in rows(run, (name,), mib, mib)]
               for name in ("ring", "rabenseifner")}
@@ -114,25 +116,33 @@ def test_chapter_3_sentences_about_the_bench_agree_with_its_json():
     refined_all = {p: [r["refined_ratio"] for run in every[p] for r in run
                        if r["bytes"] >= mib and r["refined_ratio"] is not None] for p in (2, 4)}
     excerpt = [r for p in (2, 4) for r in rows(first[p], ("mpi", "ring", "rabenseifner", "auto"))]
-    quoted = [f"ring and Rabenseifner run at {span(large[2])}x MPI_Allreduce's time at p = 2 and {span(large[4])}x at p = 4",
+    quoted = [f"ring and Rabenseifner run at {span(large[2])}x MPI_Allreduce's time at p = 2 and {span(large[4])}x "
+              "at p = 4",
               f"At p = 4 and 1 MiB the ring took {span(middle['ring'])}x MPI's time and Rabenseifner "
               f"{span(middle['rabenseifner'])}x, and at 4 MiB the ring {span(four['ring'])}x and Rabenseifner "
               f"{span(four['rabenseifner'])}x",
-              f"at p = 2 it is the butterfly up to 1 MiB, at {span(auto[2, 4096])}x MPI at 4 KiB over the three launches",
+              f"at p = 2 it is the butterfly up to 1 MiB, at {span(auto[2, 4096])}x MPI at 4 KiB over the three "
+              "launches",
               f"{span(auto[2, 16384])}x at 16 KiB and {span(auto[2, 65536])}x at 64 KiB",
-              f"At p = 4 `auto` is {min(auto[4, 4096] + auto[4, 16384]):.2f}-{max(auto[4, 4096] + auto[4, 16384]):.2f}x "
+              "At p = 4 `auto` is "
+              f"{min(auto[4, 4096] + auto[4, 16384]):.2f}-{max(auto[4, 4096] + auto[4, 16384]):.2f}x "
               f"at 4 and 16 KiB",
               f"auto {span(auto[2, 4096])}x at p = 2",
               f"beats MPI from 16 KiB ({span(auto[2, 16384])}x)",
               f"predicts {span(plain(2, mib, mib))} of the measured time of our algorithms at 1 MiB on p = 2 and "
               f"{span(plain(4, mib, mib))} on p = 4",
-              f"and {span(plain(2, 4 * mib, 64 * mib))} (p = 2) and {span(plain(4, 4 * mib, 64 * mib))} (p = 4) from 4 MiB up",
+              f"and {span(plain(2, 4 * mib, 64 * mib))} (p = 2) and {span(plain(4, 4 * mib, 64 * mib))} (p = 4) from "
+              "4 MiB up",
               f"From 1 MiB up the refined model predicts {span(refined[2])} of every algorithm's time at p = 2 and "
-              f"{span(refined[4])} at p = 4 in this launch ({span(refined_all[2])} and {span(refined_all[4])} over the three)",
-              f"predicts {span([r['model_seconds'] / r['seconds'] for r in excerpt])} of the times measured in section 5's excerpt",
+              f"{span(refined[4])} at p = 4 in this launch ({span(refined_all[2])} and {span(refined_all[4])} over "
+              "the three)",
+              f"predicts {span([r['model_seconds'] / r['seconds'] for r in excerpt])} of the times measured in "
+              "section 5's excerpt",
               f"it predicts {span(refined[2])} of every algorithm's time at p = 2, and {span(refined[4])} at p = 4"]
-    assert all(r["ratio"] < 1 for run in every[4] for r in rows(run, ("rabenseifner",), mib))  # 'under MPI's time ... in all three'
-    assert all(r["ratio"] < 1 for run in every[4] for r in rows(run, ("ring",), 4 * mib))       # '... and the ring from 4 MiB'
+    # 'under MPI's time ... in all three'
+    assert all(r["ratio"] < 1 for run in every[4] for r in rows(run, ("rabenseifner",), mib))
+    # '... and the ring from 4 MiB'
+    assert all(r["ratio"] < 1 for run in every[4] for r in rows(run, ("ring",), 4 * mib))
     sixteen = {name: [r["seconds"] * 1e6 for run in every[2] for r in rows(run, (name,), 16384, 16384)]
                for name in ("naive", "tree", "butterfly")}
     assert {r["model"] for run in every[2] for r in rows(run, ("auto",), 4096, 1 << 19)} == {"butterfly"}
@@ -157,22 +167,26 @@ def test_chapter_3_quotes_mpichs_forced_algorithms_at_p4():
     text = " ".join((ROOT / "tutorials" / "03_collectives.md").read_text().split())
     figures = ROOT / "tutorials" / "figures" / "out"
     large = {run["setting"]: run for run in json.loads((figures / "03_mpich_p4_1M.json").read_text())}
-    assert (f"MPICH's default took {large['default (auto)']['mpi_seconds'] * 1e3:.2f} ms and its reduce_scatter_allgather, "
+    assert (f"MPICH's default took {large['default (auto)']['mpi_seconds'] * 1e3:.2f} ms and its "
+            "reduce_scatter_allgather, "
             f"Rabenseifner's algorithm in C, {large['reduce_scatter_allgather']['mpi_seconds'] * 1e3:.2f} ms, against "
-            f"{large['reduce_scatter_allgather']['rabenseifner_seconds'] * 1e3:.2f} ms for ours in the same launch") in text
+            f"{large['reduce_scatter_allgather']['rabenseifner_seconds'] * 1e3:.2f} ms for ours in the same "
+            "launch") in text
     forced, ours = [], []
     for size in ("4K", "16K"):
         for run in json.loads((figures / f"03_mpich_p4_{size}.json").read_text()):
             if run["setting"] in ("recursive_doubling", "reduce_scatter_allgather", "ring", "tree"):
                 forced.append(run["mpi_seconds"] * 1e6)
                 ours.append(run["auto_seconds"] * 1e6)
-    assert f"ran the same schedules in {min(forced):.0f}-{max(forced):.0f} us where ours took {min(ours):.0f}-{max(ours):.0f} us" in text
+    assert (f"ran the same schedules in {min(forced):.0f}-{max(forced):.0f} us where ours took "
+            f"{min(ours):.0f}-{max(ours):.0f} us") in text
 
 
 def test_chapter_3_quotes_the_mpich_measurement_its_script_wrote():
-    """Section 5's MPICH paragraph against figures/out/03_mpich_p2.json (collectives.mpich_choice), in ms
+    """Section 5's MPICH paragraph against figures/out/03_mpich_p2.json (collectives.bench.mpich_choice), in ms
     to one decimal as printed; the differences are taken before rounding."""
-    runs = {run["setting"]: run for run in json.loads((ROOT / "tutorials" / "figures" / "out" / "03_mpich_p2.json").read_text())}
+    runs = {run["setting"]: run
+            for run in json.loads((ROOT / "tutorials" / "figures" / "out" / "03_mpich_p2.json").read_text())}
     text = " ".join((ROOT / "tutorials" / "03_collectives.md").read_text().split())
 
     def ms(seconds):

@@ -67,9 +67,11 @@ def test_chapter_5_quotes_the_numbers_its_script_wrote():
         quoted.append(f"| n = {n} | {row['pushes'][0]} | {sec(row['staleness'])} | {pct(row['accuracy'])} |")
     quoted += [f"{nfetch['1']['pushes'][0]}, {nfetch['4']['pushes'][0]} and {nfetch['16']['pushes'][0]} pushes",
                "it stays near 2 (" + ", ".join(f"{nfetch[n]['staleness']['mean']:.2f}" for n in ("1", "4", "16")),
-               f"fell from {100 * nfetch['1']['accuracy']['mean']:.1f}% to {100 * nfetch['4']['accuracy']['mean']:.1f}% "
+               f"fell from {100 * nfetch['1']['accuracy']['mean']:.1f}% to "
+               f"{100 * nfetch['4']['accuracy']['mean']:.1f}% "
                f"and {100 * nfetch['16']['accuracy']['mean']:.1f}%"]
-    assert all(nfetch[a]["accuracy"]["min"] > nfetch[b]["accuracy"]["max"] for a, b in (("1", "4"), ("4", "16")))  # apart
+    # apart
+    assert all(nfetch[a]["accuracy"]["min"] > nfetch[b]["accuracy"]["max"] for a, b in (("1", "4"), ("4", "16")))
     assert all(abs(nfetch[n]["staleness"]["mean"] - 2) < 0.5 for n in nfetch)                        # "near 2"
     assert [nfetch[n]["pushes"][0] for n in ("1", "4", "16")] == [135, 36, 9]                          # 45 steps each
     for s in ("2", "8"):                                  # "reached even without a straggler"
@@ -92,7 +94,8 @@ def test_chapter_5_quotes_the_numbers_its_script_wrote():
     quoted += [f"on average {speedup('sparse', 2):.1f} and {speedup('sparse', 4):.1f} times the examples per second",
                f"ranged from {one['min']:.0f} to {one['max']:.0f}",
                f"({h['sparse p=1']['final']['mean'] * 1e4:.1f}e-4 to {h['sparse p=4']['final']['mean'] * 1e4:.1f}e-4)",
-               f"{h['dense p=2']['staleness_mean']['mean']:.2f} (p = 2) to {h['dense p=4']['staleness_mean']['mean']:.2f}",
+               f"{h['dense p=2']['staleness_mean']['mean']:.2f} (p = 2) to "
+               f"{h['dense p=4']['staleness_mean']['mean']:.2f}",
                f"({pct(h['dense p=4']['final'], spread=False)} at p = 4 against "
                f"{pct(h['dense p=1']['final'], spread=False)} for one process)",
                f"({m['ssp']['straggler s=0']['wait_fast_workers']['mean']:.2f} s against "
@@ -104,9 +107,11 @@ def test_chapter_5_quotes_the_numbers_its_script_wrote():
     finals = [row["final_accuracy"] for row in m["downpour"].values()]
     assert all(a["min"] <= b["max"] and b["min"] <= a["max"] for a in finals for b in finals)
     assert m["downpour"]["adagrad"]["final_accuracy"]["mean"] == max(f["mean"] for f in finals)
-    assert round(m["warmstart"]["0"]["final_accuracy"]["max"], 3) == round(m["warmstart"]["20"]["final_accuracy"]["min"], 3)
+    assert round(m["warmstart"]["0"]["final_accuracy"]["max"],
+                 3) == round(m["warmstart"]["20"]["final_accuracy"]["min"], 3)
     walls = {s: m["ssp"][f"straggler s={s}"]["seconds"] for s in ("0", "2", "8", "inf")}
     assert walls["0"]["min"] > max(walls[s]["max"] for s in ("2", "8", "inf"))           # "clearly slower"
-    assert m["ssp"]["straggler s=inf"]["wait_fast_workers"]["mean"] <= m["ssp"]["none s=inf"]["wait_fast_workers"]["mean"]
+    waits = {setting: m["ssp"][setting]["wait_fast_workers"]["mean"] for setting in ("straggler s=inf", "none s=inf")}
+    assert waits["straggler s=inf"] <= waits["none s=inf"]
     missing = [q for q in quoted if q not in text]
     assert not missing, f"chapter 5 does not quote these (regenerate or fix the prose): {missing}"

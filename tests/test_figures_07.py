@@ -77,7 +77,8 @@ def test_section_2_quotes_the_straggler_runs():
               f"here to {percent_above([b for b, _ in pairs])} above no straggler",
               f"kept the straggler to {straggling} of the "
               f"{sum(runs['no straggler, push every 4'][0]['computed'].values())} portions",
-              f"({min(mild[1]):.1f} to {max(mild[1]):.1f} ms with backups, {min(mild[0]):.1f} to {max(mild[0]):.1f} without)"]
+              f"({min(mild[1]):.1f} to {max(mild[1]):.1f} ms with backups, {min(mild[0]):.1f} to {max(mild[0]):.1f} "
+              "without)"]
     assert_quoted(quoted, chapter(), "chapter 7")
 
 
@@ -115,7 +116,8 @@ def test_section_5_quotes_the_hierarchy_runs_and_its_claims_hold():
 def test_section_4_quotes_the_comparison():
     result = json.loads((OUT / "07_compare.json").read_text())
     serial, sandblaster, downpour = (result["runs"][label] for label in
-                                     ("serial L-BFGS (1 rank)", "Sandblaster L-BFGS (-n 4)", "Downpour SGD (-n 4, sgd)"))
+                                     ("serial L-BFGS (1 rank)", "Sandblaster L-BFGS (-n 4)", "Downpour SGD (-n 4, "
+                                                                                             "sgd)"))
     seeds = [str(seed) for seed in result["seeds"]]
     assert seeds == ["0", "1", "2"]
     for seed in seeds:                                              # "the same iterates, to rounding"
@@ -127,12 +129,14 @@ def test_section_4_quotes_the_comparison():
     below = [next(r["seconds"] for r in downpour[s] if r["gap"] < 1e-3) for s in seeds]
     tail = [r["gap"] for s in seeds for r in downpour[s][-10:]]
     quoted = [f"seed 0's optimal loss is {result['optimum_loss']['0']:.6f}",
-              "seed 0's gaps " + ", ".join(e(r["gap"]) for r in serial["0"][:-1]) + f", {e(serial['0'][-1]['gap'])} for both",
+              "seed 0's gaps " + ", ".join(e(r["gap"]) for r in serial["0"][:-1]) + f", {e(serial['0'][-1]['gap'])} "
+                                                                                    "for both",
               f"its 4 epochs took {span([h[-1]['seconds'] for h in sandblaster.values()], lambda v: f'{v:.2f}')} s "
               f"against at most {max(h[-1]['seconds'] for h in serial.values()):.3f} s serially",
               f"below a gap of 1e-3 in {span(below, lambda v: f'{v:.2f}')} s",
               f"stay between {e(min(tail))} and {e(max(tail))} on every seed",
-              f"after {span([h[-1]['bytes'] for h in sandblaster.values()], lambda v: f'{v:,}')} bytes Sandblaster is at "
+              f"after {span([h[-1]['bytes'] for h in sandblaster.values()], lambda v: f'{v:,}')} bytes Sandblaster "
+              "is at "
               f"{span([h[-1]['gap'] for h in sandblaster.values()], e)}",
               f"Downpour after {downpour['0'][-1]['bytes']:,} bytes",
               f"at {span([h[-1]['gap'] for h in downpour.values()], e)}"]

@@ -185,16 +185,19 @@ def test_section_5_quotes_the_bytes_and_the_timings():
     ratios = [r["measured"]["dense ring"][0] / r["model"]["dense ring"][0] for r in two["records"]]
     ratios4 = {r["n"]: r["measured"]["dense ring"][0] / r["model"]["dense ring"][0] for r in four["records"]}
     worst4 = max(ratios4, key=ratios4.get)
-    quoted = [f"top-k at 1% sends {sent['topk 1% + sparse']:,} bytes per rank against the ring's {sent['dense ring']:,} "
+    quoted = [f"top-k at 1% sends {sent['topk 1% + sparse']:,} bytes per rank against the ring's "
+              f"{sent['dense ring']:,} "
               f"({100 * sent['topk 1% + sparse'] / sent['dense ring']:.0f}%), and QSGD {sent['qsgd 8 + allgather']:,}",
               f"the allgather sends p - 1 = 3 messages, {sent4['qsgd 8 + allgather']:,} bytes, half of the ring's "
               f"{sent4['dense ring']:,}",
               f"the ring's own times spread widely ({timing('4', 16384, 'dense ring')} ms at 16,384 entries)",
-              f"({timing('4', 1024, 'topk 1% + sparse')} against {timing('4', 1024, 'dense ring')} ms at 1,024 entries)",
+              f"({timing('4', 1024, 'topk 1% + sparse')} against {timing('4', 1024, 'dense ring')} ms at 1,024 "
+              "entries)",
               f"beta is {two['beta'][0] * 1e9:.2f} ± {two['beta'][1] * 1e9:.2f} ns per byte at p = 2 (shared memory, "
               f"about {1 / two['beta'][0] / 1e9:.1f} GB/s)",
               f"top-k costs about {topk_ns:.0f} ns per entry to compress (a partial sort of 1M entries took "
-              f"{biggest['compress_seconds']['topk'][0] * 1e3:.1f} ± {biggest['compress_seconds']['topk'][1] * 1e3:.1f} ms)",
+              f"{biggest['compress_seconds']['topk'][0] * 1e3:.1f} ± "
+              f"{biggest['compress_seconds']['topk'][1] * 1e3:.1f} ms)",
               f"QSGD about {round(biggest['compress_seconds']['qsgd'][0] / n * 1e9, -1):.0f} ns per entry in NumPy",
               f"when `6 beta > {topk_ns:.0f} ns`, beta above about {threshold:.1f} ns/B: a link slower than about "
               f"{1 / threshold:.1f} GB/s ({8 / threshold:.0f} Gb/s)",

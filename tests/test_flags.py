@@ -18,7 +18,6 @@ import io
 import pkgutil
 
 import pytest
-from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
 import algorithms
@@ -45,14 +44,15 @@ def parser_of(module):
     raise AssertionError(f"{module.__name__}.main() parsed no arguments")
 
 
-# every runnable module, named from algorithms. ("allreduce_sgd", "core.compare"), sub-packages included
+# every runnable module, named from algorithms. ("allreduce_sgd", "compare"), sub-packages included
 MODULES = sorted(info.name.removeprefix("algorithms.")
                  for info in pkgutil.walk_packages(algorithms.__path__, prefix="algorithms.")
                  if hasattr(importlib.import_module(info.name), "main") and info.name != "algorithms.core.evaluate")
 # a short run of each, so that a flag the walk fails to have refused costs seconds, not minutes
-SHORT = {"pbt": ["--rounds", "1", "--ready", "2"], "bench": ["--quick", "--no-torch"], "sandblaster_lbfgs": ["--epochs", "1", "--max-iter", "2"],
-         "memory": ["--ranks", "2", "--model", "mlp"],
-         "core.compare": ["--epochs", "1", "--algorithms", "allreduce_sgd", "--out", "/tmp/minidl-flags-compare.png"]}
+SHORT = {"pbt": ["--rounds", "1", "--ready", "2"], "bench": ["--quick", "--no-torch"],
+         "sandblaster_lbfgs": ["--epochs", "1", "--max-iter", "2"],
+         "memory.table": ["--ranks", "2", "--model", "mlp"],
+         "compare": ["--epochs", "1", "--algorithms", "allreduce_sgd", "--out", "/tmp/minidl-flags-compare.png"]}
 
 
 def meaningless(action):
@@ -154,7 +154,7 @@ def test_the_walk_reaches_every_algorithm_and_its_own_flags():
     assert {"--slow-factor", "--portions", "--backup-threshold"} <= tried["sandblaster_lbfgs"]
     assert {"--micro-batches", "--stages"} <= tried["hybrid_parallel"]
     assert all({"--epochs", "--lr", "--seed", "--log"} & flags for name, flags in tried.items()
-               if name not in ("bench", "memory"))   # these two train nothing: their flags are their own
+               if name not in ("bench", "memory.table"))   # these two train nothing: their flags are their own
     assert {"--ranks", "--steps", "--runs", "--json", "--markdown"} <= tried["bench"]
 
 

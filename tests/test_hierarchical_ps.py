@@ -80,7 +80,8 @@ def test_hierarchical_server_equals_the_flat_one_and_cuts_the_root_pushes_by_the
     (sync, sync_pushes, sync_bytes), (grouped, grouped_pushes, grouped_bytes) = (results["flat SSP s=0, 2 workers"],
                                                                                  results["1 group of 2"])
     checks = {
-        "groups of one are the flat server bit for bit": np.array_equal(flat, relayed) and flat_pushes == relayed_pushes,
+        "groups of one are the flat server bit for bit": np.array_equal(flat, relayed)
+              and flat_pushes == relayed_pushes,
         "one group of two equals flat SSP s=0": np.max(np.abs(grouped - sync)) <= 1e-10 * np.max(np.abs(sync)),
         "the root applies 1/2 of the flat pushes": 2 * grouped_pushes == sync_pushes and grouped_pushes > 0,
         "the root sends 1/2 of the flat bytes (counted)": 2 * grouped_bytes == sync_bytes and grouped_bytes > 0,

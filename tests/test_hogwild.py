@@ -96,7 +96,8 @@ def test_hogwild_on_several_processes_converges_to_the_serial_optimum_on_the_spa
     gap = problem.loss(w) - best
     distance = np.linalg.norm(w - problem.w_star) / np.linalg.norm(problem.w_star)
     parallel_assert(gap <= 3 * serial_gap, f"loss gap {gap:.2e} vs serial {serial_gap:.2e}")
-    parallel_assert(distance <= 2.5 * serial_distance, f"||w - w*|| / ||w*|| = {distance:.3f} vs serial {serial_distance:.3f}")
+    parallel_assert(distance <= 2.5 * serial_distance, f"||w - w*|| / ||w*|| = {distance:.3f} vs serial "
+                                                       f"{serial_distance:.3f}")
     parallel_assert(sum(h["updates"] for h in history) == 15 * problem.n, f"{history}")
     # every rank returns the same shared vector
     first = comm.bcast(w, root=0)

@@ -40,7 +40,8 @@ def naive_max_pool_grad(x, grad_out, k, stride, padding):
 # im2col's backward takes col2im (task 1.4) for strides above 1
 @pytest.mark.parametrize("algorithm", ["direct", pytest.param("im2col", marks=pytest.mark.task("1.4"))])
 @given(setting=strategies.conv_settings(), seed=strategies.seeds)
-def test_conv2d_equals_the_naive_loop_and_its_gradients_match_finite_differences(backend_name, algorithm, setting, seed):
+def test_conv2d_equals_the_naive_loop_and_its_gradients_match_finite_differences(backend_name, algorithm, setting,
+                                                                                 seed):
     n, c, f, h, w, k, stride, padding = setting
     rng = np.random.default_rng(seed)
     x = Tensor(rng.standard_normal((n, c, h, w)), requires_grad=True)

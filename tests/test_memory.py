@@ -5,7 +5,8 @@ Run: python tests/run.py --max-ranks 2 -- tests/test_memory.py
 Hand counts for the MLP 64 -> 128 -> 64 -> 10 (float32, 4 bytes a value): n = 64*128 + 128 + 128*64 + 64
 + 64*10 + 10 = 17226 parameters; per example its forward keeps the two hidden layers' outputs and
 their ReLUs' (128 + 128 + 64 + 64 values), the logits and the loss's shifted logits (10 + 10) and
-its log-sum (1), 1620 bytes, and the loss's int64 labels and row indices, 16 bytes: 1636 bytes. The measured bytes include a few hundred bytes of Python objects per layer and graph
+its log-sum (1), 1620 bytes, and the loss's int64 labels and row indices, 16 bytes: 1636 bytes. The measured bytes
+include a few hundred bytes of Python objects per layer and graph
 node that no formula counts: for the MLP at 512 rows (64 per pipeline micro-batch) and LeNet-5 at 64
 that stays below the 10% the accounts are held to.
 """
@@ -18,8 +19,7 @@ import pytest
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
-from algorithms import memory
-from algorithms.core import accounts, allocations
+from algorithms.memory import accounts, allocations, table
 from tests.helpers import ENV, ROOT, assert_stopped
 
 MLP_PARAMETERS, MLP_ACTIVATIONS_PER_EXAMPLE, BATCH = 17226, 1636, 64
@@ -30,7 +30,7 @@ def rows(records, recompute=False):
 
 
 def test_the_mlp_formulas_equal_the_hand_counts_and_the_zero_stages_shard_what_the_paper_says():
-    records = rows(memory.table("mlp", 4, BATCH, micro_batches=8, measure=False))
+    records = rows(table.table("mlp", 4, BATCH, micro_batches=8, measure=False))
     n, shard = MLP_PARAMETERS * 4, math.ceil(MLP_PARAMETERS / 4) * 4
     dp = records["data parallel"]["predicted"]
     assert (dp["params"], dp["grads"], dp["optimizer"]) == (n, n, n)
@@ -48,7 +48,7 @@ def test_the_split_models_recompute_rows_differ_from_their_plain_rows_by_the_han
     """LeNet-5 at p = 2, 64 rows. Tensor: its one block (400 -> 120 -> 84) drops its (N, 60) column output
     and ReLU and records them again in the backward with the (N, 84) row product: 64 x 84 x 4 bytes
     more. Spatial, rank 0 (tests/test_split_recompute.py counts it): 3132 values a row fewer."""
-    plain, recomputed = (rows(memory.table("lenet5", 2, 64, measure=False), flag) for flag in (False, True))
+    plain, recomputed = (rows(table.table("lenet5", 2, 64, measure=False), flag) for flag in (False, True))
     tensor, spatial = ([record[method]["predicted"]["activations"] for record in (plain, recomputed)]
                        for method in ("tensor", "spatial"))
     assert tensor[1] - tensor[0] == 64 * 84 * 4
@@ -94,7 +94,7 @@ def measured_rows(model, p, spatial):
 
 @pytest.mark.parametrize("model", ["mlp", "lenet5"])
 def test_predicted_and_measured_agree_within_ten_percent_for_every_row_at_p_1(model):
-    records = memory.table(model, 1, MEASURED_BATCH[model], MICRO_BATCHES[model], comm=MPI.COMM_SELF)
+    records = table.table(model, 1, MEASURED_BATCH[model], MICRO_BATCHES[model], comm=MPI.COMM_SELF)
     assert not disagreements(records, measured_rows(model, 1, spatial=True))
     assert all(None not in record["measured"].values() for record in records if record["measured"])
 
@@ -103,7 +103,7 @@ def test_predicted_and_measured_agree_within_ten_percent_for_every_row_at_p_1(mo
 def test_at_p_4_in_this_process_every_row_but_spatial_is_measured_the_comm_only_where_no_peer_is_needed(model):
     """One process stands for rank 0 of 4: the shards, splits and stages are rank 0's, the collectives
     cannot run (comm None), the pipeline's sends are its own (measured)."""
-    records = memory.table(model, 4, MEASURED_BATCH[model], MICRO_BATCHES[model], comm=MPI.COMM_SELF)
+    records = table.table(model, 4, MEASURED_BATCH[model], MICRO_BATCHES[model], comm=MPI.COMM_SELF)
     assert not disagreements(records, measured_rows(model, 4, spatial=False))
     unmeasured_comm = {record["method"] for record in records if record["measured"] and
                        record["measured"]["comm"] is None}
@@ -122,7 +122,7 @@ def test_a_batch_beyond_one_block_of_the_blocked_im2col_is_counted_as_it_runs():
 @pytest.mark.parallel(nprocs=[2])
 @pytest.mark.parametrize("model", ["mlp", "lenet5"])
 def test_on_two_ranks_every_row_is_measured_with_its_collectives_buffers(model):
-    records = memory.table(model, 2, MEASURED_BATCH[model], MICRO_BATCHES[model], comm=MPI.COMM_WORLD)
+    records = table.table(model, 2, MEASURED_BATCH[model], MICRO_BATCHES[model], comm=MPI.COMM_WORLD)
     off = disagreements(records, measured_rows(model, 2, spatial=True))
     parallel_assert(not off, f"{model} at p = 2: {off}")
     unmeasured = [record["method"] for record in records if record["measured"] and None in record["measured"].values()]
@@ -137,7 +137,7 @@ def test_on_two_ranks_every_row_is_measured_with_its_collectives_buffers(model):
 
 def test_the_command_prints_every_method_writes_json_and_refuses_a_bad_flag(tmp_path, capsys):
     out = tmp_path / "memory.json"
-    memory.main(["--model", "mlp", "--ranks", "4", "--json", str(out)])
+    table.main(["--model", "mlp", "--ranks", "4", "--json", str(out)])
     printed = capsys.readouterr().out
     for method in ("data parallel", "ZeRO-3", "tensor", "pipeline GPipe", "pipeline 1F1B", "spatial", "hybrid 2 x p/2"):
         assert method in printed

@@ -118,7 +118,8 @@ def test_same_seed_same_lineage_and_bits_and_a_nan_member_is_replaced_never_chos
     parallel_assert(math.isnan(round_one[1]["score"]) and round_one[1]["parent"] == 0,
                     f"the diverged member was not replaced by member 0: {round_one}")
     nan_members = {(entry["round"], entry["member"]) for row in lineage for entry in row if math.isnan(entry["score"])}
-    parents = {(entry["round"], entry["parent"]) for row in lineage for entry in row if entry["parent"] != entry["member"]}
+    parents = {(entry["round"], entry["parent"]) for row in lineage for entry in row
+               if entry["parent"] != entry["member"]}
     parallel_assert(not nan_members & parents, f"a NaN member was chosen: {nan_members & parents}")
     parallel_assert(bool(np.isfinite(first).all()), "the result is not finite")
     read = [(entry["batch_size"], entry["examples"]) for row in lineage for entry in row]

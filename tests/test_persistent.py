@@ -6,8 +6,7 @@ the same on every rank; a bad argument stops every rank at init, before any data
 """
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
@@ -86,11 +85,11 @@ def test_unknown_algorithm_and_missing_buffer_are_refused():
 
 @pytest.mark.parallel(nprocs=[1, 2])
 def test_bench_persistent_rows_compare_auto_init_with_mpis_allreduce_init(tmp_path_factory):
-    from collectives import bench
+    from collectives.bench import measure
     comm = MPI.COMM_WORLD
     path = tmp_path_factory.mktemp("bench") / "bench.json" if comm.rank == 0 else None
     path = comm.bcast(str(path) if path else None)
-    records = bench.main(["--quick", "--sizes", "4K", "--algorithms", "auto", "--persistent", "--json", path])
+    records = measure.main(["--quick", "--sizes", "4K", "--algorithms", "auto", "--persistent", "--json", path])
     rows = {record["algorithm"]: record for record in records}
     # mpi_init needs an MPI with persistent collectives (MPI 4.0: MPICH 4, Open MPI 5); without them
     # auto_init is compared with the plain Allreduce
@@ -99,5 +98,5 @@ def test_bench_persistent_rows_compare_auto_init_with_mpis_allreduce_init(tmp_pa
                     f"rows {sorted(rows)}")
     parallel_assert(rows["auto_init"]["mpi_seconds"] == reference["seconds"]
                     and rows["auto"]["mpi_seconds"] == rows["mpi"]["seconds"], "each auto row against its own MPI")
-    # the auto target; beside it the calibrated model's where collectives/calibration.json was fitted at this p
+    # the auto target; beside it the calibrated model's where collectives/model/calibration.json was fitted at this p
     parallel_assert(rows["auto_init"]["target"].split(",")[0] == "<=1.5x", "auto_init has the auto target")

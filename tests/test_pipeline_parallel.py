@@ -20,8 +20,15 @@ from algorithms.core.objective import NetworkObjective
 from collectives.trace import TracedComm, WatchedComm
 from minidl.data import Batch
 from minidl.nn import Flatten, Linear, ReLU, Sequential
-from tests.helpers import (EQUAL_UP_TO_ROUNDING, assert_stopped, launch, parallel_assert_close, serial_reference,
-                           six_layer_mlp, tiny_digits)
+from tests.helpers import (
+    EQUAL_UP_TO_ROUNDING,
+    assert_stopped,
+    launch,
+    parallel_assert_close,
+    serial_reference,
+    six_layer_mlp,
+    tiny_digits,
+)
 
 WIDTHS = [64, 64, 16, 16, 12, 12, 10]          # features entering layer k (k = 0..5) and leaving the last
 
@@ -130,7 +137,8 @@ def pictured(title):
     return rows
 
 
-@pytest.mark.parametrize("kind, title", [("gpipe", "GPipe, P = 3, m = 4 (F = forward, B = backward, . = bubble; one slot each)"),
+@pytest.mark.parametrize("kind, title", [("gpipe", "GPipe, P = 3, m = 4 (F = forward, B = backward, . = bubble; one "
+                                                   "slot each)"),
                                          ("1f1b", "1F1B, P = 3, m = 4")])
 def test_the_docstrings_schedule_pictures_are_what_the_schedules_run(kind, title):
     assert pictured(title) == timeline(kind, 3, 4)

@@ -14,7 +14,7 @@ and sends 128 values, 512 bytes. A global batch of 512 rows in m = 4 micro-batch
                  max(k r 512, (k - 1) r 512 + r 1024) for k micro-batches in flight
     saved        GPipe 512 KiB - 320 KiB = 192 KiB;   1F1B 256 KiB - 192 KiB = 64 KiB
 
-Measured by ``algorithms.memory_measured.pipeline`` (stage 0's schedule run in this process under
+Measured by ``algorithms.memory.measured.pipeline`` (stage 0's schedule run in this process under
 tracemalloc); the saving must be within 10% of the hand count.
 """
 import numpy as np
@@ -23,8 +23,8 @@ from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
 from algorithms import hybrid_parallel, pipeline_parallel, zero
-from algorithms import memory_measured as measured
 from algorithms.core import cli
+from algorithms.memory import measured
 from minidl.recompute import Checkpoint
 from tests.helpers import expect_error_on_every_rank, small_data
 
@@ -34,7 +34,8 @@ SAVED = {"gpipe": 192 * KIB, "1f1b": 64 * KIB}
 
 @pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
 def test_stage_0s_activations_in_flight_drop_by_what_the_stage_predicts(kind):
-    plain, recomputed = (measured.pipeline("mlp", 2, 512, 4, kind, recompute)["activations"] for recompute in (False, True))
+    plain, recomputed = (measured.pipeline("mlp", 2, 512, 4, kind, recompute)["activations"]
+                         for recompute in (False, True))
     saved = plain - recomputed
     assert abs(saved - SAVED[kind]) <= 0.1 * SAVED[kind], \
         f"{kind}: saved {saved / KIB:.1f} KiB (plain {plain / KIB:.1f}), predicted {SAVED[kind] / KIB:.0f} KiB"

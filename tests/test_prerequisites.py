@@ -31,8 +31,8 @@ from pathlib import Path
 import pytest
 
 from tests.chapter_run import chapter_run
-from tests.task_calls import UNWATCHED, install
 from tests.helpers import needs
+from tests.task_calls import UNWATCHED, install
 from tutorials import assignments
 from tutorials.block import blocks, chapter_file, ranks_of
 

@@ -96,7 +96,7 @@ def test_a_segment_with_dropout_is_refused_and_no_grad_runs_it_plainly():
 def test_the_recompute_flag_reaches_the_network_and_serial_sgd_trains_bit_for_bit_as_without():
     args = cli.parser("serial", recompute=True).parse_args(["--recompute", "--model", "mlp"])
     settings = run.Settings.of(cli.shared_settings(args), data=small_data(), quiet=True)
-    job = run.start(MPI.COMM_SELF, settings, writer=Writer("serial_sgd"))
+    job = run.Run.start(MPI.COMM_SELF, settings, writer=Writer("serial_sgd"))
     assert [type(layer) for layer in job.objective.net] == [Checkpoint, Checkpoint]    # round(sqrt(6)) segments
     runs = [serial_sgd.train(data=small_data(), epochs=1, quiet=True, recompute=flag)[0] for flag in (False, True)]
     assert np.array_equal(*runs)

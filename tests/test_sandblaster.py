@@ -40,11 +40,11 @@ from algorithms.core.log import Log
 from algorithms.core.objective import ConvexObjective, build as build_objective, evaluate_at
 from algorithms.sandblaster import wire
 from algorithms.sandblaster.batch import Batch
-from algorithms.sandblaster.coordinator import Coordinator, Shards
+from algorithms.sandblaster.coordinator import Coordinator
 from algorithms.sandblaster.shard import Shard
 from minidl.data import least_squares
 from minidl.optim import LBFGS, two_loop_direction
-from tests.helpers import ENV, InProcessShards, MPIEXEC, ROOT, assert_stopped, launch, sharded
+from tests.helpers import ENV, MPIEXEC, ROOT, InProcessShards, assert_stopped, launch, sharded
 
 TOLERANCE = 1e-10
 D = 64                               # parameters: one shard's slice is >= 256 bytes at S <= 2

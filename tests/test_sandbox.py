@@ -437,7 +437,7 @@ def test_a_job_on_3_ranks_ends_when_a_rank_raises_and_says_which(tmp_path):
 # --- values into the sandbox (tutorials/assignments/values.py) ------------------------------------
 
 def test_plain_values_cross_in_exactly_and_a_generator_keeps_its_state():
-    from collectives import cost
+    from collectives.model import cost
     rng = np.random.default_rng(7)
     value = {"x": np.arange(6, dtype=np.float32).reshape(2, 3), "one": np.float32(0.5), "zero_d": np.array(3, np.int8),
              "shape": (2, 3), "big": 10 ** 30, "nan": float("nan"), "flags": [True, None, "gpipe"],

@@ -1,4 +1,4 @@
-"""Large-batch schedules (algorithms/schedule.py) against their closed forms, and inside the one loop.
+"""Large-batch schedules (algorithms/core/schedule.py) against their closed forms, and inside the one loop.
 
 Run: python tests/run.py --max-ranks 2 -- tests/test_schedules.py
 
@@ -22,11 +22,18 @@ from algorithms import allreduce_sgd
 from algorithms.core import run
 from algorithms.core.cli import SettingError
 from algorithms.core.objective import NetworkObjective
-from algorithms.schedule import Schedule
+from algorithms.core.schedule import Schedule
 from minidl.data import epoch_order
 from minidl.optim import SGD
-from tests.helpers import (EQUAL_UP_TO_ROUNDING, assert_stopped, float64_mlp, launch, parallel_assert_close,
-                           results_of, tiny_digits)
+from tests.helpers import (
+    EQUAL_UP_TO_ROUNDING,
+    assert_stopped,
+    float64_mlp,
+    launch,
+    parallel_assert_close,
+    results_of,
+    tiny_digits,
+)
 
 
 @pytest.mark.task("9.1")

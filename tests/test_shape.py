@@ -92,7 +92,7 @@ def test_each_fenced_heart_sits_inside_one_function_below_its_docstring(path):
 
 
 ALGORITHM_MODULES = [path for path in python_files("algorithms")           # a module-level train(), not a method
-                     if re.search(r"^def train\(", path.read_text(), re.M) and path.name != "compare.py"]
+                     if re.search(r"^def train\(", path.read_text(), re.M)]
 
 
 @pytest.mark.parametrize("path", ALGORITHM_MODULES, ids=[path.stem for path in ALGORITHM_MODULES])
@@ -168,7 +168,7 @@ def collectives_reached_otherwise(path):
 
 def algorithm_modules_imported(path):
     """The modules of algorithms/ that ``path`` imports, named from algorithms/ ("model_parallel",
-    "core.compare"): ``from algorithms import x``, ``from algorithms.x import y``, ``import algorithms.x``."""
+    "core.run"): ``from algorithms import x``, ``from algorithms.x import y``, ``import algorithms.x``."""
     names = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -183,18 +183,17 @@ def algorithm_modules_imported(path):
 
 def test_the_machinery_imports_no_runnable_algorithm_module():
     """core/ and ps/ sit below the papers at the top of algorithms/: what two algorithms share moves
-    down into them, never the other way. ``core/compare.py`` is the one exception by nature: it runs
-    several algorithms side by side, and nothing in algorithms/ imports it."""
+    down into them, never the other way. The comparison driver (``compare.py``, beside the papers) runs
+    algorithms as commands, and nothing in algorithms/ imports it."""
     runnable = {path.stem for path in (ROOT / "algorithms").glob("*.py")
                 if re.search(r"^def main\(", path.read_text(), re.M)}
-    machinery = [path for room in ("core", "ps") for path in python_files(f"algorithms/{room}")
-                 if path.name != "compare.py"]
+    machinery = [path for room in ("core", "ps") for path in python_files(f"algorithms/{room}")]
     assert runnable and machinery
     upward = {str(path.relative_to(ROOT)): sorted(algorithm_modules_imported(path) & runnable)
               for path in machinery if algorithm_modules_imported(path) & runnable}
     assert not upward, f"machinery importing runnable algorithm modules: {upward}"
     importers = [str(path.relative_to(ROOT)) for path in python_files("algorithms")
-                 if "core.compare" in algorithm_modules_imported(path)]
+                 if "compare" in algorithm_modules_imported(path)]
     assert not importers, f"algorithms/ importing the comparison driver: {importers}"
 
 
@@ -341,7 +340,8 @@ def test_tiny_digits_and_the_fence_parser_are_each_defined_once():
 def test_a_second_fence_parser_is_seen_whatever_its_name():
     copies = ["def markers(text):\n    return [i for i, line in enumerate(text.splitlines())\n"
               "            if line.strip() == BEGIN]\n",
-              "def markers(text):\n    return [line for line in text.splitlines() if '# END SOLUTION' in (line.strip(),)]\n",
+              "def markers(text):\n    return [line for line in text.splitlines() if '# END SOLUTION' in "
+              "(line.strip(),)]\n",
               "def markers(lines):\n    return [line for line in lines\n"
               "            if line.lstrip().startswith(('# BEGIN SOLUTION', 'x'))]\n",
               "def markers(lines):\n    return [line for line in lines if line.strip() == assignments.END]\n"]
@@ -360,9 +360,10 @@ def test_the_agreed_set_up_is_written_once():
     assert callers == ["algorithms/core/run.py:" + str(next(
         number for number, line in enumerate((ROOT / "algorithms/core/run.py").read_text().splitlines(), 1)
         if line.strip() == "agree_on_errors(comm, error)"))], f"agree_on_errors called outside run.agreed: {callers}"
-    users = {path.relative_to(ROOT).as_posix() for path in python_files("algorithms") if "run.agreed(" in path.read_text()}
-    assert {"algorithms/pbt.py", "algorithms/hogwild.py", "algorithms/sandblaster_lbfgs.py", "algorithms/ps/job.py",
-            "algorithms/core/compare.py"} <= users, users
+    users = {path.relative_to(ROOT).as_posix() for path in python_files("algorithms")
+             if re.search(r"\bagreed\(", path.read_text())}
+    assert {"algorithms/pbt.py", "algorithms/hogwild.py", "algorithms/sandblaster_lbfgs.py",
+            "algorithms/ps/job.py"} <= users, users
 
 
 ONCE = {"play": "algorithms/ps/loop.py", "collect": "algorithms/ps/loop.py",

@@ -1,6 +1,6 @@
-"""collectives.sim and collectives.simulate: the hearts on a simulated LogGP network.
+"""collectives.sim and collectives.sim.simulate: the hearts on a simulated LogGP network.
 
-The simulated times are checked against collectives.cost's closed forms (alpha-beta only: L = alpha,
+The simulated times are checked against collectives.model.cost's closed forms (alpha-beta only: L = alpha,
 G = beta, o = g = 0), where the vector splits into equal blocks; the messages against the tracer's
 record of the same allreduce on real MPI ranks; the results against the exact sum, computed here
 with numpy from every rank's fill values. The engine's LogGP rules (o, g, port sharing) are checked
@@ -13,17 +13,17 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
 import collectives
 from algorithms.core import run as algorithm_run
 from algorithms.core.cli import SettingError
-from collectives import auto, cost, hierarchical, simulate, trace
+from collectives import auto, hierarchical, trace
 from collectives.fold import largest_power_of_two
-from collectives.sim import Deadlock, Engine, FatTree, LogGP, SimComm, Sized, Topology, alpha_beta
+from collectives.model import cost
+from collectives.sim import Deadlock, Engine, FatTree, LogGP, SimComm, Sized, Topology, alpha_beta, simulate
 from collectives.table import HEARTS
 from tests import strategies
 from tests.helpers import ENV, fill, same_on_every_rank
@@ -244,7 +244,8 @@ def test_split_barrier_and_proc_null_behave_as_in_mpi():
     (["--ranks", "4", "--bytes", "64", "--json", "/no/such/folder/out.json"], "--json"),
     (["--bytes", "64"], "the following arguments are required: --ranks"),
     (["--ranks", "4", "--bytes", "64", "--uplinks", "2"], "--uplinks needs --nodes-per-switch"),
-    (["--ranks", "4", "--bytes", "64", "--nodes-per-switch", "2", "--uplinks", "0"], "--uplinks must be an integer >= 1"),
+    (["--ranks", "4", "--bytes", "64", "--nodes-per-switch", "2", "--uplinks", "0"], "--uplinks must be an integer "
+                                                                                     ">= 1"),
 ])
 def test_bad_flags_stop_with_one_error_line_and_status_2(flags, message, capsys):
     with pytest.raises(SystemExit) as stop:
@@ -255,7 +256,7 @@ def test_bad_flags_stop_with_one_error_line_and_status_2(flags, message, capsys)
 
 def test_python_m_prints_the_table_and_writes_json(tmp_path):
     path = tmp_path / "rows.json"
-    done = subprocess.run([sys.executable, "-m", "collectives.simulate", "--ranks", "6", "--bytes", "1536",
+    done = subprocess.run([sys.executable, "-m", "collectives.sim", "--ranks", "6", "--bytes", "1536",
                            "--ranks-per-node", "4", "--json", str(path)], capture_output=True, text=True,
                           timeout=60, env=ENV)
     assert done.returncode == 0, done.stderr

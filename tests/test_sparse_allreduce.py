@@ -1,4 +1,4 @@
-"""SparCML's sparse allreduce (collectives/sparse.py), against the dense sum and the message formula.
+"""SparCML's sparse allreduce (collectives/compression/sparse.py), against the dense sum and the message formula.
 
 Run: python tests/run.py -- tests/test_sparse_allreduce.py
 
@@ -14,8 +14,8 @@ import pytest
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
-from collectives import sparse
-from collectives.compress import Sparse
+from collectives.compression import sparse
+from collectives.compression.compress import Sparse
 from collectives.tags import CHECK
 from collectives.trace import TracedComm
 

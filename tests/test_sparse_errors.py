@@ -1,4 +1,4 @@
-"""collectives/sparse.py refuses bad (index, value) pairs on every rank, before any pair moves.
+"""collectives/compression/sparse.py refuses bad (index, value) pairs on every rank, before any pair moves.
 
 Run: python tests/run.py --max-ranks 5 -- tests/test_sparse_errors.py
 
@@ -15,9 +15,9 @@ import pytest
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
-from collectives import sparse
 from collectives.check import MismatchError
-from collectives.compress import Sparse
+from collectives.compression import sparse
+from collectives.compression.compress import Sparse
 from collectives.trace import TracedComm
 
 pytestmark = pytest.mark.timeout(60)
@@ -157,7 +157,7 @@ class CountedAllreduce(TracedComm):
 
 @pytest.mark.parallel(nprocs=[1, 2, 3, 4, 5])
 def test_the_check_is_one_allreduce_of_five_int64_and_the_allgathers_of_three():
-    # the header of collectives/sparse.py: (n, dtype, their negatives, a problem code); allgather:
+    # the header of collectives/compression/sparse.py: (n, dtype, their negatives, a problem code); allgather:
     # (length, its negative, a problem code), maxed by MPI's own Allreduce: no point-to-point message
     comm = MPI.COMM_WORLD
     for call, numbers in ((lambda c: sparse.sparse_allreduce(c, *GOOD), 5),

@@ -23,8 +23,14 @@ from algorithms.core.objective import NetworkObjective
 from algorithms.core.tiling import Tiling
 from collectives.trace import TracedComm
 from minidl.nn import Conv2d, Flatten, Linear, MaxPool2d, ReLU, Sequential
-from tests.helpers import (EQUAL_UP_TO_ROUNDING, assert_stopped, launch, parallel_assert_close, serial_reference,
-                           tiny_digits)
+from tests.helpers import (
+    EQUAL_UP_TO_ROUNDING,
+    assert_stopped,
+    launch,
+    parallel_assert_close,
+    serial_reference,
+    tiny_digits,
+)
 
 ROWS = np.arange(12)
 

@@ -32,8 +32,8 @@ from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
 from algorithms import spatial_parallel, tensor_parallel
-from algorithms import memory_measured as measured
 from algorithms.core import tags
+from algorithms.memory import measured
 from collectives.trace import TracedComm
 from minidl.data import rank_batches
 from minidl.nn import Flatten, Linear, ReLU, Sequential

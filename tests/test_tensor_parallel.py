@@ -19,8 +19,17 @@ from algorithms.core.cli import SettingError
 from collectives.trace import TracedComm
 from minidl.data import rank_batches
 from minidl.nn import Conv2d, Flatten, Linear, MaxPool2d, ReLU, Sequential
-from tests.helpers import (EQUAL_UP_TO_ROUNDING, assert_stopped, float64_mlp_of, launch, parallel_assert_close,
-                           same_on_every_rank, serial_reference, tiny_digits, uneven_mlp)
+from tests.helpers import (
+    EQUAL_UP_TO_ROUNDING,
+    assert_stopped,
+    float64_mlp_of,
+    launch,
+    parallel_assert_close,
+    same_on_every_rank,
+    serial_reference,
+    tiny_digits,
+    uneven_mlp,
+)
 
 SETTINGS = dict(epochs=1, lr=0.1, momentum=0.9, batch_size=5, quiet=True)      # 10 steps of 5 rows
 

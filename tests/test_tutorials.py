@@ -128,7 +128,8 @@ def test_chapter_code_runs(chapter, tmp_path):
     # its figures travel inside it, and no link of its prose points at a file beside it (it opens anywhere)
     figures = set(re.findall(r"!\[[^\]]*\]\(figures/out/([^)\s]+)\)", chapter.read_text()))
     attached = {name for cell in done.made.cells for name in cell.get("attachments", {})}
-    assert attached == figures, f"{chapter.stem}.ipynb: attached {sorted(attached)}, the chapter shows {sorted(figures)}"
+    assert attached == figures, \
+        f"{chapter.stem}.ipynb: attached {sorted(attached)}, the chapter shows {sorted(figures)}"
     prose = "".join(cell.source for cell in done.made.cells if cell.cell_type == "markdown")
     assert not [target for target in LINK.findall(prose) if not re.match(r"[a-z]+:|#", target)], \
         f"{chapter.stem}.ipynb links files by relative path"
@@ -198,6 +199,7 @@ def test_every_chapter_becomes_a_notebook_of_its_own_blocks(tmp_path, capsys):
     # run, in order, an MPI block under '%%mpiexec -n N' with its own N, and ```bash/```text blocks no code
     pytest.importorskip("jupytext", reason="jupytext comes with the test extra: pip install -e '.[test]'")
     import nbformat
+
     from tutorials import notebook
 
     for chapter in CHAPTERS:
@@ -227,6 +229,7 @@ def test_chapter_one_runs_as_a_notebook_and_mpi_cells_run_through_the_magic(tmp_
     for module in ("jupytext", "nbclient", "ipykernel"):
         pytest.importorskip(module, reason=f"{module} comes with the test extra: pip install -e '.[test]'")
     import nbformat
+
     from tutorials import notebook
 
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))        # the kernel's connection file,

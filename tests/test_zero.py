@@ -23,8 +23,8 @@ from pytest_mpi import parallel_assert
 
 from algorithms import allreduce_sgd, zero
 from algorithms.core import checkpoint, run
-from algorithms.core.objective import NetworkObjective, evaluate_at
 from algorithms.core.cli import SettingError
+from algorithms.core.objective import NetworkObjective, evaluate_at
 from minidl.data import least_squares, rank_batches
 from minidl.optim import Adam
 from tests.helpers import assert_stopped, launch, same_on_every_rank, tiny_digits, uneven_mlp
@@ -62,9 +62,9 @@ def test_every_zero_stage_equals_ring_allreduce_sgd_bit_for_bit(optimizer):
 
 
 def zero_job(comm, stage, optimizer):
-    """A ZeRO run's set-up (run.start and the Shard) on the float64 MLP, as ``zero.train`` makes it."""
+    """A ZeRO run's set-up (Run.start and the Shard) on the float64 MLP, as ``zero.train`` makes it."""
     settings = run.Settings.of(dict(SMALL, data=tiny_digits()), partition="global")
-    job = run.start(comm, settings, writer=checkpoint.Writer("zero"), optimizer=zero.make_optimizer(optimizer))
+    job = run.Run.start(comm, settings, writer=checkpoint.Writer("zero"), optimizer=zero.make_optimizer(optimizer))
     return job, zero.Shard(job, stage, zero.make_optimizer(optimizer))
 
 

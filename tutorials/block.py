@@ -70,10 +70,12 @@ def run_block(chapter, number, ranks=None, root=ROOT):
     mpi_ranks = ranks_of(code)
     if mpi_ranks is None:
         if ranks is not None:
-            raise ValueError(f"{path.name} block {number} is not an MPI block ('# mpiexec -n N'): --ranks does not apply")
+            raise ValueError(f"{path.name} block {number} is not an MPI block ('# mpiexec -n N'): --ranks does not "
+                             "apply")
         setup = "\n".join(earlier for earlier in codes[:number - 1] if ranks_of(earlier) is None)
         script = ("import contextlib, io\n"
-                  f"with contextlib.redirect_stdout(io.StringIO()):\n    exec(compile({setup!r}, 'earlier blocks', 'exec'))\n"
+                  f"with contextlib.redirect_stdout(io.StringIO()):\n    exec(compile({setup!r}, 'earlier blocks', "
+                  "'exec'))\n"
                   f"exec(compile({code!r}, '{path.name} block {number}', 'exec'))\n")
         command = [sys.executable, "-c", script]
         return subprocess.run(command, cwd=root, env=env).returncode

@@ -123,11 +123,13 @@ def notebook(chapter, out=OUT, root=ROOT):
             "`%%mpiexec -n N` runs as an MPI program on N ranks (edit N to try another count); the other "
             "cells run here, in order, in one namespace.*")
     setup = ("# set-up: the working directory is the root of the minidl checkout this kernel's Python has installed\n"
-             "# (pip install -e .), so the chapter's paths hold wherever this notebook is; %%mpiexec runs a cell on N ranks\n"
+             "# (pip install -e .), so the chapter's paths hold wherever this notebook is; %%mpiexec runs a cell on "
+             "N ranks\n"
              "import os, pathlib, sys\n"
              "import minidl\n"
              "root = pathlib.Path(minidl.__file__).resolve().parent.parent\n"
-             "assert (root / 'tutorials').is_dir(), f'minidl is installed from {root}, not a checkout: pip install -e . in one'\n"
+             "assert (root / 'tutorials').is_dir(), f'minidl is installed from {root}, not a checkout: pip install "
+             "-e . in one'\n"
              "os.chdir(root)\n"
              "sys.path.insert(0, str(root))\n"
              "%load_ext tutorials.notebook")
@@ -175,7 +177,8 @@ def load_ipython_extension(ipython):
 def main(argv=None):
     parser = cli.Parser(prog="python -m tutorials.notebook", description=__doc__.splitlines()[0])
     parser.add_argument("chapter", help="the chapter's number, e.g. 04")
-    parser.add_argument("--out", type=Path, default=OUT, help=f"folder for the .ipynb (default {OUT.relative_to(ROOT)})")
+    parser.add_argument("--out", type=Path, default=OUT, help="folder for the .ipynb (default "
+                                                              f"{OUT.relative_to(ROOT)})")
     parser.add_argument("--force", action="store_true", help="overwrite a notebook that exists (and its edits)")
     parser.add_argument("--execute", action="store_true", help="run every cell and save the outputs")
     args = parser.parse_args(argv)

@@ -14,7 +14,8 @@ A checkpoint is layout-free: whatever split of the model wrote it (pipeline stag
 server shards), ``params`` and ``optimizer.*`` are in the order of the serial model, so a file of
 one *family* resumes in any algorithm of that family on any number of ranks. The family
 ``sgd`` is one model and one SGD state, the same on every rank (serial, allreduce, pipeline,
-model-parallel, hybrid and tensor-parallel SGD, and ZeRO's sharded state, gathered); every other algorithm is a family of its own, because what it keeps
+model-parallel, hybrid and tensor-parallel SGD, and ZeRO's sharded state, gathered); every other algorithm is a
+family of its own, because what it keeps
 (a centre, residuals, a server's Adagrad sums) means nothing to another. ``python -m
 algorithms.core.evaluate FILE`` evaluates any checkpoint serially.
 
@@ -166,7 +167,8 @@ def load_optimizer(path, optimizer, arrays, prefix="optimizer."):
 def write(comm, path, params, optimizer, epoch, own=None, meta=None, shared=None):
     """--save on rank 0 (a collective): ``params``, rank 0's optimizer state, ``meta``, ``shared``
     (rank 0's {name: array} of state every rank holds alike), and with ``own`` (this rank's
-    {name: vector}) every rank's own values and optimizer state as ``rank.<name>`` rows. Returns once the file is written, on every rank (a failed write is a
+    {name: vector}) every rank's own values and optimizer state as ``rank.<name>`` rows. Returns once the file is
+    written, on every rank (a failed write is a
     SettingError on every rank)."""
     rank, extra = comm.Get_rank(), {}
     if own is not None:

@@ -1,6 +1,6 @@
 """The command line every algorithm shares: flags, their checks, and the error contract.
 
-    parser = cli.parser("Allreduce SGD", epochs=20, momentum=0.9, allreduce="ring")
+    parser = cli.parser("Allreduce SGD", allreduce="ring", **DEFAULTS)   # the algorithm's DEFAULTS
     parser.add_argument("--period", ...)                  # the algorithm's own flags
     cli.run_main(train, parser.parse_args(argv), period=args.period)
 
@@ -12,7 +12,7 @@ objective (a flag an algorithm cannot honour is not offered).
 
 The error contract (``run_main``): any bad input or failure stops every rank with one line
 ``error: <what, where>`` and exit status 2, never a traceback for something a user can cause and
-never a hang. Settings are checked on every rank before the first message (``run.start`` agrees
+never a hang. Settings are checked on every rank before the first message (``Run.start`` agrees
 on the outcome of the set-up, so a file that only one rank cannot read still stops all of them);
 a non-finite loss is agreed on by every rank (``divergence.FiniteCheck``). Anything else that escapes
 on some rank aborts the whole job (``MPI.Abort(2)``), so the other ranks cannot wait forever.
@@ -26,7 +26,7 @@ from minidl import models
 from minidl.data import PARTITIONS
 
 ALLREDUCE_NAMES = ("ring", "tree", "butterfly", "rabenseifner", "naive", "auto", "hierarchical", "mpi")
-DECAY_FACTOR = 10.0                     # the default --decay-factor (algorithms.schedule)
+DECAY_FACTOR = 10.0                     # the default --decay-factor (algorithms.core.schedule)
 
 
 class SettingError(ValueError):
@@ -48,11 +48,14 @@ RECOMPUTE_HELP = {
 }
 
 
-def parser(description, epochs=10, lr=0.05, batch_size=32, model="cnn", momentum=0.0,
-           partition=None, allreduce=None, files=True, recompute=False):
+def parser(description, epochs=20, lr=0.05, batch_size=32, model="cnn", momentum=0.9,
+           partition=None, check_every=1, allreduce=None, files=True, recompute=False):
     """An ArgumentParser with the flags every algorithm shares; modules add their own.
 
-    ``partition`` (a default) adds --partition and --check-every (the data-parallel family);
+    The defaults are the algorithm's: its ``DEFAULTS``, the dict its ``train`` hands ``Settings.of``
+    (``cli.parser(doc, **DEFAULTS)``), over the family's own (``run.Settings``'s, which these keyword
+    defaults equal: tests/test_defaults.py). ``partition`` (a default) adds --partition and
+    --check-every (the data-parallel family);
     ``allreduce`` (a default) adds --allreduce; ``momentum`` None leaves --momentum out (an update
     without momentum, such as Hogwild's, does not offer the flag); ``files`` False leaves out --log,
     --save and --resume (a command that runs several algorithms in turn); ``recompute`` True adds
@@ -81,7 +84,7 @@ def parser(description, epochs=10, lr=0.05, batch_size=32, model="cnn", momentum
     if partition is not None:
         p.add_argument("--partition", default=partition, choices=PARTITIONS,
                        help="which rows each rank sees (see minidl.data.rank_batches)")
-        p.add_argument("--check-every", type=int, default=1,
+        p.add_argument("--check-every", type=int, default=check_every,
                        help="agree on a non-finite loss every this many steps (0: at epoch ends only)")
         add_schedule_flags(p)
     if recompute:
@@ -95,7 +98,7 @@ def parser(description, epochs=10, lr=0.05, batch_size=32, model="cnn", momentum
 
 
 def add_schedule_flags(p):
-    """The large-batch schedule's flags (algorithms.schedule); their defaults change nothing."""
+    """The large-batch schedule's flags (algorithms.core.schedule); their defaults change nothing."""
     p.add_argument("--lr-scaling", default="none", choices=["none", "linear", "sqrt"],
                    help="scale --lr by the global batch over --reference-batch (Goyal et al. 2017)")
     p.add_argument("--reference-batch", type=int, default=None,

@@ -17,8 +17,7 @@ import math
 import numpy
 
 from algorithms.core import cli
-from minidl import backend, data as datasets, models
-from minidl import functional as F
+from minidl import backend, data as datasets, functional as F, models
 from minidl.flat import FlatParameters, flatten
 from minidl.recompute import checkpointed
 from minidl.tensor import Parameter, Tensor, no_grad
@@ -167,3 +166,11 @@ def evaluate_at(objective, params):
         return objective.evaluate()
     finally:
         objective.params[...] = own
+
+
+def split_validation(data, fraction):
+    """(training Data, held-out x, held-out y): the last ``fraction`` of the training rows are held
+    out for the ranking; the test set stays untouched for the final report."""
+    keep = len(data.x_train) - max(1, int(round(fraction * len(data.x_train))))
+    train = Data(data.x_train[:keep], data.y_train[:keep], data.x_test, data.y_test)
+    return train, data.x_train[keep:], data.y_train[keep:]

@@ -2,7 +2,7 @@
 
     blocks = blocks_of(net)                          # [(Flattens before, Linear or Conv2d, ReLUs and poolings after)]
     pieces = [Piece(block, rank, size, split) for block in blocks]      # this rank's piece of every block
-    mine = Partition(job, comm, split)               # the pieces as one flat vector, with its optimizer
+    mine = Partition(run, comm, split)               # the pieces as one flat vector, with its optimizer
                                                      # (a Placement: tensor parallelism's pieces are one too)
 
 Model-parallel SGD (``algorithms/model_parallel.py``, whose header explains the two splits and
@@ -144,19 +144,19 @@ def serial_positions(pieces, blocks, flat, split):
 
 
 class Placement:
-    """This rank's own parameters of ``job``'s model, whatever the split: one flat vector with its own
-    optimizer, and where each value sits in the serial model (``own``: positions in ``job``'s flat
+    """This rank's own parameters of ``run``'s model, whatever the split: one flat vector with its own
+    optimizer, and where each value sits in the serial model (``own``: positions in ``run``'s flat
     vector, in the order of ``parameters``), so the whole model and its optimizer state can be
     assembled for evaluation and --save, and a --resume file (the serial model's order, loaded by
-    run.start) cut back into this rank's values. A value several ranks hold (tensor parallelism's
+    Run.start) cut back into this rank's values. A value several ranks hold (tensor parallelism's
     replicated layers) is written by each, the same."""
 
-    def __init__(self, job, comm, parameters, own):
+    def __init__(self, run, comm, parameters, own):
         self.comm = comm
         self.flat = FlatParameters(parameters)
-        self.optimizer = type(job.optimizer)([self.flat.as_parameter()], lr=job.settings.lr,
-                                             momentum=job.settings.momentum)
-        self.objective, self.serial = job.objective, job.optimizer
+        self.optimizer = type(run.optimizer)([self.flat.as_parameter()], lr=run.settings.lr,
+                                             momentum=run.settings.momentum)
+        self.objective, self.serial = run.objective, run.optimizer
         self.where = comm.allgather(own)                       # every rank's positions, once
         for key, value in self.serial.state[0].items():        # a resumed run's momentum, cut to my values
             self.optimizer.state[0][key] = value[own].copy()
@@ -184,12 +184,12 @@ class Placement:
 
 
 class Partition(Placement):
-    """This rank's pieces of every layer of ``job``'s model, split over ``comm`` by ``split`` (a
+    """This rank's pieces of every layer of ``run``'s model, split over ``comm`` by ``split`` (a
     ``Placement`` of the pieces' parameters, at their ``serial_positions``)."""
 
-    def __init__(self, job, comm, split):
+    def __init__(self, run, comm, split):
         self.split = split
-        self.blocks = blocks_of(job.objective.net)
+        self.blocks = blocks_of(run.objective.net)
         self.pieces = [Piece(block, comm.Get_rank(), comm.Get_size(), split) for block in self.blocks]
-        own = serial_positions(self.pieces, self.blocks, job.objective.flat, split)
-        super().__init__(job, comm, [parameter for piece in self.pieces for parameter in piece.parameters()], own)
+        own = serial_positions(self.pieces, self.blocks, run.objective.flat, split)
+        super().__init__(run, comm, [parameter for piece in self.pieces for parameter in piece.parameters()], own)

@@ -1,11 +1,11 @@
 """One training run of a synchronous or decentralized algorithm: set-up, the one epoch loop, the end.
 
-    job = run.start(comm, settings, check=check_my_flags)   # agreed set-up: every rank or none
+    run = Run.start(comm, settings, check=check_my_flags)   # agreed set-up: every rank or none
     def step(batch):                                         # the algorithm: one step on this rank
-        return data_parallel_step(job.counting, job.objective, job.optimizer, batch, allreduce)
-    return job.loop(step)                                    # epochs, log, --save; (params, history)
+        return data_parallel_step(run.counting, run.objective, run.optimizer, batch, allreduce)
+    return run.loop(step)                                    # epochs, log, --save; (params, history)
 
-``start`` checks the settings, builds the objective and the optimizer, reads ``--resume`` and opens
+``Run.start`` checks the settings, builds the objective and the optimizer, reads ``--resume`` and opens
 ``--log`` on every rank, then agrees on the outcome in one small message, so a bad setting, a file
 only one rank cannot read, or an unwritable output stops every rank before any training (the
 error contract, ``algorithms.core.cli``). ``loop`` is the only epoch loop of the family:
@@ -34,13 +34,13 @@ from algorithms.core.cli import SettingError
 from algorithms.core.divergence import FiniteCheck, check_divergence
 from algorithms.core.log import Log
 from algorithms.core.objective import build as build_objective
-from algorithms.schedule import Schedule
+from algorithms.core.schedule import Schedule
+from collectives.hierarchical import environment_ranks_per_node
+from collectives.trace import CountingComm
 from minidl import backend
 from minidl.conv import budget
 from minidl.data import rank_batches
 from minidl.optim import SGD
-from collectives.hierarchical import environment_ranks_per_node
-from collectives.trace import CountingComm
 
 
 @dataclasses.dataclass
@@ -62,11 +62,11 @@ class Settings:
     check_every: int = 1             # steps between non-finite agreements; 0: at epoch ends only
     data: object = None              # a ready objective.Data (tests, compare)
     problem: object = None           # a synthetic convex problem instead of model and data
-    lr_scaling: str = "none"         # large-batch schedule (algorithms.schedule); the defaults change nothing
+    lr_scaling: str = "none"         # large-batch schedule (algorithms.core.schedule); the defaults change nothing
     reference_batch: int = None
     warmup_epochs: float = 0.0
     lr_decay: tuple = ()
-    decay_factor: float = 10.0
+    decay_factor: float = cli.DECAY_FACTOR
     batch_schedule: bool = False
     recompute: bool = False          # activations recomputed in the backward (minidl.recompute)
 
@@ -160,7 +160,7 @@ def agree_on_errors(comm, error):
 # ---- the run --------------------------------------------------------------------------------------
 
 class Run:
-    """What ``start`` set up: the objective and optimizer of this rank, the communicators, the log.
+    """What ``Run.start`` set up: the objective and optimizer of this rank, the communicators, the log.
 
     ``counting`` is the communicator an algorithm sends on (it counts this rank's bytes); ``comm``
     is the plain one, for evaluation-only reductions that are not part of the algorithm.
@@ -250,39 +250,40 @@ class Run:
                              meta=self.meta)
         return backend.to_numpy(params).copy(), self.logger.history
 
+    @classmethod
+    def start(cls, comm, settings, check=None, model_seed=None, replicated=True, reader=None, *, writer,
+              optimizer=None):
+        """The agreed set-up of a run (see the module docstring); returns the ``Run``.
 
-def start(comm, settings, check=None, model_seed=None, replicated=True, reader=None, *, writer, optimizer=None):
-    """The agreed set-up of a run (see the module docstring); returns a ``Run``.
-
-    ``settings``: a ``Settings``. ``writer``: a ``checkpoint.Writer``, what --save records and
-    --resume compares (the algorithm, its family, its state-shaping flags, its layout). ``check(settings)``: the algorithm's own checks (raise
-    SettingError). ``model_seed``: the initial weights' seed if not ``settings.seed`` (ensembles).
-    ``replicated``: every rank holds the same parameters and optimizer state at the end (so a
-    checkpoint needs one copy); otherwise each rank's own are saved too. ``reader``: (piece, pieces),
-    which piece of each global batch this rank reads (default (rank, size)); the ranks of one
-    pipeline- or model-parallel replica all read their replica's piece. ``optimizer(parameters,
-    settings)``: the optimizer of the flat vector (default: SGD with --lr and --momentum; ZeRO's Adam).
-    """
-    rank, size = comm.Get_rank(), comm.Get_size()
-    job = None
-    with agreed(comm):
-        settings.check()
-        if check is not None:
-            check(settings)
-        if rank == 0:
-            checkpoint.check_save(settings.save)
-        meta = writer.meta(settings, size)
-        objective = build_objective(settings.model, settings.dataset, settings.seed, settings.data,
-                                    settings.data_dir, settings.problem, model_seed=model_seed,
-                                    recompute=settings.recompute)
-        if size > objective.n:
-            raise SettingError(f"{size} ranks but only {objective.n} training examples: every rank needs at "
-                               f"least one (use fewer ranks)")
-        optimizer = (optimizer or sgd)([objective.flat.as_parameter()], settings)
-        resumed = checkpoint.resume(settings, objective, optimizer, rank, size, meta) if settings.resume else None
-        job = Run(comm, settings, objective, optimizer, resumed, replicated, reader, meta)
-        job.logger = Log(settings.log, rank=rank, quiet=settings.quiet)
-    return job
+        ``settings``: a ``Settings``. ``writer``: a ``checkpoint.Writer``, what --save records and
+        --resume compares (the algorithm, its family, its state-shaping flags, its layout).
+        ``check(settings)``: the algorithm's own checks (raise SettingError). ``model_seed``: the initial weights'
+        seed if not ``settings.seed`` (ensembles). ``replicated``: every rank holds the same parameters and
+        optimizer state at the end (so a checkpoint needs one copy); otherwise each rank's own are saved too.
+        ``reader``: (piece, pieces), which piece of each global batch this rank reads (default (rank, size)); the
+        ranks of one pipeline- or model-parallel replica all read their replica's piece. ``optimizer(parameters,
+        settings)``: the optimizer of the flat vector (default: SGD with --lr and --momentum; ZeRO's Adam).
+        """
+        rank, size = comm.Get_rank(), comm.Get_size()
+        run = None
+        with agreed(comm):
+            settings.check()
+            if check is not None:
+                check(settings)
+            if rank == 0:
+                checkpoint.check_save(settings.save)
+            meta = writer.meta(settings, size)
+            objective = build_objective(settings.model, settings.dataset, settings.seed, settings.data,
+                                        settings.data_dir, settings.problem, model_seed=model_seed,
+                                        recompute=settings.recompute)
+            if size > objective.n:
+                raise SettingError(f"{size} ranks but only {objective.n} training examples: every rank needs at "
+                                   f"least one (use fewer ranks)")
+            optimizer = (optimizer or sgd)([objective.flat.as_parameter()], settings)
+            resumed = checkpoint.resume(settings, objective, optimizer, rank, size, meta) if settings.resume else None
+            run = cls(comm, settings, objective, optimizer, resumed, replicated, reader, meta)
+            run.logger = Log(settings.log, rank=rank, quiet=settings.quiet)
+        return run
 
 
 def sgd(parameters, settings):                               # the family's optimizer: --lr, --momentum

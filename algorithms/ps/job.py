@@ -47,12 +47,11 @@ from algorithms.core import checkpoint, cli, divergence, objective as objectives
 from algorithms.core.cli import SettingError
 from algorithms.core.log import Log
 from algorithms.ps import loop, replica as ps_replica, server as parameter_server, wire
-from algorithms.ps.loop import JobFailed
 from algorithms.ps.log import EpochLog
+from algorithms.ps.loop import JobFailed
 from algorithms.ps.relay import relay
 from algorithms.ps.worker import steps_per_epoch, work
 from minidl import backend
-
 
 DEFAULT_TIMEOUT = 10.0
 

@@ -18,8 +18,8 @@ vector; the vectors go between workers and shards (tests/test_sandblaster.py che
 from algorithms.core import cli, tags
 from algorithms.ps.wire import shard_ranges
 
-CMD, REPLY, REPORT, WORK, PUSH, PUSH_DATA, FETCH, PARAMS = (tags.SB_CMD, tags.SB_REPLY, tags.SB_REPORT, tags.SB_WORK,
-                                                           tags.SB_PUSH, tags.SB_PUSH_DATA, tags.SB_FETCH, tags.SB_PARAMS)
+CMD, REPLY, REPORT, WORK = tags.SB_CMD, tags.SB_REPLY, tags.SB_REPORT, tags.SB_WORK
+PUSH, PUSH_DATA, FETCH, PARAMS = tags.SB_PUSH, tags.SB_PUSH_DATA, tags.SB_FETCH, tags.SB_PARAMS
 
 
 class Roles:

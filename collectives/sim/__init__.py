@@ -13,13 +13,14 @@ unchanged, at any p.
     comm.py      SimComm: Get_rank, Get_size, Send, Recv, Sendrecv, Isend, Irecv, Barrier, Split
     sized.py     Sized: a vector with a length but no elements, for sizes-only runs at large p
     fattree.py   FatTree: the engine on leaf switches with a few uplinks each (a bisection limit)
+    simulate.py  ``python -m collectives.sim``: every allreduce on p simulated ranks, beside the closed form
 
     from collectives.sim import Engine, SimComm, alpha_beta
     engine = Engine(alpha_beta(ranks=64, alpha=2e-6, beta=1e-10))
     seconds = engine.run(lambda comm: ring.ring_allreduce_in_place(comm, vector(comm), "sum"), SimComm)
 
-`python -m collectives.simulate` runs every allreduce this way and prints its simulated time
-beside collectives.cost's closed form. With only alpha and beta set (L = alpha, G = beta,
+`python -m collectives.sim` runs every allreduce this way and prints its simulated time
+beside collectives.model.cost's closed form. With only alpha and beta set (L = alpha, G = beta,
 o = g = 0) the two agree exactly, which is what ties the engine to the model (tests/test_simulate.py).
 
 What the simulation leaves out: computation (a reduction costs no time: gamma = 0), the memory

@@ -21,7 +21,7 @@ LogGP parameters (network.message_times):
     done + o                           (the receiver's call completes: it has taken the data in)
 
 A blocking call completes when all its messages are done, so with o = g = 0 every message on a
-chain of blocking calls costs L + m G = alpha + m beta, exactly what collectives.cost charges per
+chain of blocking calls costs L + m G = alpha + m beta, exactly what collectives.model.cost charges per
 message on the critical path. Isend and Irecv return at once; their Wait blocks.
 
 Data. With move_data the bytes are copied from the send buffer into the receive buffer when the
@@ -34,7 +34,7 @@ import heapq
 from collections import deque
 
 import numpy as np
-from greenlet import greenlet, getcurrent
+from greenlet import getcurrent, greenlet
 
 from ..buffers import SCRATCH_CACHE
 from .network import message_times

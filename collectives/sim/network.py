@@ -12,7 +12,7 @@ Schneider & Lumsdaine's LogGOPSim, 2010) describes a link by four numbers:
 A message of m bytes that starts at t has left its sender at t + m G and has arrived at
 t + L + m G; the receiver holds it at t + L + m G + o. (LogGP writes (m - 1) G: the first byte
 costs L alone. Here every byte costs G, so that with o = g = 0, L = alpha and G = beta a message
-costs alpha + m beta, Hockney's model, which collectives.cost uses.)
+costs alpha + m beta, Hockney's model, which collectives.model.cost uses.)
 
 Topology: p ranks on nodes of c ranks (rank r on node r // c; the last node holds p mod c ranks
 when c does not divide p). Two ranks on one node talk over the `intra` link (shared memory),

@@ -117,25 +117,29 @@ def _batch_inner_stages(x, weight, grad, stride, padding, scale, xp):
     out_t, out = weight_2d @ cols, xp.empty((n, f, out_side, out_side), dtype=x.dtype)
     grad_t = xp.ascontiguousarray(grad.transpose(1, 2, 3, 0)).reshape(f, -1)
     grad_cols = weight_2d.T @ grad_t
-    grad_x, grad_x_t = xp.empty_like(x), batch_inner.col2im(grad_cols, x_t.shape, k, k, stride, out_side, out_side).copy()
+    grad_x = xp.empty_like(x)
+    grad_x_t = batch_inner.col2im(grad_cols, x_t.shape, k, k, stride, out_side, out_side).copy()
     flops = 2 * f * cols.size
     return [("forward", "batch-last copy", lambda: batch_inner.batch_last(x, padding), None, scale),
-            ("forward", "im2col copy", lambda: batch_inner.columns(x_t, k, k, stride, out_side, out_side, cols), None, scale),
+            ("forward", "im2col copy", lambda: batch_inner.columns(x_t, k, k, stride, out_side, out_side, cols), None,
+             scale),
             ("forward", "GEMM", lambda: xp.matmul(weight_2d, cols, out=out_t), flops, scale),
             ("forward", "output transpose", lambda: out.__setitem__(
                 Ellipsis, out_t.reshape(f, out_side, out_side, n).transpose(3, 0, 1, 2)), None, scale),
-            ("weight gradient", "grad transpose", lambda: xp.ascontiguousarray(grad.transpose(1, 2, 3, 0)), None, scale),
+            ("weight gradient", "grad transpose", lambda: xp.ascontiguousarray(grad.transpose(1, 2, 3, 0)), None,
+             scale),
             ("weight gradient", "GEMM", lambda: xp.matmul(cols, grad_t.T), flops, scale),
             ("input gradient", "GEMM", lambda: xp.matmul(weight_2d.T, grad_t, out=grad_cols), flops, scale),
-            ("input gradient", "col2im", lambda: batch_inner.col2im(grad_cols, x_t.shape, k, k, stride, out_side, out_side),
-             None, scale),
+            ("input gradient", "col2im",
+             lambda: batch_inner.col2im(grad_cols, x_t.shape, k, k, stride, out_side, out_side), None, scale),
             ("input gradient", "grad_x transpose", lambda: grad_x.__setitem__(
-                Ellipsis, grad_x_t[:, padding:padding + side, padding:padding + side, :].transpose(3, 0, 1, 2)), None, scale)]
+                Ellipsis, grad_x_t[:, padding:padding + side, padding:padding + side, :].transpose(3, 0, 1, 2)),
+             None, scale)]
 
 
 def _conv_forward_stages(label, x, weight, stride, padding, xp, scale=1):
     """The forward pass of one block (im2col.forward_block): zero-pad, im2col, one GEMM, the output transposed."""
-    n, c, side = x.shape[0], x.shape[1], x.shape[2]
+    n, side = x.shape[0], x.shape[2]
     f, k = weight.shape[0], weight.shape[2]
     out_side = (side + 2 * padding - k) // stride + 1
     stages = []
@@ -150,7 +154,8 @@ def _conv_forward_stages(label, x, weight, stride, padding, xp, scale=1):
     stages.append((label, "GEMM", lambda: xp.matmul(weight_2d, cols, out=out_2d), 2 * f * cols.size, scale))
     if n > 1:                 # one image per block: the GEMM writes the output in place
         stages.append((label, "output transpose",
-                       lambda: out.__setitem__(Ellipsis, out_2d.reshape(f, n, out_side, out_side).transpose(1, 0, 2, 3)),
+                       lambda: out.__setitem__(Ellipsis,
+                                               out_2d.reshape(f, n, out_side, out_side).transpose(1, 0, 2, 3)),
                        None, scale))
     return stages
 
@@ -184,7 +189,8 @@ def breakdown(quick, repeats, clock, gemm):
     for case in main_cases(quick):
         if case["case"] not in BREAKDOWN_LAYERS:
             continue
-        stages = {"conv": conv_stages, "pool": pool_stages, "linear": linear_stages}[case["kind"]](case["shape"], rng, xp)
+        stages_of = {"conv": conv_stages, "pool": pool_stages, "linear": linear_stages}[case["kind"]]
+        stages = stages_of(case["shape"], rng, xp)
         for pass_, stage, fn, flops, scale in stages:
             ms = best_ms(fn, repeats, clock=clock) * scale
             row = {"layer": case["case"].replace(" fwd+bwd", ""), "pass": pass_, "stage": stage, "ms": round(ms, 4)}
@@ -208,7 +214,8 @@ def explain_breakdown(rows, stages):
         mine = [stage for stage in stages if stage["layer"] + " fwd+bwd" == name]
         gemm_ms = sum(stage["ms"] for stage in mine if stage["stage"] == "GEMM")
         layer = by_case[name]
-        item = {"layer": name, "measured_ms": layer["minidl_ms"], "sum_of_stages_ms": round(sum(s["ms"] for s in mine), 3),
+        item = {"layer": name, "measured_ms": layer["minidl_ms"],
+                "sum_of_stages_ms": round(sum(s["ms"] for s in mine), 3),
                 "gemm_ms": round(gemm_ms, 3), "torch_ms": layer["torch_ms"]}
         summary["layers"].append(item)
         line = (f"{name}: measured {item['measured_ms']:.3g} ms, stages add up to {item['sum_of_stages_ms']:.3g} ms, "

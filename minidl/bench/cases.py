@@ -72,7 +72,8 @@ def layers_cases(quick):
     batch_conv, side, batch_fc = (2, 8, 8) if quick else (32, 32, 128)
     cases = [{"case": f"conv {c}->{c} {side}x{side}", "kind": "conv", "shape": (batch_conv, c, c, side, 3, 1, 1),
               "algorithm": "im2col", "sweep": "conv", "x": c} for c in channels]
-    cases += [{"case": f"fc {w}x{w}", "kind": "linear", "shape": (batch_fc, w, w), "sweep": "fc", "x": w} for w in widths]
+    cases += [{"case": f"fc {w}x{w}", "kind": "linear", "shape": (batch_fc, w, w), "sweep": "fc", "x": w}
+              for w in widths]
     return cases
 
 

@@ -16,12 +16,12 @@ from minidl.bench.measure import FORCING, add_costs, conv_summary, measure
 from minidl.bench.steps import minidl_worker
 from minidl.bench.table import CONV_COLUMNS, LAYERS_COLUMNS, MAIN_COLUMNS, SWEEP_COLUMNS, plot, print_table
 from minidl.bench.timing import CLOCK
-from minidl.conv import budget
 from minidl.bench.yardstick import torch_worker
+from minidl.conv import budget
 
 
 def fail(message):
-    """The project's error contract: one line `error: <what>` on stderr, exit status 2 (argparse's usage text left out)."""
+    """The project's error contract: one line `error: <what>` on stderr, exit status 2 (no usage text)."""
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(2)
 
@@ -73,8 +73,8 @@ def main(argv=None):
         return 0
 
     rows, meta = measure(args.suite, args)
-    print(f"minidl.bench {args.suite}: float32, {args.threads} thread(s), {args.clock} time, minimum of {args.repeats} runs; "
-          f"NumPy GEMM {meta['gemm_gflops']:.1f} GFLOP/s"
+    print(f"minidl.bench {args.suite}: float32, {args.threads} thread(s), {args.clock} time, "
+          f"minimum of {args.repeats} runs; NumPy GEMM {meta['gemm_gflops']:.1f} GFLOP/s"
           + (f", PyTorch {meta['torch_version']} GEMM {meta['torch_gemm_gflops']:.1f} GFLOP/s" if meta["torch_version"]
              else ", no PyTorch comparison (not installed or --no-torch)")
           + ("" if args.suite == "main" else ("; no GPU: CuPy not measured" if not meta["gpu"] else
@@ -82,8 +82,8 @@ def main(argv=None):
               + (f", PyTorch CUDA GEMM {meta['torch_cuda_gemm_gflops']:.0f} GFLOP/s; 'gpu' rows' torch_ms is PyTorch on"
                  " the GPU" if meta["torch_cuda_gemm_gflops"] else ""))))
     if args.blas == "native" and any(os.environ.get(name) for name in FORCING):
-        print(f"note: --blas native: NumPy ran without {', '.join(n + '=' + os.environ[n] for n in FORCING if os.environ.get(n))}"
-              " (OpenBLAS's own kernel choice for this processor)")
+        forced = ", ".join(n + "=" + os.environ[n] for n in FORCING if os.environ.get(n))
+        print(f"note: --blas native: NumPy ran without {forced} (OpenBLAS's own kernel choice for this processor)")
     elif os.environ.get("OPENBLAS_CORETYPE"):
         # a forced OpenBLAS kernel (set on some machines for old OpenBLAS bugs) can halve NumPy's GEMM rate
         print(f"note: OPENBLAS_CORETYPE={os.environ['OPENBLAS_CORETYPE']} forces that OpenBLAS kernel; "

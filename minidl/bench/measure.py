@@ -31,7 +31,8 @@ def run_worker(framework, suite, args, backend_name="numpy", device="cpu"):
     env["MINIDL_BACKEND"] = backend_name
     blas_environment(env, getattr(args, "blas", "as-set"))
     command = [sys.executable, "-m", "minidl.bench", suite, "--worker", framework,
-               "--threads", str(args.threads), "--repeats", str(args.repeats), "--clock", args.clock, "--device", device] + (["--quick"] if args.quick else [])
+               "--threads", str(args.threads), "--repeats", str(args.repeats), "--clock", args.clock,
+               "--device", device] + (["--quick"] if args.quick else [])
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         print(f"[bench] the {framework} worker ({backend_name}) failed:\n{done.stderr[-2000:]}", file=sys.stderr)
@@ -132,7 +133,9 @@ def add_costs(rows):
             continue
         n, c, f, side, k, stride, padding = row["shape"]
         x_shape, weight_shape = (n, c, side, side), (f, c, k, k)
-        name = auto.choose_name(x_shape, weight_shape, stride, padding) if row["algorithm"] == "auto" else row["algorithm"]
+        name = row["algorithm"]
+        if name == "auto":
+            name = auto.choose_name(x_shape, weight_shape, stride, padding)
         counted = cost.cost(name, x_shape, weight_shape, stride, padding)
         row["multiplies_fwd_bwd"], row["extra_elements"] = counted["multiplies_fwd_bwd"], counted["extra_elements"]
         row["auto_choice"] = auto.choose_name(x_shape, weight_shape, stride, padding)
@@ -150,7 +153,8 @@ def conv_summary(rows):
                 "case": case, "time_ratio": round(base["minidl_ms"] / row["minidl_ms"], 3),
                 "multiply_ratio": round(base["multiplies_fwd_bwd"] / row["multiplies_fwd_bwd"], 3)})
     kernels = sorted({row["x"] for row in cpu if row.get("sweep") == "kernel"})
-    faster = [k for k in kernels if by[(f"kernel {k}x{k}", "fft")]["minidl_ms"] < by[(f"kernel {k}x{k}", "im2col")]["minidl_ms"]]
+    faster = [k for k in kernels
+              if by[(f"kernel {k}x{k}", "fft")]["minidl_ms"] < by[(f"kernel {k}x{k}", "im2col")]["minidl_ms"]]
     # the crossover: the smallest kernel from which on FFT stays faster
     crossover = None
     for k in reversed(kernels):

@@ -11,6 +11,7 @@ from minidl.bench.breakdown import breakdown, conv_stages
 from minidl.bench.cases import FLOOR_STAGES, SUITES
 from minidl.bench.timing import best_ms, gemm_gflops
 
+
 def minidl_step(case, rng):
     """A no-argument function that runs ``case`` once with minidl on the active backend."""
     xp = backend.xp()

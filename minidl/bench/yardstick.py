@@ -5,6 +5,7 @@ PyTorch is imported here (inside the worker, never at import time) and nowhere e
 from minidl.bench.cases import SUITES
 from minidl.bench.timing import best_ms, gemm_gflops
 
+
 def torch_step(case, torch, device="cpu"):
     nn_ = torch.nn
     generator = torch.Generator().manual_seed(0)

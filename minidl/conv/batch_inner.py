@@ -39,7 +39,8 @@ from minidl.conv.shapes import output_size
 
 
 def _window(a, i, j, stride, out_h, out_w):
-    """a[:, i + stride*ho, j + stride*wo, :] for all ho < out_h, wo < out_w: a (C, Ho, Wo, N) strided view of (C, Hp, Wp, N)."""
+    """a[:, i + stride*ho, j + stride*wo, :] for all ho < out_h, wo < out_w:
+    a (C, Ho, Wo, N) strided view of (C, Hp, Wp, N)."""
     return a[:, i:i + stride * (out_h - 1) + 1:stride, j:j + stride * (out_w - 1) + 1:stride, :]
 
 

@@ -37,7 +37,7 @@ def current():
 
 
 def set_column_budget(nbytes):
-    """Bytes of columns one conv layer may keep from forward to backward (0: never keep); returns the previous budget."""
+    """Bytes of columns one conv layer may keep from forward to backward (0: never keep); returns the old budget."""
     global COLUMN_BUDGET
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
         raise ValueError(f"set_column_budget: a whole number of bytes >= 0, got {nbytes!r}")

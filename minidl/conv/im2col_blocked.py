@@ -1,4 +1,4 @@
-"""The im2col kernel that ``algorithm="im2col"`` runs: im2col.py's products, in blocks of images, with fast input gradients.
+"""The im2col kernel that ``algorithm="im2col"`` runs: im2col.py's products, in blocks of images, fast input gradients.
 
 The textbook algorithm (``im2col.py``: columns, one GEMM, col2im) computes the same numbers; this
 kernel reorganises the work in five ways, each for a measured reason, each below with its own
@@ -32,12 +32,11 @@ N * C*kh*kw * Ho*Wo elements (one block, or kept under the budget), or one block
 import os
 
 from minidl.backend import get_array_module
-from minidl.conv.scratch import workspace
-from minidl.conv.shapes import output_size
 from minidl.conv import batch_inner, budget
 from minidl.conv.budget import column_bytes
-from minidl.conv.im2col import (columns, forward_block, gradient_2d, input_gradient_by_col2im, weight_gradient,
-                                zero_pad)
+from minidl.conv.im2col import columns, forward_block, gradient_2d, input_gradient_by_col2im, weight_gradient, zero_pad
+from minidl.conv.scratch import workspace
+from minidl.conv.shapes import output_size
 
 
 def supports(x_shape, weight_shape, stride, padding):
@@ -129,7 +128,8 @@ def forward(x, weight, stride, padding):
 
 
 def _kept(cache, index, out_h, out_w):
-    """Block ``index``'s part of the kept columns, (C, kh, kw, nb, Ho, Wo) as im2col.im2col stores them (None: none kept)."""
+    """Block ``index``'s part of the kept columns, (C, kh, kw, nb, Ho, Wo) as im2col.im2col stores them
+    (None: none kept)."""
     if "kept" not in cache:
         return None
     start, stop = cache["blocks"][index]
@@ -235,7 +235,8 @@ def col2im_planes(grad_out, weight, padded_shape, padding):
 
 
 def add_shifted_runs(cols, planes_shape):
-    """col2im on planes: cols (kh, kw, C*N*Hp*Wp), each offset's run added at shift i*Wp + j -> planes (C, N, Hp, Wp)."""
+    """col2im on planes: cols (kh, kw, C*N*Hp*Wp), each offset's run added at shift i*Wp + j
+    -> planes (C, N, Hp, Wp)."""
     xp = get_array_module(cols)
     kh, kw, length = cols.shape
     width = planes_shape[-1]

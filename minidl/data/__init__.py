@@ -15,17 +15,27 @@ Everything here is plain NumPy on the host; training code moves each batch to th
     batches(n, batch_size, rng)          one epoch of (shuffled) mini-batch index arrays
     epoch_order(n, seed, epoch)          serial SGD's permutation of the rows in an epoch
     rank_batches(n, b, rank, size, ...)  this rank's Batch(index, total) for each step of an epoch
+    Stream(n, seed, member, piece, pieces)  endless batches of changing size (population-based training)
+
+The modules: digits.py (the embedded set and the split), idx.py (the IDX reader), synthetic.py (the
+convex problems), sharding.py (shards, batches, the stream), _checks.py (argument checks they share).
 """
 from minidl.data.digits import digits_split, load_digits, train_test_split
 from minidl.data.idx import load_mnist, read_idx
-from minidl.data.sharding import PARTITIONS, Batch, batches, epoch_order, rank_batches, shard, shard_sizes
-from minidl.data.synthetic import (LeastSquares, LogisticRegression, SparseLogistic, least_squares,
-                                   logistic_regression, sparse_logistic_regression)
+from minidl.data.sharding import PARTITIONS, Batch, Stream, batches, epoch_order, rank_batches, shard, shard_sizes
+from minidl.data.synthetic import (
+    LeastSquares,
+    LogisticRegression,
+    SparseLogistic,
+    least_squares,
+    logistic_regression,
+    sparse_logistic_regression,
+)
 
 __all__ = [
     "load_digits", "train_test_split", "digits_split",
     "read_idx", "load_mnist",
     "least_squares", "logistic_regression", "LeastSquares", "LogisticRegression",
     "sparse_logistic_regression", "SparseLogistic",
-    "shard", "shard_sizes", "batches", "epoch_order", "Batch", "rank_batches", "PARTITIONS",
+    "shard", "shard_sizes", "batches", "epoch_order", "Batch", "rank_batches", "PARTITIONS", "Stream",
 ]

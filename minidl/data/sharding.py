@@ -11,6 +11,7 @@ serves both. Shuffle the data once (with a seeded generator) before sharding if 
 sorted by class.
 """
 import dataclasses
+import math
 
 import numpy as np
 
@@ -137,3 +138,33 @@ def rank_batches(n, batch_size, rank, size, seed, epoch, partition="global", lab
         total = int(np.clip(sizes - start, 0, batch_size).sum())
         pieces.append(Batch(block[start:start + batch_size], total))
     return pieces
+
+
+class Stream:
+    """A member's endless global batches, for population-based training: its own shuffled epochs
+    (Generator([seed, member, epoch])) cut into batches of whatever size the member has now; this
+    rank reads piece ``piece`` of ``pieces`` of each, as ``rank_batches`` does (partition "global").
+    A round need not end at an epoch's end: every member reads the same number of examples per
+    round whatever its batch size.
+
+        stream = Stream(n, seed, member, piece, pieces)
+        batch = stream.next(batch_size, limit=rows_left)     # any batch size, changing as it goes
+    """
+
+    def __init__(self, n, seed, member, piece, pieces):
+        self.n, self.seed, self.member, self.piece, self.pieces = n, seed, member, piece, pieces
+        self.epoch, self.position = 0, 0
+        self.order = self.shuffle()
+
+    def shuffle(self):
+        return np.random.default_rng([self.seed, self.member, self.epoch]).permutation(self.n)
+
+    def next(self, batch_size, limit=None):
+        """The next global batch of ``pieces`` x ``batch_size`` rows (fewer at an epoch's end, and at
+        most ``limit`` rows)."""
+        if self.position >= self.n:
+            self.epoch, self.position = self.epoch + 1, 0
+            self.order = self.shuffle()
+        rows = self.order[self.position:self.position + min(self.pieces * batch_size, limit or math.inf)]
+        self.position += len(rows)
+        return Batch(rows[shard(len(rows), self.piece, self.pieces)], len(rows))

@@ -24,7 +24,6 @@ from minidl.nn import Flatten, Linear, Sequential
 from tests.helpers import naive_conv2d, tiny_digits
 from tests.hidden.conv_oracle import naive_conv2d_gradients
 
-
 # ---- oracles ----------------------------------------------------------------------------------
 
 def naive_im2col(x_pad, kh, kw, stride, out_h, out_w):

@@ -20,10 +20,11 @@ from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
 import collectives
-from collectives import butterfly, cost, naive, rabenseifner, ring, trace, tree
+from collectives import butterfly, naive, rabenseifner, ring, trace, tree
 from collectives.buffers import block_counts, block_offsets
 from collectives.check import DTYPES, MismatchError
 from collectives.fold import fold_in, fold_out, largest_power_of_two
+from collectives.model import cost
 from collectives.tags import CHECK
 from tests.helpers import results_of, same_on_every_rank, traced_costs
 

@@ -19,10 +19,9 @@ from algorithms.ps.wire import Layout, ServerShards
 from minidl.flat import flatten
 from minidl.optim import SGD, Adagrad
 from minidl.tensor import Parameter
-from tests.hidden import ps_replay
 from tests.handed import HandProblem
 from tests.helpers import drop_silent_scenario, small_data
-
+from tests.hidden import ps_replay
 
 # ---- 5.1: the server's update ------------------------------------------------------------------------
 

@@ -16,8 +16,15 @@ from algorithms.core.objective import NetworkObjective
 from minidl.data import Batch, epoch_order
 from minidl.nn import Conv2d, Flatten, Linear, MaxPool2d, ReLU, Sequential
 from minidl.optim import SGD
-from tests.helpers import (EQUAL_UP_TO_ROUNDING, check_partitioned_equals_whole, float64_mlp_of,
-                           parallel_assert_close, serial_reference, six_layer_mlp, tiny_digits)
+from tests.helpers import (
+    EQUAL_UP_TO_ROUNDING,
+    check_partitioned_equals_whole,
+    float64_mlp_of,
+    parallel_assert_close,
+    serial_reference,
+    six_layer_mlp,
+    tiny_digits,
+)
 
 F, B = "forward", "backward"
 
@@ -180,4 +187,4 @@ def test_two_replicas_of_a_three_stage_pipeline_equal_serial_sgd():
                                       allreduce="mpi", model=six_layer_mlp, data=data, epochs=1, lr=0.1, momentum=0.9,
                                       batch_size=4, quiet=True)
     serial = serial_reference(data, epochs=1, lr=0.1, momentum=0.9, batch_size=8, model=six_layer_mlp)
-    parallel_assert_close(params, serial, EQUAL_UP_TO_ROUNDING, f"2 replicas x pipeline 3")
+    parallel_assert_close(params, serial, EQUAL_UP_TO_ROUNDING, "2 replicas x pipeline 3")

@@ -13,7 +13,6 @@ from minidl.data import least_squares
 from tests.helpers import sharded
 from tests.hidden.easgd_replay import check_against_its_replay
 
-
 # ---- 7.1: the sharded two-loop recursion ------------------------------------------------------------
 
 def history(rng, d, pairs):

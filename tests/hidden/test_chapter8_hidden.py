@@ -15,8 +15,8 @@ from pytest_mpi import parallel_assert
 
 from algorithms import compressed_sgd, sufficient_factors
 from algorithms.core.objective import NetworkObjective
-from collectives import compress, sparse
-from collectives.compress import Sparse
+from collectives.compression import compress, sparse
+from collectives.compression.compress import Sparse
 from minidl.data import rank_batches
 from tests.helpers import float64_mlp, float64_mlp_of, parallel_assert_close, serial_reference, tiny_digits
 

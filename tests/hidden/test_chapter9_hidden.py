@@ -15,7 +15,7 @@ from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
 from algorithms import pbt
-from algorithms.schedule import Schedule
+from algorithms.core.schedule import Schedule
 from minidl.flat import FlatParameters
 from minidl.optim import SGD
 from minidl.tensor import Parameter

@@ -36,7 +36,6 @@ from tests.helpers import EQUAL_UP_TO_ROUNDING, parallel_assert_close, tiny_digi
 from tests.test_memory_tasks import known_map
 from tests.test_zero import zero_job
 
-
 # ---- 4.7: ZeRO-2's gradient shard ---------------------------------------------------------------------
 
 @pytest.mark.task("4.7")

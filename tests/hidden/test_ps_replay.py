@@ -13,8 +13,8 @@ from pytest_mpi import parallel_assert
 from algorithms import downpour_sgd, ssp_sgd
 from algorithms.core import objective
 from minidl.flat import flatten
-from tests.hidden import ps_replay
 from tests.helpers import small_data
+from tests.hidden import ps_replay
 
 
 @pytest.mark.task("5.3")

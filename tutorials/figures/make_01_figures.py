@@ -30,7 +30,8 @@ from algorithms import serial_sgd  # noqa: E402
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1 epoch, 1 seed, for CI")
-    parser.add_argument("--out", help="output folder (default: tutorials/figures/out, or /tmp/minidl_01_quick with --quick)")
+    parser.add_argument("--out", help="output folder (default: tutorials/figures/out, or /tmp/minidl_01_quick with "
+                                      "--quick)")
     args = parser.parse_args(argv)
     out = Path(args.out or ("/tmp/minidl_01_quick" if args.quick else OUT))
     out.mkdir(parents=True, exist_ok=True)

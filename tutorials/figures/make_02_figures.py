@@ -134,7 +134,8 @@ def plot_layers(out):
                                (axes[1], "fc", "width (in = out); batch 128")]:
         for device, name, colour in [("cpu", "minidl, NumPy on the CPU", "tab:blue"),
                                      ("gpu", "minidl, CuPy on the GPU", "tab:green")]:
-            points = sorted((row["x"], row["minidl_ms"] / torch_cpu[(sweep, row["x"])] if torch else row["gemm_fraction"])
+            points = sorted((row["x"], row["minidl_ms"] / torch_cpu[(sweep, row["x"])] if torch
+                             else row["gemm_fraction"])
                             for row in rows if row["sweep"] == sweep and row["device"] == device
                             and (row["gemm_fraction"] is not None or torch))
             if points:
@@ -194,9 +195,12 @@ def gpu_tables(out):
     lines = ["| algorithm | CPU, 1 core, ms | GPU, ms | CPU / GPU |", "|---|---|---|---|"]
     large = _pairs([row for row in conv_rows if row["case"] == "large"], lambda row: row["algorithm"])
     now = pairs["conv 64->64 32x32"]
-    assert now["gpu"]["shape"] == large["im2col"]["gpu"]["shape"], "the layers run's 64-channel layer is the conv suite's"
-    rows = [(name, large[name]["cpu"]["minidl_ms"], large[name]["gpu"]["minidl_ms"]) for name in ("direct", "fft", "winograd")]
-    rows += [("im2col, in 6 MiB blocks of images", large["im2col"]["cpu"]["minidl_ms"], large["im2col"]["gpu"]["minidl_ms"]),
+    assert now["gpu"]["shape"] == large["im2col"]["gpu"]["shape"], \
+        "the layers run's 64-channel layer is the conv suite's"
+    rows = [(name, large[name]["cpu"]["minidl_ms"], large[name]["gpu"]["minidl_ms"])
+            for name in ("direct", "fft", "winograd")]
+    rows += [("im2col, in 6 MiB blocks of images", large["im2col"]["cpu"]["minidl_ms"],
+              large["im2col"]["gpu"]["minidl_ms"]),
              ("im2col, one block on a GPU (as it runs now)", now["cpu"]["minidl_ms"], now["gpu"]["minidl_ms"])]
     for name, cpu_ms, gpu_ms in rows:
         lines.append(f"| {name} | {_ms(cpu_ms)} | {_ms(gpu_ms)} | {cpu_ms / gpu_ms:.3g} |")
@@ -309,7 +313,8 @@ def memory(out, quick):
         rows.append({"algorithm": name, "forward_peak_mib": round(forward_peak / 2 ** 20, 2),
                      "fwd_bwd_peak_mib": round(max(forward_peak, backward_peak) / 2 ** 20, 2),
                      "cost_extra_mib": round(counted * 4 / 2 ** 20, 2)})
-    (out / "02_memory.json").write_text(json.dumps({"shape": [x_shape, w_shape, stride, padding], "rows": rows}, indent=1))
+    (out / "02_memory.json").write_text(json.dumps({"shape": [x_shape, w_shape, stride, padding], "rows": rows},
+                                                   indent=1))
     lines = ["| algorithm | cost.cost extra_elements, MiB | measured peak, forward, MiB | measured peak, "
              "forward + backward, MiB |", "|---|---|---|---|"]
     lines += [f"| {r['algorithm']} | {r['cost_extra_mib']:.1f} | {r['forward_peak_mib']:.1f} | "
@@ -327,7 +332,7 @@ def allocator_worker(library, case_name, quick, repeats):
     """In this (fresh) process: one case's best step time (CPU clock) and minor page faults per step."""
     import resource
 
-    from minidl import bench                           # importing minidl sets malloc's thresholds, unless told not to
+    from minidl import bench  # importing minidl sets malloc's thresholds, unless told not to
     case = next(c for c in bench.main_cases(quick) if c["case"] == case_name)
     if library == "minidl":
         step = bench.minidl_step(case, np.random.default_rng(0))
@@ -497,7 +502,8 @@ def sweep_table(out):
     """02_sweep.md: the batch sweep's rows with their targets, from 02_sweep.json."""
     rows, summary = load(out, "sweep")
     forced = summary["machine"]["blas_forced"]
-    lines = ["| case | batch | minidl, ms | PyTorch, ms | minidl / PyTorch | floor, ms | minidl / floor | target | met |",
+    lines = ["| case | batch | minidl, ms | PyTorch, ms | minidl / PyTorch | floor, ms | minidl / floor | target | "
+             "met |",
              "|---|---|---|---|---|---|---|---|---|"]
 
     def cell(value, digits=".3g"):
@@ -507,7 +513,8 @@ def sweep_table(out):
             continue
         met = "-" if row.get("met") is None else ("yes" if row["met"] else "NO")
         lines.append(f"| {row['case']} | {row['batch']} | {cell(row['minidl_ms'])} | {cell(row.get('torch_ms'))} | "
-                     f"{cell(row.get('ratio'), '.2f')} | {cell(row.get('floor_ms'))} | {cell(row.get('over_floor'), '.2f')} | "
+                     f"{cell(row.get('ratio'), '.2f')} | {cell(row.get('floor_ms'))} | "
+                     f"{cell(row.get('over_floor'), '.2f')} | "
                      f"{row.get('target', '-')} | {met} |")
     lines.append("")
     lines.append("BLAS: " + (", ".join(f"{k}={v}" for k, v in forced.items()) if forced else
@@ -520,7 +527,8 @@ def sweep_table(out):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny cases, for CI")
-    parser.add_argument("--out", help="output folder (default: tutorials/figures/out, or /tmp/minidl_02_quick with --quick)")
+    parser.add_argument("--out", help="output folder (default: tutorials/figures/out, or /tmp/minidl_02_quick with "
+                                      "--quick)")
     parser.add_argument("--only", choices=PARTS, action="append", help="run only this part (repeatable)")
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per case (default 7; --quick 2)")
     parser.add_argument("--no-torch", action="store_true", help="leave PyTorch out (its columns stay empty)")

@@ -2,7 +2,7 @@
 
     python tutorials/figures/make_03_figures.py [--quick] [--out DIR] [--only spacetime|select|bench] [--keep]
 
-spacetime: `mpiexec -n 4 python -m collectives.figures OUT` traces every algorithm at p = 4 (arrow width
+spacetime: `mpiexec -n 4 python tutorials/figures/make_03_spacetime.py OUT` traces every algorithm at p = 4 (arrow width
     proportional to the message's bytes) and the ring on the wall clock (span and start skew, cold and
     warm, p = 4 and p = 2, to 03_spacetime_wall.json); then `mpiexec -n 6` draws Rabenseifner's fold-in
     at p = 6. --quick: no p = 6 run.
@@ -13,7 +13,8 @@ select: collectives/selection.json, auto's table, from --repeats launches of the
     launches of the five algorithms alone and 17-21 us in launches of the whole bench), the table must
     come from runs like the ones it is judged by. Run it before bench, whose auto rows use the table.
     --quick writes nothing to collectives/ (it only checks that the selection can be computed).
-bench: `mpiexec -n P python -m collectives.bench --calibration none --json ...` for P = 2 and 4 (runs kept in OUT/03_bench_pP.json), then
+bench: `mpiexec -n P python -m collectives.bench --calibration none --json ...` for P = 2 and 4 (runs kept in
+OUT/03_bench_pP.json), then
     03_bench_pP.png: each algorithm's time divided by MPI_Allreduce's at the same size (1.0 marked),
     size on a log axis: the median of --repeats launches (default 3), shaded from min to max. --quick: the
     bench's --quick sizes, one launch. --keep: redraw from the JSON already in OUT without running the
@@ -43,9 +44,9 @@ def mpiexec(n, *args):
 
 
 def spacetime(out, quick):
-    mpiexec(4, "-m", "collectives.figures", str(out))          # diagrams at p = 4 and the wall clock
+    mpiexec(4, str(ROOT / "tutorials/figures/make_03_spacetime.py"), str(out))   # diagrams at p = 4 and the wall clock
     if not quick:
-        mpiexec(6, "-m", "collectives.figures", str(out))      # Rabenseifner's fold-in at p = 6
+        mpiexec(6, str(ROOT / "tutorials/figures/make_03_spacetime.py"), str(out))   # Rabenseifner's fold-in at p = 6
     wall = json.loads((out / "03_spacetime_wall.json").read_text())
     cold = wall["first_call_no_barrier"]
     print(f"ring 1 MiB p = 4 wall clock: cold span {cold['span_us']:.0f} us, start skew {cold['start_skew_us']:.0f} us")
@@ -103,9 +104,11 @@ def excerpt(runs_by_p):
     for p, runs in runs_by_p.items():
         records = runs[0]
         first = records[0]
-        lines.append(f"p = {p}  # ping-pong fit: alpha = {first['alpha'] * 1e6:.2f} us, beta = {first['beta'] * 1e9:.4f} "
+        lines.append(f"p = {p}  # ping-pong fit: alpha = {first['alpha'] * 1e6:.2f} us, beta = "
+                     f"{first['beta'] * 1e9:.4f} "
                      f"ns/B; gamma = {first['gamma'] * 1e9:.4f} ns/B")
-        lines.append(f"{'bytes':>9} {'algorithm':<18} {'measured us':>11} {'x MPI':>6} {'model us':>9} {'model/meas':>10} "
+        lines.append(f"{'bytes':>9} {'algorithm':<18} {'measured us':>11} {'x MPI':>6} {'model us':>9} "
+                     f"{'model/meas':>10} "
                      f"{'refined us':>10} {'ref/meas':>8}  {'target':<17} met")
         for record in records:
             if record["algorithm"] not in EXCERPT_ALGORITHMS:
@@ -115,7 +118,8 @@ def excerpt(runs_by_p):
             refined_text = "-" if refined is None else f"{refined * 1e6:.1f}"
             refined_ratio = "-" if refined is None else f"{record['refined_ratio']:.2f}"
             met = "-" if record["met"] is None else ("met" if record["met"] else "NO")
-            lines.append(f"{human(record['bytes']):>9} {name:<18} {record['seconds'] * 1e6:11.1f} {record['ratio']:6.2f} "
+            lines.append(f"{human(record['bytes']):>9} {name:<18} {record['seconds'] * 1e6:11.1f} "
+                         f"{record['ratio']:6.2f} "
                          f"{record['model_seconds'] * 1e6:9.1f} {record['model_seconds'] / record['seconds']:10.2f} "
                          f"{refined_text:>10} {refined_ratio:>8}  {record['target']:<17} {met}")
     return "\n".join(lines) + "\n"
@@ -126,7 +130,7 @@ def select(out, quick, repeats):
     import statistics
     sys.path.insert(0, str(ROOT))
     from collectives import auto
-    from collectives.bench import describe
+    from collectives.bench.measure import describe
     for p in RANKS:
         runs = []
         for _ in range(repeats):

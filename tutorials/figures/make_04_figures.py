@@ -3,11 +3,12 @@
     python tutorials/figures/make_04_figures.py [--quick] [--seeds 0,1,2,3,4] [--out FOLDER] [--only compare|noniid]
     python tutorials/figures/make_04_figures.py --render      # tables and figures again from the JSON, no training
 
-1. compare: `mpiexec -n p python -m algorithms.core.compare --seed s` for p = 1, 2, 4 and seeds 0 to 4
+1. compare: `python -m algorithms.compare --ranks p --seed s` for p = 1, 2, 4 and seeds 0 to 4
    (every algorithm, its default settings, 20 epochs) -> 04_compare.json (every history; per p and
    algorithm the final test accuracy of each seed, its mean, standard deviation and 95% t
    interval, the mean of every logged quantity, bytes per rank, examples processed), 04_table.md
-   (accuracy as mean ± the half-width of the 95% t interval over the seeds, examples, bytes), 04_differences.md (each method minus allreduce SGD, paired by seed, with a
+   (accuracy as mean ± the half-width of the 95% t interval over the seeds, examples, bytes), 04_differences.md
+   (each method minus allreduce SGD, paired by seed, with a
    95% t interval) and 04_compare_p4.png (p = 4: test accuracy against the examples processed by
    all ranks and against the bytes one rank sent; mean line, band from the lowest to the highest
    seed).
@@ -24,6 +25,7 @@ tutorials/figures/make_04_figures.py --quick`, as a block in chapter 4's section
 to quote.
 """
 import argparse
+import importlib
 import json
 import os
 import statistics
@@ -41,8 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 from mpi4py import MPI  # noqa: E402
 
-from algorithms import model_averaging  # noqa: E402
-from algorithms.core import compare  # noqa: E402
+from algorithms import compare, model_averaging  # noqa: E402
 from algorithms.core.objective import load_data  # noqa: E402
 
 TRAIN_ROWS = 1438            # digits: 1797 images, 359 held out for the test set (algorithms/core/objective.py)
@@ -58,15 +59,19 @@ def mpirun(p, *args):
 
 
 def compare_runs(p, seed, epochs, quick):
-    """{algorithm: history} of `algorithms.core.compare` at p ranks (quick: this process's ranks)."""
+    """{algorithm: history} of `algorithms.compare` at p ranks (quick: each algorithm's train on this
+    process's ranks, the same settings)."""
     if quick:
-        comm = MPI.COMM_WORLD
-        return compare.compare(comm, list(compare.ALGORITHMS), data=load_data("digits", seed), dataset="digits",
-                               model="cnn", epochs=epochs, lr=0.05, momentum=0.9, batch_size=32, seed=seed,
-                               quiet=True)
+        comm, data = MPI.COMM_WORLD, load_data("digits", seed)
+        return {name: importlib.import_module(f"algorithms.{name}").train(
+                    comm, data=data, dataset="digits", model="cnn", epochs=epochs, lr=0.05, momentum=0.9,
+                    batch_size=32, seed=seed, quiet=True)[1]
+                for name in compare.compared()}
     path = Path(tempfile.gettempdir()) / f"04_compare_p{p}_s{seed}.json"
-    mpirun(p, "-m", "algorithms.core.compare", "--seed", str(seed), "--epochs", str(epochs),
-           "--out", str(path.with_suffix(".png")), "--json", str(path))
+    command = [sys.executable, "-m", "algorithms.compare", "--ranks", str(p), "--seed", str(seed), "--epochs",
+               str(epochs), "--out", str(path.with_suffix(".png")), "--json", str(path)]
+    print("$", " ".join(command[1:]), flush=True)
+    subprocess.run(command, cwd=ROOT, env=ENV, check=True, stdout=subprocess.DEVNULL)
     return json.loads(path.read_text())["histories"]
 
 
@@ -141,7 +146,7 @@ def summarise(out, histories, seeds, sizes, epochs):
               "one_image": 1 / TEST_ROWS, "summary": summary, "differences": differences,
               "histories": histories}
     (out / "04_compare.json").write_text(json.dumps(result))
-    names = list(summary[sizes[0]])
+    names = sorted(summary[sizes[0]], key=lambda name: name != "allreduce_sgd")   # the base first
     last = sizes[-1]
     lines = ["| algorithm | " + " | ".join(f"p = {p}" for p in sizes)
              + f" | p = {last}: examples processed, all ranks"

@@ -11,7 +11,7 @@ alpha-beta-gamma model's prediction with one core per rank (about 3 minutes on 2
    A repeat's figure is the median step; the table gives the minimum and the median over repeats.
 2. model: forward + backward of one rank's batch is timed in this process (one rank, median of
    30), with the time from each bucket's hook to the end of backward; alpha and beta come from
-   collectives.calibrate's ping-pong fit and gamma from its add fit (measured in the p = 2 run), and
+   collectives.bench.calibrate's ping-pong fit and gamma from its add fit (measured in the p = 2 run), and
    ``collectives.nonblocking.overlap_prediction`` gives the step's forward + backward + sum
    without and with overlap, as if every rank had its own core.
 Writes 04_overlap.json and 04_overlap.md to --out (default tutorials/figures/out). --quick: runs in
@@ -40,7 +40,7 @@ from mpi4py import MPI  # noqa: E402
 from algorithms import allreduce_sgd  # noqa: E402
 from algorithms.core import checkpoint, run  # noqa: E402
 from algorithms.core.objective import build, load_data  # noqa: E402
-from collectives import calibrate  # noqa: E402
+from collectives.bench import calibrate  # noqa: E402
 from collectives.nonblocking import overlap_prediction  # noqa: E402
 
 OUT = HERE / "out"                   # what the figure scripts write; the scripts themselves stay in HERE
@@ -53,7 +53,7 @@ def step_times(comm, model, buckets, data, epochs=1):
     """Seconds of each step on this rank: one training run of allreduce SGD (butterfly)."""
     settings = run.Settings.of(dict(model=model, data=data, epochs=epochs, batch_size=BATCH, quiet=True),
                                momentum=0.9, partition="global")
-    job = run.start(comm, settings, writer=checkpoint.Writer("make_04_overlap"))
+    job = run.Run.start(comm, settings, writer=checkpoint.Writer("make_04_overlap"))
     seconds = []
     if buckets is None:
         summed = run.allreduce_function("butterfly")

@@ -270,13 +270,14 @@ def table(results):
 
 
 def figures(results, out):
-    import matplotlib                        # rank 0 only: the other ranks need not pay for the import
+    import matplotlib  # rank 0 only: the other ranks need not pay for the import
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     if "downpour" in results:
         figure, axis = plt.subplots(figsize=(6.4, 4))
-        names = {"adagrad": "Downpour, Adagrad", "sgd": "Downpour, fixed rate", "one replica": "one replica (serial SGD)"}
+        names = {"adagrad": "Downpour, Adagrad", "sgd": "Downpour, fixed rate", "one replica": "one replica (serial "
+                                                                                               "SGD)"}
         for color, (label, r) in zip(colors, results["downpour"].items()):
             for i, curve in enumerate(r["curves"]):
                 axis.plot(*zip(*curve), color=color, marker="o", markersize=3, alpha=0.7,
@@ -321,7 +322,8 @@ def figures(results, out):
             for color, r in zip(colors, rows):
                 for i, curve in enumerate(r["curves"]):
                     axis.plot(*zip(*curve), color=color, marker="o", markersize=2, alpha=0.7,
-                              label=f"p = {r['p']}: mean {r['examples_per_second']['mean']:.0f} examples/s" if i == 0 else None)
+                              label=f"p = {r['p']}: mean {r['examples_per_second']['mean']:.0f} examples/s"
+                              if i == 0 else None)
             axis.set_xlabel("seconds (2 shared cores)")
             axis.legend()
         axes[0].set_yscale("log")
@@ -341,7 +343,8 @@ def main(argv=None):
     parser.add_argument("--only", choices=PARTS, default=None, help="measure one part only")
     parser.add_argument("--replot", action="store_true",
                         help="rewrite 05_table.md and redraw the figures from the JSON, measure nothing")
-    parser.add_argument("--out", default=None, help="output folder (default: tutorials/figures/out; --quick: a temp folder)")
+    parser.add_argument("--out", default=None, help="output folder (default: tutorials/figures/out; --quick: a temp "
+                                                    "folder)")
     args = parser.parse_args(argv)
     if comm.size != 4:
         raise SystemExit("error: run on 4 ranks: mpiexec -n 4 python tutorials/figures/make_05_figures.py")

@@ -297,11 +297,13 @@ def table(results):
         lines.append(f"| {m} | {results['bubble']['gpipe'][m]:.3f} | {results['bubble']['1f1b'][m]:.3f} | "
                      f"{(P - 1) / (m + P - 1):.3f} |")
     memory = results["memory"]
-    lines += ["", "| stage | held GPipe | held 1F1B | peak kB GPipe | peak kB 1F1B |", "| --- | --- | --- | --- | --- |"]
+    lines += ["", "| stage | held GPipe | held 1F1B | peak kB GPipe | peak kB 1F1B |", "| --- | --- | --- | --- | "
+                                                                                       "--- |"]
     for s in range(P):
         lines.append(f"| {s} | {memory['gpipe']['held'][s]} | {memory['1f1b']['held'][s]} | "
                      f"{memory['gpipe']['peak_bytes'][s] / 1e3:.0f} | {memory['1f1b']['peak_bytes'][s] / 1e3:.0f} |")
-    lines += ["", "| batch | data (ring) | pipeline | model (output) | model (input) |", "| --- | --- | --- | --- | --- |"]
+    lines += ["", "| batch | data (ring) | pipeline | model (output) | model (input) |", "| --- | --- | --- | --- | "
+                                                                                         "--- |"]
     for rows, record in results["bytes"].items():
         lines.append(f"| {rows} | {record['data']['bytes']} | {record['pipeline']['bytes']} | "
                      f"{record['model (output)']['bytes']} | {record['model (input)']['bytes']} |")
@@ -325,7 +327,8 @@ def replicas_table(replicas):
              "bytes sent inside the replica, per replica rank and step | seconds |", "| --- | --- | --- | --- | --- |"]
     for k, record in replicas.items():
         cells = [str(k), ", ".join(f"{a:.4f}" for a in record["accuracy"])]
-        cells += [", ".join(map(str, record[key])) for key in ("server_bytes_per_step", "replica_bytes_per_step", "seconds")]
+        cells += [", ".join(map(str, record[key]))
+                  for key in ("server_bytes_per_step", "replica_bytes_per_step", "seconds")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -344,7 +347,8 @@ def main(argv=None):
             path = os.path.join(args.out, prefix + "measurements.json")
             with open(path) as handle:
                 results = json.load(handle)
-            results["predicted"] = {f"{p},{rows}": predicted_seconds(p, rows) for p in (4, 16, 64) for rows in (32, 256)}
+            results["predicted"] = {f"{p},{rows}": predicted_seconds(p, rows) for p in (4, 16, 64)
+                                    for rows in (32, 256)}
             results["alpha_beta"] = [ALPHA, BETA]
             with open(path, "w") as handle:
                 json.dump(results, handle, indent=1, default=str)

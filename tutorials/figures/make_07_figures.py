@@ -7,7 +7,8 @@
 
 1. compare: Sandblaster L-BFGS (-n 4: coordinator, 1 shard, 2 workers), Downpour SGD (-n 4: 1 server,
    3 workers, server SGD) and serial L-BFGS (minidl.optim.LBFGS, in process) on the default
-   least-squares problem (512 x 32, float64) of seeds 0, 1, 2 (the seed draws the problem too): loss gap to the optimum against wall time and
+   least-squares problem (512 x 32, float64) of seeds 0, 1, 2 (the seed draws the problem too): loss gap to the
+   optimum against wall time and
    against bytes sent -> 07_compare.png, 07_compare.json. Sandblaster's bytes are its own
    count (algorithms.sandblaster_lbfgs logs them per epoch); Downpour's are 2 n 8 bytes per
    applied update (one push and one fetch of the n = 32 parameters; small headers left out).
@@ -57,6 +58,7 @@ def run_job(name, out, kwargs):
     """Inside mpiexec: one training run; rank 0 writes {history, report...} to ``out``."""
     sys.path.insert(0, str(ROOT))
     from mpi4py import MPI
+
     from algorithms import async_easgd, downpour_sgd, easgd, sandblaster_lbfgs
     comm = MPI.COMM_WORLD
     seed = kwargs.pop("seed", 0)
@@ -89,6 +91,7 @@ def serial_lbfgs(seed, epochs, max_iter):
     """minidl.optim.LBFGS on the same problem, one step(closure) per epoch: (seconds, loss) per epoch."""
     sys.path.insert(0, str(ROOT))
     import numpy
+
     from algorithms.core.objective import ConvexObjective
     from algorithms.sandblaster_lbfgs import default_problem
     from minidl.optim import LBFGS
@@ -174,7 +177,8 @@ def straggler(out, quick):
                                        discarded=run["discarded"], computed=run["computed"],
                                        train_loss=run["history"][-1]["train_loss"]))
     (out / "07_straggler.json").write_text(json.dumps(results, indent=1))
-    lines = ["| case | mean batch time per seed (ms) | mean | backups / discarded (sum) | portions computed by rank 2, 3 |",
+    lines = ["| case | mean batch time per seed (ms) | mean | backups / discarded (sum) | portions computed by rank "
+             "2, 3 |",
              "| --- | --- | --- | --- | --- |"]
     for label, rows in results.items():
         times = [row["mean_batch_seconds"] * 1000 for row in rows]
@@ -199,7 +203,8 @@ def easgd_comparison(out, quick):
     for label, rows in results.items():
         accuracies = [row["test_accuracy"] * 100 for row in rows]
         lines.append(f"| {label} | {', '.join(f'{a:.1f}%' for a in accuracies)} | "
-                     f"{statistics.mean(accuracies):.1f}% | {', '.join(format(row['seconds'], '.1f') for row in rows)} |")
+                     f"{statistics.mean(accuracies):.1f}% | "
+                     f"{', '.join(format(row['seconds'], '.1f') for row in rows)} |")
     (out / "07_easgd.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -102,7 +102,8 @@ def training(seeds, epochs, labels):
 
 def tables(runs, seeds, epochs):
     """08_table.md, 08_comparisons.md and 08_feedback.png from the runs (--part tables: from 08_training.json)."""
-    lines = [f"| run (p = 4) | test accuracy, mean ± 95% CI over {seeds} seeds | bytes per step per rank | seconds | diverged |",
+    lines = [f"| run (p = 4) | test accuracy, mean ± 95% CI over {seeds} seeds | bytes per step per rank | seconds | "
+             "diverged |",
              "| --- | --- | --- | --- | --- |"]
     for label, histories in runs.items():
         finished = [h for h in histories if h is not None]
@@ -186,7 +187,9 @@ def measure(sizes, out):
     from mpi4py import MPI
 
     import collectives
-    from collectives import calibrate, compress, cost, sparse
+    from collectives.bench import calibrate
+    from collectives.compression import compress, sparse
+    from collectives.model import cost
     from collectives.trace import CountingComm
     comm = MPI.COMM_WORLD
     p, rank = comm.Get_size(), comm.Get_rank()
@@ -259,8 +262,8 @@ def pays(ranks, sizes, repeats):
             launches.append(json.loads(path.read_text()))
         results[p] = summary(launches)
     (OUT / "08_pays.json").write_text(json.dumps(results))
-    lines = [f"| p | n (float32) | bytes sent per rank: dense ring / top-k 1% + sparse / qsgd 8 bits | dense ring "
-             f"| top-k 1% + sparse allreduce | qsgd 8 bits + allgather |",
+    lines = ["| p | n (float32) | bytes sent per rank: dense ring / top-k 1% + sparse / qsgd 8 bits | dense ring "
+             "| top-k 1% + sparse allreduce | qsgd 8 bits + allgather |",
              "| --- | --- | --- | --- | --- | --- |"]
     for p, result in results.items():
         for record in result["records"]:

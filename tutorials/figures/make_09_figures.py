@@ -138,7 +138,8 @@ def batch_table(out, stored):
         cells = []
         for label in ("base lr", "linear scaling + 2-epoch warm-up"):
             mean, half, count = mean_interval(results[f"{m}x|{label}"])
-            cells.append(f"{mean * 100:.1f} ± {half * 100:.1f}%" + ("" if count == len(seeds) else f" ({len(seeds) - count} diverged)"))
+            cells.append(f"{mean * 100:.1f} ± {half * 100:.1f}%" + ("" if count == len(seeds)
+                                                                    else f" ({len(seeds) - count} diverged)"))
         rows.append(f"| {BASE_BATCH * m} ({m}x) | " + " | ".join(cells) + " |")
     return ["| global batch | base lr 0.02 | linear scaling + warm-up |", "| --- | --- | --- |"] + rows
 
@@ -168,7 +169,8 @@ def schedule_table(out, stored):
     for label, histories in runs.items():
         epochs_axis = [r["epoch"] for r in histories[0]]
         accuracy = [statistics.mean(h[i]["test_accuracy"] for h in histories) * 100 for i in range(len(epochs_axis))]
-        steps = [sum(math.ceil(n_train / r["global_batch"]) for r in histories[0][:i + 1]) for i in range(len(epochs_axis))]
+        steps = [sum(math.ceil(n_train / r["global_batch"]) for r in histories[0][:i + 1])
+                 for i in range(len(epochs_axis))]
         per_epoch.plot(epochs_axis, accuracy, marker=".", label=label)
         per_step.plot(steps, accuracy, marker=".", label=label)
     per_epoch.set(xlabel="epoch", ylabel="test accuracy (%), mean of seeds", ylim=(90, 100))
@@ -181,7 +183,8 @@ def schedule_table(out, stored):
     for label, histories in runs.items():
         mean, half, _ = mean_interval([h[-1]["test_accuracy"] for h in histories])
         steps = sum(math.ceil(n_train / r["global_batch"]) for r in histories[0])
-        rows.append(f"| {label} at epochs {','.join(map(str, milestones))} | {mean * 100:.1f} ± {half * 100:.1f}% | {steps} |")
+        rows.append(f"| {label} at epochs {','.join(map(str, milestones))} | {mean * 100:.1f} ± {half * 100:.1f}% | "
+                    f"{steps} |")
     return [f"| schedule ({epochs} epochs) | test accuracy | optimizer steps |", "| --- | --- | --- |"] + rows
 
 

@@ -5,10 +5,10 @@
 
 Three launches (--launches) of one job, `mpiexec -n 2 python -m collectives.bench --calibrate
 --median ...`: each measures the step micro-benchmarks on a ladder of sizes and the 8-byte
-allreduces, fits the calibrated model (collectives.calibration), and, in the same rounds, size by
+allreduces, fits the calibrated model (collectives.model.calibration), and, in the same rounds, size by
 size, times every point-to-point allreduce at 4 KiB .. 64 MiB, with the plain alpha-beta-gamma
 model (one ping-pong, one add) and the calibrated one beside each time. The first launch's model
-goes to collectives/calibration.json (the file the bench reads by default; not with --quick) and
+goes to collectives/model/calibration.json (the file the bench reads by default; not with --quick) and
 its rows to the table; each other launch adds a line: how many rows it met, its worst ratio, and
 how hot the machine was (the model's header: the state changed between launches).
 -> OUT/10_calibration.json (the fitted model and what it was fitted on), OUT/10_calibrated.json
@@ -33,7 +33,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT))
 
-from collectives import calibration  # noqa: E402
+from collectives.model import calibration  # noqa: E402
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(ROOT))
 MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
@@ -53,7 +53,8 @@ def markdown(rows, model, load):
              "| calibrated / measured | target | met |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in rows:
-        cells = [human(row["bytes"]), row["algorithm"], f"{row['seconds'] * 1e6:.1f}", f"{row['model_seconds'] * 1e6:.1f}",
+        cells = [human(row["bytes"]), row["algorithm"], f"{row['seconds'] * 1e6:.1f}",
+                 f"{row['model_seconds'] * 1e6:.1f}",
                  f"{row['model_seconds'] / row['seconds']:.2f}", f"{row['calibrated_seconds'] * 1e6:.1f}",
                  f"{row['calibrated_ratio']:.2f}", "0.75-1.25", "yes" if row["within"] else "NO"]
         lines.append("| " + " | ".join(cells) + " |")
@@ -113,7 +114,8 @@ def main():
     parser.add_argument("--quick", action="store_true", help="3 sizes, shorter timings, a temporary folder")
     parser.add_argument("--launches", type=int, help="jobs, each fitting and checking its own model (default 3; "
                         "--quick: 1); the table shows the first, a line each of the others")
-    parser.add_argument("--out", help="folder for the results (default tutorials/figures/out; --quick: a temporary one)")
+    parser.add_argument("--out", help="folder for the results (default tutorials/figures/out; --quick: a temporary "
+                                      "one)")
     args = parser.parse_args()
     launches = args.launches or (1 if args.quick else 3)
     if launches < 1:

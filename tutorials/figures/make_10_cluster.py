@@ -118,7 +118,7 @@ def two_level_model(name, hosts, per_host, nbytes, link, shm, gamma):
     A round lasts as long as its slowest transfer: alpha + bytes * beta, with the link's alpha and
     beta for a transfer between hosts, and the bytes of all the host's ranks that cross the link in
     that round (they share it); shared memory's for a transfer within a host. Plus the reduction,
-    (p - 1)/p n gamma, as in collectives.cost.
+    (p - 1)/p n gamma, as in collectives.model.cost.
       ring: 2 (p - 1) rounds of n/p bytes; each round one rank of each host sends across.
       rabenseifner (p a power of two): halving at distance p/2, ..., 1 with n/2, n/4, ... bytes, then
         doubling back; a round at distance >= per_host crosses, with every rank of the host sending.

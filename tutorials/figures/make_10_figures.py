@@ -15,7 +15,7 @@ timed by LogGP with o = g = 0, on a two-level topology of 8 ranks per node:
 1. scaling: p = 2, 4, ..., 1024 at 1 MiB for ring, tree, butterfly, Rabenseifner, auto and the
    hierarchical allreduce, beside two lower bounds: the alpha-beta bound at the network's
    parameters over the nodes (each node one process whose own copies cost nothing) and
-   collectives.simulate's bound at the fastest link; and, with one network port per node instead of
+   collectives.sim.simulate's bound at the fastest link; and, with one network port per node instead of
    one per rank (OnePortPerNode), tree, butterfly, Rabenseifner and the hierarchy again
                                                                          -> 10_scaling.json/.png
 2. sizes: time against size at p = 64 (256 B .. 64 MiB), the fastest algorithm at each size and
@@ -60,12 +60,11 @@ sys.path.insert(0, str(ROOT))
 
 from algorithms.core.objective import Data, NetworkObjective  # noqa: E402
 from algorithms.pipeline_parallel import schedule  # noqa: E402
-from collectives import cost  # noqa: E402
-from collectives.simulate import simulate  # noqa: E402
+from collectives.model import cost  # noqa: E402
 from collectives.sim import Engine, LogGP, SimComm, Sized, Topology  # noqa: E402
+from collectives.sim.simulate import simulate  # noqa: E402
 from collectives.table import HEARTS  # noqa: E402
-from minidl import functional as F  # noqa: E402
-from minidl import models  # noqa: E402
+from minidl import functional as F, models  # noqa: E402
 from minidl.tensor import Tensor  # noqa: E402
 
 OUT = HERE / "out"
@@ -104,7 +103,8 @@ def links():
         link = json.load(handle)["link"]
     inter = LogGP(L=link["alpha"], G=link["beta"])
     return intra, inter, {"intra": "03_bench_p2.json (chapter 3's ping-pong fit)",
-                          "inter": "quiet/10_link.json (make_10_cluster.py's ping-pong fit on a quiet machine, tbf 1gbit)"}
+                          "inter": "quiet/10_link.json (make_10_cluster.py's ping-pong fit on a quiet machine, tbf "
+                                   "1gbit)"}
 
 
 def seconds(algorithm, topology, nbytes):
@@ -159,7 +159,8 @@ def scaling(ps, intra, inter):
         for name in ONE_PORT + (("ring",) if p <= 128 else ()):      # the ring: to show it does not change
             row[f"{name}_one_port"] = seconds_one_port(name, topology, SCALING_BYTES)
         rows.append(row)
-        print(f"scaling p = {p:5d}: " + ", ".join(f"{name} {row[name] * 1e3:.2f} ms" for name in ALGORITHMS), flush=True)
+        print(f"scaling p = {p:5d}: " + ", ".join(f"{name} {row[name] * 1e3:.2f} ms" for name in ALGORITHMS),
+              flush=True)
     return rows
 
 
@@ -206,7 +207,8 @@ def reproduction(inter, p=64, nbytes=1 << 20):
     rows = []
     for row, formula in TABLE.items():
         ours = seconds(OURS[row], flat, nbytes) if row in OURS else None
-        rows.append({"row": row, "algorithm": OURS.get(row, "lower bound"), "table": formula(p, nbytes, inter.L, inter.G),
+        rows.append({"row": row, "algorithm": OURS.get(row, "lower bound"),
+                     "table": formula(p, nbytes, inter.L, inter.G),
                      "simulated": ours})
     L, G, lg = inter.L, inter.G, math.log2(p)
     table_crossover = L * lg / (G * (lg - 2 * (p - 1) / p))       # Butterfly = RedScat+Gat in the table
@@ -350,7 +352,8 @@ def markdown(result):
                      + f" | {row['hierarchical_one_port'] * 1e3:.2f} |")
     scaling = "\n".join(lines)
     rep = result["reproduction"]
-    lines = ["| Ben-Nun & Hoefler's row | formula | table ms | minidl | simulated ms |", "| --- | --- | --- | --- | --- |"]
+    lines = ["| Ben-Nun & Hoefler's row | formula | table ms | minidl | simulated ms |", "| --- | --- | --- | --- | "
+                                                                                         "--- |"]
     forms = {"Tree": "2 L lg P + 2 m G lg P", "Butterfly": "L lg P + m G lg P", "Pipeline": "2 L (P-1) + 2 m G (P-1)/P",
              "RedScat+Gat": "2 L lg P + 2 m G (P-1)/P", "lower bound": "L lg P + 2 m G (P-1)/P"}
     for row in rep["rows"]:
@@ -361,14 +364,16 @@ def markdown(result):
              "| --- | --- | --- | --- | --- | --- |"]
     for row in result["emulated"]:
         lines.append(f"| {row['hosts']} x {row['ranks_per_host']} | {row['algorithm']} | {human(row['bytes'])} | "
-                     f"{row['measured'] * 1e3:.2f} | {row['simulated'] * 1e3:.2f} | {row['simulated_over_measured']:.2f} |")
+                     f"{row['measured'] * 1e3:.2f} | {row['simulated'] * 1e3:.2f} | "
+                     f"{row['simulated_over_measured']:.2f} |")
     emulated_ = "\n".join(lines)
     lines = ["| model | p | compute ms | allreduce ms | step ms | speed-up | efficiency |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for model, by in result["data_parallel"].items():
         for row in by["strong"]:
             if row["ranks"] in (1, 8, 64, 1024) or row is max(by["strong"], key=lambda r: r["speedup"]):
-                lines.append(f"| {model} | {row['ranks']} | {row['compute'] * 1e3:.3f} | {row['allreduce'] * 1e3:.3f} | "
+                lines.append(f"| {model} | {row['ranks']} | {row['compute'] * 1e3:.3f} | "
+                             f"{row['allreduce'] * 1e3:.3f} | "
                              f"{row['step'] * 1e3:.3f} | {row['speedup']:.1f} | {row['efficiency']:.2f} |")
     strong = "\n".join(lines)
     return {"10_scaling.md": scaling, "10_reproduction.md": reproduction, "10_emulated.md": emulated_,
@@ -385,9 +390,12 @@ def plots(result, out):
     for name in ALGORITHMS:
         axis.plot(ps, [row[name] * 1e3 for row in rows], marker="o", ms=3, label=name)
     for name in ("rabenseifner", "hierarchical"):
-        axis.plot(ps, [row[f"{name}_one_port"] * 1e3 for row in rows], ":", marker="x", ms=4, label=f"{name}, one port per node")
-    axis.plot(ps, [row["network_bound"] * 1e3 or np.nan for row in rows], "k--", label="lower bound (one port per node)")
-    axis.set(xscale="log", yscale="log", xlabel="ranks p (8 per node)", ylabel="ms", title="allreduce of 1 MiB, simulated")
+        axis.plot(ps, [row[f"{name}_one_port"] * 1e3 for row in rows], ":", marker="x", ms=4, label=f"{name}, one "
+                                                                                                    "port per node")
+    axis.plot(ps, [row["network_bound"] * 1e3 or np.nan for row in rows], "k--", label="lower bound (one port per "
+                                                                                       "node)")
+    axis.set(xscale="log", yscale="log", xlabel="ranks p (8 per node)", ylabel="ms", title="allreduce of 1 MiB, "
+                                                                                           "simulated")
     axis.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(out / "10_scaling.png", dpi=110)
@@ -397,7 +405,8 @@ def plots(result, out):
     for name, times in sweep["seconds"].items():
         axis.plot(sweep["bytes"], [t * 1e3 for t in times], marker="o", ms=3, label=name)
     axis.plot(sweep["bytes"], [t * 1e3 for t in sweep["bound"]], "k--", label="lower bound (network)")
-    axis.set(xscale="log", yscale="log", xlabel="bytes per rank", ylabel="ms", title=f"allreduce at p = {sweep['ranks']}, simulated")
+    axis.set(xscale="log", yscale="log", xlabel="bytes per rank", ylabel="ms", title="allreduce at p = "
+                                                                                     f"{sweep['ranks']}, simulated")
     axis.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(out / "10_sizes.png", dpi=110)
@@ -406,8 +415,10 @@ def plots(result, out):
     for model, by in result["data_parallel"].items():
         for kind, style in (("strong", "-"), ("weak", "--")):
             rows_ = by[kind]
-            axes[0].plot([r["ranks"] for r in rows_], [r["speedup"] for r in rows_], style, marker="o", ms=3, label=f"{model} {kind}")
-            axes[1].plot([r["ranks"] for r in rows_], [r["efficiency"] for r in rows_], style, marker="o", ms=3, label=f"{model} {kind}")
+            axes[0].plot([r["ranks"] for r in rows_], [r["speedup"] for r in rows_], style, marker="o", ms=3,
+                         label=f"{model} {kind}")
+            axes[1].plot([r["ranks"] for r in rows_], [r["efficiency"] for r in rows_], style, marker="o", ms=3,
+                         label=f"{model} {kind}")
     axes[0].set(xscale="log", yscale="log", xlabel="ranks p", ylabel="speed-up over one rank", title="data parallelism")
     axes[1].set(xscale="log", xlabel="ranks p", ylabel="efficiency", title="speed-up / p")
     axes[0].legend(fontsize=8)
@@ -459,8 +470,10 @@ def main(argv=None):
                                   [1, 4] if args.quick else [1, 2, 4, 8, 16, 32, 64], inter)
     result["wall_seconds"] = time.perf_counter() - start
     result["quick"] = args.quick
-    for name, part in (("10_scaling.json", "scaling"), ("10_sizes.json", "sizes"), ("10_reproduction.json", "reproduction"),
-                       ("10_emulated.json", "emulated"), ("10_data_parallel.json", "data_parallel"), ("10_pipeline.json", "pipeline")):
+    for name, part in (("10_scaling.json", "scaling"), ("10_sizes.json", "sizes"),
+                       ("10_reproduction.json", "reproduction"),
+                       ("10_emulated.json", "emulated"), ("10_data_parallel.json", "data_parallel"),
+                       ("10_pipeline.json", "pipeline")):
         with open(out / name, "w") as handle:
             json.dump({"links": result["links"], part: result[part]}, handle, indent=1)
     for name, text in markdown(result).items():

@@ -39,7 +39,7 @@ sys.path.insert(0, str(HERE.parent.parent))
 
 from make_10_cluster import cluster, prepare, two_level_model  # noqa: E402
 
-from collectives import cost  # noqa: E402
+from collectives.model import cost  # noqa: E402
 
 SIZES, QUICK_SIZES = "4K,64K,256K,1M,4M,16M", "4K,1M"
 PER_HOST = 2
@@ -50,7 +50,8 @@ def worker(sizes, rounds, min_time):
     """One rank of the job: rank 0 prints JSON lines (the links, then one per size and algorithm)."""
     from mpi4py import MPI
 
-    from collectives import calibrate, hierarchical, rabenseifner, ring
+    from collectives import hierarchical, rabenseifner, ring
+    from collectives.bench import calibrate
     comm = MPI.COMM_WORLD
     rank, p = comm.Get_rank(), comm.Get_size()
 
@@ -131,7 +132,8 @@ def markdown(rows, fits, rate, load):
                      f"{shm['alpha'] * 1e6:.1f} us, beta {shm['beta'] * 1e9:.2f} ns/B; {fit['bytes_between_hosts']} "
                      f"bytes crossed the links in the job.")
     lines += ["", "| hosts x ranks | bytes | ring ms | hierarchical ms | Rabenseifner ms | model ring ms "
-              "| model hierarchical ms | model: ring / hier. | measured: ring / hier. | hierarchy wins: model, measured |",
+              "| model hierarchical ms | model: ring / hier. | measured: ring / hier. | hierarchy wins: model, "
+              "measured |",
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         verdict = f"{'yes' if r['model_speedup'] > 1 else 'no'}, {'yes' if r['measured_speedup'] > 1 else 'no'}"
@@ -147,7 +149,8 @@ def markdown(rows, fits, rate, load):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 x 2 only, 2 sizes, a temporary folder")
-    parser.add_argument("--out", help="folder for the results (default tutorials/figures/out; --quick: a temporary one)")
+    parser.add_argument("--out", help="folder for the results (default tutorials/figures/out; --quick: a temporary "
+                                      "one)")
     parser.add_argument("--rate", default="200mbit")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)     # a rank of a job
     parser.add_argument("--sizes", default=SIZES, help=argparse.SUPPRESS)
@@ -164,8 +167,10 @@ def main():
             mine, fits[hosts] = job(hosts, args.rate, QUICK_SIZES if args.quick else SIZES, 1 if args.quick else 3,
                                     0.02 if args.quick else 0.05, Path(scratch))
             rows += mine
-            print(f"{hosts} x {PER_HOST} done: " + ", ".join(f"{human(r['bytes'])} ring/hier {r['measured_speedup']:.2f} "
-                                                             f"(model {r['model_speedup']:.2f})" for r in mine), flush=True)
+            print(f"{hosts} x {PER_HOST} done: " + ", ".join(f"{human(r['bytes'])} ring/hier "
+                                                             f"{r['measured_speedup']:.2f} "
+                                                             f"(model {r['model_speedup']:.2f})" for r in mine),
+                  flush=True)
     load = [load_before, os.getloadavg()]
     (out / "10_hierarchy.json").write_text(json.dumps({"rate": args.rate, "rows": rows, "fits": fits,
                                                         "load_average": load}, indent=1))

@@ -33,9 +33,10 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from algorithms import allreduce_sgd, memory, pipeline_parallel, spatial_parallel, tensor_parallel, zero
+from algorithms import allreduce_sgd, pipeline_parallel, spatial_parallel, tensor_parallel, zero
 from algorithms.core.objective import build_model, load_data
 from algorithms.core.tiling import Tiling
+from algorithms.memory import table as memory_table
 from collectives.trace import WatchedComm
 
 comm = MPI.COMM_WORLD
@@ -72,10 +73,10 @@ def memory_tables(out, quick):
     for model in ("lenet5", "mlp"):
         path = os.path.join(out, f"11_memory_{model}.json")
         batch, micro_batches = SHAPE[model]
-        memory.main(["--ranks", str(P), "--model", model, "--batch-size", str(batch), "--micro-batches",
+        memory_table.main(["--ranks", str(P), "--model", model, "--batch-size", str(batch), "--micro-batches",
                      str(micro_batches), "--json", path])
         if comm.Get_rank() == 0:
-            records = memory.table(model, 1, batch, micro_batches, comm=MPI.COMM_SELF)
+            records = memory_table.table(model, 1, batch, micro_batches, comm=MPI.COMM_SELF)
             with open(os.path.join(out, f"11_memory_{model}_p1.json"), "w") as handle:
                 json.dump({"model": model, "ranks": 1, "batch": batch, "micro_batches": micro_batches,
                            "rows": records}, handle, indent=1)
@@ -89,7 +90,7 @@ def predicted_sweep(out, quick):
     sweep = {}
     for model in ("lenet5", "mlp"):
         for p in range(1, (8 if quick else 64) + 1):
-            for record in memory.table(model, p, *SHAPE[model], measure=False):
+            for record in memory_table.table(model, p, *SHAPE[model], measure=False):
                 if record["predicted"] is None:
                     continue
                 key = record["method"] + (" + recompute" if record["recompute"] else "")
@@ -254,7 +255,7 @@ def kib(value):
 def memory_markdown(path):
     with open(path) as handle:
         table = json.load(handle)
-    lines = [f"| method | recompute | | params | grads | optimizer | activations | comm | total |",
+    lines = ["| method | recompute | | params | grads | optimizer | activations | comm | total |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for record in table["rows"]:
         head = f"| {record['method']} | {'yes' if record['recompute'] else 'no'} |"
@@ -266,7 +267,7 @@ def memory_markdown(path):
             if values is None:
                 if kind == "measured":
                     continue
-            cells = [kib(values[part]) for part in memory.PARTS]
+            cells = [kib(values[part]) for part in memory_table.PARTS]
             total = sum(value for value in values.values() if value is not None)
             lines.append(f"{head} {kind} | " + " | ".join(cells) + f" | {total / 1024:.1f} |")
     return lines

@@ -25,13 +25,15 @@ import tracemalloc
 from types import SimpleNamespace
 
 import numpy
+from mpi4py import MPI
 
 import collectives
 from algorithms import pipeline_parallel, spatial_parallel, tensor_parallel, zero as zero_module
-from algorithms.core import allocations, run
-from algorithms.core.accounts import EXAMPLE, dataset_of, row
 from algorithms.core.objective import build_model
+from algorithms.core.run import allreduce_function
 from algorithms.core.tiling import Tiling
+from algorithms.memory import allocations
+from algorithms.memory.accounts import EXAMPLE, dataset_of, row
 from collectives.buffers import release_scratch
 from minidl import functional as F
 from minidl.conv.scratch import release
@@ -39,7 +41,6 @@ from minidl.flat import FlatParameters, flatten
 from minidl.nn import Sequential
 from minidl.optim import SGD
 from minidl.tensor import Tensor, no_grad
-from mpi4py import MPI
 
 
 def layout(comm, p):
@@ -66,9 +67,9 @@ def zero(comm, model, p, stage, batch, recompute=False, momentum=0.9, seed=0):
         net, flat, whole, built = allocations.set_up(meter, model, EXAMPLE[model], recompute, momentum, seed)
         # built: the whole w (stages 1, 2: the parameters; stage 3: the gathering unit) and the whole
         # gradient (stage 1: the gradients; stages 2, 3: the reducing unit)
-        job = SimpleNamespace(objective=SimpleNamespace(params=flat.data, grad=flat.grad), rank=rank, size=p,
+        run = SimpleNamespace(objective=SimpleNamespace(params=flat.data, grad=flat.grad), rank=rank, size=p,
                               settings=SimpleNamespace(lr=whole.lr, momentum=momentum), optimizer=whole)
-        shard = zero_module.Shard(job, stage, zero_module.make_optimizer("sgd"))
+        shard = zero_module.Shard(run, stage, zero_module.make_optimizer("sgd"))
         own = meter.take()                     # stage 2: the gradient's block; stage 3: and the parameters'
         shard_grad = shard.grad.nbytes if stage >= 2 else 0
         loss, activations = allocations.forward(meter, net, x, labels, recompute)
@@ -104,7 +105,7 @@ def tensor(comm, model, p, batch, recompute=False, momentum=0.9, seed=0, net=Non
     x, labels = allocations.example_batch(EXAMPLE[model], batch, seed)
     net = net or build_model(model, seed, dataset_of(model))       # the serial model: not counted
     serial = flatten(net)
-    summed = run.allreduce_function("ring") if real and p > 1 else None
+    summed = allreduce_function("ring") if real and p > 1 else None
 
     def total(array):
         if summed is not None:
@@ -208,7 +209,7 @@ def hybrid(comm, model, p, batch, micro_batches, recompute=False, momentum=0.9, 
         release_scratch()
         meter.take()
         if column.Get_size() > 1:
-            run.allreduce_function("ring")(column, gradient)
+            allreduce_function("ring")(column, gradient)
         block = meter.take()
     finally:
         meter.stop()
@@ -254,7 +255,7 @@ def spatial(comm, model, batch, recompute=False, momentum=0.9, seed=0):
         release_scratch()
         meter.take()
         if comm.Get_size() > 1:
-            run.allreduce_function("ring")(comm, flat.grad[:tiling.conv_parameters()])
+            allreduce_function("ring")(comm, flat.grad[:tiling.conv_parameters()])
         measured["comm"] += meter.take()
         flat.grad[...] = 0
         optimizer.step()

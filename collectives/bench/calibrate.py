@@ -5,7 +5,7 @@
     rates = fit_rates(comm, 0.02, nbytes, alpha)        # cost.Rates for vectors of nbytes
 
 collectives.bench runs these before it times the allreduces, and compares each measured time
-with collectives.cost's prediction at the rates found here; none of them is an allreduce.
+with collectives.model.cost's prediction at the rates found here; none of them is an allreduce.
 
 1. alpha and beta from a ping-pong between ranks 0 and 1 (half the round trip, 8 B .. 64 MiB),
    fitted as t = alpha + beta m by least squares on relative error, so the small messages fix
@@ -22,7 +22,7 @@ with collectives.cost's prediction at the rates found here; none of them is an a
    every rank at once) for beta_ring, np.add in place, np.add into a third vector and np.copyto
    on n-byte vectors (every rank at once) for gamma_m, gamma_3 and copy, and
    share = max(1, p / cores);
-4. the calibrated model's step times (collectives.calibration): fit_steps times each kind of step
+4. the calibrated model's step times (collectives.model.calibration): fit_steps times each kind of step
    an allreduce takes at p = 2 on an allreduce's own vectors, and two dependent steps whose second
    sends what the first's reduction wrote (a hot step).
 
@@ -35,8 +35,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from . import cost
-from .tags import PING_PONG
+from ..model import cost
+from ..tags import PING_PONG
 
 
 def timed(comm, call, min_seconds, median=False):
@@ -231,7 +231,7 @@ def fit_steps(comm, min_seconds, nbytes, rounds=3, median=False):
     From the pairs (derived): reduce = pair_w - exchange_whole, a reduction as an allreduce makes
     it, right after the message that brought its operand (the parts timed alone each keep their
     own vectors in cache: at 4 MiB add_into alone took 104-157 us, the butterfly 130-230 us more
-    than its parts); a hot step (collectives.calibration: one that sends what its sender's
+    than its parts); a hot step (collectives.model.calibration: one that sends what its sender's
     reduction has just written) is a pair's second step: hot_exchange = pair_x - exchange -
     reduce / 2 (n/2 bytes exchanged) and hot_one_way = pair_1 - one_way - reduce (n bytes one way).
     Each a difference, so noise may take it below zero (the fit keeps it >= 0). pair_1 - pair_1_cold
@@ -314,16 +314,16 @@ LADDER = [1 << k for k in range(9, 27)]           # 512 B, 1 KiB, ..., 64 MiB
 
 
 def measure_calibration(comm, min_seconds, rounds=3, sizes=LADDER, median=False, between=None):
-    """What collectives.calibration.fit takes: (ladder, small). ladder: per size n, the seconds of
+    """What collectives.model.calibration.fit takes: (ladder, small). ladder: per size n, the seconds of
     each fit_steps micro-benchmark, {"bytes": n, "exchange": ..., ...}; small: per algorithm of
     cost.ALGORITHMS, the best time of an 8-byte allreduce (check=False) on comm.
 
     Rounds over the whole ladder, best kept, so that a state of the machine that lasts seconds
-    (collectives.calibration's header) reaches fewer of one size's rounds. between(n), if given,
+    (collectives.model.calibration's header) reaches fewer of one size's rounds. between(n), if given,
     runs after each size n of each round, and between(None) at each round's end (collectives.bench:
     the allreduces of n bytes it checks the model against, then those of sizes off the ladder), so
     that a size's steps and its allreduces are measured moments apart, through the same states."""
-    from .table import MODULES
+    from ..table import MODULES
     ladder = [{"bytes": nbytes} for nbytes in sizes]
     seen = [{} for _ in sizes]                       # per size: name -> the rounds' seconds
     sendbuf, recvbuf = np.ones(2, dtype=np.float32), np.empty(2, dtype=np.float32)

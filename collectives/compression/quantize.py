@@ -1,6 +1,6 @@
 """Quantizers: fewer bits per gradient entry, each bucket of entries with its own scale.
 
-The four quantizers of collectives/compress.py (which holds the interface, the table of bytes on
+The four quantizers of collectives/compression/compress.py (which holds the interface, the table of bytes on
 the wire, the sparsifiers and error feedback). A flat gradient of n entries is cut into buckets
 of d entries (default d = 512; a bucket of n or more entries is one bucket, the whole vector);
 each bucket sends one or two scales in the gradient's dtype and every entry a code of ``bits``

@@ -3,7 +3,7 @@
     sudo python -m collectives.cluster --hosts 2 --ranks-per-host 2 --rate 1gbit -- \\
         python -m collectives.bench --sizes 64K,1M,16M --algorithms ring
 
-1. builds H hosts h0 .. h{H-1} (collectives.netns: one network namespace each, a veth link from
+1. builds H hosts h0 .. h{H-1} (collectives.cluster.netns: one network namespace each, a veth link from
    each to one bridge, addresses only inside the namespaces, the links limited to RATE by tc's
    token-bucket filter when --rate is given) and a head namespace where mpiexec runs;
 2. writes a launcher shim, `<shim> [ssh options] HOST COMMAND`, which runs COMMAND in HOST's
@@ -205,7 +205,3 @@ def main(argv=None):
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -6,7 +6,7 @@
     mpiexec -n 4 python -m collectives.bench --sizes 4K,16K,64K --persistent   # + allreduce_init rows
     mpiexec -n 2 python -m collectives.bench --calibrate --median     # fit the calibrated model first
 
-1. the machine's rates, from micro-benchmarks that are not allreduces (collectives.calibrate):
+1. the machine's rates, from micro-benchmarks that are not allreduces (collectives.bench.calibrate):
    alpha and beta from a ping-pong between ranks 0 and 1, gamma from numpy's element-wise add
    into a float32 vector, every rank at once;
 2. for each size (float32 vectors, 4 KiB .. 64 MiB by default) and each algorithm, the time
@@ -21,10 +21,10 @@
    algorithm from 1 MiB. And auto's table: at each size, the point-to-point algorithm measured
    fastest; --write-selection stores it for this p in collectives/selection.json, which
    collectives.auto reads (so auto's row is only as good as the last such run on this machine).
-5. the calibrated model (cost.predict_calibrated, collectives.calibration): each kind of step's
+5. the calibrated model (cost.predict_calibrated, collectives.model.calibration): each kind of step's
    latency and per-byte rates at the allreduce's own size, a hot step's (one that sends what a
    reduction just wrote) apart, and a per-call overhead, measured once by --calibrate and read
-   from --calibration (default collectives/calibration.json);
+   from --calibration (default collectives/model/calibration.json);
    target: within 25% of the measured time at every size >= 4 KiB,
    at the p it was fitted at. Bad flags or a bad calibration file: `error: ...`, exit 2, every rank;
 6. with --persistent, two more rows: MPI's persistent Allreduce_init (Start + Wait per call, "mpi_init")
@@ -48,32 +48,20 @@ import os
 for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_variable] = "1"
 
-import json              # noqa: E402  (after the thread pinning on purpose)
+import json  # noqa: E402  (after the thread pinning on purpose)
 
-import numpy as np       # noqa: E402
-from mpi4py import MPI   # noqa: E402
+import numpy as np  # noqa: E402
+from mpi4py import MPI  # noqa: E402
 
-from . import auto, butterfly, calibration, cost, naive, persistent, rabenseifner, ring, tree   # noqa: E402
+from .. import auto, butterfly, naive, persistent, rabenseifner, ring, tree  # noqa: E402
+from ..cli import Parser, fail, human, number, output_path, parse_size  # noqa: E402
+from ..model import calibration, cost  # noqa: E402
 from .calibrate import LADDER, cores, fit_alpha_beta, fit_gamma, fit_rates, measure_calibration, timed  # noqa: E402
-from .cli import Parser, fail, number, output_path   # noqa: E402
 
 ALGORITHMS = {"naive": naive.allreduce, "tree": tree.allreduce, "butterfly": butterfly.allreduce,
               "ring": ring.allreduce, "rabenseifner": rabenseifner.allreduce, "auto": auto.allreduce}
 DEFAULT_SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 QUICK_SIZES = [4 << 10, 256 << 10]
-
-
-def parse_size(text):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper().rstrip("IB")
-    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
-
-
-def human(nbytes):
-    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:g} {unit}"
-    return f"{nbytes} B"
 
 
 def target(name, nbytes, ratio, refined_ratio, calibrated_ratio=None):
@@ -113,7 +101,8 @@ def settings(argv, size):
     parser.add_argument("--write-selection", action="store_true",
                         help="store, for this p, the algorithm measured fastest at each size in "
                              "collectives/selection.json, which collectives.auto reads")
-    calibrated = "the calibrated model's JSON, read for the 'calibrated' column, written by --calibrate; none: no column"
+    calibrated = ("the calibrated model's JSON, read for the 'calibrated' column, written by --calibrate; "
+                  "none: no column")
     parser.add_argument("--calibration", default=str(calibration.CALIBRATION_FILE), help=calibrated + " (%(default)s)")
     parser.add_argument("--calibrate", action="store_true", help="fit the calibrated model first (see the header)")
     parser.add_argument("--median", action="store_true", help="median of single calls (a loaded machine)")
@@ -259,7 +248,7 @@ def main(argv=None):
                     best[name] = min(best.get(name, np.inf), timed(comm, call, min_time, args.median))
                     if not np.all(recvbuf == expected):
                         raise SystemExit(f"rank {rank}: {name} gave a wrong sum at {row_bytes} bytes")
-    if args.calibrate:             # the calibration's rounds and the table's in turn, size by size (measure_calibration)
+    if args.calibrate:             # the calibration's rounds and the table's in turn, size by size
         model_cal = calibrate(comm, args, between=table_round)
     else:
         model_cal = args.model
@@ -284,7 +273,8 @@ def main(argv=None):
             refined = (cost.predict_refined(model_name, size, count * 4, rates)
                        if model_name != "lower bound" else None)     # MPI's own: no refined model
             refined_ratio = None if refined is None else refined / best[name]
-            reference = best.get("mpi_init", best["mpi"]) if name == "auto_init" else best["mpi"]   # persistent vs persistent
+            # the persistent auto against MPI's persistent allreduce
+            reference = best.get("mpi_init", best["mpi"]) if name == "auto_init" else best["mpi"]
             calibrated = (cost.predict_calibrated(model_name, size, count * 4, model_cal)
                           if model_cal and model_name != "lower bound" else None)
             calibrated_ratio = None if calibrated is None else calibrated / best[name]
@@ -333,10 +323,6 @@ def main(argv=None):
         with open(args.json, "w") as file:
             json.dump(records, file, indent=1)
     if rank == 0 and args.plot:
-        from .figures import plot_bench
+        from .plot import plot_bench
         plot_bench(records, args.plot, size)
     return records
-
-
-if __name__ == "__main__":
-    main()

@@ -1,4 +1,4 @@
-"""The per-rank memory formulas of ``algorithms/memory.py`` (whose header writes them out), one per method.
+"""The per-rank memory formulas of ``algorithms/memory/__init__.py`` (whose header writes them out), one per method.
 
     rows = accounts.predicted_rows("lenet5", p=4, batch=64, micro_batches=8, k=1, recompute=False)
     # [(method, {"params": bytes, "grads": ..., "optimizer": ..., "activations": ..., "comm": ...}
@@ -10,10 +10,10 @@ spatial split, from ``tiling`` (what each rank's tiles keep).
 import dataclasses
 import math
 
-from algorithms.core import footprint
 from algorithms.core.cli import SettingError
 from algorithms.core.objective import build_model
 from algorithms.core.tiling import Tiling
+from algorithms.memory import footprint
 from minidl.data import shard_sizes
 
 PARTS = ("params", "grads", "optimizer", "activations", "comm")

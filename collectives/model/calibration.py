@@ -73,8 +73,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..fold import largest_power_of_two
 from . import cost
-from .fold import largest_power_of_two
 
 CALIBRATION_FILE = Path(__file__).resolve().parent / "calibration.json"
 MESSAGES = {"exchange": 0.5, "exchange_whole": 1.0, "one_way": 1.0,     # kind: bytes moved, per n
@@ -133,7 +133,8 @@ class Calibration:
                    + messages("one_way", one_way - hot_1, busy + solo - hot_1_bytes)
                    + messages("hot_one_way", hot_1, hot_1_bytes))
         from_source = cost.reduced_from_source(algorithm, p, nbytes, in_place)
-        return (seconds + (self.seconds("reduce", n) * from_source + self.seconds("add", n) * (reduced - from_source)) / n
+        reducing = self.seconds("reduce", n) * from_source + self.seconds("add", n) * (reduced - from_source)
+        return (seconds + reducing / n
                 + self.seconds("copy", n) * cost.extra_copies(algorithm, in_place, p))
 
     def as_json(self):

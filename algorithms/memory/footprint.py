@@ -75,7 +75,8 @@ def of(net, example_shape):
                 scratch = y.nbytes + (c * (h + 2 * p) * (w + 2 * p) * y.itemsize if p else 0)
                 enough = im2col_blocked.BLOCK_BYTES // columns + 2   # images for at least two blocks
                 block = image_blocks((enough,) + x.shape[1:], layer.weight.shape, layer.stride, p, y.itemsize)[0][1]
-                keeps = im2col_blocked.kept_layout((1,) + x.shape[1:], layer.weight.shape, layer.stride, p, y.itemsize, 2)
+                keeps = im2col_blocked.kept_layout((1,) + x.shape[1:], layer.weight.shape, layer.stride, p,
+                                                   y.itemsize, 2)
                 keep = budget.current() // columns if keeps else 0
             elif isinstance(layer, MaxPool2d):
                 fresh = y.nbytes * (layer.kernel_size ** 2 + 1)

@@ -6,9 +6,9 @@ by default). Forcing each algorithm in turn (MPICH's `mpivars` lists the names) 
 MPI_Allreduce beside this package's ring on the same vector says where MPICH's default lands
 and why: no guessing about its internals.
 
-    python -m collectives.mpich_choice -n 2 --size 64M        # launches mpiexec once per setting
-    python -m collectives.mpich_choice -n 4 --size 64M --repeats 5
-    python -m collectives.mpich_choice -n 4 --size 16K --ours auto   # small: MPICH's shared-memory collective
+    python -m collectives.bench.mpich_choice -n 2 --size 64M        # launches mpiexec once per setting
+    python -m collectives.bench.mpich_choice -n 4 --size 64M --repeats 5
+    python -m collectives.bench.mpich_choice -n 4 --size 16K --ours auto   # small: MPICH's shared-memory collective
 
 Inside one launch (the `--worker` mode) every rank times `repeats` calls of comm.Allreduce and
 of this package's `--ours` algorithm (default ring; float32, check=False, interleaved, slowest rank
@@ -40,6 +40,7 @@ def worker(nbytes, repeats, ours="ring"):
     from mpi4py import MPI
 
     import collectives
+
     from .calibrate import timed
     comm = MPI.COMM_WORLD
     send = np.full(nbytes // 4, comm.rank + 1, dtype=np.float32)
@@ -91,7 +92,7 @@ def main(argv=None):
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", help="write the table as JSON here")
     args = parser.parse_args(argv)
-    from .bench import human, parse_size
+    from collectives.cli import human, parse_size
     nbytes = parse_size(args.size)
     if args.worker:
         worker(nbytes, args.repeats, args.ours)
@@ -104,7 +105,7 @@ def main(argv=None):
     print(f"{'MPICH setting':<32} {'MPI ' + unit:>9} {ours + ' ' + unit:>9} {'MPI/' + ours:>9}")
     for label, extra in SETTINGS:
         environment = dict(os.environ, **extra)
-        command = [mpiexec, "-n", str(args.n), sys.executable, "-m", "collectives.mpich_choice",
+        command = [mpiexec, "-n", str(args.n), sys.executable, "-m", "collectives.bench.mpich_choice",
                    "--worker", "--size", str(nbytes), "--repeats", str(args.repeats), "--ours", ours]
         done = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=600)
         lines = [line for line in done.stdout.splitlines() if line.startswith("{")]

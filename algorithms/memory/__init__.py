@@ -13,8 +13,8 @@ Chen et al. 2016 for recomputation; Huang et al. 2019 (GPipe) and Narayanan et a
 tensor split; Dean et al. 2012 for the spatial split. Full references: tutorials/references.md.
 
 Per rank, for n parameters, p ranks, a batch of B rows per replica (``--batch-size``) and A(layers, rows)
-the activations the forward keeps (``algorithms.core.footprint``, which counts minidl's own kernels;
-the formulas are ``algorithms.core.accounts``):
+the activations the forward keeps (``algorithms.memory.footprint``, which counts minidl's own kernels;
+the formulas are ``algorithms.memory.accounts``):
 
     method         params       grads       optimizer   activations               comm buffers
     data parallel  n b          n b         k n b       A(all, B)                 n/p b                  (1)
@@ -63,8 +63,8 @@ spatial_parallel each conv stage (its output tile kept; the backward records the
 tile activations again, ``Tiling.activation_bytes``).
 
 Measured: every row that applies, one step of the real algorithm's pieces phase by phase under
-tracemalloc: data parallel by ``algorithms.core.allocations``, the others by
-``algorithms.memory_measured`` (ZeRO's Shard and collectives, tensor_parallel's split network, stage 0
+tracemalloc: data parallel by ``algorithms.memory.allocations``, the others by
+``algorithms.memory.measured`` (ZeRO's Shard and collectives, tensor_parallel's split network, stage 0
 of pipeline_parallel's schedule with its own layers and state, the hybrid's stage and column ring,
 spatial_parallel's tiles). Under ``mpiexec -n P`` the collectives run for real and their buffers
 are measured; in one process (P other than p) the layout is rank 0's and the comm buffers that need
@@ -80,115 +80,12 @@ a pipeline stage recomputed whole keeps one micro-batch's workspaces instead of 
 min(p, m) micro-batches where GPipe holds m. tests/test_memory.py: every row's total within 10% of
 its prediction and every part within 10% (or 4 KiB) for LeNet-5 (batch 64) and the MLP (batch 512),
 at p = 1, 2 (mpiexec) and 4 (in process).
+
+The package, a module each:
+
+    accounts.py     the formulas above, one per method (``predicted_rows``)
+    footprint.py    what minidl's own kernels keep: a forward's activations and workspaces, by layer
+    allocations.py  data parallelism's step measured phase by phase under tracemalloc
+    measured.py     the other methods' steps measured so: ZeRO, tensor, pipeline, hybrid, spatial
+    table.py        the table: each method's predicted and measured row; the command's flags
 """
-import argparse
-import json
-
-from mpi4py import MPI
-
-from algorithms import memory_measured as measured
-from algorithms.core import allocations, cli, run
-from algorithms.core.accounts import EXAMPLE, PARTS, predicted_rows
-from algorithms.core.cli import SettingError
-
-def measured_row(comm, model, p, batch, recompute, momentum):
-    """The data-parallel row measured on this process (the comm buffer only when comm has p ranks)."""
-    real = comm.Get_size() == p and p > 1
-    summed = run.allreduce_function("ring") if real else None
-    measured = allocations.data_parallel(comm if real else MPI.COMM_SELF, model, EXAMPLE[model], batch, recompute,
-                                         momentum, allreduce=summed)
-    if not real and p > 1:
-        measured["comm"] = None                               # not measured: no peers in this process
-    return measured
-
-
-def measure_method(comm, method, model, p, batch, micro_batches, recompute, momentum):
-    """The measured row of ``method`` (``allocations`` for data parallelism, ``measured`` for the rest),
-    or None where it cannot be measured here (spatial needs its p ranks)."""
-    if method == "data parallel":
-        return measured_row(comm, model, p, batch, recompute, momentum)
-    if method.startswith("ZeRO"):
-        return measured.zero(comm, model, p, int(method[-1]), batch, recompute, momentum)
-    if method == "tensor":
-        return measured.tensor(comm, model, p, batch, recompute, momentum)
-    if method.startswith("pipeline"):
-        return measured.pipeline(model, p, batch, micro_batches, method.split()[1].lower(), recompute, momentum)
-    if method.startswith("hybrid"):
-        return measured.hybrid(comm, model, p, batch, micro_batches, recompute, momentum)
-    if method == "spatial" and comm.Get_size() == p:
-        mine = measured.spatial(comm, model, batch, recompute, momentum)
-        return {part: comm.allreduce(value, op=MPI.MAX) for part, value in mine.items()}
-    return None
-
-
-def table(model, p, batch, micro_batches=8, momentum=0.9, comm=None, measure=True):
-    """Every method's per-rank account, predicted and measured: a list of dicts."""
-    comm = comm or MPI.COMM_WORLD
-    records = []
-    for recompute in (False, True):
-        for method, predicted in predicted_rows(model, p, batch, micro_batches, 1 if momentum else 0, recompute):
-            record = {"method": method, "recompute": recompute, "predicted": predicted, "measured": None}
-            if isinstance(predicted, str):               # the method does not apply: say why
-                record.update(predicted=None, note=predicted)
-            elif measure:
-                record["measured"] = measure_method(comm, method, model, p, batch, micro_batches, recompute, momentum)
-            records.append(record)
-    return records
-
-
-def format_table(records):
-    """The records as text, in KiB: a predicted line per row, and its measured line (or why there is none)."""
-    def line(record, kind, values):
-        head = f"{record['method']:<16} {'yes' if record['recompute'] else 'no':<9} {kind:<9}"
-        if isinstance(values, str):
-            return f"{head} {values}"
-        cells = [f"{'-' if values[part] is None else format(values[part] / 1024, '.1f'):>12}" for part in PARTS]
-        total = "-" if None in values.values() else format(sum(values.values()) / 1024, ".1f")   # no part left out
-        return f"{head} {' '.join(cells)} {total:>12}"
-    lines = [f"{'method':<16} {'recompute':<9} {'kind':<9} " + " ".join(f"{part:>12}" for part in PARTS)
-             + f" {'total':>12}"]
-    for record in records:
-        if record["predicted"] is None:
-            lines.append(line(record, "n/a", record["note"]))
-            continue
-        lines.append(line(record, "predicted", record["predicted"]))
-        lines.append(line(record, "measured", record["measured"] or "not measured"))
-    return "\n".join(lines)
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.error = cli.fail                       # a bad flag: one error line, exit 2
-    parser.add_argument("--ranks", type=int, required=True, help="p: ranks of the layout (per-rank accounts)")
-    parser.add_argument("--model", default="lenet5", choices=sorted(EXAMPLE))
-    parser.add_argument("--batch-size", type=int, default=64, help="rows per replica per step")
-    parser.add_argument("--micro-batches", type=int, default=8, help="pipeline micro-batches per step")
-    parser.add_argument("--momentum", type=float, default=0.9, help="0: SGD keeps no optimizer state")
-    parser.add_argument("--json", default=None, help="write the table as JSON to this file")
-    args = parser.parse_args(argv)
-    comm = MPI.COMM_WORLD
-
-    def run_table():
-        with run.agreed(comm):                        # every rank refuses a bad flag together
-            cli.require("--ranks", args.ranks, integer=True, low=1)
-            cli.require("--batch-size", args.batch_size, integer=True, low=1)
-            cli.require("--micro-batches", args.micro_batches, integer=True, low=1, high=args.batch_size)
-            cli.require("--momentum", args.momentum, low=0, high=1, high_open=True)
-            if comm.Get_rank() == 0:
-                cli.check_output("--json", args.json)
-        records = table(args.model, args.ranks, args.batch_size, args.micro_batches, args.momentum, comm)
-        if comm.Get_rank() == 0:
-            print(f"bytes per rank in KiB: --model {args.model}, p = {args.ranks}, batch {args.batch_size}, "
-                  f"{args.micro_batches} micro-batches, float32\n" + format_table(records))
-            if args.json:
-                with open(args.json, "w") as out:
-                    json.dump({"model": args.model, "ranks": args.ranks, "batch": args.batch_size,
-                               "micro_batches": args.micro_batches, "rows": records}, out, indent=1)
-    try:
-        run_table()
-    except SettingError as error:
-        cli.fail(str(error))
-
-
-if __name__ == "__main__":
-    main()

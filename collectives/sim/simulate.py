@@ -1,13 +1,13 @@
 """Simulated allreduce times at any p: the real hearts on a LogGP network (collectives.sim).
 
-    python -m collectives.simulate --ranks 1024 --bytes 1M --sizes-only
-    python -m collectives.simulate --ranks 64 --ranks-per-node 8 --bytes 4M --algorithms ring,hierarchical
-    python -m collectives.simulate --ranks 256 --bytes 1M --json sim.json      # with data: sums checked
+    python -m collectives.sim --ranks 1024 --bytes 1M --sizes-only
+    python -m collectives.sim --ranks 64 --ranks-per-node 8 --bytes 4M --algorithms ring,hierarchical
+    python -m collectives.sim --ranks 256 --bytes 1M --json sim.json      # with data: sums checked
 
 For each algorithm, one allreduce of --bytes bytes (float32) on --ranks simulated ranks, each rank
 running the algorithm's heart unchanged as a coroutine (collectives.sim.engine). Printed, as
 collectives.bench prints its measurements: the simulated seconds, the closed form of
-collectives.cost beside it (cost.predict at L = alpha, G = beta of the link the critical path
+collectives.model.cost beside it (cost.predict at L = alpha, G = beta of the link the critical path
 crosses: the network's when the ranks span several nodes; cost.predict_hierarchical for the
 hierarchy), the alpha-beta lower bound (at the fastest link's alpha and beta: no message costs
 less), the messages, the engine's events, its wall and CPU time and
@@ -42,12 +42,16 @@ import time
 
 import numpy as np
 
-from . import auto, cost
-from .bench import human, parse_size
-from .cli import Parser, fail, number, output_path
-from .fold import largest_power_of_two
-from .sim import Engine, FatTree, LogGP, SimComm, Sized, Topology
-from .table import ALGORITHMS, HEARTS
+from .. import auto
+from ..cli import Parser, fail, human, number, output_path, parse_size
+from ..fold import largest_power_of_two
+from ..model import cost
+from ..table import ALGORITHMS, HEARTS
+from .comm import SimComm
+from .engine import Engine
+from .fattree import FatTree
+from .network import LogGP, Topology
+from .sized import Sized
 
 DTYPE = np.dtype(np.float32)
 FLAT = tuple(name for name in ALGORITHMS if name != "hierarchical")
@@ -89,7 +93,7 @@ def simulate(algorithm, topology, nbytes, sizes_only=False, record=False, fabric
 
 
 def closed_form(algorithm, topology, nbytes):
-    """(seconds, model name): collectives.cost's closed form for this run, at L = alpha, G = beta."""
+    """(seconds, model name): collectives.model.cost's closed form for this run, at L = alpha, G = beta."""
     p, c = topology.ranks, topology.ranks_per_node
     intra, inter = topology.intra, topology.inter
     if algorithm == "hierarchical":
@@ -142,11 +146,12 @@ def row(algorithm, topology, nbytes, sizes_only, fabric=None):
 
 def settings(argv):
     """The parsed and checked flags: (topology, nbytes, algorithms, sizes_only, json path)."""
-    parser = Parser(prog="python -m collectives.simulate", description=__doc__.splitlines()[0])
+    parser = Parser(prog="python -m collectives.sim", description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", required=True, help="simulated ranks p (>= 1)")
     parser.add_argument("--bytes", required=True, help="bytes per rank, e.g. 4096, 64K, 1M (a multiple of 4)")
     parser.add_argument("--ranks-per-node", help="ranks per node c (default: every rank on one node)")
-    parser.add_argument("--algorithms", default=",".join(ALGORITHMS), help="comma-separated, from: " + ", ".join(ALGORITHMS))
+    parser.add_argument("--algorithms", default=",".join(ALGORITHMS),
+                        help="comma-separated, from: " + ", ".join(ALGORITHMS))
     parser.add_argument("--sizes-only", action="store_true", help="no data: buffers are stand-ins (large p)")
     parser.add_argument("--json", help="write the rows as a JSON list here")
     parser.add_argument("--alpha", default="2e-6", help="network latency L, seconds")
@@ -199,7 +204,8 @@ def main(argv=None):
         print(f"# fat tree: {fabric['nodes_per_switch']} nodes per leaf switch, {fabric['uplinks']} uplinks each "
               f"(at most that many messages leave or enter a leaf at once)")
     print(f"{'algorithm':<22} {'ranks':>6} {'bytes':>9} {'simulated us':>13} {'closed us':>11} {'sim/closed':>10} "
-          f"{'bound us':>10} {'messages':>9} {'events':>9} {'wall s':>7} {'cpu s':>7} {'events/s':>9}  {'target':<12} met")
+          f"{'bound us':>10} {'messages':>9} {'events':>9} {'wall s':>7} {'cpu s':>7} {'events/s':>9}  "
+          f"{'target':<12} met")
     rows = []
     for name in names:
         try:
@@ -212,14 +218,11 @@ def main(argv=None):
         met = record["met"]
         print(f"{label:<22} {record['ranks']:>6} {human(nbytes):>9} {record['seconds'] * 1e6:13.2f} "
               f"{record['closed_form_seconds'] * 1e6:11.2f} {ratio:10.4f} {record['lower_bound_seconds'] * 1e6:10.2f} "
-              f"{record['messages']:>9} {record['events']:>9} {record['wall_seconds']:7.2f} {record['cpu_seconds']:7.2f} "
+              f"{record['messages']:>9} {record['events']:>9} {record['wall_seconds']:7.2f} "
+              f"{record['cpu_seconds']:7.2f} "
               f"{record['events_per_second'] or 0:9.0f}  {record['target']:<12} "
               f"{'-' if met is None else 'met' if met else 'NO'}", flush=True)
     if path:
         with open(path, "w") as file:
             json.dump(rows, file, indent=1)
     return rows
-
-
-if __name__ == "__main__":
-    main()

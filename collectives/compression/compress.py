@@ -48,7 +48,7 @@ biased compressors (onebit, topk, randomk) need it to converge to what SGD finds
 ones (qsgd, rounding, terngrad) are usually run without it.
 
 Pure NumPy (host arrays). The quantizers (qsgd, rounding, terngrad, onebit: QSGD's definition,
-packing codes into bytes, buckets) are in collectives/quantize.py.
+packing codes into bytes, buckets) are in collectives/compression/quantize.py.
 """
 import math
 from dataclasses import dataclass
@@ -56,8 +56,20 @@ from dataclasses import dataclass
 import numpy as np
 
 # the quantizers live in quantize.py; compress.<name> is their public place too
-from collectives.quantize import (BUCKET, MAX_BUCKET, QSGD, OneBit, Quantized, Quantizer,  # noqa: F401
-                                  StochasticRounding, TernGrad, buckets, generator, pack_codes, unpack_codes)
+from .quantize import (  # noqa: F401
+    BUCKET,
+    MAX_BUCKET,
+    QSGD,
+    OneBit,
+    Quantized,
+    Quantizer,
+    StochasticRounding,
+    TernGrad,
+    buckets,
+    generator,
+    pack_codes,
+    unpack_codes,
+)
 
 NAMES = ("none", "qsgd", "rounding", "terngrad", "onebit", "topk", "randomk")
 INDEX = np.dtype(np.int32)           # indices on the wire: 4 bytes (n < 2^31)

@@ -46,24 +46,23 @@ only one of its values); n must be an integer in 0..2^31; values a supported dty
 the indices. Any integer index dtype is accepted (int32 here, int64 there sum correctly: both
 become int32 after the range check). Then the ranks agree on n and the values' dtype (allgather:
 on the block's length) with check.agree: one max of 5 int64 (allgather: 3) by MPI's own Allreduce (no point-to-point
-message of ours, and no task's code), and every rank raises MismatchError if any rank has a problem or a different n, dtype or length. So
-a bad argument on one rank stops every rank instead of a wrong sum, a truncation error on one
+message of ours, and no task's code), and every rank raises MismatchError if any rank has a problem or a different
+n, dtype or length. So a bad argument on one rank stops every rank instead of a wrong sum, a truncation error on one
 rank or a hang. Locally it costs the sort the allreduce needs anyway and O(k) comparisons.
 check=False (the training loops) skips the agreement: this rank's own problems still raise
 ValueError before it sends, but the same n, dtype and length on every rank are the caller's promise.
 
-    mpiexec -n 4 python -m collectives.sparse
+    mpiexec -n 4 python -m collectives.compression.sparse
 """
 import math
 
 import numpy as np
 from mpi4py import MPI
 
-from .check import Problem, agree, dtype_code, dtype_problem
+from ..check import Problem, agree, dtype_code, dtype_problem
+from ..fold import largest_power_of_two, world_rank
+from ..tags import DIRECT_GATHER, SPARSE_EXCHANGE, SPARSE_FOLD_IN, SPARSE_FOLD_OUT
 from .compress import INDEX, Sparse
-from .fold import largest_power_of_two, world_rank
-from .tags import DIRECT_GATHER, SPARSE_EXCHANGE, SPARSE_FOLD_IN, SPARSE_FOLD_OUT
-
 
 # ---- representation: sparse pairs or a dense vector -----------------------------------------------
 

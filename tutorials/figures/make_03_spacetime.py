@@ -1,7 +1,7 @@
-"""Regenerate the space-time diagrams of tutorials/03_collectives.md from real traced runs.
+"""Chapter 3's space-time diagrams, from real traced runs (make_03_figures.py runs this under mpiexec).
 
-    mpiexec -n 4 python -m collectives.figures [DIRECTORY]      # default tutorials/figures/out
-    mpiexec -n 6 python -m collectives.figures [DIRECTORY]
+    mpiexec -n 4 python tutorials/figures/make_03_spacetime.py [DIRECTORY]      # default tutorials/figures/out
+    mpiexec -n 6 python tutorials/figures/make_03_spacetime.py [DIRECTORY]
 
 Ranks 0-3 trace every algorithm at p = 4 (16 float64 elements, check=False) and draw it with
 the logical clock (spacetime.logical_times: one column per step, free of timing noise). At p = 4
@@ -17,8 +17,11 @@ from pathlib import Path
 import numpy as np
 from mpi4py import MPI
 
-import collectives
-from collectives import cost, spacetime, trace
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
+
+import collectives  # noqa: E402
+from collectives import spacetime, trace  # noqa: E402
+from collectives.model import cost  # noqa: E402
 
 
 def draw(comm, algorithm, path, title, clock="steps", length=16, warm=True):
@@ -81,33 +84,6 @@ def wall_clock(comm, out, length=1 << 17, repeats=5):
             "untraced_median_us": 1e6 * untraced,
             "p2_warm_after_barrier": [wall_summary(m) for m in warm_two],
             "p2_untraced_median_us": 1e6 * untraced_two}, indent=1))
-
-
-def plot_bench(records, path, size):
-    """collectives.bench --plot: time against size, log-log: measured points, model lines, MPI_Allreduce in black."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    figure, axes = plt.subplots(figsize=(7, 4.5))
-    names = list(dict.fromkeys(r["algorithm"] for r in records))
-    colours = dict(zip([n for n in names if n != "mpi"], plt.get_cmap("tab10").colors))
-    for name in names:
-        mine = [r for r in records if r["algorithm"] == name]
-        x = [r["bytes"] for r in mine]
-        colour = "black" if name == "mpi" else colours[name]
-        axes.plot(x, [r["seconds"] for r in mine], "o-" if name == "mpi" else "o", color=colour,
-                  label="MPI_Allreduce" if name == "mpi" else name, ms=4)
-        if name not in ("mpi",):
-            axes.plot(x, [r["model_seconds"] for r in mine], "--", color=colour, lw=1)
-    axes.set_xscale("log", base=2)
-    axes.set_yscale("log")
-    axes.set_xlabel("bytes per rank")
-    axes.set_ylabel("seconds per allreduce")
-    axes.set_title(f"allreduce on p = {size}: measured (dots) and alpha-beta-gamma model (dashes)")
-    axes.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=80)
-    plt.close(figure)
 
 
 def main(argv=None):

@@ -70,7 +70,8 @@ class Schedule:
         if list(self.lr_decay) != sorted(set(self.lr_decay)):
             raise SettingError(f"--lr-decay epochs must increase, got {','.join(map(str, self.lr_decay))}")
         if self.reference_batch is not None and self.scaling == "none":
-            raise SettingError("--reference-batch is the batch --lr-scaling scales from; this run has --lr-scaling none")
+            raise SettingError("--reference-batch is the batch --lr-scaling scales from; "
+                               "this run has --lr-scaling none")
         if self.warmup_epochs and self.scaling == "none":
             raise SettingError("--warmup-epochs climbs from --lr to the scaled lr; with --lr-scaling none the two "
                                "are the same")

@@ -76,7 +76,7 @@ model is now up to 1.35x pessimistic (chapter 3, section 5); from 4 MiB up neith
 Calibrated model (`predict_calibrated`): traffic's counts, each kind of step at the latency and
 per-byte rate measured once on this machine at the allreduce's own vector size and step shape,
 plus each algorithm's per-call overhead, with the steps that send what a reduction just wrote
-apart (collectives.calibration, its `hot_steps`).
+apart (collectives.model.calibration, its `hot_steps`).
 
 `per_rank(algorithm, p, n, itemsize, rank)` gives what one rank does, exactly, counting the
 uneven blocks (block_counts: n elements in `parts` blocks, the first n % parts one longer):
@@ -88,8 +88,8 @@ Here n is in elements (so uneven blocks are exact); `predict` takes bytes.
 import math
 from dataclasses import dataclass
 
-from .buffers import block_counts
-from .fold import largest_power_of_two
+from ..buffers import block_counts
+from ..fold import largest_power_of_two
 
 ALGORITHMS = ("naive", "tree", "butterfly", "ring", "rabenseifner")
 
@@ -304,7 +304,7 @@ def predict_refined(algorithm, p, nbytes, rates, in_place=False):
 
 
 def predict_calibrated(algorithm, p, nbytes, calibration, in_place=False):
-    """Predicted seconds with step times measured once on this machine (collectives.calibration:
+    """Predicted seconds with step times measured once on this machine (collectives.model.calibration:
     the algorithm's overhead o per call, and each kind of step at its own latency and at per-byte
     rates measured at this vector size, the steps that send what a reduction just wrote apart)."""
     return calibration.predict(algorithm, p, nbytes, in_place)

@@ -1,0 +1,12 @@
+"""The model the algorithms and the bench read: what an allreduce costs, by formula and as fitted here.
+
+    cost.py         each algorithm's per-rank message and byte counts (tested against the tracer for
+                    p = 1..8) and its alpha-beta-gamma time; the refined model at per-size rates;
+                    the two-level cost of the hierarchical allreduce
+    calibration.py  the calibrated model: each kind of step's latency and per-byte rates at the
+                    allreduce's own size and each algorithm's per-call overhead, read from
+                    calibration.json (written by ``mpiexec -n 2 python -m collectives.bench --calibrate``)
+
+    from collectives.model import cost
+    cost.predict("ring", p, nbytes, alpha, beta, gamma)
+"""
