@@ -53,7 +53,7 @@ def test_plain_data_crosses_back_exactly():
     ["method", ["atom", 1], "backward"],
     ["partial", 0, ["function", "tests.helpers", "mpiexec"], ["tuple", []], ["dict", []]],
     ["module", "os"],
-    ["namedtuple", "collectives.cost:RankCost", [["int", "1"], ["int", "2"], ["int", "3"]]],
+    ["namedtuple", "collectives.model.cost:RankCost", [["int", "1"], ["int", "2"], ["int", "3"]]],
     ["dataclass", "algorithms.core.run:Run", []],
     ["generator", "{}"],
     ["comm", 0, 0, 1],
