@@ -108,7 +108,7 @@ def pytest_collection_modifyitems(config, items):
 TOGETHER = {
     # the sandbox runs every job as one uid (65534) and shares its process limit; tests/test_sandbox.py
     # checks that no process of that uid is left over, so no other sandboxed job may run meanwhile
-    "sandbox": ("tests/test_sandbox.py::", "tests/test_assignments.py::"),
+    "sandbox": ("tests/test_sandbox.py::", "tests/test_assignments.py::", "tests/test_redteam.py::"),
     # one notebook run of each chapter serves both: it runs the blocks and records the tasks each block
     # runs (tests/chapter_run.py), and the run is kept for the other test in the same worker
     "chapter blocks": ("tests/test_tutorials.py::test_chapter_code_runs[",

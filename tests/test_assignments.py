@@ -3,14 +3,14 @@
 - Registry and fences agree: each task's function holds exactly one fence (a fence that is no task
   says so in its module: tests/test_fences.py).
 - Every task has visible tests (``@pytest.mark.task``) and every marked id is a task.
-- ``make`` writes a tree that imports, with every chosen body stubbed and the hidden files gone;
-  ``--solutions`` keeps the reference code.
+- ``make`` writes a tree that imports, with the hidden files gone and every body stubbed but the
+  assigned tasks' prerequisites and ``--released`` ones (checked for every single task); a test of
+  a task the tree neither assigns nor releases skips there, saying so; ``--solutions`` keeps the
+  reference code.
 - The student tree is leak-free: no fenced solution's lines appear anywhere else in it (sources,
   docstrings, tests, chapters), by the rule in ``test_no_solution_leaks_into_the_student_tree``.
-- The grader gives a stubbed task 0 points, the reference its points, and a deadlock in one task's
-  student code costs only that task, within the timeout.
-- What the grader tells a student: a failed test says what failed, in its assertion's words; a
-  deadlock says where it timed out and stops its task there (the task's later tests "not run").
+- The grader gives a stubbed task 0 points with its stub's words (a server's stub too, not the
+  worker's that waited for it), the reference its points. Hostile bodies: tests/test_redteam.py.
 - Whole calls (tasks.toml's ``forward``): every name is a function the sandbox can rebuild, a
   forgery inside a forwarded ``run_calls`` or a forwarded server run records nothing and fails its
   test, and the sandbox runs the grader's test helpers, not the student's.
@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from tutorials import assignments
+from tutorials.assignments import sandbox
 
 ROOT = Path(__file__).resolve().parent.parent
 TASKS, GENERATOR = assignments.load()
@@ -36,6 +37,12 @@ MARK = re.compile(r"""task\(\s*["'](\d+\.\d+)["']""")
 REFERENCE = [pytest.mark.skipif(assignments.is_student_tree(ROOT), reason=assignments.STUDENT_TREE),
              pytest.mark.skipif(not assignments.is_git_checkout(ROOT),
                                 reason="not a git checkout (make lists the files to copy with git ls-files)")]
+
+
+MISSING = (sandbox.why_not() or "") if os.geteuid() != 0 else __import__("tests.grade").grade.missing_tools()
+needs_grader = pytest.mark.skipif(bool(MISSING), reason=f"grading a submission needs its sandbox, which cannot run here: "
+                                  f"{MISSING or 'not root'}; it needs root and bubblewrap (apt-get install bubblewrap; "
+                                  "CI installs it)")
 
 
 def reference_only(test):
@@ -182,6 +189,55 @@ def test_a_student_tree_imports_has_every_body_stubbed_and_no_hidden_files(stude
     assert "tutorials/03_collectives.md, section 1" in text
 
 
+def closure(task_id):
+    """The tasks ``task_id`` runs through, by following ``requires`` (written here again, as the oracle)."""
+    needed = set()
+    for other in next(task for task in TASKS if task.id == task_id).requires:
+        needed |= {other} | closure(other)
+    return needed
+
+
+def stubbed_in(tree):
+    """{task id: whether its body is the stub} in ``tree``, each file parsed once."""
+    out = {}
+    for file in sorted({task.file for task in TASKS}):
+        fenced = assignments.fenced_functions((tree / file).read_text())
+        lines = (tree / file).read_text().splitlines()
+        for task in (task for task in TASKS if task.file == file):
+            begin, end = fenced[task.function]
+            out[task.id] = [line.strip() for line in lines[begin + 1:end] if line.strip()] == [task.stub_line()]
+    return out
+
+
+@reference_only
+def test_a_tree_for_each_single_task_keeps_the_reference_of_its_prerequisites_only(tmp_path):
+    files = sorted({task.file for task in TASKS})
+    for task in TASKS:
+        out = tmp_path / task.id
+        assignments.make(out, ids=[task.id], files=files)
+        kept = closure(task.id)
+        assert {i for i, stub in stubbed_in(out).items() if not stub} == kept, task.id
+        assert assignments.assignment(out) == ({task.id}, kept), task.id
+        assert not (out / "tests/hidden").exists()
+    assert closure("3.7") == {"3.6"} and closure("1.5") == {"1.1", "1.2", "1.3", "1.4"} and closure("9.2") == set()
+    out = tmp_path / "released"
+    assignments.make(out, ids=["3.7"], also_released=["9.2"], files=files)
+    assert {i for i, stub in stubbed_in(out).items() if not stub} == {"3.6", "9.2"}
+    with pytest.raises(ValueError, match="both assigned and released"):
+        assignments.make(tmp_path / "both", ids=["3.7"], also_released=["3.7"], files=files)
+
+
+@reference_only
+def test_in_a_student_tree_a_task_neither_assigned_nor_released_has_its_tests_skipped_saying_so(tmp_path):
+    tree = tmp_path / "tree"
+    assignments.make(tree, ids=["9.2"])
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-m", "parallel[1]",
+                           "tests/test_schedules.py", "tests/test_pbt.py", "--task", "9.1,9.2"], cwd=tree,
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(tree)))
+    assert "task 9.1 is not part of this assignment" in done.stdout, done.stdout[-3000:]
+    assert re.search(r"\d+ failed", done.stdout) and "Task 9.2" in done.stdout, done.stdout[-3000:]   # 9.2: to do
+
+
 TEXT_FILES = (".py", ".md", ".toml", ".txt", ".cfg", ".json", ".ipynb", ".rst")
 TRIVIAL = re.compile(r"^(?:return|break|continue|pass|raise|yield|else|try|finally)\b[\w.()]*:?$"   # return x, else:
                      r"|^[\w.]+ = (?:None|True|False|0|1|0\.0|\[\]|\{\}|\(\))$"                 # x = 0, x = []
@@ -251,22 +307,39 @@ def test_an_instructor_tree_keeps_every_body(tmp_path):
     assert (out / "tests/hidden").is_dir()
 
 
-def grade(*flags, timeout=600):
+def grade(*flags, timeout=900):
     done = subprocess.run([sys.executable, str(ROOT / "tests/grade.py"), *flags], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr
     return done
 
 
+# one test of each: a serial one, an MPI collective, MPI training, a server's update on its own rank, a pure function
+STUBBED = {
+    "1.5": "tests/hidden/test_chapter1_hidden.py::test_two_sgd_steps_with_momentum_follow_the_velocity",
+    "3.4": "tests/test_collectives.py::test_reduce_scatter_gives_rank_r_block_r_of_the_reduction[nprocs=2]",
+    "4.1": "tests/hidden/test_chapter4_hidden.py::test_sync_steps_with_an_uneven_last_batch_and_idle_ranks_equal_serial_sgd"
+           "[nprocs=3-0.9]",
+    "5.1": "tests/test_parameter_server.py::test_server_side_optimizer_equals_minidl_optimizer_on_the_same_gradient_"
+           "sequence[nprocs=3]",
+    "5.2": "tests/hidden/test_chapter5_hidden.py::test_may_proceed_reads_the_clocks_of_a_dict_view_of_the_live_workers",
+}
+
+
 @reference_only
-def test_the_grader_gives_stubbed_tasks_nothing_and_the_reference_full_points(student_tree, tmp_path):
-    # serial, MPI collective, MPI training, a pure function; on 1 and 2 ranks (the full grading of every
-    # task on 1..8 ranks takes minutes)
-    tasks = "1.5,3.4,4.1,5.2"
-    grade("--student", str(student_tree), "--tasks", tasks, "--max-ranks", "2", "--json", str(tmp_path / "stub.json"))
-    stubbed = json.loads((tmp_path / "stub.json").read_text())
-    assert stubbed["points"] == 0 and all(task["total"] > 0 for task in stubbed["tasks"]), stubbed
-    grade("--tasks", tasks, "--max-ranks", "2", "--json", str(tmp_path / "reference.json"))
+@needs_grader
+def test_the_grader_gives_stubbed_tasks_nothing_in_their_stubs_words_and_the_reference_full_points(tmp_path):
+    tree = tmp_path / "tree"
+    assignments.make(tree, ids=list(STUBBED))
+    tests = ["--tests", ",".join(STUBBED.values()), "--tasks", ",".join(STUBBED)]
+    grade("--student", str(tree), *tests, "--json", str(tmp_path / "stub.json"))
+    rows = {row["id"]: row for row in json.loads((tmp_path / "stub.json").read_text())["tasks"]}
+    for task_id, row in rows.items():
+        assert row["points"] == 0 and row["total"] == 1, row
+        said = row["tests"][0]["message"]                 # a server's stub too, not the Stopped of a worker waiting
+        assert f"NotImplementedError: Task {task_id}:" in said and "Stopped" not in said.split("NotImplementedError")[0], \
+            (task_id, said)
+    grade(*tests, "--json", str(tmp_path / "reference.json"))
     reference = json.loads((tmp_path / "reference.json").read_text())
     assert reference["points"] == reference["max_points"], reference
 
@@ -278,11 +351,13 @@ def test_the_grader_reads_each_tests_rank_count_from_its_marker(tmp_path):
         "@pytest.mark.parallel(nprocs=4)\ndef test_four():\n    pass\n\n"
         "@pytest.mark.parallel(nprocs=[2, 3])\ndef test_two_three():\n    pass\n\n"
         "def test_serial():\n    pass\n")
-    listing = tmp_path / "listing.tsv"
+    read, write = os.pipe()                       # the grader's listing comes over a pipe it owns
     subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
                     "-p", "tests.grade_record", "test_sizes.py"], cwd=tmp_path, capture_output=True, timeout=120,
-                   env=dict(os.environ, PYTHONPATH=str(ROOT), MINIDL_GRADE_COLLECT=str(listing)))
-    sizes = dict(reversed(line.split("\t")) for line in listing.read_text().splitlines())
+                   env=dict(os.environ, PYTHONPATH=str(ROOT), MINIDL_GRADE_COLLECT_FD=str(write)), pass_fds=(write,))
+    os.close(write)
+    with os.fdopen(read) as listing:
+        sizes = {line.split("\t")[2]: line.split("\t")[0] for line in listing.read().splitlines()}
     assert sizes == {"test_sizes.py::test_four": "4", "test_sizes.py::test_two_three[nprocs=2]": "2",
                      "test_sizes.py::test_two_three[nprocs=3]": "3", "test_sizes.py::test_serial": "1"}, sizes
 
@@ -304,37 +379,7 @@ def submission(tmp_path, stubbed, task_id, body, solutions=False):
 
 
 @reference_only
-def test_a_deadlock_is_named_stops_only_its_task_and_results_json_has_gradescopes_fields(tmp_path):
-    # every rank waits for a message nobody sends
-    tree = submission(tmp_path, "3.4,9.2", "3.4", ["{indent}comm.Recv(data, source=(comm.Get_rank() + 1) % comm.Get_size())\n"])
-    results = tmp_path / "results.json"
-    done = grade("--student", str(tree), "--tasks", "3.4,9.2,5.2", "--timeout", "8", "--max-ranks", "2",
-                 "--json", str(tmp_path / "g.json"), "--gradescope", str(results))
-    assert done.returncode == 0, done.stderr
-    rows = {row["id"]: row for row in json.loads((tmp_path / "g.json").read_text())["tasks"]}
-    statuses = [test["status"] for test in rows["3.4"]["tests"]]
-    timed_out = [test for test in rows["3.4"]["tests"] if "timed out after 8 s at p = 2" in test["message"]]
-    assert len(timed_out) == 1 and statuses.count("not run") == len(statuses) - statuses.count("passed") - 1, rows
-    assert "timed out after 8 s at p = 2" in done.stdout
-    assert rows["5.2"]["points"] == rows["5.2"]["max_points"], rows["5.2"]        # the others lose nothing
-    # 9.2 is the stub: each of its tests says which task is unfinished and where the chapter explains it
-    stubbed = rows["9.2"]["tests"]
-    assert stubbed and all(test["status"] == "failed" and "NotImplementedError" in test["message"]
-                           and "Task 9.2" in test["message"] for test in stubbed), stubbed
-    found = json.loads(results.read_text())
-    assert set(found) >= {"score", "tests"} and all(set(test) >= FIELDS for test in found["tests"])
-    assert all(test["status"] in ("passed", "failed") and test["visibility"] in ("visible", "after_published")
-               for test in found["tests"])
-    hidden = [test for test in found["tests"] if "tests/hidden/" in test["name"]]
-    assert hidden and all(test["visibility"] == "after_published" for test in hidden)
-    assert abs(sum(test["score"] for test in found["tests"]) - found["score"]) < 1e-3
-    assert abs(sum(test["max_score"] for test in found["tests"])
-               - sum(task.points for task in TASKS if task.id in ("3.4", "9.2", "5.2"))) < 1e-3
-    # the table rounds each task's points to 0.01; results.json keeps the tests' shares
-    assert abs(found["score"] - sum(row["points"] for row in rows.values())) <= 0.005 * len(rows)
-
-
-@reference_only
+@needs_grader
 def test_the_gradescope_zip_builds_and_its_run_autograder_grades_a_submission_folder(tmp_path):
     from tutorials.assignments import gradescope
     archive = tmp_path / "autograder.zip"
@@ -345,9 +390,11 @@ def test_the_gradescope_zip_builds_and_its_run_autograder_grades_a_submission_fo
     gradescope.unpack(archive, root / "source")
     assert (root / "source/setup.sh").stat().st_mode & 0o111 and (root / "source/run_autograder").stat().st_mode & 0o111
     assert (root / "source/project/tests/hidden").is_dir() and (root / "source/project/tests/grade.py").is_file()
-    # the submission: a student tree in which 1.1 is the reference's and 1.2 is left as the stub
+    # the submission: a student tree of both tasks in which 1.1 is done (the reference's) and 1.2 left as the stub
     student = tmp_path / "student"
-    assignments.make(student, ids="1.2")
+    assignments.make(student, ids="1.1,1.2")
+    done_task = assignments.select(TASKS, ["1.1"])[0]
+    assignments.replace_body(done_task, student, assignments.body(done_task))
     (root / "submission").symlink_to(student)
     done = subprocess.run(["bash", str(root / "source/run_autograder")], capture_output=True, text=True, timeout=600,
                           env={"PATH": "/usr/bin:/bin", "AUTOGRADER": str(root), "MINIDL_PYTHON": sys.executable})
@@ -373,57 +420,6 @@ def test_every_test_file_that_runs_the_sandbox_shares_one_worker():
     assert "tests/test_sandbox.py" in users and "tests/test_assignments.py" in users, users   # the pattern sees them
     apart = [file for file in users if work_unit(f"{file}::test") != "sandbox"]
     assert not apart, f"{apart} run the sandbox but are not in TOGETHER['sandbox'] of tests/conftest.py"
-LOOKS_AROUND = """\
-{indent}import glob, os, socket
-{indent}found = [p for p in ("tests/hidden", "tutorials/assignments/answers.md")
-{indent}         if any(os.path.exists(os.path.join(base, p)) for base in ("/student", ".", "/", "{root}"))]
-{indent}found += [p for p in ("{root}/collectives/ring.py", "{root}/tests") if os.path.exists(p)]   # the grader's checkout
-{indent}found += glob.glob("/*/tests/hidden") + glob.glob("/*/*/tests/hidden") + glob.glob("/tmp/*/tree/tests/hidden")
-{indent}try:
-{indent}    socket.create_connection(("1.1.1.1", 53), timeout=2)
-{indent}    found.append("the network")
-{indent}except OSError:
-{indent}    pass
-{indent}if found:
-{indent}    return cols[..., :0]                      # a wrong answer, if anything was found
-"""
-
-
-@reference_only
-@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox drops root to its own uid: it needs root")
-def test_a_sandboxed_task_that_looks_for_answers_or_the_network_finds_nothing_and_scores_full(tmp_path):
-    """Task 1.4 runs alone in the sandbox (tests/grade_proxy.py): a body that returns a wrong answer if it
-    finds hidden tests, the answers, the grader's checkout or the network, and else the reference's,
-    scores full marks; with --student on the reference checkout itself the sandbox gets no solution-only file."""
-    tree = tmp_path / "tree"
-    assignments.make(tree, ids="1.4", solutions=True)
-    task = assignments.select(TASKS, ["1.4"])[0]
-    reference = assignments.body(task)
-    indent = reference[0][:len(reference[0]) - len(reference[0].lstrip())]
-    assignments.replace_body(task, tree, [LOOKS_AROUND.format(indent=indent, root=ROOT), *reference])
-    assert (tree / "tests/hidden").is_dir(), "the submission holds the hidden tests: the grader must leave them out"
-    rows = json.loads(grade("--student", str(tree), "--tasks", "1.4", "--json", str(tmp_path / "g.json")).stdout
-                      and (tmp_path / "g.json").read_text())["tasks"]
-    assert rows[0]["points"] == rows[0]["max_points"] and rows[0]["total"] > 0, rows
-    broken = [*reference[:1], f"{indent}raise RuntimeError('leaked')\n"]
-    assignments.replace_body(task, tree, broken)
-    rows = json.loads(grade("--student", str(tree), "--tasks", "1.4", "--json", str(tmp_path / "g.json")).stdout
-                      and (tmp_path / "g.json").read_text())["tasks"]
-    assert rows[0]["points"] == 0 and all("in the sandbox" in test["message"] and "leaked" in test["message"]
-                                          for test in rows[0]["tests"] if test["status"] == "failed"), rows
-
-
-@reference_only
-def test_a_ring_built_on_comm_allreduce_scores_nothing_and_says_why(tmp_path):
-    tree = submission(tmp_path, "3.4", "3.4", ["{indent}total = data.copy()\n", "{indent}comm.Allreduce(source, total)\n",
-                                               "{indent}data[...] = total\n"])
-    done = grade("--student", str(tree), "--tasks", "3.4", "--json", str(tmp_path / "g.json"))
-    row = json.loads((tmp_path / "g.json").read_text())["tasks"][0]
-    assert row["points"] == 0 and "calls Allreduce, which it must build from point-to-point messages" in row["failed"][0]
-    assert "calls Allreduce" in done.stdout
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox drops root to its own uid: it needs root")
 def test_the_sandbox_runs_the_graders_test_helpers_not_the_students(tmp_path):
     # a forwarded entry (tests.helpers.drop_silent_scenario) reports what a server did: one the student
     # rewrote to report the expected drops must never be the one that runs
@@ -439,44 +435,18 @@ def test_the_sandbox_runs_the_graders_test_helpers_not_the_students(tmp_path):
     assert (out / "algorithms" / "mine.py").read_text() == "# the student's code\n"
 
 
-FORGERIES = {
-    # the old way to full marks: write the grader's record file as "passed", then leave at once
-    "1.3": ["{indent}import os\n",
-            "{indent}for name in ('MINIDL_GRADE_RECORD', 'MINIDL_GRADE_COLLECT'):\n",
-            "{indent}    if os.environ.get(name):\n",
-            "{indent}        open(os.environ[name], 'a').write('call\\tpassed\\tforged\\t\\n')\n",
-            "{indent}os._exit(0)\n"],
-    # make every comparison pass, then hand back an answer of the right shape and the wrong values
-    "1.4": ["{indent}import numpy, numpy.testing, pytest\n",
-            "{indent}numpy.testing.assert_allclose = numpy.testing.assert_array_equal = lambda *a, **k: None\n",
-            "{indent}numpy.array_equal = numpy.allclose = lambda *a, **k: True\n",
-            "{indent}pytest.approx = lambda *a, **k: True\n",
-            "{indent}return numpy.zeros(padded_shape, dtype=cols.dtype)\n"],
-}
+# the old way to full marks: write the grader's record file as "passed", then leave at once
+FORGERY = ["{indent}import os\n",
+           "{indent}for name in ('MINIDL_GRADE_RECORD', 'MINIDL_GRADE_COLLECT', 'MINIDL_GRADE_RECORD_FD'):\n",
+           "{indent}    if os.environ.get(name):\n",
+           "{indent}        open(os.environ[name], 'a').write('call\\tpassed\\tforged\\t\\n')\n",
+           "{indent}os._exit(0)\n"]
+NO_SANDBOX = sandbox.why_not()
 
 
 @reference_only
-@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox drops root to its own uid: it needs root")
-def test_forged_results_and_patched_checks_in_sandboxed_tasks_score_nothing(tmp_path):
-    """Through the grader itself: a body that forges the grader's record file and exits, and one that
-    patches numpy's and pytest's comparisons before returning zeros, each score 0 on its task."""
-    tree = tmp_path / "tree"
-    assignments.make(tree, ids="1.3,1.4")
-    for task_id, body in FORGERIES.items():
-        task = assignments.select(TASKS, [task_id])[0]
-        lines, begin, _ = assignments.fence_of(task, tree)
-        indent = lines[begin][:len(lines[begin]) - len(lines[begin].lstrip())]
-        assignments.replace_body(task, tree, [line.format(indent=indent) for line in body])
-    grade("--student", str(tree), "--tasks", "1.3,1.4", "--json", str(tmp_path / "g.json"))
-    rows = {row["id"]: row for row in json.loads((tmp_path / "g.json").read_text())["tasks"]}
-    assert all(row["points"] == 0 and row["total"] > 0 for row in rows.values()), rows
-    assert all("in the sandbox" in test["message"] and "ended" in test["message"] for test in rows["1.3"]["tests"]
-               if test["status"] == "failed"), rows["1.3"]        # no reply: the job ended, nothing recorded
-    assert not any("forged" in test["name"] for row in rows.values() for test in row["tests"]), rows
-
-
-@reference_only
-@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox drops root to its own uid: it needs root")
+@pytest.mark.skipif(bool(NO_SANDBOX), reason=f"the sandbox cannot run here: {NO_SANDBOX}; it needs root and bubblewrap "
+                    "(apt-get install bubblewrap; CI installs it)")
 @pytest.mark.parametrize("task_id, forwarded, nprocs, nodeid", [
     ("3.9", "tests.helpers.run_calls", 1,
      "tests/test_collectives.py::test_per_rank_costs_reduce_to_the_papers_formulas"),
@@ -493,10 +463,10 @@ def test_a_forgery_inside_a_whole_forwarded_call_records_nothing_and_fails(tmp_p
     from tests import grade as grader
     task = assignments.select(TASKS, [task_id])[0]
     assert forwarded in task.forward
-    tree = submission(tmp_path, task_id, task_id, FORGERIES["1.3"])
+    tree = submission(tmp_path, task_id, task_id, FORGERY)
     student = grader.sandbox_tree(tmp_path / "sandboxed" / "student", tree, GENERATOR)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), MINIDL_GRADE_PROXY=task_id,
-               MINIDL_GRADE_STUDENT=str(student), MINIDL_GRADE_CALL_TIMEOUT="20")
+               MINIDL_GRADE_STUDENT=str(student), MINIDL_GRADE_CALL_TIMEOUT="25")
     outcomes, _ = grader.run(ROOT, nprocs, [nodeid], 30, 1, env)
     assert list(outcomes) == [nodeid], outcomes                                   # nothing forged recorded
     status, message = outcomes[nodeid]

@@ -223,6 +223,9 @@ def test_a_hang_costs_its_task_one_timeout_and_the_others_nothing(graded):
 
 def test_gradescopes_scores_add_up_to_each_tasks_points_exactly(graded):
     rows, results, _, _, _ = graded
+    assert all(set(test) >= {"name", "score", "max_score", "status", "output", "visibility"} for test in results["tests"])
+    assert all(test["visibility"] == ("after_published" if "tests/hidden/" in test["name"] else "visible")
+               for test in results["tests"])
     for task_id, row in rows.items():
         tests = [test for test in results["tests"] if test["name"].startswith(f"{task_id} ")]
         assert round(sum(test["max_score"] for test in tests), 6) == row["max_points"], (task_id, tests)

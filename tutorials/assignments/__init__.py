@@ -22,6 +22,7 @@ and leaves out hidden tests and solution-only files (``[generator] remove``).
 """
 import ast
 import dataclasses
+import functools
 import shutil
 import subprocess
 import sys
@@ -179,8 +180,10 @@ def owner(functions, begin):
     return best
 
 
+@functools.lru_cache(maxsize=512)
 def fenced_functions(text):
-    """{qualified function name: (begin, end)} of every fence in a module's source."""
+    """{qualified function name: (begin, end)} of every fence in a module's source (cached: pure in ``text``;
+    the caller must not change the dict)."""
     functions = qualified_functions(ast.parse(text))
     out = {}
     for begin, end in fences(text):
@@ -301,6 +304,19 @@ def stub(task, root):
     replace_body(task, root, [indent + task.stub_line() + "\n"])
 
 
+def stub_all(tasks, root):
+    """``stub`` each of ``tasks`` in the tree at ``root``, reading and writing each file once."""
+    for file in sorted({task.file for task in tasks}):
+        path = Path(root) / file
+        text = path.read_text()
+        lines, fenced = text.splitlines(keepends=True), fenced_functions(text)
+        for task in sorted((task for task in tasks if task.file == file), key=lambda task: -fenced[task.function][0]):
+            begin, end = fenced[task.function]
+            indent = lines[begin][:len(lines[begin]) - len(lines[begin].lstrip())]
+            lines[begin + 1:end] = [indent + task.stub_line() + "\n"]
+        path.write_text("".join(lines))
+
+
 def is_student_tree(root=ROOT):
     """True in a generated student tree: it has none of the solution-only files ([generator] remove).
     The reference checkout and an instructor tree (``make --solutions``) have them."""
@@ -410,9 +426,7 @@ def make(out, ids=None, solutions=False, root=ROOT, also_released=(), files=None
     keep = released(tasks, [task.id for task in chosen], [task.id for task in extra])
     copy_tree(out, root, leave_out=() if solutions else generator.get("remove", ()), only=files)
     if not solutions:
-        for task in tasks:
-            if task.id not in keep and (files is None or task.file in files):
-                stub(task, out)
+        stub_all([task for task in tasks if task.id not in keep and (files is None or task.file in files)], out)
         listed = ", ".join(f'"{task.id}"' for task in chosen)
         kept = ", ".join(f'"{task_id}"' for task_id in sorted(keep, key=lambda i: tuple(map(int, i.split(".")))))
         path = Path(out) / ASSIGNMENT
