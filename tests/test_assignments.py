@@ -344,6 +344,19 @@ def test_the_grader_gives_stubbed_tasks_nothing_in_their_stubs_words_and_the_ref
     assert reference["points"] == reference["max_points"], reference
 
 
+def test_the_grader_names_a_missing_student_tree_and_what_a_machine_without_a_sandbox_lacks(tmp_path, monkeypatch):
+    done = subprocess.run([sys.executable, str(ROOT / "tests/grade.py"), "--student", str(tmp_path / "nowhere"),
+                           "--tasks", "1.1"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.startswith(f"error: no student tree at {tmp_path / 'nowhere'}"), \
+        done.stderr
+    from tests import grade as grader
+    monkeypatch.setattr(grader.shutil, "which", lambda name, **kwargs: None)      # a fresh machine: nothing installed
+    monkeypatch.setenv("PATH", str(tmp_path))
+    grader.sandbox._namespaces_work.cache_clear()
+    assert "apt-get install bubblewrap" in grader.missing_tools() or "needs root" in grader.missing_tools()
+    assert grader.main(["--student", str(tmp_path), "--tasks", "1.1"]) == 2
+
+
 def test_the_grader_reads_each_tests_rank_count_from_its_marker(tmp_path):
     # a test marked for one size only has no "nprocs=" in its node id: the marker must tell
     (tmp_path / "test_sizes.py").write_text(
