@@ -24,14 +24,18 @@ NumPy + OpenBLAS, one thread, process CPU time, minimum of 5 runs):
 
 On another machine (or on a GPU, where cuDNN-like libraries make other choices) the crossovers
 move: ``measure`` times every supported algorithm for one shape, and the benchmark prints the
-rule's choice beside the measured fastest so a disagreement is visible.
+rule's choice beside the measured fastest so a disagreement is visible. ``python -m minidl.tune``
+measures both crossovers on this machine (the channel sweep at 32, 64 and 128 channels, the kernel
+sweep at 5, 7 and 9) and writes them to the tuning file (``minidl/tuning.py``), which sets the two
+thresholds below at import; the numbers above are the shipped defaults.
 """
 import time
 
+from minidl import tuning
 from minidl.conv import kernels
 
-WINOGRAD_MIN_CHANNELS = 256
-FFT_MIN_KERNEL = 7
+WINOGRAD_MIN_CHANNELS = tuning.ACTIVE.winograd_min_channels      # shipped: 256
+FFT_MIN_KERNEL = tuning.ACTIVE.fft_min_kernel                    # shipped: 7
 
 
 def choose_name(x_shape, weight_shape, stride, padding):

@@ -29,8 +29,7 @@ breakdown asks it too, so that it times the path the layer runs).
 Multiplications: N * F * C*kh*kw * Ho*Wo (as direct). Extra memory: the column buffer,
 N * C*kh*kw * Ho*Wo elements (one block, or kept under the budget), or one block's of it. Supports every case.
 """
-import os
-
+from minidl import tuning
 from minidl.backend import get_array_module
 from minidl.conv import batch_inner, budget
 from minidl.conv.budget import column_bytes
@@ -50,40 +49,39 @@ def kept_layout(x_shape, weight_shape, stride, padding, itemsize, block_count):
     block), or None (one block keeps its own; or none kept).
 
     Kept: several blocks whose columns together fit the budget (``budget.py``), two images or
-    more per block. Where one image's columns fill a block (the 64-channel 32x32 layer: 2.3 MB)
-    the blocked path is faster (at batch 16, 28.5 ms against 34 kept in the batch-inner layout).
-    Batch innermost where output rows are short (Wo < SHORT_ROW: LeNet's conv2, 10 pixels): there
-    numpy's per-row cost dominates the copies and col2im's adds, and rows of Wo * images are
-    several times faster; LeNet's conv1 (rows of 28) runs 0.5 ms faster at batch 256 in
-    im2col's order, which needs no transposes. Layers with F <= C and stride 1 (``output
-    columns``) keep none in that order: their backward builds the output gradient's columns,
-    which serve both gradients, and rebuilds nothing anyway."""
+    more per block. Where the tuning file (``minidl/tuning.py``) names a layout for this shape and
+    batch, measured on this machine by ``python -m minidl.tune``, that one ("blocks": none kept).
+    Otherwise the rule measured on chapter 2's machine: where one image's columns fill a block (the
+    64-channel 32x32 layer: 2.3 MB) the blocked path is faster (at batch 16, 28.5 ms against 34
+    kept in the batch-inner layout). Batch innermost where output rows are short (Wo < SHORT_ROW:
+    LeNet's conv2, 10 pixels): there numpy's per-row cost dominates the copies and col2im's adds,
+    and rows of Wo * images are several times faster; LeNet's conv1 (rows of 28) runs 0.5 ms
+    faster at batch 256 in im2col's order, which needs no transposes. Layers with F <= C and
+    stride 1 (``output columns``) keep none in that order: their backward builds the output
+    gradient's columns, which serve both gradients, and rebuilds nothing anyway."""
     per_image = budget.column_bytes(x_shape, weight_shape, stride, padding, itemsize)
     if x_shape[0] * per_image > budget.current() or block_count < 2 or 2 * per_image > BLOCK_BYTES:
         return None
+    by_convolution = input_gradient_as_convolution(weight_shape, stride, padding)
+    tuned = tuning.layout_for(LAYOUTS, tuning.shape_key(x_shape, weight_shape, stride, padding, itemsize), x_shape[0])
+    if tuned is not None:
+        return None if tuned == "blocks" or (tuned == "im2col order" and by_convolution) else tuned
     if output_size(x_shape[3], weight_shape[3], stride, padding) < SHORT_ROW:
         return "batch inner"
-    return None if input_gradient_as_convolution(weight_shape, stride, padding) else "im2col order"
+    return None if by_convolution else "im2col order"
 
 
 # ---- 1. blocks of images: the same products, a few images at a time -----------------------------
-def _cache_block_bytes():
-    """Twice the per-core L2 cache (sysconf; 1 MiB where it says nothing): the columns of one block."""
-    try:
-        l2 = os.sysconf("SC_LEVEL2_CACHE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        l2 = 0
-    return 2 * (l2 if l2 and l2 > 0 else 1 << 20)
-
-
-BLOCK_BYTES = _cache_block_bytes()
+# twice the per-core L2 cache (sysconf; 1 MiB where it says nothing), unless the tuning file says
+BLOCK_BYTES = tuning.ACTIVE.block_bytes
+LAYOUTS = tuning.ACTIVE.layouts      # {shape key: [[from_batch, layout], ...]}, measured by python -m minidl.tune
 GPU_BLOCK_BYTES = 1 << 30
 SHORT_ROW = 16         # output rows shorter than this (pixels) keep their columns batch innermost
 
 
 def image_blocks(x_shape, weight_shape, stride, padding, itemsize, block_bytes=None):
     """[(start, stop)]: the batch cut into blocks whose columns take at most about ``block_bytes``
-    (default BLOCK_BYTES, twice the L2 cache), at least one image each.
+    (default BLOCK_BYTES: the tuning file's, else twice the L2 cache), at least one image each.
 
     Why: a whole batch's columns can be far larger than the processor's caches (75 MB for 32
     images of 64 channels at 32x32, 3x3), and then im2col writes them to memory and the GEMM
@@ -92,7 +90,10 @@ def image_blocks(x_shape, weight_shape, stride, padding, itemsize, block_bytes=N
     measured, not guessed: on a core with 1 MiB of L2 (chapter 2's machine) the 64-channel layer
     at batch 32 ran fastest with one image (2.3 MB of columns) per block (49 ms; 52 with two, 60
     with three), LeNet-5's layers with about 32 images (2-2.5 MB) per block; blocks four times
-    larger were 15-50% slower. A batch whose columns fit one block is one block.
+    larger were 15-50% slower. A batch whose columns fit one block is one block. Another core,
+    another cache, another BLAS kernel: ``python -m minidl.tune`` times candidates from half the L2
+    cache to eight times it on LeNet-5's layers and the 64-channel layer and writes the fastest to
+    the tuning file, which sets BLOCK_BYTES at import.
 
     On a GPU (CuPy arrays) the budget is GPU_BLOCK_BYTES: there no cache holds a block between
     the copy and the product, and each block costs a dozen kernel launches from Python, so 6 MiB
