@@ -13,16 +13,18 @@ tuning file per machine. The textbook rule is the default here too:
 
 The crossover moves with the machine, with p, and with what the model leaves out (on one node a
 message is two memory copies, and with more ranks than cores a waiting rank takes a core from
-the rank it waits for), so the choice is measured. collectives/selection.json, written by
+the rank it waits for), so the choice is measured. A table holds, per p, a list of [from_bytes,
+algorithm]: at each size the bench timed, the point-to-point algorithm it measured fastest there
+(every algorithm timed in turn, in rounds), used from that size up to the next measured one; the
+smallest size's choice also covers anything shorter. Two files hold such tables:
 
-    mpiexec -n 2 python -m collectives.bench --write-selection
-    mpiexec -n 4 python -m collectives.bench --write-selection
+    the user's tuning file (model/tuned.py), measured on this machine by python -m minidl.tune or
+        mpiexec -n 2 python -m collectives.bench --write-selection
+    collectives/selection.json, shipped, measured on the machine the chapters ran on
+        (python tutorials/figures/make_03_figures.py --only select)
 
-holds, per p, a list of [from_bytes, algorithm]: at each size the bench timed, the point-to-point
-algorithm it measured fastest there (best of its batches, every algorithm timed in turn), used from
-that size up to the next measured one; the smallest size's choice also covers anything shorter.
-A p the file does not list gets the textbook rule. The file is plain JSON, read once at import,
-and the same on every rank, so every rank picks the same algorithm.
+The tuned table wins for every p it lists; a p neither lists gets the textbook rule. Both are plain
+JSON, read once at import, and the same on every rank, so every rank picks the same algorithm.
 
     mpiexec -n 4 python -m collectives.auto
 """
@@ -33,6 +35,7 @@ from mpi4py import MPI
 
 from . import butterfly, naive, rabenseifner, ring, tree
 from .buffers import run_allreduce
+from .model import tuned
 
 HEARTS = {"naive": naive.naive_allreduce_in_place, "tree": tree.tree_allreduce_in_place,
           "butterfly": butterfly.butterfly_allreduce_in_place, "ring": ring.ring_allreduce_in_place,
@@ -58,7 +61,15 @@ def load_selection(path=SELECTION_FILE):
         return {}
 
 
-SELECTION = load_selection()
+SHIPPED = load_selection()
+SELECTION = {**SHIPPED, **tuned.selection()}      # this machine's tuned table wins for every p it lists
+
+
+def source(p):
+    """Where auto's table for p comes from, in words."""
+    if p in tuned.selection():
+        return f"tuned here: {tuned.location()}"
+    return "shipped: collectives/selection.json" if p in SHIPPED else "the textbook default: no table for this p"
 
 
 def fastest_table(records):
@@ -81,7 +92,8 @@ def fastest_table(records):
 
 
 def write_selection(p, rows, path=SELECTION_FILE):
-    """Store auto's table for p (fastest_table's rows) in the JSON file auto reads (other p's entries kept)."""
+    """Store auto's table for p (fastest_table's rows) in the shipped JSON file (other p's entries kept);
+    the user's tuning file is written by ``tuned.store``."""
     entries = {str(k): [list(row) for row in v] for k, v in load_selection(path).items()}
     entries[str(p)] = rows
     with open(path, "w") as file:

@@ -18,23 +18,27 @@
    change as it leaves the cache);
 4. the performance targets, a column per row with "met" or "NO": auto <= 1.5x MPI at every size;
    ring and Rabenseifner <= 1.0x MPI from 1 MiB; refined model / measured within 25% for every
-   algorithm from 1 MiB. And auto's table: at each size, the point-to-point algorithm measured
-   fastest; --write-selection stores it for this p in collectives/selection.json, which
-   collectives.auto reads (so auto's row is only as good as the last such run on this machine).
+   algorithm from 1 MiB, each judged on the row's median over the rounds. And auto's table: at each
+   size, the point-to-point algorithm measured fastest; --write-selection stores it for this p in
+   the user's tuning file (collectives.model.tuned), which collectives.auto reads at import (so
+   auto's row is only as good as the last such run on this machine: python -m minidl.tune runs one).
 5. the calibrated model (cost.predict_calibrated, collectives.model.calibration): each kind of step's
    latency and per-byte rates at the allreduce's own size, a hot step's (one that sends what a
-   reduction just wrote) apart, and a per-call overhead, measured once by --calibrate and read
-   from --calibration (default collectives/model/calibration.json);
-   target: within 25% of the measured time at every size >= 4 KiB,
-   at the p it was fitted at. Bad flags or a bad calibration file: `error: ...`, exit 2, every rank;
+   reduction just wrote) apart, and a per-call overhead, measured by --calibrate (written to the
+   tuning file, or to --calibration PATH) and read from --calibration (default: this machine's from
+   the tuning file, else the shipped collectives/model/calibration.json, fitted on another machine);
+   target: within 25% of the measured time at every size >= 4 KiB (the median over rounds),
+   at the p it was fitted at. Bad flags, a bad calibration or tuning file: `error: ...`, exit 2, every rank;
 6. with --persistent, two more rows: MPI's persistent Allreduce_init (Start + Wait per call, "mpi_init")
    and collectives.persistent's auto (allreduce_init once, start() per call, "auto_init"), whose
    ratio and <= 1.5x target are against mpi_init: both sides check their arguments once.
 
 A time is the slowest rank's mean over a batch of calls between barriers (batches of >= 0.02 s),
-and the best of seven batches (--rounds), taken in rounds over every size and algorithm so that
-noise from other processes on the machine hits all of them alike, and a state of the machine
-that lasts seconds (chapter 10, section 9) reaches fewer of one row's batches. Every vector is on
+taken in seven rounds (--rounds) over every size and algorithm, MPI's Allreduce among them, so that
+noise from other processes on the machine hits all of them alike, and a state of the machine that
+lasts seconds (chapter 10, section 9) reaches only some rounds. Each figure is the median over the
+rounds; a ratio (to MPI's time, or a model's to the measured) is taken round by round, and its
+median is printed with the smallest and largest round beside it (rows.py). Every vector is on
 4 KiB pages (`small_pages`, Linux): on huge pages or not by malloc's history, an allreduce at 1 MiB
 took up to 2x longer in one run than in the next. --median: the slowest rank's median of
 single calls, each after a barrier (calibration and table alike), for a loaded machine.
@@ -54,91 +58,14 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 from .. import auto, butterfly, naive, persistent, rabenseifner, ring, tree  # noqa: E402
-from ..cli import Parser, fail, human, number, output_path, parse_size  # noqa: E402
-from ..model import calibration, cost  # noqa: E402
+from ..cli import human  # noqa: E402
+from ..model import calibration, tuned  # noqa: E402
+from . import rows  # noqa: E402
 from .calibrate import LADDER, cores, fit_alpha_beta, fit_gamma, fit_rates, measure_calibration, timed  # noqa: E402
+from .flags import describe, settings  # noqa: E402
 
 ALGORITHMS = {"naive": naive.allreduce, "tree": tree.allreduce, "butterfly": butterfly.allreduce,
               "ring": ring.allreduce, "rabenseifner": rabenseifner.allreduce, "auto": auto.allreduce}
-DEFAULT_SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
-QUICK_SIZES = [4 << 10, 256 << 10]
-
-
-def target(name, nbytes, ratio, refined_ratio, calibrated_ratio=None):
-    """(text, met) for the performance targets on this row: met is True, False or None (no target).
-    calibrated_ratio: calibrated model / measured, None where no calibration for this p applies."""
-    checks = []
-    if name in ("auto", "auto_init"):               # auto_init: against MPI's persistent Allreduce_init
-        checks.append(("<=1.5x", ratio <= 1.5))
-    if name in ("ring", "rabenseifner") and nbytes >= 1 << 20:
-        checks.append(("<=1.0x", ratio <= 1.0))
-    if refined_ratio is not None and nbytes >= 1 << 20:
-        checks.append(("model+-25%", 0.75 <= refined_ratio <= 1.25))
-    if calibrated_ratio is not None and nbytes >= 4 << 10:
-        checks.append(("cal+-25%", 0.75 <= calibrated_ratio <= 1.25))
-    if not checks:
-        return "-", None
-    return ",".join(text for text, _ in checks), all(ok for _, ok in checks)
-
-
-def describe(rows):
-    return ", ".join(f"{name} from {human(nbytes)}" for nbytes, name in rows)
-
-
-def settings(argv, size):
-    """The checked flags (each rank checks its own argv before its first message: error: and exit 2)."""
-    parser = Parser(prog="python -m collectives.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", help="comma-separated message sizes, e.g. 4K,1M,64M")
-    parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
-    parser.add_argument("--quick", action="store_true", help="two small sizes, short batches")
-    parser.add_argument("--min-time", default="0.02", help="seconds per timed batch")
-    parser.add_argument("--rounds", default="7", help="batches per measurement (best kept)")
-    parser.add_argument("--json", help="write one JSON object per measurement to this file")
-    parser.add_argument("--plot", help="write a PNG of time against size")
-    parser.add_argument("--persistent", action="store_true",
-                        help="also time collectives.persistent's auto (allreduce_init once, start() per call, "
-                             "row auto_init) against MPI's persistent Allreduce_init (row mpi_init)")
-    parser.add_argument("--write-selection", action="store_true",
-                        help="store, for this p, the algorithm measured fastest at each size in "
-                             "collectives/selection.json, which collectives.auto reads")
-    calibrated = ("the calibrated model's JSON, read for the 'calibrated' column, written by --calibrate; "
-                  "none: no column")
-    parser.add_argument("--calibration", default=str(calibration.CALIBRATION_FILE), help=calibrated + " (%(default)s)")
-    parser.add_argument("--calibrate", action="store_true", help="fit the calibrated model first (see the header)")
-    parser.add_argument("--median", action="store_true", help="median of single calls (a loaded machine)")
-    args = parser.parse_args(argv)
-    try:
-        args.sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else (
-            QUICK_SIZES if args.quick else DEFAULT_SIZES)
-    except (ValueError, KeyError, IndexError):
-        fail(f"--sizes {args.sizes}: expected sizes such as 4K,1M,64M")
-    if any(n < 4 or n % 4 for n in args.sizes):
-        fail(f"--sizes: every size must be a multiple of 4 bytes (float32), >= 4; got {args.sizes}")
-    args.names = [name.strip() for name in args.algorithms.split(",") if name.strip()]
-    unknown = [name for name in args.names if name not in ALGORITHMS]
-    if unknown:
-        fail(f"--algorithms: unknown {', '.join(unknown)}; choose from {', '.join(ALGORITHMS)}")
-    args.min_time, args.rounds = number("--min-time", args.min_time, 1e-6), number("--rounds", args.rounds, 1, True)
-    if args.quick:
-        args.min_time, args.rounds = 0.002, 1
-    for flag in ("json", "plot"):
-        output_path("--" + flag, getattr(args, flag))
-    if args.calibration == "none":                  # no calibrated column (chapter 3's tables)
-        if args.calibrate:
-            fail("--calibrate needs a --calibration file to write, not none")
-        args.model = None
-    elif args.calibrate:
-        output_path("--calibration", args.calibration)
-        if size < 2:
-            fail("--calibrate needs at least 2 ranks (it times messages between them)")
-        args.model = None
-    else:
-        try:
-            args.model = calibration.load(args.calibration,
-                                          required=args.calibration != str(calibration.CALIBRATION_FILE))
-        except ValueError as error:
-            fail(str(error))
-    return args
 
 
 def calibrate(comm, args, between=None):
@@ -155,7 +82,7 @@ def calibrate(comm, args, between=None):
               + ", ".join(human(n) for n in ends) + ", us: "
               + "; ".join(f"{name} " + "/".join(f"{model.seconds(name, n) * 1e6:.1f}" for n in ends)
                           for name in calibration.TABLES)
-              + f"; wrote {args.calibration}", flush=True)
+              + f"; {args.model_source}", flush=True)
     return model
 
 
@@ -235,17 +162,17 @@ def main(argv=None):
                   f"{rates.gamma_3 * 1e9:.4f} ns/B, copy = {rates.copy * 1e9:.4f} ns/B", flush=True)
         setups.append((count, rates, *size_calls(comm, count, names, args.persistent)))
     expected = np.float32(size * (size + 1) / 2)
-    bests = [{} for _ in setups]
+    rounds_of = [{} for _ in setups]                    # per size: row name -> [seconds of each round]
 
     def table_round(nbytes=ALL):
         """One batch of every row; of the rows of nbytes; or (None) of the rows whose size is off the
-        calibration's ladder. Best batch kept, rounds interleaved: noise from other processes hits
-        all rows alike, and a state of the machine that lasts seconds reaches fewer of a row's rounds."""
-        for (count, _, recvbuf, calls, _), best in zip(setups, bests):
+        calibration's ladder. Every round's time kept (rows.py takes the medians): noise from other
+        processes hits all rows alike, and a state of the machine that lasts seconds reaches only some rounds."""
+        for (count, _, recvbuf, calls, _), times in zip(setups, rounds_of):
             row_bytes = count * 4
             if nbytes is ALL or row_bytes == nbytes or (nbytes is None and row_bytes not in LADDER):
                 for name, call in calls.items():
-                    best[name] = min(best.get(name, np.inf), timed(comm, call, min_time, args.median))
+                    times.setdefault(name, []).append(timed(comm, call, min_time, args.median))
                     if not np.all(recvbuf == expected):
                         raise SystemExit(f"rank {rank}: {name} gave a wrong sum at {row_bytes} bytes")
     if args.calibrate:             # the calibration's rounds and the table's in turn, size by size
@@ -255,69 +182,32 @@ def main(argv=None):
         for _ in range(rounds):
             table_round()
     if rank == 0:
-        print(f"# calibrated model: {args.calibration}" + (f" (fitted at p = {model_cal.p}; its target only at "
-              f"that p)" if model_cal else " (none: `--calibrate` writes it)"))
-        print(f"{'bytes':>9} {'algorithm':<18} {'measured us':>12} {'x MPI':>7} {'model us':>10} {'model/meas':>10}"
-              f" {'refined us':>10} {'ref/meas':>8} {'cal us':>10} {'cal/meas':>8}  {'target':<27} met")
-    for (count, rates, _, calls, requests), best in zip(setups, bests):
+        print(f"# calibrated model: {args.model_source}" + (f" (fitted at p = {model_cal.p}; its target only at "
+              f"that p)" if model_cal else ""))
+        print(f"# each figure the median over {rounds} interleaved rounds, a ratio's [min, max] over them beside it")
+        print(rows.HEADER)
+    for (count, rates, _, calls, requests), times in zip(setups, rounds_of):
         for request in requests:
             request.Free()
         for name in calls:
-            if name in ("mpi", "mpi_init"):
-                model_name = "lower bound"
-            elif name in ("auto", "auto_init"):
-                model_name = auto.choose_name(count * 4, size)
-            else:
-                model_name = name
-            model = cost.predict(model_name, size, count * 4, alpha, beta, gamma)
-            refined = (cost.predict_refined(model_name, size, count * 4, rates)
-                       if model_name != "lower bound" else None)     # MPI's own: no refined model
-            refined_ratio = None if refined is None else refined / best[name]
-            # the persistent auto against MPI's persistent allreduce
-            reference = best.get("mpi_init", best["mpi"]) if name == "auto_init" else best["mpi"]
-            calibrated = (cost.predict_calibrated(model_name, size, count * 4, model_cal)
-                          if model_cal and model_name != "lower bound" else None)
-            calibrated_ratio = None if calibrated is None else calibrated / best[name]
-            goal, met = target(name, count * 4, best[name] / reference, refined_ratio,
-                               calibrated_ratio if model_cal and model_cal.p == size else None)
-            record = {"algorithm": name, "p": size, "bytes": count * 4, "seconds": best[name],
-                      "mpi_seconds": reference, "ratio": best[name] / reference,
-                      "model_seconds": model, "model": model_name,
-                      "alpha": alpha, "beta": beta, "gamma": gamma,
-                      "refined_seconds": refined, "refined_ratio": refined_ratio,
-                      "calibrated_seconds": calibrated, "calibrated_ratio": calibrated_ratio,
-                      "load_average": os.getloadavg()[0],
-                      "rates": {"alpha": alpha, "beta_x": rates.beta_x, "beta_1": rates.beta_1,
-                                "beta_solo": rates.beta_solo, "beta_ring": rates.beta_ring,
-                                "beta_gather": rates.beta_gather, "beta_scatter": rates.beta_scatter,
-                                "gamma_m": rates.gamma_m, "gamma_3": rates.gamma_3,
-                                "copy": rates.copy, "share": rates.share},
-                      "target": goal, "met": met}
-            records.append(record)
+            records.append(rows.record(name, size, count * 4, times, rates, (alpha, beta, gamma), model_cal))
             if rank == 0:
-                label = f"{name}({model_name})" if name in ("auto", "auto_init") else name
-                print(f"{human(count * 4):>9} {label:<18} {best[name] * 1e6:12.1f} {record['ratio']:7.2f} "
-                      f"{model * 1e6:10.1f} {model / best[name]:10.2f} "
-                      f"{'-' if refined is None else f'{refined * 1e6:.1f}':>10} "
-                      f"{'-' if refined is None else f'{refined_ratio:.2f}':>8} "
-                      f"{'-' if calibrated is None else f'{calibrated * 1e6:.1f}':>10} "
-                      f"{'-' if calibrated is None else f'{calibrated_ratio:.2f}':>8}  {goal:<27} "
-                      f"{'-' if met is None else 'met' if met else 'NO'}", flush=True)
+                print(rows.line(records[-1]), flush=True)
 
     measured = auto.fastest_table(records)
     if rank == 0 and measured:
         print(f"# fastest measured at p = {size}: {describe(measured)}")
-        print(f"# auto uses at p = {size}: {describe(auto.table(size))}"
-              f"{'' if size in auto.SELECTION else ' (the textbook default: no entry in selection.json)'}")
+        print(f"# auto uses at p = {size}: {describe(auto.table(size))} ({auto.source(size)})")
     if rank == 0 and args.write_selection:
         if not measured:
             print("# --write-selection: nothing measured")
         else:
-            auto.write_selection(size, measured)
-            print(f"# wrote p = {size} to {auto.SELECTION_FILE} (auto reads it at its next import)")
+            tables = {str(p): [list(row) for row in table] for p, table in tuned.selection().items()}
+            tuned.store(tuned.location(), "selection", {**tables, str(size): measured})
+            print(f"# wrote p = {size} to {tuned.location()} (auto reads it at its next import)")
     if rank == 0:
-        rows = [r for r in records if r["met"] is not None]
-        print(f"# targets met: {sum(r['met'] for r in rows)} of {len(rows)} rows")
+        judged = [r for r in records if r["met"] is not None]
+        print(f"# targets met (on the medians): {sum(r['met'] for r in judged)} of {len(judged)} rows")
 
     if rank == 0 and args.json:
         with open(args.json, "w") as file:

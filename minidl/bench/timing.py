@@ -1,4 +1,5 @@
-"""The clock: the minimum of repeated runs after a warm-up, and the machine's GEMM rate."""
+"""The clock: the minimum of a few runs, interleaved rounds and their spread, the GEMM rate."""
+import statistics
 import time
 
 CLOCK = {"wall": time.perf_counter, "cpu": time.process_time}
@@ -21,6 +22,42 @@ def best_ms(step, repeats, sync=lambda: None, warmup=2, clock="wall"):
         sync()
         best = min(best, now() - start)
     return best * 1e3
+
+
+def spread(values):
+    """(median, [min, max]) of a list of numbers: a figure and how far one round of it was off."""
+    return statistics.median(values), [min(values), max(values)]
+
+
+def rotated(names, turn):
+    """``names`` starting at position ``turn`` (mod its length): the order of round ``turn``, so that no
+    candidate always runs first, right after another's caches or allocations."""
+    turn %= len(names)
+    return list(names[turn:]) + list(names[:turn])
+
+
+def interleaved(candidates, rounds, calls, clock="cpu"):
+    """{name: [ms of each round]}: ``candidates`` {name: (enter, step)} timed in rounds, every candidate
+    once a round, the order rotated (A B C, B C A, ...); in each, ``enter()`` (the candidate's settings)
+    and then the minimum of ``calls`` runs of ``step()`` after one warm-up run.
+
+    Why rounds: on a shared machine a neighbour's burst of work lasts seconds, and timing one candidate
+    after the other hands the whole burst to one of them; in rounds it reaches every candidate alike,
+    and the median over rounds of each candidate's time relative to another's (``relative``) is what
+    one round's luck moves least."""
+    times = {name: [] for name in candidates}
+    for turn in range(rounds):
+        for name in rotated(list(candidates), turn):
+            enter, step = candidates[name]
+            enter()
+            times[name].append(best_ms(step, calls, warmup=1, clock=clock))
+    return times
+
+
+def relative(times, reference):
+    """{name: (median, [min, max]) of its per-round time over ``reference``'s in the same round}."""
+    return {name: spread([mine / theirs for mine, theirs in zip(values, times[reference])])
+            for name, values in times.items()}
 
 
 def gemm_gflops(matmul_of, size, repeats, clock, sync=lambda: None):
