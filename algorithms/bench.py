@@ -23,7 +23,8 @@ Where the time goes: for minidl's ring side the benchmark also times the step's 
 one (forward, backward, the allreduce, the update; rank 0, each phase's minimum), so a row can be
 read: at LeNet-5's batch 128 the backward and forward of the convolutions, not the allreduce.
 
-Target: minidl <= 1.0x DDP in every row. Numbers, not tests: nothing here is asserted.
+Target: minidl <= 0.9x DDP in every row, judged on the median of the runs' ratios (both minidl sides).
+Numbers, not tests: nothing here is asserted.
 """
 import argparse
 import json
@@ -48,7 +49,7 @@ from minidl.optim import SGD
 
 CASES = [(model, batch) for model in ("lenet5", "mlp") for batch in (32, 128)]
 SIDES = ("ring", "mpi", "ddp")
-TARGET = 1.0
+TARGET = 0.9
 LR, MOMENTUM = 0.01, 0.9
 
 

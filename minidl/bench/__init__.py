@@ -8,13 +8,26 @@
                                            (its GEMMs and copies timed alone); CuPy rows if a GPU
     python -m minidl.bench layers          Hegde & Usmani 2016, section 4: a conv layer and a fully
                                            connected layer over sizes, NumPy vs CuPy (if a GPU) vs PyTorch
-    options: --json PATH  --plot PATH (conv, layers)  --threads N (default 1)  --repeats R  --clock cpu|wall
-             --quick  --no-torch
+    options: --json PATH  --plot PATH (conv, layers)  --threads N (default 1)  --rounds R  --repeats K
+             --launches N  --clock cpu|wall  --quick  --no-torch  --blas native
 
-Every case is timed as forward + backward (and, for a training step, the optimizer update);
-the reported time is the minimum over ``--repeats`` runs after a warm-up, since the minimum is
-the least disturbed by other processes on the machine. With one thread (the default) the clock is
-the process's CPU time (``--clock cpu``): on an idle machine it equals wall time, on a shared one
+Run ``python -m minidl.tune`` first: the conv kernel's block size, column budget, layouts and
+``auto``'s thresholds are then this machine's (``minidl/tuning.py``); the table's first line says
+which settings ran, and the JSON records them.
+
+Every case is timed as forward + backward (and, for a training step, the optimizer update), in
+``--rounds`` interleaved rounds (``rounds.py``): minidl, PyTorch and (sweep) the conv layer's floor
+each take one turn a round, the order rotated from round to round, and a turn is the minimum of
+``--repeats`` runs. A row's time is the median over rounds; its ratio (minidl / PyTorch, minidl /
+floor) is the median of the per-round ratios, printed with the smallest and largest round's as
+[min, max], and the target is judged on that median. On a shared machine a neighbour's burst of
+work lasts seconds: timed one side after the other, a whole burst lands on one side; in rounds it
+reaches both alike, and a ratio taken within a round cancels what both sides shared.
+``--launches N`` runs the whole benchmark N times, each with fresh worker processes, and counts per
+target the launches whose median met it: one launch's ratio is no evidence.
+
+With one thread (the default) the clock is the process's CPU time (``--clock cpu``): on an idle
+machine it equals wall time, on a shared one
 it leaves out the time other jobs held the core (cache and memory-bandwidth contention remain);
 with more threads, and on the GPU, it is wall time. minidl and PyTorch each run in their own
 process (``--worker``), started with the same thread count in OMP_NUM_THREADS,
@@ -33,7 +46,8 @@ as a higher "effective" rate; ``gemm_gflops`` is float32 NumPy matmul of two n x
 The package, one concern a file:
 
     cases.py      the four suites' cases and their flop counts
-    timing.py     the clock: minimum of repeated runs, the GEMM rate
+    timing.py     the clock: minimum of repeated runs, interleaved rounds and their spread, the GEMM rate
+    rounds.py     the workers' protocol: a process per side, asked case after case, round after round
     steps.py      the minidl side: a layer's forward + backward or a training step; the minidl worker
     breakdown.py  where the time goes: each layer's stages timed alone (the main suite; the sweep's floor)
     yardstick.py  the PyTorch side (the only place PyTorch is imported)

@@ -10,6 +10,7 @@ import sys
 
 import numpy
 
+from minidl import tuning
 from minidl.bench.breakdown import explain_breakdown
 from minidl.bench.cases import SUITES
 from minidl.bench.measure import FORCING, add_costs, conv_summary, measure
@@ -28,11 +29,13 @@ def fail(message):
 
 def check(args):
     """Refuse what would stop the run midway (or after it): counts below 1, an output path that cannot be written."""
-    for flag, value in (("--threads", args.threads), ("--repeats", args.repeats)):
+    for flag, value in (("--threads", args.threads), ("--repeats", args.repeats), ("--rounds", args.rounds),
+                        ("--launches", args.launches)):
         if value < 1:
             fail(f"{flag} must be at least 1, got {value}")
-    try:                                          # the workers read it at their first convolution
+    try:                                          # the workers read them at their first convolution
         budget.from_environment()
+        tuning.current()
     except ValueError as error:
         fail(str(error))
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
@@ -49,7 +52,12 @@ def main(argv=None):
     parser.add_argument("--json", help="write the rows as a JSON list of objects to this path")
     parser.add_argument("--plot", help="write a PNG plot (conv and layers suites) to this path")
     parser.add_argument("--threads", type=int, default=1, help="threads for NumPy's BLAS and for PyTorch (default 1)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs per case; the minimum is reported")
+    parser.add_argument("--rounds", type=int, default=7,
+                        help="interleaved rounds per case (minidl, PyTorch, the floor in turn); the median is reported")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per case and round; their minimum counts")
+    parser.add_argument("--launches", type=int, default=1,
+                        help="run the whole benchmark this many times (fresh worker processes each) and count, per "
+                             "target, the launches whose median met it")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test of the benchmark itself)")
     parser.add_argument("--clock", choices=sorted(CLOCK), default=None,
                         help="'wall' time, or this process's 'cpu' time (default: cpu for 1 thread, else wall)")
@@ -64,17 +72,74 @@ def main(argv=None):
     check(args)
     args.clock = args.clock or ("cpu" if args.threads == 1 else "wall")
 
-    if args.worker:                               # inside a worker process: time and answer in JSON
+    if args.worker:                               # inside a worker process: serve the parent's requests
         if args.worker == "torch":
-            answer = torch_worker(args.suite, args.quick, args.repeats, args.threads, args.clock, args.device)
+            torch_worker(args.suite, args.quick, args.repeats, args.threads, args.clock, args.device)
         else:
-            answer = minidl_worker(args.suite, args.quick, args.repeats, args.clock)
-        print(json.dumps(answer))
+            minidl_worker(args.suite, args.quick, args.repeats, args.clock)
         return 0
 
-    rows, meta = measure(args.suite, args)
-    print(f"minidl.bench {args.suite}: float32, {args.threads} thread(s), {args.clock} time, "
-          f"minimum of {args.repeats} runs; NumPy GEMM {meta['gemm_gflops']:.1f} GFLOP/s"
+    print(f"tuning: {tuning.ACTIVE.source}" + ("" if tuning.ACTIVE.source.startswith("tuned") else
+                                                "; python -m minidl.tune measures this machine's choices first"))
+    launches = []
+    for launch in range(args.launches):
+        rows, meta = measure(args.suite, args)
+        for row in rows:
+            row["launch"] = launch
+        summary = report(rows, meta, args, launch)
+        launches.append((rows, meta, summary))
+    counts = count_targets([rows for rows, _, _ in launches])
+    if args.launches > 1:
+        print(f"\ntargets over {args.launches} launches (each judged on its medians):")
+        print_table(counts, ["case", "batch", "device", "target", "launches met"])
+    rows, meta, summary = launches[0]
+    if args.json:
+        machine = {key: meta[key] for key in ("gemm_gflops", "torch_gemm_gflops", "torch_version", "gpu", "gpu_name",
+                                              "cupy_gemm_gflops", "torch_cuda_gemm_gflops", "rounds")}
+        machine.update(numpy_version=numpy.__version__, threads=args.threads, clock=args.clock, repeats=args.repeats,
+                       blas=args.blas, blas_forced={name: os.environ.get(name) for name in FORCING
+                                                    if args.blas == "as-set" and os.environ.get(name)},
+                       tuning=tuning.ACTIVE.source, settings=settings_in_force(),
+                       gemm_gflops_launches=[meta["gemm_gflops"] for _, meta, _ in launches])
+        summary = dict(summary or {}, machine=machine, launches=args.launches, targets=counts)
+        output = [row for rows, _, _ in launches for row in rows] + [{"case": "summary", "kind": "summary", **summary}]
+        with open(args.json, "w") as file:
+            json.dump(output, file, indent=1)
+    if args.plot and args.suite != "main":
+        plot(rows, args.suite, args.plot)
+    return 0
+
+
+def settings_in_force():
+    """The settings that decide bits and speed, as this process reads them (the workers read the same)."""
+    active = tuning.ACTIVE
+    return {"block_bytes": active.block_bytes, "column_bytes": budget.current(), "layouts": active.layouts,
+            "winograd_min_channels": active.winograd_min_channels, "fft_min_kernel": active.fft_min_kernel}
+
+
+def count_targets(launches):
+    """One row per case with a target: in how many launches its median met it."""
+    counts = {}
+    for rows in launches:
+        for row in rows:
+            if row.get("met") is None:
+                continue
+            key = (row["case"], row.get("batch"), row["device"])
+            entry = counts.setdefault(key, {"case": row["case"], "batch": row.get("batch"), "device": row["device"],
+                                            "target": row["target"], "met_launches": 0, "launches": 0})
+            entry["met_launches"] += bool(row["met"])
+            entry["launches"] += 1
+    for entry in counts.values():
+        entry["launches met"] = f"{entry['met_launches']} of {entry['launches']}"
+    return list(counts.values())
+
+
+def report(rows, meta, args, launch):
+    """Print one launch's header and table (and its suite's extras); return the suite's summary."""
+    print(f"{'' if launch == 0 else chr(10)}minidl.bench {args.suite}"
+          + (f", launch {launch + 1} of {args.launches}" if args.launches > 1 else "")
+          + f": float32, {args.threads} thread(s), {args.clock} time, median of {args.rounds} interleaved rounds "
+          f"(each the minimum of {args.repeats} runs); NumPy GEMM {meta['gemm_gflops']:.1f} GFLOP/s"
           + (f", PyTorch {meta['torch_version']} GEMM {meta['torch_gemm_gflops']:.1f} GFLOP/s" if meta["torch_version"]
              else ", no PyTorch comparison (not installed or --no-torch)")
           + ("" if args.suite == "main" else ("; no GPU: CuPy not measured" if not meta["gpu"] else
@@ -101,21 +166,9 @@ def main(argv=None):
                   f"{item['multiply_ratio']}x fewer multiplications")
         print(f"FFT beats im2col from kernel size {summary['fft_crossover_kernel']} on "
               f"(kernel sweep; None = not within the sizes tried)")
-    elif args.suite == "sweep":
-        print_table(rows, SWEEP_COLUMNS)
     else:
-        print_table(rows, LAYERS_COLUMNS)
-    if args.json:
-        machine = {key: meta[key] for key in ("gemm_gflops", "torch_gemm_gflops", "torch_version", "gpu", "gpu_name",
-                                              "cupy_gemm_gflops", "torch_cuda_gemm_gflops")}
-        machine.update(numpy_version=numpy.__version__, threads=args.threads, clock=args.clock, repeats=args.repeats,
-                       blas=args.blas, blas_forced={name: os.environ.get(name) for name in FORCING
-                                                    if args.blas == "as-set" and os.environ.get(name)})
-        summary = dict(summary or {}, machine=machine)
-        output = rows + [{"case": "summary", "kind": "summary", **summary}]
-        with open(args.json, "w") as file:
-            json.dump(output, file, indent=1)
-    if args.plot and args.suite != "main":
-        plot(rows, args.suite, args.plot)
-    return 0
-
+        print_table(rows, SWEEP_COLUMNS if args.suite == "sweep" else LAYERS_COLUMNS)
+    judged = [row for row in rows if row.get("met") is not None]
+    if judged:
+        print(f"targets met (on the medians): {sum(bool(row['met']) for row in judged)} of {len(judged)} rows")
+    return summary

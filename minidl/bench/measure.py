@@ -1,12 +1,14 @@
-"""Run the workers in their own processes and turn their answers into rows (and the conv suite's summary)."""
+"""Run the workers in their own processes, time every case in interleaved rounds, and make the rows (and the conv
+suite's summary)."""
 import importlib.util
-import json
 import os
-import subprocess
+import statistics
 import sys
 
 from minidl import backend
 from minidl.bench.cases import SUITES, conv_flops, linear_flops
+from minidl.bench.rounds import Worker
+from minidl.bench.timing import rotated, spread
 from minidl.conv import auto, cost
 
 # what some machines set to force OpenBLAS's kernel and cache size (for old OpenBLAS bugs); --blas
@@ -23,8 +25,8 @@ def blas_environment(env, blas):
     return {name: env[name] for name in FORCING if env.get(name)}
 
 
-def run_worker(framework, suite, args, backend_name="numpy", device="cpu"):
-    """Run one worker process and return its JSON answer (None if it could not run)."""
+def start_worker(framework, suite, args, backend_name="numpy", device="cpu"):
+    """A worker process serving ``suite`` (rounds.Worker), or None if it could not start."""
     env = dict(os.environ)
     for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         env[variable] = str(args.threads)
@@ -33,15 +35,11 @@ def run_worker(framework, suite, args, backend_name="numpy", device="cpu"):
     command = [sys.executable, "-m", "minidl.bench", suite, "--worker", framework,
                "--threads", str(args.threads), "--repeats", str(args.repeats), "--clock", args.clock,
                "--device", device] + (["--quick"] if args.quick else [])
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        print(f"[bench] the {framework} worker ({backend_name}) failed:\n{done.stderr[-2000:]}", file=sys.stderr)
+    try:
+        return Worker(f"{framework} ({backend_name}, {device})", command, env)
+    except RuntimeError as error:
+        print(f"[bench] {error}", file=sys.stderr)
         return None
-    answer = json.loads(done.stdout.strip().splitlines()[-1])
-    for key in ("times", "floors"):               # JSON made the case indices strings
-        if key in answer:
-            answer[key] = {int(index): value for index, value in answer[key].items()}
-    return answer
 
 
 def torch_installed():
@@ -59,71 +57,105 @@ def torch_cuda_available():
     return torch.cuda.is_available()
 
 
-def _ratio(a, b):
-    return round(a / b, 3) if a is not None and b else None
+def time_in_rounds(sides, index, rounds):
+    """{side: [ms of each round]} for case ``index``: every side of ``sides`` ({side: (worker, request)})
+    asked once a round, in an order rotated from round to round."""
+    times = {side: [] for side in sides}
+    for turn in range(rounds):
+        for side in rotated(list(sides), turn):
+            worker, request = sides[side]
+            times[side].append(worker.ask(dict(request, case=index))["ms"])
+    return times
 
 
 def measure(suite, args):
-    """Rows for ``suite``: one per case (and, for conv/layers with a GPU, one per case on CuPy)."""
+    """Rows for ``suite``: one per case (and, for conv/layers/sweep with a GPU, one per case on CuPy),
+    each side timed in ``args.rounds`` interleaved rounds."""
     cases = SUITES[suite](args.quick)
-    minidl = run_worker("minidl", suite, args)
+    minidl = start_worker("minidl", suite, args)
     if minidl is None:
         raise SystemExit("minidl benchmark worker failed")
-    torch = run_worker("torch", suite, args) if torch_installed() and not args.no_torch else None
-    gpu = run_worker("minidl", suite, args, "cupy") if suite != "main" and gpu_available() else None
-    torch_gpu = (run_worker("torch", suite, args, device="cuda")
+    torch = start_worker("torch", suite, args) if torch_installed() and not args.no_torch else None
+    gpu = start_worker("minidl", suite, args, "cupy") if suite != "main" and gpu_available() else None
+    torch_gpu = (start_worker("torch", suite, args, device="cuda")
                  if gpu and not args.no_torch and torch_cuda_available() else None)
     rows = []
-    for index, case in enumerate(cases):
-        for device, result, yardstick in (("cpu", minidl, torch), ("gpu", gpu, torch_gpu)):
-            if result is None:
-                continue
-            row = _row(case, result["times"][index], yardstick["times"].get(index) if yardstick else None,
-                       result["gemm_gflops"], device, args.threads)
-            if index in result.get("floors", {}):
-                row["floor_ms"] = round(result["floors"][index], 4)
-                row["over_floor"] = round(row["minidl_ms"] / row["floor_ms"], 3)
-                row["target"] = f"<= {case['target_floor']}x floor"
-                row["met"] = row["over_floor"] <= case["target_floor"]
-            if device == "gpu":               # Hegde & Usmani's question: how much faster than the CPU?
-                row["cpu_over_gpu"] = round(minidl["times"][index] / result["times"][index], 2)
-            rows.append(row)
-    meta = {"gemm_gflops": minidl["gemm_gflops"], "torch_gemm_gflops": torch["gemm_gflops"] if torch else None,
-            "torch_version": torch["version"] if torch else None, "gpu": gpu is not None,
-            "cupy_gemm_gflops": gpu["gemm_gflops"] if gpu else None,
-            "torch_cuda_gemm_gflops": torch_gpu["gemm_gflops"] if torch_gpu else None,
-            "gpu_name": torch_gpu.get("device_name") if torch_gpu else None,
-            "breakdown": minidl.get("breakdown")}
+    try:
+        for index, case in enumerate(cases):
+            cpu_row = None
+            for device, mine, yardstick in (("cpu", minidl, torch), ("gpu", gpu, torch_gpu)):
+                if mine is None:
+                    continue
+                sides = {"minidl": (mine, {})}
+                if yardstick and (suite != "conv" or case["algorithm"] == "im2col"):   # one PyTorch row per shape
+                    sides["torch"] = (yardstick, {})
+                if device == "cpu" and suite == "sweep" and case["kind"] == "conv":
+                    sides["floor"] = (mine, {"floor": True})
+                row = _row(case, time_in_rounds(sides, index, args.rounds), mine.meta["gemm_gflops"], device,
+                           args.threads)
+                if device == "gpu":           # Hegde & Usmani's question: how much faster than the CPU?
+                    row["cpu_over_gpu"] = round(cpu_row["minidl_ms"] / row["minidl_ms"], 2)
+                cpu_row = cpu_row or row
+                rows.append(row)
+        breakdown = minidl.ask({"breakdown": True}) if suite == "main" else None
+    finally:
+        for worker in (minidl, torch, gpu, torch_gpu):
+            if worker is not None:
+                worker.close()
+    meta = {"gemm_gflops": minidl.meta["gemm_gflops"],
+            "torch_gemm_gflops": torch.meta["gemm_gflops"] if torch else None,
+            "torch_version": torch.meta["version"] if torch else None, "gpu": gpu is not None,
+            "cupy_gemm_gflops": gpu.meta["gemm_gflops"] if gpu else None,
+            "torch_cuda_gemm_gflops": torch_gpu.meta["gemm_gflops"] if torch_gpu else None,
+            "gpu_name": torch_gpu.meta.get("device_name") if torch_gpu else None,
+            "breakdown": breakdown, "rounds": args.rounds}
     return rows, meta
 
 
-def _row(case, minidl_ms, torch_ms, gemm, device, threads):
+def _per_round(times, numerator, denominator):
+    """(median, [min, max]) of each round's ``numerator`` time over ``denominator``'s, rounded; (None, None)
+    where either side was not timed."""
+    if numerator not in times or denominator not in times:
+        return None, None
+    median, (low, high) = spread([a / b for a, b in zip(times[numerator], times[denominator])])
+    return round(median, 3), [round(low, 3), round(high, 3)]
+
+
+def _row(case, times, gemm, device, threads):
+    """A row from the rounds' times ({side: [ms per round]}): each time the median over rounds, each ratio
+    the median of the per-round ratios with its [min, max]; the targets judged on those medians."""
     flops = conv_flops(case["shape"]) if case["kind"] == "conv" else (
         linear_flops(case["shape"]) if case["kind"] == "linear" else None)
+    minidl_ms = statistics.median(times["minidl"])
+    torch_ms = statistics.median(times["torch"]) if "torch" in times else None
     row = {"case": case["case"], "kind": case["kind"], "device": device, "threads": threads,
-           "minidl_ms": round(minidl_ms, 4), "torch_ms": round(torch_ms, 4) if torch_ms else None,
-           "ratio": _ratio(minidl_ms, torch_ms)}
-    if "algorithm" in case:
-        row["algorithm"] = case["algorithm"]
+           "rounds": len(times["minidl"]), "minidl_ms": round(minidl_ms, 4),
+           "torch_ms": round(torch_ms, 4) if torch_ms else None}
+    row["median_ratio"], row["ratio_range"] = _per_round(times, "minidl", "torch")
+    for key in ("algorithm", "batch"):
+        if key in case:
+            row[key] = case[key]
     if "shape" in case:
         row["shape"] = list(case["shape"])
     if "sweep" in case:
         row["sweep"], row["x"] = case["sweep"], case["x"]
-    if "batch" in case:
-        row["batch"] = case["batch"]
     if flops:
         row["gflops"] = round(flops / minidl_ms / 1e6, 2)
         row["gemm_fraction"] = round(row["gflops"] / gemm, 3)     # of this device's own GEMM rate
     if "target_ratio" in case and device == "cpu":       # the targets are the CPU's; the GPU rows are numbers
         row["target"] = f"<= {case['target_ratio']}x torch"
-        row["met"] = row["ratio"] <= case["target_ratio"] if row["ratio"] is not None else None
+        row["met"] = row["median_ratio"] <= case["target_ratio"] if row["median_ratio"] is not None else None
     if "target_gemm_fraction" in case:
         row["target"] += f", >= {case['target_gemm_fraction']:.0%} of GEMM"
         row["met_gemm"] = row["gemm_fraction"] >= case["target_gemm_fraction"]
         if row.get("met") is not None:
             row["met"] = row["met"] and row["met_gemm"]        # both parts of the target
+    if "floor" in times:
+        row["floor_ms"] = round(statistics.median(times["floor"]), 4)
+        row["median_over_floor"], row["over_floor_range"] = _per_round(times, "minidl", "floor")
+        row["target"] = f"<= {case['target_floor']}x floor"
+        row["met"] = row["median_over_floor"] <= case["target_floor"]
     return row
-
 
 
 # ---- the conv suite's extras: cost table, Winograd ratio, FFT crossover -------------------------

@@ -1,14 +1,15 @@
 """The minidl side: one layer's forward + backward, or one training step, as a function to time.
 
-``minidl_worker`` runs a whole suite in its own process (``python -m minidl.bench ... --worker minidl``)
-and answers with the times, the GEMM rate and, where the suite wants them, the conv layer's
-floor (sweep) and the per-stage breakdown (main).
+``minidl_worker`` serves a suite from its own process (``python -m minidl.bench ... --worker minidl``,
+``rounds.py``): the GEMM rate when it starts, then each case's time, the conv layer's floor (sweep)
+and the per-stage breakdown (main) as the parent asks for them, round after round.
 """
 import numpy
 
 from minidl import Tensor, backend, functional as F, models, nn, optim
 from minidl.bench.breakdown import breakdown, conv_stages
 from minidl.bench.cases import FLOOR_STAGES, SUITES
+from minidl.bench.rounds import serve
 from minidl.bench.timing import best_ms, gemm_gflops
 
 
@@ -63,6 +64,8 @@ def _forward_backward(layer, x, grad):
 
 
 def minidl_worker(suite, quick, repeats, clock):
+    """Serve ``suite``'s cases (rounds.serve): each request's case timed as the minimum of ``repeats``
+    calls; for the sweep's conv rows on NumPy, its floor on request; the main suite's breakdown."""
     rng = numpy.random.default_rng(0)
     sync = lambda: None                                           # noqa: E731
     if backend.get_backend() == "cupy":
@@ -70,21 +73,28 @@ def minidl_worker(suite, quick, repeats, clock):
         sync = cupy.cuda.Device().synchronize
         clock = "wall"                                            # GPU time is not this process's CPU time
     xp = backend.xp()
+    cases = SUITES[suite](quick)
+    built = {}                               # the case asked for last: its step and its floor's stages
 
     def matmul_of(size):
         a = xp.asarray(rng.standard_normal((size, size)), dtype=xp.float32)
         return lambda: a @ a
-    times = {}
-    for index, case in enumerate(SUITES[suite](quick)):
-        times[index] = best_ms(minidl_step(case, rng), repeats, sync, clock=clock)
-    answer = {"times": times, "gemm_gflops": gemm_gflops(matmul_of, 256 if quick else 2048, repeats, clock, sync)}
-    if suite == "sweep" and backend.get_backend() == "numpy":
+    gemm = gemm_gflops(matmul_of, 256 if quick else 2048, repeats, clock, sync)
+
+    def answer(request):
+        if request.get("breakdown"):
+            return breakdown(quick, repeats, clock, gemm)
+        index = request["case"]
+        if index not in built:
+            built.clear()
+            built[index] = {"step": minidl_step(cases[index], rng)}
+            best_ms(built[index]["step"], 1, sync, warmup=2, clock=clock)          # a warm-up
+        if not request.get("floor"):
+            return {"ms": best_ms(built[index]["step"], repeats, sync, warmup=0, clock=clock)}
         # the conv layer's floor: its GEMMs and im2col/col2im copies, each timed alone (the stages of
         # the CPU's blocks of images: on a GPU the layer runs as one block, so they are no floor there)
-        answer["floors"] = {index: sum(best_ms(fn, repeats, sync, clock=clock) * scale
-                                       for _, stage, fn, _, scale in conv_stages(case["shape"], rng, xp)
-                                       if stage in FLOOR_STAGES)
-                            for index, case in enumerate(SUITES[suite](quick)) if case["kind"] == "conv"}
-    if suite == "main" and backend.get_backend() == "numpy":
-        answer["breakdown"] = breakdown(quick, repeats, clock, answer["gemm_gflops"])
-    return answer
+        stages = built[index].setdefault("stages", [(fn, scale) for _, stage, fn, _, scale in
+                                                    conv_stages(cases[index]["shape"], rng, xp)
+                                                    if stage in FLOOR_STAGES])
+        return {"ms": sum(best_ms(fn, repeats, sync, warmup=1, clock=clock) * scale for fn, scale in stages)}
+    serve({"gemm_gflops": gemm, "backend": backend.get_backend()}, answer)

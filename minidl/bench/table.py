@@ -1,4 +1,5 @@
-"""Printing the rows as a table and plotting the conv and layers suites' sweeps."""
+"""Printing the rows as a table (a ratio as its median over rounds and [min, max]) and plotting the conv and layers
+suites' sweeps."""
 
 def _format(value):
     if value is None:
@@ -12,8 +13,21 @@ def _format(value):
     return str(value)
 
 
+def _with_range(median, low_high):
+    """"0.85 [0.80, 0.90]": a median ratio and the smallest and largest round's."""
+    if median is None:
+        return "-"
+    return f"{median:.2f} [{low_high[0]:.2f}, {low_high[1]:.2f}]"
+
+
+# columns made of two fields: the median over rounds with its [min, max]
+COMBINED = {"ratio [min, max]": lambda row: _with_range(row.get("median_ratio"), row.get("ratio_range")),
+            "over_floor [min, max]": lambda row: _with_range(row.get("median_over_floor"), row.get("over_floor_range"))}
+
+
 def print_table(rows, columns):
-    table = [columns] + [[_format(row.get(column)) for column in columns] for row in rows]
+    table = [columns] + [[COMBINED[column](row) if column in COMBINED else _format(row.get(column))
+                          for column in columns] for row in rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
     for line in table:
         print("  ".join(cell.ljust(width) for cell, width in zip(line, widths)))
@@ -58,8 +72,11 @@ def plot(rows, suite, path):
     plt.close(figure)
 
 
-MAIN_COLUMNS = ["case", "minidl_ms", "torch_ms", "ratio", "gflops", "gemm_fraction", "target", "met"]
-CONV_COLUMNS = ["case", "algorithm", "device", "minidl_ms", "torch_ms", "ratio", "gflops", "multiplies_fwd_bwd",
+MAIN_COLUMNS = ["case", "minidl_ms", "torch_ms", "ratio [min, max]", "gflops", "gemm_fraction", "target", "met"]
+CONV_COLUMNS = ["case", "algorithm", "device", "minidl_ms", "torch_ms", "ratio [min, max]", "gflops",
+                "multiplies_fwd_bwd",
                 "extra_elements", "auto_choice", "fastest"]
-SWEEP_COLUMNS = ["case", "batch", "device", "minidl_ms", "torch_ms", "ratio", "floor_ms", "over_floor", "target", "met"]
-LAYERS_COLUMNS = ["case", "device", "minidl_ms", "torch_ms", "ratio", "gflops", "gemm_fraction", "cpu_over_gpu"]
+SWEEP_COLUMNS = ["case", "batch", "device", "minidl_ms", "torch_ms", "ratio [min, max]", "floor_ms",
+                 "over_floor [min, max]", "target", "met"]
+LAYERS_COLUMNS = ["case", "device", "minidl_ms", "torch_ms", "ratio [min, max]", "gflops", "gemm_fraction",
+                  "cpu_over_gpu"]

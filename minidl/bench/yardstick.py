@@ -3,6 +3,7 @@
 PyTorch is imported here (inside the worker, never at import time) and nowhere else in minidl.
 """
 from minidl.bench.cases import SUITES
+from minidl.bench.rounds import serve
 from minidl.bench.timing import best_ms, gemm_gflops
 
 
@@ -50,23 +51,29 @@ def torch_step(case, torch, device="cpu"):
 
 
 def torch_worker(suite, quick, repeats, threads, clock, device="cpu"):
-    """PyTorch's times; ``device="cuda"`` is the yardstick for the CuPy rows (wall time, synchronized)."""
+    """Serve PyTorch's times (rounds.serve); ``device="cuda"`` is the yardstick for the CuPy rows (wall
+    time, synchronized)."""
     import torch
     torch.set_num_threads(threads)
     sync = lambda: None                                           # noqa: E731
     if device == "cuda":
         sync, clock = torch.cuda.synchronize, "wall"
-    times = {}
-    for index, case in enumerate(SUITES[suite](quick)):
-        if suite == "conv" and case["algorithm"] != "im2col":
-            continue              # one PyTorch time per shape (beside the default algorithm's row) is enough
-        times[index] = best_ms(torch_step(case, torch, device), repeats, sync, clock=clock)
+    cases = SUITES[suite](quick)
+    built = {}
 
     def matmul_of(size):
         a = torch.randn(size, size).to(device)
         return lambda: a @ a
-    answer = {"times": times, "version": torch.__version__,
-              "gemm_gflops": gemm_gflops(matmul_of, 256 if quick else 2048, repeats, clock, sync)}
+    meta = {"version": torch.__version__, "gemm_gflops": gemm_gflops(matmul_of, 256 if quick else 2048, repeats, clock,
+                                                                     sync)}
     if device == "cuda":
-        answer["device_name"] = torch.cuda.get_device_name()
-    return answer
+        meta["device_name"] = torch.cuda.get_device_name()
+
+    def answer(request):
+        index = request["case"]
+        if index not in built:
+            built.clear()
+            built[index] = torch_step(cases[index], torch, device)
+            best_ms(built[index], 1, sync, warmup=2, clock=clock)                 # a warm-up
+        return {"ms": best_ms(built[index], repeats, sync, warmup=0, clock=clock)}
+    serve(meta, answer)
