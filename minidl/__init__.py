@@ -14,6 +14,8 @@
     recompute.py     checkpointed segments: activations recomputed in the backward
     gradcheck.py     finite differences in float64 against the backward passes
     backend.py       NumPy or CuPy (``xp``), and the allocator settings minidl keeps
+    tuning.py        the user's tuning file: the conv kernel's settings measured on this machine, read at import
+    tune/            ``python -m minidl.tune``: measures those settings (and runs collectives' tuning) and writes them
     conv/            the convolution kernels: direct, im2col, FFT, Winograd, chosen by name
     data/            the embedded digits, the IDX reader, synthetic problems, sharding and batching
     bench/           ``python -m minidl.bench``: minidl beside PyTorch and the GEMM rate

@@ -3,6 +3,8 @@
     measure.py       ``python -m collectives.bench``: each algorithm's time per call beside
                      MPI_Allreduce's, the cost model's, the refined and the calibrated model's, with
                      the performance targets; --calibrate fits the calibrated model first
+    flags.py         its flags, checked on every rank, and the targets a row is judged by
+    rows.py          a row from its interleaved rounds: each figure the median, each ratio's [min, max]
     calibrate.py     the micro-benchmarks the model is fitted on: the ping-pong (alpha, beta), the add
                      (gamma), the per-size rates, and the calibration's step times at each size
     plot.py          ``--plot``: time against size, measured and modelled

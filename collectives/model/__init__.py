@@ -5,7 +5,10 @@
                     the two-level cost of the hierarchical allreduce
     calibration.py  the calibrated model: each kind of step's latency and per-byte rates at the
                     allreduce's own size and each algorithm's per-call overhead, read from
-                    calibration.json (written by ``mpiexec -n 2 python -m collectives.bench --calibrate``)
+                    this machine's tuning file or the shipped calibration.json (``mpiexec -n 2 python -m
+                    collectives.bench --calibrate`` writes the former)
+    tuned.py        the user's tuning file's collectives section: the calibration and auto's selection
+                    measured on this machine (``python -m minidl.tune``), keyed to it, read at import
 
     from collectives.model import cost
     cost.predict("ring", p, nbytes, alpha, beta, gamma)
