@@ -40,8 +40,9 @@ def record(name, p, nbytes, times, rates, fits, calibrated_model):
     refined = cost.predict_refined(modelled, p, nbytes, rates) if modelled != "lower bound" else None
     calibrated = (cost.predict_calibrated(modelled, p, nbytes, calibrated_model)
                   if calibrated_model and modelled != "lower bound" else None)
-    refined_ratio, refined_range = spread([refined / t for t in times[name]]) if refined else (None, None)
-    calibrated_ratio, calibrated_range = spread([calibrated / t for t in times[name]]) if calibrated else (None, None)
+    refined_ratio, refined_range = (None, None) if refined is None else spread([refined / t for t in times[name]])
+    calibrated_ratio, calibrated_range = ((None, None) if calibrated is None else
+                                          spread([calibrated / t for t in times[name]]))
     goal, met = target(name, nbytes, ratio, refined_ratio,
                        calibrated_ratio if calibrated_model and calibrated_model.p == p else None)
     return {"algorithm": name, "p": p, "bytes": nbytes, "rounds": len(times[name]),
