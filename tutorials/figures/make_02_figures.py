@@ -30,17 +30,21 @@
    suite's first GPU run, while im2col still cut the batch into 6 MiB blocks there; no timing here)
    and its two training runs (02_gpu_train_numpy.jsonl, 02_gpu_train_cupy.jsonl)
    -> 02_gpu_layers.md, 02_gpu_sweep.md, 02_gpu_conv.md, 02_gpu.png, 02_gpu_numbers.json.
-11. sweep: ``python -m minidl.bench sweep --blas native`` (the LeNet-5 and MLP steps and the
-   64-channel layer at batch 16-256 against PyTorch, the layer's BLAS floor beside it, each row's
-   target) -> 02_sweep.json, 02_sweep.txt, 02_sweep.md.
+11. sweep: ``python -m minidl.bench sweep --blas native --launches 3`` (the LeNet-5 and MLP steps and
+   the 64-channel layer at batch 16-256 against PyTorch, the layer's BLAS floor beside it, each row's
+   target judged on its median over rounds, and in how many of the launches it was met), with the
+   tuning file the environment names (run ``python -m minidl.tune`` first) -> 02_sweep.json,
+   02_sweep.txt, 02_sweep.md.
 9. allocator: the LeNet-5 and MLP training steps and the 64-channel layer, minidl and PyTorch, each
    case in a fresh process, with glibc malloc's default thresholds (MINIDL_KEEP_FREED_MEMORY=0) and
    with the ones minidl sets at import (``minidl.backend.keep_freed_memory``): time and minor page
    faults per step -> 02_allocator.json, 02_allocator.md.
 
 Timing: float32, one thread, this process's CPU time (``--clock cpu``: the other jobs on a shared
-machine do not count), minimum of --repeats runs. --quick shrinks every case and writes to
-/tmp/minidl_02_quick unless --out is given.
+machine do not count); the benches in --rounds interleaved rounds (minidl, PyTorch and the floor in
+turn, each turn the minimum of 3 runs), each time the median over rounds and each ratio the median of
+the rounds' ratios with [min, max]; the allocator part the minimum of --repeats runs. --quick shrinks
+every case and writes to /tmp/minidl_02_quick unless --out is given.
 """
 import argparse
 import json
@@ -66,16 +70,23 @@ COLOURS = {"direct": "tab:red", "fft": "tab:green", "winograd": "tab:purple", "P
            "im2col": "tab:blue"}
 
 
-def bench(suite, out, quick, repeats, no_torch=False, extra=()):
-    """Run one suite of minidl.bench in its own process; keep its JSON and its printed table."""
+def bench(suite, out, quick, rounds, no_torch=False, extra=()):
+    """Run one suite of minidl.bench in its own process (``rounds`` interleaved rounds, each the minimum of
+    3 runs; --quick: 1); keep its JSON and its printed table."""
     command = [sys.executable, "-m", "minidl.bench"] + ([suite] if suite != "main" else []) + [
-        "--json", str(out / f"02_{suite}.json"), "--clock", "cpu", "--repeats", str(repeats)] + (
-        ["--quick"] if quick else []) + (["--no-torch"] if no_torch else []) + list(extra)
+        "--json", str(out / f"02_{suite}.json"), "--clock", "cpu", "--rounds", str(rounds), "--repeats",
+        "1" if quick else "3"] + (["--quick"] if quick else []) + (["--no-torch"] if no_torch else []) + list(extra)
     done = subprocess.run(command, env=ENV, cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
     (out / f"02_{suite}.txt").write_text(done.stdout)
     print(done.stdout)
+
+
+def ratio_of(row):
+    """minidl / PyTorch of a row: the median of the rounds' ratios; rows of runs before the bench took
+    rounds (the GPU machine's JSON) hold their one ratio as "ratio"."""
+    return row.get("median_ratio", row.get("ratio"))
 
 
 def load(out, suite):
@@ -221,8 +232,8 @@ def gpu_tables(out):
         "cpu_gemm_gflops": machine["gemm_gflops"],
         "conv_cpu_over_gpu": span([r["cpu_over_gpu"] for r in gpu_layers if r["kind"] == "conv"]),
         "fc_cpu_over_gpu": span([r["cpu_over_gpu"] for r in gpu_layers if r["kind"] == "linear"]),
-        "conv_gpu_torch_ratio": span([r["ratio"] for r in gpu_layers if r["kind"] == "conv"]),
-        "fc_gpu_torch_ratio": span([r["ratio"] for r in gpu_layers if r["kind"] == "linear"]),
+        "conv_gpu_torch_ratio": span([ratio_of(r) for r in gpu_layers if r["kind"] == "conv"]),
+        "fc_gpu_torch_ratio": span([ratio_of(r) for r in gpu_layers if r["kind"] == "linear"]),
         "lenet_cpu_over_gpu": {str(b): by_sweep[("lenet5 train step", b, "gpu")]["cpu_over_gpu"]
                                for b in sorted({r["batch"] for r in sweep})},
         "mlp_cpu_over_gpu": {str(b): by_sweep[("mlp 784-256-256-10 train step", b, "gpu")]["cpu_over_gpu"]
@@ -241,7 +252,7 @@ def gpu_tables(out):
     blocked, _ = load(out, "layers_gpu_blocked")
     blocked_conv = [row for row in blocked if row["device"] == "gpu" and row["kind"] == "conv"]
     numbers["blocked_conv_cpu_over_gpu"] = span([row["cpu_over_gpu"] for row in blocked_conv])
-    numbers["blocked_conv_gpu_torch_ratio"] = span([row["ratio"] for row in blocked_conv])
+    numbers["blocked_conv_gpu_torch_ratio"] = span([ratio_of(row) for row in blocked_conv])
     (out / "02_gpu_numbers.json").write_text(json.dumps(numbers, indent=1))
     print(json.dumps(numbers, indent=1))
     return layers, machine
@@ -476,7 +487,7 @@ def numbers(out):
         if row.get("sweep") == "kernel" and row["algorithm"] == "fft":
             result["fft_speedup"][str(row["x"])] = round(by[(row["case"], "im2col")]["minidl_ms"] / row["minidl_ms"], 3)
     result["fft_crossover_kernel"] = conv_summary["fft_crossover_kernel"]
-    ratios = {row["case"]: row["ratio"] for row in cpu if row["algorithm"] == "im2col" and row["ratio"]}
+    ratios = {row["case"]: ratio_of(row) for row in cpu if row["algorithm"] == "im2col" and ratio_of(row)}
     if ratios:
         sweep = [ratio for case, ratio in ratios.items() if case.startswith("kernel")]
         result["torch_ratio_large"] = ratios.get("large")
@@ -485,8 +496,8 @@ def numbers(out):
         result["torch_ratio_kernel"] = [min(sweep), max(sweep)]
         result["torch_ratio_all"] = [min(ratios.values()), max(ratios.values())]
     result["auto_disagrees"] = sorted({row["case"] for row in cpu if row["auto_choice"] != row["fastest"]})
-    fc = [row["ratio"] for row in layer_rows if row["kind"] == "linear" and row["device"] == "cpu" and row["ratio"]]
-    cv = [row["ratio"] for row in layer_rows if row["kind"] == "conv" and row["device"] == "cpu" and row["ratio"]]
+    fc = [ratio_of(row) for row in layer_rows if row["kind"] == "linear" and row["device"] == "cpu" and ratio_of(row)]
+    cv = [ratio_of(row) for row in layer_rows if row["kind"] == "conv" and row["device"] == "cpu" and ratio_of(row)]
     if fc:
         result["layers_torch_ratio_fc"] = [min(fc), max(fc)]
         result["layers_torch_ratio_conv"] = [min(cv), max(cv)]
@@ -499,28 +510,35 @@ def numbers(out):
 
 
 def sweep_table(out):
-    """02_sweep.md: the batch sweep's rows with their targets, from 02_sweep.json."""
+    """02_sweep.md: the batch sweep's first launch, each ratio the median of its rounds with [min, max], its
+    target, and in how many launches the median met it, from 02_sweep.json."""
     rows, summary = load(out, "sweep")
-    forced = summary["machine"]["blas_forced"]
-    lines = ["| case | batch | minidl, ms | PyTorch, ms | minidl / PyTorch | floor, ms | minidl / floor | target | "
-             "met |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    machine = summary["machine"]
+    forced = machine["blas_forced"]
+    met_in = {(t["case"], t["batch"]): f"{t['met_launches']} of {t['launches']}" for t in summary["targets"]}
+    lines = ["| case | batch | minidl, ms | PyTorch, ms | minidl / PyTorch [min, max] | floor, ms | "
+             "minidl / floor [min, max] | target | met | launches met |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
 
     def cell(value, digits=".3g"):
         return "-" if value is None else format(value, digits)
+
+    def spread(median, low_high):
+        return "-" if median is None else f"{median:.2f} [{low_high[0]:.2f}, {low_high[1]:.2f}]"
     for row in rows:
-        if row["device"] != "cpu":
+        if row["device"] != "cpu" or row["launch"] != 0:
             continue
         met = "-" if row.get("met") is None else ("yes" if row["met"] else "NO")
         lines.append(f"| {row['case']} | {row['batch']} | {cell(row['minidl_ms'])} | {cell(row.get('torch_ms'))} | "
-                     f"{cell(row.get('ratio'), '.2f')} | {cell(row.get('floor_ms'))} | "
-                     f"{cell(row.get('over_floor'), '.2f')} | "
-                     f"{row.get('target', '-')} | {met} |")
+                     f"{spread(row.get('median_ratio'), row.get('ratio_range'))} | {cell(row.get('floor_ms'))} | "
+                     f"{spread(row.get('median_over_floor'), row.get('over_floor_range'))} | "
+                     f"{row.get('target', '-')} | {met} | {met_in.get((row['case'], row['batch']), '-')} |")
     lines.append("")
     lines.append("BLAS: " + (", ".join(f"{k}={v}" for k, v in forced.items()) if forced else
                              "OpenBLAS's own kernel for this processor (--blas native)")
-                 + f"; NumPy GEMM {summary['machine']['gemm_gflops']:.0f} GFLOP/s, one thread, CPU time, "
-                 f"minimum of {summary['machine']['repeats']} runs")
+                 + f"; NumPy GEMM {machine['gemm_gflops']:.0f} GFLOP/s, one thread, CPU time; each time the median "
+                 f"of {machine['rounds']} interleaved rounds (each the minimum of {machine['repeats']} runs); "
+                 f"{summary['launches']} launches; {machine['tuning']}")
     (out / "02_sweep.md").write_text("\n".join(lines) + "\n")
 
 
@@ -530,12 +548,18 @@ def main(argv=None):
     parser.add_argument("--out", help="output folder (default: tutorials/figures/out, or /tmp/minidl_02_quick with "
                                       "--quick)")
     parser.add_argument("--only", choices=PARTS, action="append", help="run only this part (repeatable)")
-    parser.add_argument("--repeats", type=int, default=None, help="timed runs per case (default 7; --quick 2)")
+    parser.add_argument("--repeats", type=int, default=None, help="the allocator part's timed runs per case (default "
+                                                                  "7; --quick 2)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="the benches' interleaved rounds (default 7; --quick 2)")
+    parser.add_argument("--launches", type=int, default=None, help="launches of the sweep (default 3; --quick 1)")
     parser.add_argument("--no-torch", action="store_true", help="leave PyTorch out (its columns stay empty)")
     parser.add_argument("--no-plots", action="store_true", help="skip the figures")
     parser.add_argument("--allocator-worker", nargs=2, metavar=("LIBRARY", "CASE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     repeats = args.repeats or (2 if args.quick else 7)
+    rounds = args.rounds or (2 if args.quick else 7)
+    launches = args.launches or (1 if args.quick else 3)
     if args.allocator_worker:
         allocator_worker(*args.allocator_worker, args.quick, repeats)
         return 0
@@ -544,7 +568,7 @@ def main(argv=None):
     parts = args.only or PARTS
     for suite in ("conv", "layers", "main"):
         if suite in parts:
-            bench(suite, out, args.quick, repeats, args.no_torch)
+            bench(suite, out, args.quick, rounds, args.no_torch)
     if "memory" in parts:
         memory(out, args.quick)
     if "plots" in parts:
@@ -561,7 +585,7 @@ def main(argv=None):
     if "allocator" in parts:
         allocator(out, args.quick, repeats, args.no_torch)
     if "sweep" in parts:
-        bench("sweep", out, args.quick, repeats, args.no_torch, extra=["--blas", "native"])
+        bench("sweep", out, args.quick, rounds, args.no_torch, extra=["--blas", "native", "--launches", str(launches)])
         sweep_table(out)
     if "gpu" in parts and (out / "02_layers_gpu.json").exists():
         gpu_tables(out)
