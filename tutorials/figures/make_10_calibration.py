@@ -8,9 +8,10 @@ Three launches (--launches) of one job, `mpiexec -n 2 python -m collectives.benc
 allreduces, fits the calibrated model (collectives.model.calibration), and, in the same rounds, size by
 size, times every point-to-point allreduce at 4 KiB .. 64 MiB, with the plain alpha-beta-gamma
 model (one ping-pong, one add) and the calibrated one beside each time. The first launch's model
-goes to collectives/model/calibration.json (the file the bench reads by default; not with --quick) and
-its rows to the table; each other launch adds a line: how many rows it met, its worst ratio, and
-how hot the machine was (the model's header: the state changed between launches).
+goes to collectives/model/calibration.json, the shipped calibration a machine that never tuned reads
+(only when writing the book's own folder: not with --quick or another --out), and its rows to the
+table; each other launch adds a line: how many rows it met, its worst ratio, and how hot the machine
+was (the model's header: the state changed between launches).
 -> OUT/10_calibration.json (the fitted model and what it was fitted on), OUT/10_calibrated.json
 (one row per size and algorithm, with the machine's load average), OUT/10_calibrated.md, and
 OUT/10_steps.md: per ladder size, the step times the model is made of (calibrate.fit_steps), the
@@ -131,10 +132,11 @@ def main():
                    "--sizes", QUICK_SIZES if args.quick else SIZES, "--min-time", "0.003" if args.quick else "0.01",
                    "--rounds", "1" if args.quick else "9", "--json", str(bench_path)]
         results.append(launch(command, model_path, bench_path))
+    ships = not args.quick and out.resolve() == (HERE / "out").resolve()   # the book's own run: the shipped fit
     for k in range(launches):             # the first launch's model is the one kept
         if k == 0:
             shutil.copyfile(out / "10_calibration_0.json", out / "10_calibration.json")
-            if not args.quick:
+            if ships:
                 shutil.copyfile(out / "10_calibration_0.json", calibration.CALIBRATION_FILE)
         (out / f"10_calibration_{k}.json").unlink()
     rows, model, load = results[0]
@@ -146,7 +148,7 @@ def main():
     (out / "10_steps.md").write_text(steps_table(model))
     print(text + "\n" + steps_table(model))
     print(f"wrote {out / '10_calibrated.md'}, {out / '10_steps.md'}, {out / '10_calibrated.json'}, "
-          f"{out / '10_calibration.json'}" + ("" if args.quick else f" and {calibration.CALIBRATION_FILE}"))
+          f"{out / '10_calibration.json'}" + (f" and {calibration.CALIBRATION_FILE}" if ships else ""))
 
 
 def launches_line(launched):
