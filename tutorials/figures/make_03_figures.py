@@ -20,9 +20,10 @@ OUT/03_bench_pP.json), then
     bench's --quick sizes, one launch. --keep: redraw from the JSON already in OUT without running the
     bench (the full run wants an idle machine: minutes, and 4 ranks on 2 cores).
     03_bench_excerpt.txt: the rows of MPI, the ring, Rabenseifner and auto from each p's first launch,
-    in the bench's own columns (measured, x MPI, the alpha-beta model and the refined one, each beside
-    its ratio to the measurement, the target and whether it is met); chapter 3 prints it
-    verbatim (tests/test_figures_03.py checks).
+    in the bench's own columns (measured, x MPI with its rounds' [min, max], the alpha-beta model and the
+    refined one, each beside its ratio to the measurement, the target judged on the median and whether
+    it is met); chapter 3 prints it verbatim (tests/test_figures_03.py checks).
+    03_bench_launches.txt: per p and row with a target, in how many of the launches its median met it.
 """
 import argparse
 import json
@@ -99,15 +100,16 @@ def human(nbytes):
 
 
 def excerpt(runs_by_p):
-    """The text of 03_bench_excerpt.txt: each p's first launch, a few algorithms, the bench's columns."""
+    """The text of 03_bench_excerpt.txt: each p's first launch, a few algorithms, the bench's columns: each
+    time the median over the bench's rounds, `x MPI` the median of the rounds' ratios with [min, max]."""
     lines = []
     for p, runs in runs_by_p.items():
         records = runs[0]
         first = records[0]
         lines.append(f"p = {p}  # ping-pong fit: alpha = {first['alpha'] * 1e6:.2f} us, beta = "
                      f"{first['beta'] * 1e9:.4f} "
-                     f"ns/B; gamma = {first['gamma'] * 1e9:.4f} ns/B")
-        lines.append(f"{'bytes':>9} {'algorithm':<18} {'measured us':>11} {'x MPI':>6} {'model us':>9} "
+                     f"ns/B; gamma = {first['gamma'] * 1e9:.4f} ns/B; median of {first['rounds']} rounds")
+        lines.append(f"{'bytes':>9} {'algorithm':<18} {'measured us':>11} {'x MPI [min, max]':>18} {'model us':>9} "
                      f"{'model/meas':>10} "
                      f"{'refined us':>10} {'ref/meas':>8}  {'target':<17} met")
         for record in records:
@@ -118,10 +120,27 @@ def excerpt(runs_by_p):
             refined_text = "-" if refined is None else f"{refined * 1e6:.1f}"
             refined_ratio = "-" if refined is None else f"{record['refined_ratio']:.2f}"
             met = "-" if record["met"] is None else ("met" if record["met"] else "NO")
-            lines.append(f"{human(record['bytes']):>9} {name:<18} {record['seconds'] * 1e6:11.1f} "
-                         f"{record['ratio']:6.2f} "
+            low, high = record["ratio_range"]
+            ratio = f"{record['ratio']:.2f} [{low:.2f}, {high:.2f}]"
+            lines.append(f"{human(record['bytes']):>9} {name:<18} {record['seconds'] * 1e6:11.1f} {ratio:>18} "
                          f"{record['model_seconds'] * 1e6:9.1f} {record['model_seconds'] / record['seconds']:10.2f} "
                          f"{refined_text:>10} {refined_ratio:>8}  {record['target']:<17} {met}")
+    return "\n".join(lines) + "\n"
+
+
+def launches_met(runs_by_p):
+    """Per p, how many launches met each row's target (judged on that launch's medians): a line per row
+    with a target."""
+    lines = []
+    for p, runs in runs_by_p.items():
+        rows = {}
+        for run in runs:
+            for record in run:
+                if record["met"] is not None:
+                    key = (record["bytes"], record["algorithm"], record["target"])
+                    rows.setdefault(key, []).append(bool(record["met"]))
+        lines.append(f"p = {p}, {len(runs)} launches: " + "; ".join(
+            f"{human(n)} {name} {target} {sum(met)} of {len(met)}" for (n, name, target), met in rows.items()))
     return "\n".join(lines) + "\n"
 
 
@@ -175,6 +194,8 @@ def bench(out, quick, keep, repeats):
         runs = json.loads((out / f"03_bench_p{p}.json").read_text())
         runs_by_p[p] = [runs] if runs and isinstance(runs[0], dict) else runs
     (out / "03_bench_excerpt.txt").write_text(excerpt(runs_by_p))
+    (out / "03_bench_launches.txt").write_text(launches_met(runs_by_p))
+    print(launches_met(runs_by_p))
 
 
 def main(argv=None):
