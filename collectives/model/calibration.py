@@ -1,7 +1,7 @@
 """The calibrated cost model: step times measured once on this machine, stored as JSON, read by the tools.
 
-    mpiexec -n 2 python -m collectives.bench --calibrate      # measure, fit, write CALIBRATION_FILE
-    model = calibration.load()                                # None where no file was written
+    mpiexec -n 2 python -m collectives.bench --calibrate      # measure, fit, write it into the tuning file
+    model, where = calibration.tuned_or_shipped()             # this machine's, else CALIBRATION_FILE's
     seconds = cost.predict_calibrated("ring", 2, 1 << 20, model)
 
 Why. On one node a message is memory copies and a reduction a pass over memory, so a step's
