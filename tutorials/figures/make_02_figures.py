@@ -30,11 +30,13 @@
    suite's first GPU run, while im2col still cut the batch into 6 MiB blocks there; no timing here)
    and its two training runs (02_gpu_train_numpy.jsonl, 02_gpu_train_cupy.jsonl)
    -> 02_gpu_layers.md, 02_gpu_sweep.md, 02_gpu_conv.md, 02_gpu.png, 02_gpu_numbers.json.
-11. sweep: ``python -m minidl.bench sweep --blas native --launches 3`` (the LeNet-5 and MLP steps and
-   the 64-channel layer at batch 16-256 against PyTorch, the layer's BLAS floor beside it, each row's
-   target judged on its median over rounds, and in how many of the launches it was met), with the
-   tuning file the environment names (run ``python -m minidl.tune`` first) -> 02_sweep.json,
-   02_sweep.txt, 02_sweep.md.
+11. tune: ``python -m minidl.tune --out OUT/02_tuning.json`` (this machine's block size, layouts, column
+   budget and auto's thresholds, then collectives' calibration and selection) -> 02_tuning.json,
+   02_tuning.txt (what it printed).
+12. sweep: ``python -m minidl.bench sweep --blas native --launches 3`` with MINIDL_TUNING=OUT/02_tuning.json
+   where part 11 wrote one (the LeNet-5 and MLP steps and the 64-channel layer at batch 16-256 against
+   PyTorch, the layer's BLAS floor beside it, each row's target judged on its median over rounds, and in
+   how many of the launches it was met) -> 02_sweep.json, 02_sweep.txt, 02_sweep.md.
 9. allocator: the LeNet-5 and MLP training steps and the 64-channel layer, minidl and PyTorch, each
    case in a fresh process, with glibc malloc's default thresholds (MINIDL_KEEP_FREED_MEMORY=0) and
    with the ones minidl sets at import (``minidl.backend.keep_freed_memory``): time and minor page
@@ -64,19 +66,32 @@ import numpy as np  # noqa: E402
 from minidl import conv  # noqa: E402
 from minidl.conv import cost, direct, scratch  # noqa: E402
 
-PARTS = ("conv", "layers", "main", "memory", "plots", "workdepth", "summary", "precision", "allocator", "gpu", "sweep")
+PARTS = ("conv", "layers", "main", "memory", "plots", "workdepth", "summary", "precision", "allocator", "gpu", "tune",
+         "sweep")
 MEMORY_SHAPE = ((32, 64, 32, 32), (64, 64, 3, 3), 1, 1)     # the chapter's "big" layer (section 3)
 COLOURS = {"direct": "tab:red", "fft": "tab:green", "winograd": "tab:purple", "PyTorch": "tab:orange",
            "im2col": "tab:blue"}
 
 
-def bench(suite, out, quick, rounds, no_torch=False, extra=()):
+def tune(out, quick):
+    """02_tuning.json: this machine's tuning file, measured by python -m minidl.tune (02_tuning.txt: its report)."""
+    command = [sys.executable, "-m", "minidl.tune", "--out", str(out / "02_tuning.json")] + (
+        ["--quick", "--rounds", "1", "--calls", "1"] if quick else [])
+    (out / "02_tuning.json").unlink(missing_ok=True)
+    done = subprocess.run(command, env=ENV, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
+    (out / "02_tuning.txt").write_text(done.stdout + done.stderr)
+    print(done.stdout + done.stderr)
+
+
+def bench(suite, out, quick, rounds, no_torch=False, extra=(), env=None):
     """Run one suite of minidl.bench in its own process (``rounds`` interleaved rounds, each the minimum of
     3 runs; --quick: 1); keep its JSON and its printed table."""
     command = [sys.executable, "-m", "minidl.bench"] + ([suite] if suite != "main" else []) + [
         "--json", str(out / f"02_{suite}.json"), "--clock", "cpu", "--rounds", str(rounds), "--repeats",
         "1" if quick else "3"] + (["--quick"] if quick else []) + (["--no-torch"] if no_torch else []) + list(extra)
-    done = subprocess.run(command, env=ENV, cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(command, env=env or ENV, cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
     (out / f"02_{suite}.txt").write_text(done.stdout)
@@ -584,8 +599,12 @@ def main(argv=None):
         precision(out, args.quick)
     if "allocator" in parts:
         allocator(out, args.quick, repeats, args.no_torch)
+    if "tune" in parts:
+        tune(out, args.quick)
     if "sweep" in parts:
-        bench("sweep", out, args.quick, rounds, args.no_torch, extra=["--blas", "native", "--launches", str(launches)])
+        tuned = out / "02_tuning.json"
+        bench("sweep", out, args.quick, rounds, args.no_torch, extra=["--blas", "native", "--launches", str(launches)],
+              env=dict(ENV, MINIDL_TUNING=str(tuned)) if tuned.exists() else None)
         sweep_table(out)
     if "gpu" in parts and (out / "02_layers_gpu.json").exists():
         gpu_tables(out)
