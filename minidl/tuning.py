@@ -123,13 +123,13 @@ def machine():
 
 @dataclass(frozen=True)
 class Settings:
-    block_bytes: int = 2 * (l2_bytes() or 1 << 20)
+    """The settings in force; the defaults are the shipped ones, what a machine that never tuned runs."""
+    block_bytes: int = 2 * (l2_bytes() or 1 << 20)        # twice the L2 cache (1 MiB where unknown)
     column_bytes: int = 64 << 20
-    layouts: dict = field(default_factory=dict)
+    layouts: dict = field(default_factory=dict)           # none: im2col_blocked.kept_layout's rule
     winograd_min_channels: int = 256
     fft_min_kernel: int = 7
     source: str = "the shipped defaults"
-
 
 
 SHIPPED = Settings()
