@@ -205,7 +205,9 @@ def grade_task(tree, task, timeout, env, max_ranks=8, grader=None, groups=None):
             continue
         if not ids:
             continue
-        got, elsewhere = run(tree, nprocs, ids, timeout, len(ids), env, grader)
+        # hidden tests last: nothing the student's code sees in one can reach a visible test's feedback
+        ordered = sorted(ids, key=lambda nodeid: nodeid.startswith("tests/hidden/"))
+        got, elsewhere = run(tree, nprocs, ordered, timeout, len(ids), env, grader)
         outcomes.update({nodeid: got[nodeid] for nodeid in ids if nodeid in got})
         silent = [nodeid for nodeid in ids if nodeid not in got]
         hung = [nodeid for nodeid in ids if "timed out after" in got.get(nodeid, ("", ""))[1]]

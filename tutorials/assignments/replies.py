@@ -225,7 +225,9 @@ class Remote:
 
 
 def _kind(value):
-    """The kind a field keeps across a call: numbers are one kind, and so are arrays of one shape and dtype."""
+    """The kind a field keeps across a call: real numbers are one kind, and so are arrays of one shape and dtype."""
+    if isinstance(value, (np.bool_, np.str_, np.bytes_, np.complexfloating, complex)):
+        return type(value)
     if value is None or isinstance(value, (bool, str, tuple, list, dict, set, range, np.dtype)):
         return type(value)
     if isinstance(value, np.ndarray):
@@ -382,12 +384,13 @@ def _state(state):
     return state
 
 
-def unpack_reply(arrays, sent, tensor_class=None, remote=None, records=None):
+def unpack_reply(arrays, sent, tensor_class=None, remote=None, records=None, updates=True):
     """The return value of a reply; every update of ``sent`` (number -> the caller's thing) checked,
     then written. ``tensor_class``: minidl's Tensor, to rebuild the Tensors a call made (else they
     are refused); ``remote(handle, grad)``: what their backward calls; ``records``: {"module:qualname":
     class} of the namedtuples and dataclasses the task may return, rebuilt from their fields by the
-    grader's own class. ValueError if malformed."""
+    grader's own class; ``updates``: False for a task whose function may change nothing it was given
+    (a reply that changes anything is refused). ValueError if malformed."""
     builder = ReplyBuilder(arrays, sent, tensor_class, remote, records)
     try:
         text = str(arrays["__reply__"])
@@ -397,6 +400,9 @@ def unpack_reply(arrays, sent, tensor_class=None, remote=None, records=None):
         if not (isinstance(spec, dict) and spec.keys() == {"return", "updates"} and isinstance(spec["updates"], list)):
             raise ValueError("not a reply: a dict of 'return' and 'updates'")
         value = builder.build(spec["return"])
+        if spec["updates"] and not updates:
+            raise ValueError("the call changed what it was given, which this task's function may not (it returns "
+                             "its result)")
         for node in spec["updates"]:
             builder.update(node)
     except (KeyError, TypeError, IndexError, AttributeError, RecursionError, OverflowError,

@@ -313,7 +313,11 @@ def serve_broker(sock, tree, limits=Limits(), uid=SANDBOX_UID):
             os.close(extra)
         if not fds:
             continue
-        control = socket.socket(fileno=fds[0])
+        try:
+            control = socket.socket(fileno=fds[0])
+        except OSError:                             # not a socket: nothing to answer on
+            os.close(fds[0])
+            continue
         try:
             request = json.loads(message)
             job = Job(tree, str(request["mode"]), int(request["nprocs"]), limits=limits, uid=uid)
@@ -325,7 +329,12 @@ def serve_broker(sock, tree, limits=Limits(), uid=SANDBOX_UID):
         if os.environ.get("MINIDL_BROKER_LOG"):
             with open(os.environ["MINIDL_BROKER_LOG"], "a") as log:
                 log.write(f"{time.time():.3f} start {request} pid {job.process.pid} fds {job.to_job} {job.from_job}\n")
-        socket.send_fds(control, [b'{"ok": true}'], [job.to_job, job.from_job])
+        try:
+            socket.send_fds(control, [b'{"ok": true}'], [job.to_job, job.from_job])
+        except OSError:                             # the asker is gone
+            control.close()
+            job.close()
+            continue
         os.close(job.to_job)
         os.close(job.from_job)
         job.to_job = job.from_job = -1
