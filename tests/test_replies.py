@@ -97,6 +97,19 @@ def test_a_call_that_changed_an_array_in_place_writes_it_into_the_callers_own_an
     assert flat.parameters[0].data.base is flat.data, "written in place: still a view of the flat vector"
 
 
+def test_a_task_that_returns_its_result_may_change_nothing_it_was_given():
+    mine = np.ones(3)
+
+    def change(args):
+        args[0][...] = 0                                    # zero the operand, so that a later check would expect zeros
+        return np.zeros(3)
+    arrays, sent = through(None, (mine,), change)
+    with pytest.raises(ValueError, match="changed what it was given"):
+        replies.unpack_reply(arrays, sent, updates=False)
+    assert mine.tolist() == [1.0] * 3
+    assert replies.unpack_reply(arrays, sent).tolist() == [0.0] * 3 and not mine.any()   # where changes are the task
+
+
 @pytest.mark.parametrize("update, why", [
     (["array", "N", ["array", "v0"]], r"came back as float32\[3\], was float64\[3\]"),
     (["array", "N", ["atom", "x"]], "came back as str"),
@@ -137,6 +150,26 @@ def test_an_objects_fields_keep_their_kind_and_no_field_is_added_removed_or_made
                                                                     ["data", ["array", "v0"]]], []]],
                                v0=np.full(3, 5.0)), sent)
     assert tensor.count == 3 and tensor.data.tolist() == [5.0] * 3
+
+
+def test_a_callable_objects_counter_comes_back_and_a_class_default_is_a_field_of_its_kind():
+    from tests.handed import Summing                         # calls = 0 on the class; each call counts on the object
+    summing = Summing()
+
+    def change(args):
+        args[0](np.ones(2))
+        args[0](np.ones(2))
+    arrays, sent = through(None, (summing,), change)
+    replies.unpack_reply(arrays, sent)
+    assert summing.calls == 2
+    number = next(n for n, thing in sent.items() if thing is summing)
+    for value, why in ((["atom", "two"], "was a int, came back as a str"),
+                       (["list", []], "was a int, came back as a list")):
+        with pytest.raises(ValueError, match=why):
+            replies.unpack_reply(reply(["atom", None], [["fields", number, [["calls", value]], []]]), sent)
+    with pytest.raises(ValueError, match="that the call did not send"):        # a method's name is no field
+        replies.unpack_reply(reply(["atom", None], [["fields", number, [["__call__", ["int", "1"]]], []]]), sent)
+    assert summing.calls == 2
 
 
 def test_a_tensor_comes_back_rebuilt_here_and_its_backward_is_a_handle_for_the_sandbox():

@@ -25,6 +25,7 @@ This file imports nothing of the project: the sandbox loads it from beside its d
 """
 import dataclasses
 import functools
+import inspect
 import json
 import numbers
 import types
@@ -63,7 +64,7 @@ def snapshot(seen):
             states[number] = list(thing.items())
         elif isinstance(thing, set):
             states[number] = set(thing)
-        elif hasattr(thing, "__dict__") and not callable(thing):
+        elif hasattr(thing, "__dict__") and not isinstance(thing, CALLABLES):   # objects, callable ones too
             states[number] = dict(vars(thing))
     return states
 
@@ -355,9 +356,11 @@ class ReplyBuilder:
         if not isinstance(changed, list):
             raise ValueError("fields: not a list")
         for pair in changed:
-            if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str) and pair[0] in fields):
+            if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str)
+                    and (pair[0] in fields or _class_default(type(original), pair[0]) is not _NONE)):
                 raise ValueError(f"{type(original).__name__}: a field {str(pair)[:60]} that the call did not send")
-            name, old, new = pair[0], fields[pair[0]], self.build(pair[1])
+            name, new = pair[0], self.build(pair[1])
+            old = fields[name] if name in fields else _class_default(type(original), name)
             if isinstance(old, np.ndarray) and isinstance(new, np.ndarray) and _kind(old) == _kind(new) \
                     and new is not old and not any(new is thing for thing in self.sent.values()):
                 self.writes.append(lambda old=old, new=new: np.copyto(old, new))     # in place: views stay views
@@ -367,6 +370,20 @@ class ReplyBuilder:
                 raise ValueError(f"{type(original).__name__}.{name}: was a {type(old).__name__}, came back as a "
                                  f"{type(new).__name__} (a field keeps its kind)")
             self.writes.append(lambda name=name, new=new: fields.__setitem__(name, new))
+
+
+_NONE = object()
+
+
+def _class_default(cls, name):
+    """The data a class gives ``name`` (``calls = 0``: an instance's first ``calls += 1`` makes the field), or _NONE."""
+    if not (isinstance(name, str) and name.isidentifier() and not name.startswith("__")):
+        return _NONE
+    value = inspect.getattr_static(cls, name, _NONE)
+    if value is _NONE or callable(value) or hasattr(type(value), "__get__") or _kind(value) not in (
+            type(None), bool, str, numbers.Number, tuple):
+        return _NONE
+    return value
 
 
 def _hashable(key):
