@@ -14,7 +14,7 @@ import pytest
 from minidl.flat import FlatParameters
 from minidl.tensor import Parameter, Tensor
 from tests.helpers import fill
-from tutorials.assignments import replies, values
+from tutorials.assignments import channel, replies, values
 
 
 def reply(spec, updates=(), **arrays):
@@ -25,11 +25,16 @@ def through(result, args, change=None):
     """``result`` of a call of ``args`` as the sandbox would reply it: sent, built there, changed by
     ``change(theirs)``, packed; returns (the caller's ``args``, the arrays of the reply, sent)."""
     arrays, sent = values.pack_call({"args": args})
-    message, seen = values.unpack_call(arrays, importing=True)
+    message, seen = values.unpack_call(crossed(arrays), importing=True)
     before = replies.snapshot(seen)
     if change is not None:
         result = change(message["args"])
-    return replies.pack_reply(result, seen, before), sent
+    return crossed(replies.pack_reply(result, seen, before)), sent
+
+
+def crossed(arrays):
+    """``arrays`` as the other side reads them: through a frame's bytes (nothing shared)."""
+    return channel.parse(channel.pack(arrays)[8:])
 
 
 def test_plain_data_crosses_back_exactly():
