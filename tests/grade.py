@@ -153,7 +153,7 @@ def command(nprocs, selection, timeout, proxy=False):
     return [mpiexec, "-n", "1", *pytest, ":", "-n", str(nprocs - 1), *pytest, "-p", "tests.quiet_rank"]
 
 
-def run(tree, nprocs, selection, timeout, count, env, grader=None):
+def run(tree, nprocs, selection, timeout, count, env, grader=None, deadline=None):
     """Run and return ({node id: ('passed' | 'failed' | 'skipped', message)} for the tests rank 0
     reported, {node id: (rank, message)}: the first failure another rank reported)."""
     grader = grader or Grader(env)
@@ -162,7 +162,8 @@ def run(tree, nprocs, selection, timeout, count, env, grader=None):
                            dict(env, MINIDL_GRADE_RECORD_FD=str(record.write)), (record.write,), cwd=tree)
     record.close_writer()
     try:
-        process.wait(timeout=timeout * count + 300)      # + a test's own longer timeout mark
+        wait = timeout * count + 300                     # + a test's own longer timeout mark
+        process.wait(timeout=wait if deadline is None else max(1.0, min(wait, deadline - time.monotonic())))
     except subprocess.TimeoutExpired:                    # pytest-timeout should have ended it first
         os.killpg(process.pid, signal.SIGKILL)           # mpiexec and every rank: one process group
         process.wait()
@@ -189,7 +190,7 @@ def run(tree, nprocs, selection, timeout, count, env, grader=None):
     return outcomes, elsewhere
 
 
-def grade_task(tree, task, timeout, env, max_ranks=8, grader=None, groups=None):
+def grade_task(tree, task, timeout, env, max_ranks=8, grader=None, groups=None, deadline=None):
     """{node id: (outcome, message)} of the task's tests in ``tree``.
 
     One run per rank count, in the order of the tests. If a run dies before every test reported (a
@@ -205,9 +206,13 @@ def grade_task(tree, task, timeout, env, max_ranks=8, grader=None, groups=None):
             continue
         if not ids:
             continue
+        if deadline is not None and time.monotonic() > deadline:
+            stopped = "not run: the submission's --time-limit ran out"
+            outcomes.update({nodeid: ("not run", stopped) for nodeid in ids})
+            continue
         # hidden tests last: nothing the student's code sees in one can reach a visible test's feedback
         ordered = sorted(ids, key=lambda nodeid: nodeid.startswith("tests/hidden/"))
-        got, elsewhere = run(tree, nprocs, ordered, timeout, len(ids), env, grader)
+        got, elsewhere = run(tree, nprocs, ordered, timeout, len(ids), env, grader, deadline)
         outcomes.update({nodeid: got[nodeid] for nodeid in ids if nodeid in got})
         silent = [nodeid for nodeid in ids if nodeid not in got]
         hung = [nodeid for nodeid in ids if "timed out after" in got.get(nodeid, ("", ""))[1]]
@@ -400,7 +405,7 @@ def main(argv=None):
                 task_env = env
             began = time.monotonic()
             results.append(score(task, grade_task(ROOT, task, args.timeout, task_env, args.max_ranks, grader,
-                                                  groups[task.id])))
+                                                  groups[task.id], started + args.time_limit)))
             results[-1]["seconds"] = round(time.monotonic() - began, 1)
             last = results[-1]
             print(f"{task.id:<5} {task.title[:44]:<44} {last['passed']:>3}/{last['total']:<3} "
