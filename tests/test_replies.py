@@ -113,6 +113,10 @@ def test_a_task_that_returns_its_result_may_change_nothing_it_was_given():
         replies.unpack_reply(arrays, sent, updates=False)
     assert mine.tolist() == [1.0] * 3
     assert replies.unpack_reply(arrays, sent).tolist() == [0.0] * 3 and not mine.any()   # where changes are the task
+    rng = np.random.default_rng(5)                          # drawing from a generator it is handed is no change
+    arrays, sent = through(None, (rng,), lambda args: args[0].integers(10))
+    replies.unpack_reply(arrays, sent, updates=False)
+    assert rng.integers(1 << 30) == np.random.default_rng(5).integers(1 << 30, size=2)[1]
 
 
 @pytest.mark.parametrize("update, why", [

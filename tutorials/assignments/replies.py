@@ -407,7 +407,8 @@ def unpack_reply(arrays, sent, tensor_class=None, remote=None, records=None, upd
     are refused); ``remote(handle, grad)``: what their backward calls; ``records``: {"module:qualname":
     class} of the namedtuples and dataclasses the task may return, rebuilt from their fields by the
     grader's own class; ``updates``: False for a task whose function may change nothing it was given
-    (a reply that changes anything is refused). ValueError if malformed."""
+    but the random generators it draws from (a reply that changes anything else is refused).
+    ValueError if malformed."""
     builder = ReplyBuilder(arrays, sent, tensor_class, remote, records)
     try:
         text = str(arrays["__reply__"])
@@ -417,9 +418,10 @@ def unpack_reply(arrays, sent, tensor_class=None, remote=None, records=None, upd
         if not (isinstance(spec, dict) and spec.keys() == {"return", "updates"} and isinstance(spec["updates"], list)):
             raise ValueError("not a reply: a dict of 'return' and 'updates'")
         value = builder.build(spec["return"])
-        if spec["updates"] and not updates:
+        if not updates and any(not (isinstance(node, list) and node and node[0] == "generator")
+                               for node in spec["updates"]):
             raise ValueError("the call changed what it was given, which this task's function may not (it returns "
-                             "its result)")
+                             "its result; it may only draw from a random generator it is handed)")
         for node in spec["updates"]:
             builder.update(node)
     except (KeyError, TypeError, IndexError, AttributeError, RecursionError, OverflowError,
