@@ -45,6 +45,7 @@ import time
 import types
 
 import numpy as np
+import pytest
 from mpi4py import MPI
 
 from collectives.trace import WatchedComm
@@ -56,7 +57,7 @@ from tutorials.assignments import channel, codec, fences, replies, sandbox, valu
 MODULE = FUNCTION = CODE_NAME = TASK = TASKS = FORWARD = None
 RECORDS = {}                                      # tasks.toml's returns: "module:qualname" -> this tree's class
 FORWARDS = {}                                     # "module.qualname" (tasks.toml's forward) -> its forwarder
-STATE = {"worker": None, "jobs": {}}
+STATE = {"worker": None, "jobs": {}, "modules": []}
 
 
 def call_timeout():
@@ -101,14 +102,15 @@ def _started(mode, nprocs):
     rank) before any call is timed: starting costs seconds on a busy machine, a call milliseconds."""
     job = sandbox.Job(os.environ["MINIDL_GRADE_STUDENT"], mode, nprocs)
     try:
-        job.send({"__warm__": np.array(MODULE)})
+        job.send({"__warm__": np.array(",".join(STATE["modules"] or [MODULE]))})
         frame = job.receive(time.monotonic() + STARTUP)
     except (channel.FrameError, TimeoutError) as error:
         job.close()
         raise AssertionError(f"the sandbox did not start: {error or 'no answer in time'}") from None
     if "__error__" in frame:
         job.close()
-        raise AssertionError(f"importing {MODULE} (the student's, in the sandbox): {sandbox.failure_of(frame, nprocs)}")
+        raise AssertionError(f"importing {', '.join(STATE['modules'])} (the student's, in the sandbox): "
+                             f"{sandbox.failure_of(frame, nprocs)}")
     return job
 
 
@@ -340,24 +342,11 @@ def _forwarded(task, name):
                      "method of minidl, collectives, algorithms, tests/handed.py or tests/helpers.py")
 
 
-def forward_whole_calls(task):
-    """Swap the body of each function named in the task's ``forward`` for a forwarder of its whole
-    call (one round trip runs it, and every call of the task's function it makes, in the sandbox)."""
-    for name in task.forward:
-        function = _forwarded(task, name)
-        if name in FORWARDS or function.__code__ in (_trampoline.__code__, _trampoline_to(name)):
-            continue                                 # the task's own function is forwarded already
-        method = int("." in function.__qualname__)
-        FORWARDS[name] = forwarder(function, method=method, whole=True,
-                                   name=f"{FUNCTION}, called by {function.__module__}.{function.__qualname__}")
-        function.__code__ = _trampoline_to(name)
-
-
-def _reroute(outer, inner):
-    """Recompile ``outer`` (a module-level function) with the fenced body of its closure ``inner``
+def _rerouted(outer, inner):
+    """``outer`` (a module-level function) compiled again with the fenced body of its closure ``inner``
     replaced by a call of the forwarder that hands over the closure's arguments and the value of
     every local variable of ``outer`` (the student's closure may read any of them, not only those
-    the reference's reads); ``outer`` keeps its identity, only its code changes."""
+    the reference's reads): the code that ``outer`` gets while its task is graded."""
     lines = textwrap.dedent(inspect.getsource(outer)).splitlines()
     (begin, end), = fences("\n".join(lines))                  # the closure's one fence
     indent = lines[begin][:len(lines[begin]) - len(lines[begin].lstrip())]
@@ -372,46 +361,100 @@ def _reroute(outer, inner):
     source = "\n".join(lines[:begin] + body + lines[end + 1:]) + "\n"
     scope = {}
     exec(compile(source, outer.__code__.co_filename, "exec"), outer.__globals__, scope)
-    outer.__code__ = scope[outer.__name__].__code__
+    return scope[outer.__name__].__code__
+
+
+class Swap:
+    """What grading one task changes in this process, made once and put in place for each of its tests:
+    the task's function (or the closure's enclosing function) and each function of its ``forward``
+    get a body that forwards to the sandbox; everything else, the tests' oracles included, stays the
+    reference's. ``install`` before a test of the task, ``remove`` after it."""
+
+    def __init__(self, task):
+        self.task, self.codes, self.forwards = task, [], {}
+        self.module, self.function = task.file.removesuffix(".py").replace("/", "."), task.function
+        self.records = {}
+        for name in task.returns:                 # the task's schema: records rebuilt by this tree's classes
+            module, _, qualname = name.partition(":")
+            cls = codec.resolve(module, qualname, importing=True)
+            if not isinstance(cls, type):
+                raise ValueError(f"tasks.toml: task {task.id} returns {name!r}, which is no class of the project")
+            self.records[name] = cls
+        module = importlib.import_module(self.module)
+        head, _, tail = self.function.partition(".")
+        owner = getattr(module, head)
+        if not tail or isinstance(owner, type):   # a function, or a method of a class
+            original, method = (getattr(owner, tail), 1) if tail else (owner, 0)
+            self.code_name = original.__qualname__
+            self.forward = forwarder(original, method=method)     # its signature is read while it is the reference's
+            self.codes.append((original, original.__code__, _trampoline.__code__))
+        else:                                     # a closure made inside a function
+            self.code_name = f"{head}.<locals>.{tail}"
+            code = codec.code_of(self.module, self.code_name, 0)
+            dummy = types.FunctionType(code, module.__dict__, code.co_name, None,
+                                       tuple(types.CellType() for _ in code.co_freevars))
+            module_name, code_name = self.module, self.code_name
+            self.forward = forwarder(dummy, lambda cells: codec.Closure(module_name, code_name, 0, cells))
+            self.codes.append((owner, owner.__code__, _rerouted(owner, code)))
+        for name in task.forward:                 # whole calls: one round trip runs them, and the task's calls in them
+            function = _forwarded(task, name)
+            if any(function is swapped for swapped, _, _ in self.codes):
+                continue                          # the task's own function is forwarded already
+            self.forwards[name] = forwarder(function, method=int("." in function.__qualname__), whole=True,
+                                            name=f"{self.function}, called by {function.__module__}."
+                                                 f"{function.__qualname__}")
+            self.codes.append((function, function.__code__, _trampoline_to(name)))
+
+    def install(self):
+        global MODULE, FUNCTION, CODE_NAME, FORWARD, TASK, RECORDS
+        TASK, MODULE, FUNCTION, CODE_NAME = self.task, self.module, self.function, self.code_name
+        FORWARD, RECORDS = self.forward, self.records
+        FORWARDS.clear()
+        FORWARDS.update(self.forwards)
+        NETWORK.forbid, NETWORK.task = set(self.task.forbid), self.task.id
+        for function, _, new in self.codes:
+            function.__code__ = new
+
+    def remove(self):
+        for function, old, _ in self.codes:
+            function.__code__ = old
+
+
+SWAPS = {}                                        # task id -> its Swap, for every task this run grades
+INSTALLED = []
 
 
 def pytest_configure(config):
-    global MODULE, FUNCTION, CODE_NAME, FORWARD, TASK, TASKS
-    task_id = os.environ.get("MINIDL_GRADE_PROXY")
-    if not task_id:
+    global TASKS
+    graded = [part for part in os.environ.get("MINIDL_GRADE_PROXY", "").split(",") if part]
+    if not graded:
         return
     from tutorials import assignments
     tasks, _ = assignments.load()
     TASKS = {task.id: task for task in tasks}
-    task = TASK = TASKS[task_id]
     grade_network.start()                         # the sandbox's own network: collective, every rank here
-    NETWORK.forbid, NETWORK.task = set(task.forbid), task.id
-    for name in task.returns:                     # the task's schema: records rebuilt by this tree's classes
-        module, _, qualname = name.partition(":")
-        cls = codec.resolve(module, qualname, importing=True)
-        if not isinstance(cls, type):
-            raise ValueError(f"tasks.toml: task {task.id} returns {name!r}, which is no class of the project")
-        RECORDS[name] = cls
-    MODULE, FUNCTION = task.file.removesuffix(".py").replace("/", "."), task.function
     for package in ("minidl", "collectives", "algorithms"):
         importlib.import_module(package)
-    module = importlib.import_module(MODULE)
-    head, _, tail = FUNCTION.partition(".")
-    owner = getattr(module, head)
-    if not tail or isinstance(owner, type):      # a function, or a method of a class
-        original, method = (getattr(owner, tail), 1) if tail else (owner, 0)
-        CODE_NAME = original.__qualname__
-        FORWARD = forwarder(original, method=method)     # its signature is read before the body is swapped
-        original.__code__ = _trampoline.__code__
-        forward_whole_calls(task)
-        return
-    CODE_NAME = f"{head}.<locals>.{tail}"         # a closure made inside a function
-    code = codec.code_of(MODULE, CODE_NAME, 0)
-    dummy = types.FunctionType(code, module.__dict__, code.co_name, None,
-                               tuple(types.CellType() for _ in code.co_freevars))
-    FORWARD = forwarder(dummy, lambda cells: codec.Closure(MODULE, CODE_NAME, 0, cells))
-    _reroute(owner, code)
-    forward_whole_calls(task)
+    for task_id in graded:
+        SWAPS[task_id] = Swap(TASKS[task_id])
+    STATE["modules"] = sorted({swap.module for swap in SWAPS.values()})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Put in place the swap of the task this test is of (one task per test), before its fixtures run."""
+    marked = [str(task) for mark in item.iter_markers("task") for task in mark.args if str(task) in SWAPS]
+    if INSTALLED:
+        INSTALLED.pop().remove()
+    if marked:
+        SWAPS[marked[0]].install()
+        INSTALLED.append(SWAPS[marked[0]])
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    if INSTALLED:
+        INSTALLED.pop().remove()
 
 
 def pytest_unconfigure(config):

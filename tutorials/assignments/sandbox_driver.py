@@ -112,8 +112,9 @@ class Server:
         return keep
 
     def one(self, frame):
-        if "__warm__" in frame:                       # import the task's module now, before any call is timed
-            importlib.import_module(str(frame["__warm__"]))
+        if "__warm__" in frame:                       # import the tasks' modules now, before any call is timed
+            for module in str(frame["__warm__"]).split(","):
+                importlib.import_module(module)
             return {"__ready__": np.array(True)}
         if "__backward__" in frame:                   # a Tensor's backward that stayed here
             closure, seen = self.kept[int(frame["__backward__"])]
@@ -158,7 +159,8 @@ def job(in_fd, out_fd):
             return
         if "__warm__" in mine:                        # every rank imports the task's module before any call
             try:
-                importlib.import_module(str(mine["__warm__"]))
+                for module in str(mine["__warm__"]).split(","):
+                    importlib.import_module(module)
             except BaseException as error:
                 channel.write_frame(out_fd, failure(error, rank))
                 world.Abort(1)
