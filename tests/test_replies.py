@@ -223,6 +223,21 @@ def test_a_tensor_the_call_made_crosses_back_with_its_graph_and_its_backward_kep
     assert x.grad.tolist() == [0.0, 2.0, 2.0]
 
 
+def test_a_field_that_held_nothing_may_come_back_as_a_tensor_the_call_made():
+    from minidl.nn import Linear
+    layer = Linear(2, 2, rng=np.random.default_rng(0))
+    layer.probe = None                                      # as sufficient factors' wrapper keeps its zero probe
+
+    def change(args):
+        args[0].probe = Tensor(np.zeros(2), requires_grad=True)
+    arrays, sent = through(None, (layer,), change)
+    replies.unpack_reply(arrays, sent, tensor_class=Tensor, remote=print)
+    assert type(layer.probe) is Tensor and layer.probe.data.tolist() == [0.0, 0.0] and layer.probe.requires_grad
+    arrays, sent = through(None, (layer,), lambda args: setattr(args[0], "weight", Tensor(np.zeros(2))))
+    with pytest.raises(ValueError, match="was a Parameter, came back as a Tensor"):      # not in place of another
+        replies.unpack_reply(arrays, sent, tensor_class=Tensor, remote=print)
+
+
 def test_the_sandbox_side_refuses_to_pack_anything_but_data():
     class Outsider:
         pass

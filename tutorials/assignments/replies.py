@@ -365,7 +365,9 @@ class ReplyBuilder:
                     and new is not old and not any(new is thing for thing in self.sent.values()):
                 self.writes.append(lambda old=old, new=new: np.copyto(old, new))     # in place: views stay views
                 continue
-            if _kind(old) != _kind(new) and not (old is None and _kind(new) in (numbers.Number,)) \
+            tensors = self.tensor_class is not None and isinstance(new, self.tensor_class) and (
+                old is None or type(old) is type(new))                     # a Tensor the call made, rebuilt here
+            if _kind(old) != _kind(new) and not tensors and not (old is None and _kind(new) in (numbers.Number,)) \
                     and not (old is None and isinstance(new, np.ndarray)):
                 raise ValueError(f"{type(original).__name__}.{name}: was a {type(old).__name__}, came back as a "
                                  f"{type(new).__name__} (a field keeps its kind)")
