@@ -93,13 +93,12 @@ ATTACKS = {
 {indent}return Gadget()
 """, 0, ["cannot cross back"]),
     # hidden tests' inputs kept in the worker and said in a visible test's failure: the hidden tests run
-    # last, so the call numbers say which test saw what
+    # last, and the times of the calls say which test saw what
     "2.2": ("tests/test_conv_algorithms.py::test_every_forward_pass_alone_equals_direct[numpy-float64-winograd],"
             "tests/hidden/test_chapter2_hidden.py::test_winograd_forward_equals_the_loop_in_float64[n1c1f1_3x3_p0]", """\
-{indent}import minidl
-{indent}minidl.calls_seen = getattr(minidl, "calls_seen", 0) + 1
-{indent}raise RuntimeError(f"call number {{minidl.calls_seen}}")
-""", 0, ["call number"]),
+{indent}import time
+{indent}raise RuntimeError(f"called at {{time.time():.6f}}")
+""", 0, ["called at"]),
     # one rank of five waits for a message no rank sends
     "3.1": ("tests/hidden/test_chapter3_hidden.py::test_naive_heart_reads_source_and_writes_data[nprocs=5-sum]", """\
 {indent}if rank == size - 1:
@@ -261,7 +260,7 @@ def test_each_hostile_body_scores_nothing_and_says_why(graded, task_id):
 
 def test_the_hidden_tests_run_after_the_visible_ones_so_their_inputs_reach_no_visible_feedback(graded):
     rows, results, _, _, _ = graded
-    numbers = {test["name"]: int(test["message"].split("call number ")[1].split()[0]) for test in rows["2.2"]["tests"]}
+    numbers = {test["name"]: float(test["message"].split("called at ")[1].split()[0]) for test in rows["2.2"]["tests"]}
     hidden = [n for name, n in numbers.items() if name.startswith("tests/hidden/")]
     visible = [n for name, n in numbers.items() if not name.startswith("tests/hidden/")]
     assert hidden and visible and max(visible) < min(hidden), numbers
