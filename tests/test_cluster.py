@@ -24,13 +24,14 @@ MIB = 1 << 20
 
 def _can_make_namespaces():
     if os.geteuid() != 0:
-        return "not root: network namespaces need root"
+        return "not root: network namespaces need root and iproute2 (as root: apt-get install iproute2; .ci/run does)"
     if shutil.which("ip") is None or shutil.which("tc") is None:
-        return "no `ip` or `tc` (iproute2) on PATH"
+        return "no `ip` or `tc` on PATH: apt-get install iproute2 (.ci/run does, as root)"
     probe = f"mdlprobe{os.getpid()}"
     made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if made.returncode != 0:
-        return f"`ip netns add` fails here: {made.stderr.strip()}"
+        return (f"`ip netns add` fails here ({made.stderr.strip()}): network namespaces need root and a kernel "
+                f"or container that allows them")
     subprocess.run(["ip", "netns", "del", probe], capture_output=True)
     return None
 
