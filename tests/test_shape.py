@@ -39,6 +39,16 @@ def python_files(package):
     return sorted((ROOT / package).rglob("*.py"))
 
 
+@functools.lru_cache(maxsize=None)
+def parsed_source(text):
+    """``ast.parse(text)``, once per distinct text: the checks below read the same few hundred files many times."""
+    return ast.parse(text)
+
+
+def parsed(path):
+    return parsed_source(path.read_text())
+
+
 def fenced_lines(path):
     """[(begin line, end line)] of the fenced regions of ``path`` (1-based), by the assignment tool's parser."""
     try:
@@ -81,7 +91,7 @@ def test_fence_parser_rejects_broken_fences(tmp_path):
 @pytest.mark.parametrize("path", FENCED, ids=[str(path.relative_to(ROOT)) for path in FENCED])
 def test_each_fenced_heart_sits_inside_one_function_below_its_docstring(path):
     text = path.read_text()
-    tree, lines = ast.parse(text), text.splitlines()
+    tree, lines = parsed_source(text), text.splitlines()
     for begin, end in fenced_lines(path):
         functions = enclosing_functions(tree, lines, begin, end)
         assert functions, f"{path.name}:{begin}: the fence is not inside a function"
@@ -112,7 +122,7 @@ STRING_IMPORTERS = {"importlib", "runpy", "pkgutil"}       # modules whose only 
 def imported_packages(path):
     """The top-level packages ``path`` imports by name, and "<string import>" if it imports anything by
     a string: ``importlib`` / ``runpy`` / ``pkgutil`` used at all, ``__import__(...)``, ``sys.modules[...]``."""
-    tree = ast.parse(path.read_text())
+    tree = parsed(path)
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -156,7 +166,7 @@ def collectives_reached_otherwise(path):
     """Where ``path`` reaches collectives without importing the package itself: the name ``collectives``
     used but never bound by ``import collectives``, taken from another module (``from x import
     collectives``), or reached through one (``run.collectives``)."""
-    tree = ast.parse(path.read_text())
+    tree = parsed(path)
     imports_it = any(isinstance(node, ast.Import) and any(alias.name.split(".")[0] == "collectives"
                                                           and alias.asname is None for alias in node.names)
                      for node in ast.walk(tree))
@@ -176,7 +186,7 @@ def algorithm_modules_imported(path):
     """The modules of algorithms/ that ``path`` imports, named from algorithms/ ("model_parallel",
     "core.compare"): ``from algorithms import x``, ``from algorithms.x import y``, ``import algorithms.x``."""
     names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             modules = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
         elif isinstance(node, ast.Import):
@@ -374,16 +384,25 @@ def repository_python_files():
                   for path in (ROOT / folder).rglob("*.py"))
 
 
-def definitions_of(name, path):
-    """Line numbers where ``path`` defines ``name`` (a def, a class or an assignment to the name)."""
-    lines = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
-            lines.append(node.lineno)
+@functools.lru_cache(maxsize=None)
+def definitions(text):
+    """{name: line numbers where ``text`` defines it} (a def, a class or an assignment to the name)."""
+    found = {}
+    for node in ast.walk(parsed_source(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found.setdefault(node.name, []).append(node.lineno)
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            lines += [node.lineno for target in targets if isinstance(target, ast.Name) and target.id == name]
-    return lines
+            for target in targets:
+                if isinstance(target, ast.Name):
+                    found.setdefault(target.id, []).append(node.lineno)
+    return found
+
+
+def definitions_of(name, path):
+    """Line numbers where ``path`` defines ``name`` (a def, a class or an assignment to the name), in the
+    order ``ast.walk`` meets them."""
+    return list(definitions(path.read_text()).get(name, []))
 
 
 def is_a_marker(node):
@@ -412,7 +431,7 @@ def parses_fences(function):
 
 
 def fence_parsers(path):
-    return [f"{path.relative_to(ROOT)}:{node.lineno} {node.name}" for node in ast.walk(ast.parse(path.read_text()))
+    return [f"{path.relative_to(ROOT)}:{node.lineno} {node.name}" for node in ast.walk(parsed(path))
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and parses_fences(node)]
 
 
