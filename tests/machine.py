@@ -64,8 +64,11 @@ def fingerprint():
 
 def another_kernel():
     """An OpenBLAS kernel other than the one chosen here, that every CPU of this architecture can run
-    (for a run that checks what a machine with another kernel sees), or None if none is known."""
+    (for a run that checks what a machine with another kernel sees), or None if none is known or
+    NumPy's BLAS is not an OpenBLAS that says which kernel it runs."""
     machine, kernel = platform.machine().lower(), (blas_kernel() or "").lower()
+    if not kernel:                                 # not an OpenBLAS that says which: nothing to force
+        return None
     choices = {"x86_64": ("nehalem", "sandybridge"), "amd64": ("nehalem", "sandybridge"),
                "aarch64": ("armv8", "cortexa57"), "arm64": ("armv8", "cortexa57")}.get(machine, ())
     return next((choice for choice in choices if choice != kernel), None)
