@@ -200,6 +200,10 @@ def test_an_mpiexec_neither_hydra_nor_open_mpi_is_refused(monkeypatch, capsys, t
     fake.write_text("#!/bin/sh\necho 'mpiexec (Intel(R) MPI Library) 2021'\n")
     fake.chmod(0o755)
     monkeypatch.setattr(cluster.os, "geteuid", lambda: 0)
+    which = shutil.which                          # the machine's tools pretended present: only mpiexec is refused
+    monkeypatch.setattr(cluster.shutil, "which",
+                        lambda tool, *args, **kwargs: "/bin/" + tool if tool in ("ip", "tc", "unshare")
+                        else which(tool, *args, **kwargs))
     assert cluster.main(["--hosts", "2", "--ranks-per-host", "1", "--mpiexec", str(fake), "--", "true"]) == 2
     assert "is neither MPICH's hydra mpiexec nor Open MPI's" in capsys.readouterr().err
 
