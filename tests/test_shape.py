@@ -413,26 +413,38 @@ def is_a_marker(node):
         (isinstance(node, ast.Attribute) and node.attr in ("BEGIN", "END"))
 
 
-def parses_fences(function):
-    """True if ``function`` compares a line with a fence marker (``== BEGIN``, ``.startswith(END)``,
-    ``in (BEGIN, END)``): it is a fence parser, whatever its name."""
-    for node in ast.walk(function):
-        if isinstance(node, ast.Compare):
-            sides = [node.left, *node.comparators]
-            sides += [item for side in sides if isinstance(side, (ast.Tuple, ast.List, ast.Set)) for item in side.elts]
-            if any(is_a_marker(side) for side in sides):
-                return True
-        elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") in ("startswith", "endswith") and node.args:
-            argument = node.args[0]
-            items = argument.elts if isinstance(argument, (ast.Tuple, ast.List)) else [argument]
-            if any(is_a_marker(item) for item in items):
-                return True
+def compares_with_a_marker(node):
+    """True if ``node`` compares a line with a fence marker (``== BEGIN``, ``.startswith(END)``, ``in (BEGIN, END)``)."""
+    if isinstance(node, ast.Compare):
+        sides = [node.left, *node.comparators]
+        sides += [item for side in sides if isinstance(side, (ast.Tuple, ast.List, ast.Set)) for item in side.elts]
+        return any(is_a_marker(side) for side in sides)
+    if isinstance(node, ast.Call) and getattr(node.func, "attr", "") in ("startswith", "endswith") and node.args:
+        argument = node.args[0]
+        items = argument.elts if isinstance(argument, (ast.Tuple, ast.List)) else [argument]
+        return any(is_a_marker(item) for item in items)
     return False
 
 
+def parses_fences(function):
+    """True if ``function`` compares a line with a fence marker: it is a fence parser, whatever its name."""
+    return any(compares_with_a_marker(node) for node in ast.walk(function))
+
+
 def fence_parsers(path):
-    return [f"{path.relative_to(ROOT)}:{node.lineno} {node.name}" for node in ast.walk(parsed(path))
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and parses_fences(node)]
+    """The functions of ``path`` that parse fences (``parses_fences``), found in one walk of the file: a
+    comparison with a marker makes every function around it one."""
+    found = {}
+
+    def visit(node, around):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            around = (*around, node)
+        if around and compares_with_a_marker(node):
+            found.update((function.lineno, function) for function in around)
+        for child in ast.iter_child_nodes(node):
+            visit(child, around)
+    visit(parsed(path), ())
+    return [f"{path.relative_to(ROOT)}:{line} {function.name}" for line, function in sorted(found.items())]
 
 
 def test_tiny_digits_and_the_fence_parser_are_each_defined_once():
