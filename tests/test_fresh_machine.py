@@ -21,6 +21,7 @@ a check that skips without saying what to install fails the reason's test.
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -78,10 +79,19 @@ def run_pytest(tmp_path, targets, env, user=()):
     xml = tmp_path / "fresh.xml"
     command = [*user, sys.executable, "-m", "pytest", "-rs", "-q", "-p", "no:cacheprovider", "-m", "parallel[1]",
                f"--junitxml={xml}", *targets]
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
-    output = done.stdout[-6000:] + done.stderr[-3000:]
-    assert xml.exists(), f"pytest wrote no report (exit {done.returncode}):\n{output}"
-    return done.returncode, output, results(xml)
+    # a session of its own: on a timeout every process the run started goes with it, sandboxes and mpiexec too
+    run = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    try:
+        stdout, stderr = run.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(run.pid, signal.SIGKILL)
+        stdout, stderr = run.communicate()
+        pytest.fail(f"the run did not end within 240 s (its tests should skip or pass in seconds):\n"
+                    f"{stdout[-3000:]}{stderr[-2000:]}")
+    output = stdout[-6000:] + stderr[-3000:]
+    assert xml.exists(), f"pytest wrote no report (exit {run.returncode}):\n{output}"
+    return run.returncode, output, results(xml)
 
 
 def which_file(node):
