@@ -134,6 +134,8 @@ def test_with_no_bubblewrap_chromium_or_iproute2_and_another_blas_kernel_every_t
 def home_of_its_own():
     """A folder the unprivileged uid owns: its HOME, TMPDIR and the report's place (pytest's tmp_path
     lies under root's private folder, which that uid cannot enter)."""
+    if os.geteuid() != 0:
+        pytest.skip("already not root: this run is the suite itself (the test makes a non-root user out of root)")
     folder = Path(tempfile.mkdtemp(prefix="minidl-fresh-"))
     os.chown(folder, UNPRIVILEGED, UNPRIVILEGED)
     yield folder
@@ -141,8 +143,6 @@ def home_of_its_own():
 
 
 def test_as_a_user_who_is_not_root_every_test_passes_or_says_what_to_install(home_of_its_own):
-    if os.geteuid() != 0:
-        pytest.skip("already not root: this run is the suite itself (the test makes a non-root user out of root)")
     setpriv = shutil.which("setpriv")
     if setpriv is None:
         pytest.skip("no setpriv to run as another uid: apt-get install util-linux")
