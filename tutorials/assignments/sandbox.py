@@ -96,13 +96,14 @@ def why_not():
 
 
 def _local_why_not():
-    if shutil.which("bwrap") is None:
-        return f"bubblewrap is not installed ({INSTALL})"
+    reasons = []
     if os.geteuid() != 0:
-        return "the sandbox needs root (it drops to a uid of its own; bubblewrap as root makes no user namespace)"
-    if not _namespaces_work():
-        return "bubblewrap cannot make namespaces here (a container that forbids them?)"
-    return None
+        reasons.append("the sandbox needs root (it drops to a uid of its own; bubblewrap as root makes no user namespace)")
+    if shutil.which("bwrap") is None:
+        reasons.append(f"bubblewrap is not installed ({INSTALL})")
+    elif not reasons and not _namespaces_work():
+        reasons.append("bubblewrap cannot make namespaces here (a container that forbids them?)")
+    return "; ".join(reasons) or None
 
 
 def _drop(uid, limits):
