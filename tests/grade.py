@@ -167,9 +167,13 @@ def run(tree, nprocs, selection, timeout, count, env, grader=None, deadline=None
     except subprocess.TimeoutExpired:                    # pytest-timeout should have ended it first
         os.killpg(process.pid, signal.SIGKILL)           # mpiexec and every rank: one process group
         process.wait()
-    outcomes, elsewhere = {}, {}
+    outcomes, elsewhere, notes = {}, {}, {}
     for line in record.text().splitlines():
         when, outcome, nodeid, message, rank = (line.split("\t") + ["", "0"])[:5]
+        if when == "note":                       # the sandbox's words on some rank: a stub's first
+            if nodeid not in notes or ("NotImplementedError" in message and "NotImplementedError" not in notes[nodeid]):
+                notes[nodeid] = f"rank {rank}: {message}"
+            continue
         if rank != "0":                          # the root cause first: the sandbox's words
             said = (rank, message if when == "call" else f"{when}: {message}")
             if nodeid not in elsewhere or ("in the sandbox" in message and "in the sandbox" not in elsewhere[nodeid][1]):
@@ -187,6 +191,12 @@ def run(tree, nprocs, selection, timeout, count, env, grader=None, deadline=None
             outcomes[nodeid] = ("failed", f"rank {rank}: {message}")
         elif nodeid not in outcomes and "timed out after" in message:
             outcomes[nodeid] = ("failed", f"rank {rank} of p = {nprocs}: {message}")
+    for nodeid, said in notes.items():                 # a failure that is not the sandbox's own: its words first
+        if outcomes.get(nodeid, ("",))[0] == "failed" and "in the sandbox" not in outcomes[nodeid][1]:
+            outcomes[nodeid] = ("failed", f"{said} (then: {outcomes[nodeid][1]})")
+        if nodeid in elsewhere and "in the sandbox" not in elsewhere[nodeid][1]:
+            elsewhere[nodeid] = (said.split(":")[0].removeprefix("rank "), f"{said.split(': ', 1)[1]} (then, on rank "
+                                 f"{elsewhere[nodeid][0]}: {elsewhere[nodeid][1]})")
     return outcomes, elsewhere
 
 

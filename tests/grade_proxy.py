@@ -148,8 +148,10 @@ def exchange(arrays, sent, name, scope):
             if kind == "op":
                 worker.send(NETWORK.answer(frame))
             elif kind == "error":
-                raise AssertionError(f"{name} (the student's, in the sandbox): "
-                                     f"{_blame(sandbox.failure_of(frame, MPI.COMM_WORLD.Get_size()))}")
+                said = f"{name} (the student's, in the sandbox): " \
+                       f"{_blame(sandbox.failure_of(frame, MPI.COMM_WORLD.Get_size(), MPI.COMM_WORLD.Get_rank()))}"
+                grade_record.note(said)
+                raise AssertionError(said)
             elif kind == "reply":
                 break
             else:
@@ -238,7 +240,9 @@ def _whole(function, args, kwargs, comm, name):
     idle_until_all_arrive(inner)
     reply = inner.scatter(parts, root=0)
     if isinstance(reply, str):
-        raise AssertionError(f"{name} (the student's, in the sandbox): {_blame(reply)}")
+        said = f"{name} (the student's, in the sandbox): {_blame(reply)}"
+        grade_record.note(said)
+        raise AssertionError(said)
     try:
         return replies.unpack_reply(reply, sent, records=RECORDS, updates=TASK.in_place)
     except ValueError as error:

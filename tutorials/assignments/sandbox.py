@@ -372,9 +372,11 @@ def _arguments(args, nprocs):
             for kwargs in per_rank]
 
 
-def failure_of(frame, nprocs):
-    """The message of an error frame: which rank raised what, and its traceback."""
-    return (f"rank {int(frame.get('rank', 0))} of p = {nprocs} raised {str(frame.get('__error__', '?'))[:2000]}\n"
+def failure_of(frame, nprocs, rank=None):
+    """The message of an error frame: which rank raised what (``rank``: the caller's, for a worker of its
+    own), and its traceback."""
+    rank = int(frame.get("rank", 0)) if rank is None else rank
+    return (f"rank {rank} of p = {nprocs} raised {str(frame.get('__error__', '?'))[:2000]}\n"
             f"{str(frame.get('__traceback__', ''))[-1500:]}")
 
 
