@@ -53,7 +53,7 @@ def chromium():
 
 class Browser:
     def __init__(self, executable, width=1280, height=1000, timeout=30):
-        import websocket                            # the test extra's websocket-client; chromium() needs none
+        import websocket  # the test extra's websocket-client; chromium() needs none
         self.profile = Path(tempfile.mkdtemp(prefix="minidl-chromium-"))
         command = [executable, "--headless", "--disable-gpu", "--no-first-run", "--no-default-browser-check",
                    "--disable-extensions", "--disable-background-networking", "--disable-dev-shm-usage",

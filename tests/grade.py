@@ -176,7 +176,8 @@ def run(tree, nprocs, selection, timeout, count, env, grader=None, deadline=None
             continue
         if rank != "0":                          # the root cause first: the sandbox's words
             said = (rank, message if when == "call" else f"{when}: {message}")
-            if nodeid not in elsewhere or ("in the sandbox" in message and "in the sandbox" not in elsewhere[nodeid][1]):
+            sandboxed = "in the sandbox" in message and "in the sandbox" not in elsewhere.get(nodeid, ("", ""))[1]
+            if nodeid not in elsewhere or sandboxed:
                 elsewhere[nodeid] = said
             continue
         before = outcomes.get(nodeid, ("", ""))[0]
@@ -320,8 +321,8 @@ def gradescope(results, seconds):
 def in_namespace(argv):
     """Run this grading again as the first process of a new PID namespace (util-linux's unshare): when it
     ends, the kernel ends every process it started, wherever they went. Returns its exit status."""
-    done = subprocess.run(["unshare", "--pid", "--mount", "--mount-proc", "--fork", "--kill-child", sys.executable, __file__,
-                           *argv],
+    done = subprocess.run(["unshare", "--pid", "--mount", "--mount-proc", "--fork", "--kill-child", sys.executable,
+                           __file__, *argv],
                           env=dict(os.environ, **{NAMESPACE: "1"}))
     return done.returncode
 

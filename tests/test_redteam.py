@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TASKS, GENERATOR = assignments.load()
 MISSING = grade.missing_tools() if os.geteuid() == 0 else "grading a submission needs root"
 pytestmark = [pytest.mark.skipif(bool(MISSING), reason=f"the grader's sandbox cannot run here: {MISSING}; it "
-                                 "needs root and bubblewrap with namespaces (apt-get install bubblewrap; CI installs it)"),
+                                 "needs root and bubblewrap with namespaces (apt-get install bubblewrap; CI installs "
+                                 "it)"),
               pytest.mark.skipif(assignments.is_student_tree(ROOT), reason=assignments.STUDENT_TREE)]
 TIMEOUT = 12                                  # --timeout: a sandboxed call may wait 7 s, a test 12 s
 
@@ -95,7 +96,8 @@ ATTACKS = {
     # hidden tests' inputs kept in the worker and said in a visible test's failure: the hidden tests run
     # last, and the times of the calls say which test saw what
     "2.2": ("tests/test_conv_algorithms.py::test_every_forward_pass_alone_equals_direct[numpy-float64-winograd],"
-            "tests/hidden/test_chapter2_hidden.py::test_winograd_forward_equals_the_loop_in_float64[n1c1f1_3x3_p0]", """\
+            "tests/hidden/test_chapter2_hidden.py::test_winograd_forward_equals_the_loop_in_float64"
+            "[n1c1f1_3x3_p0]", """\
 {indent}import time
 {indent}raise RuntimeError(f"called at {{time.time():.6f}}")
 """, 0, ["called at"]),
@@ -141,8 +143,8 @@ ATTACKS = {
 {indent}student_helper.complete(comm, data, counts, offsets)
 """, 0, ["called allgather, which task 3.5 must build"]),           # ints too: no exemption
     # a daemon that would outlive the grading and write later; the answer itself is right
-    "4.6": ("tests/hidden/test_chapter4_hidden.py::test_ensemble_prediction_on_p_members_is_their_mean_with_the_shape_of_one"
-            "[nprocs=3-7]", """\
+    "4.6": ("tests/hidden/test_chapter4_hidden.py::test_ensemble_prediction_on_p_members_is_their_mean_with_the_"
+            "shape_of_one[nprocs=3-7]", """\
 {indent}import os, time
 {indent}if os.fork() == 0:
 {indent}    os.setsid()
@@ -153,14 +155,16 @@ ATTACKS = {
 """, "full", []),
     # look for the hidden tests, the answers, the grader's checkout, its processes and the network;
     # answer wrong if anything is found
-    "5.2": ("tests/hidden/test_chapter5_hidden.py::test_may_proceed_reads_the_clocks_of_a_dict_view_of_the_live_workers",
+    "5.2": ("tests/hidden/test_chapter5_hidden.py::test_may_proceed_reads_the_clocks_of_a_dict_view_of_the_live_"
+            "workers",
             """\
 {indent}import glob, os, socket
 {indent}found = [p for p in ("tests/hidden", "tutorials/assignments/answers.md", "/etc/shadow")
 {indent}         if any(os.path.exists(os.path.join(base, p)) and os.access(os.path.join(base, p), os.R_OK)
 {indent}                for base in ("/student", "/", ".", {root!r}))]
 {indent}found += glob.glob("/*/tests/hidden") + glob.glob("/tmp/*/grader") + [
-{indent}    p for p in glob.glob("/proc/*/environ") if os.access(p, os.R_OK) and b"MINIDL_GRADE" in open(p, "rb").read()]
+{indent}    p for p in glob.glob("/proc/*/environ")
+{indent}    if os.access(p, os.R_OK) and b"MINIDL_GRADE" in open(p, "rb").read()]
 {indent}try:
 {indent}    socket.create_connection(("1.1.1.1", 53), timeout=2)
 {indent}    found.append("the network")
@@ -170,12 +174,14 @@ ATTACKS = {
 {indent}    return not (staleness is None or clock - min(clocks) <= staleness)
 """, "full", []),
     # eat the grader's memory
-    "9.1": ("tests/hidden/test_chapter9_hidden.py::test_lr_at_the_schedules_edges_in_closed_form[a quarter into warm-up]", """\
+    "9.1": ("tests/hidden/test_chapter9_hidden.py::test_lr_at_the_schedules_edges_in_closed_form"
+            "[a quarter into warm-up]", """\
 {indent}import numpy
 {indent}hog = numpy.ones(20 * 10**9 // 8)
 """, 0, ["MemoryError"]),
     # never return
-    "9.2": ("tests/hidden/test_chapter9_hidden.py::test_with_q_two_the_winners_are_the_two_best_and_nan_never_wins", """\
+    "9.2": ("tests/hidden/test_chapter9_hidden.py::test_with_q_two_the_winners_are_the_two_best_and_nan_never_"
+            "wins", """\
 {indent}import time
 {indent}time.sleep(10**6)
 """, 0, ["timed out after 7 s at p = 1"]),
@@ -291,7 +297,8 @@ def test_a_hang_costs_its_task_one_call_timeout_and_the_others_nothing(graded):
 
 def test_gradescopes_scores_add_up_to_each_tasks_points_exactly(graded):
     rows, results, _, _, _ = graded
-    assert all(set(test) >= {"name", "score", "max_score", "status", "output", "visibility"} for test in results["tests"])
+    fields = {"name", "score", "max_score", "status", "output", "visibility"}
+    assert all(set(test) >= fields for test in results["tests"])
     assert all(test["visibility"] == ("after_published" if "tests/hidden/" in test["name"] else "visible")
                for test in results["tests"])
     for task_id, row in rows.items():

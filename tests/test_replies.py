@@ -162,7 +162,7 @@ def test_an_objects_fields_keep_their_kind_and_no_field_is_added_removed_or_made
 
 
 def test_a_callable_objects_counter_comes_back_and_a_class_default_is_a_field_of_its_kind():
-    from tests.handed import Summing                         # calls = 0 on the class; each call counts on the object
+    from tests.handed import Summing  # calls = 0 on the class; each call counts on the object
     summing = Summing()
 
     def change(args):
@@ -192,7 +192,8 @@ def test_a_tensor_comes_back_rebuilt_here_and_its_backward_is_a_handle_for_the_s
     assert type(out) is Tensor and out.data.tolist() == [2.0] * 3 and out._parents == (x,)
     assert isinstance(out._backward, replies.Remote) and out.op == "copy_to_parallel"
     out.backward(np.ones(3))
-    assert asked == [(7, [1.0, 1.0, 1.0])] and x.grad.tolist() == [3.0] * 3, "the grader's autograd, the sandbox's closure"
+    assert asked == [(7, [1.0, 1.0, 1.0])] and x.grad.tolist() == [3.0] * 3, \
+        "the grader's autograd, the sandbox's closure"
     with pytest.raises(ValueError, match="kind 'tensor'"):                 # only where the grader rebuilds Tensors
         replies.unpack_reply(reply(spec, v0=np.full(3, 2.0)), sent)
     for bad, why in [(["tensor", 0, ["array", "v1"], ["atom", None], True, "", [], None], "not a floating-point"),

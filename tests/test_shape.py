@@ -413,7 +413,8 @@ def is_a_marker(node):
 
 
 def compares_with_a_marker(node):
-    """True if ``node`` compares a line with a fence marker (``== BEGIN``, ``.startswith(END)``, ``in (BEGIN, END)``)."""
+    """True if ``node`` compares a line with a fence marker (``== BEGIN``, ``.startswith(END)``,
+    ``in (BEGIN, END)``)."""
     if isinstance(node, ast.Compare):
         sides = [node.left, *node.comparators]
         sides += [item for side in sides if isinstance(side, (ast.Tuple, ast.List, ast.Set)) for item in side.elts]

@@ -26,7 +26,6 @@ import functools
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 if sys.version_info >= (3, 11):

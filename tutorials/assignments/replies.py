@@ -452,9 +452,10 @@ def unpack_op(frame):
     """(name, handle, arrays, fields) of an "op" frame; ValueError unless every piece is of its kind."""
     try:
         name, handle, present, fields = json.loads(str(frame["op"]))
+        plain = isinstance(fields, dict) and all(isinstance(key, str) and (value is None or type(value) in (int, str))
+                                                 for key, value in fields.items())
         if not (isinstance(name, str) and type(handle) is int and isinstance(present, list) and len(present) <= 4
-                and isinstance(fields, dict) and all(isinstance(key, str) and (value is None or type(value) in (int, str))
-                                                     for key, value in fields.items())):
+                and plain):
             raise ValueError("a malformed op")
         arrays = [frame[f"a{i}"] if there is True else None for i, there in enumerate(present)]
         if "__data__" in frame:

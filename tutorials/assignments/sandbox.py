@@ -98,7 +98,8 @@ def why_not():
 def _local_why_not():
     reasons = []
     if os.geteuid() != 0:
-        reasons.append("the sandbox needs root (it drops to a uid of its own; bubblewrap as root makes no user namespace)")
+        reasons.append("the sandbox needs root (it drops to a uid of its own; bubblewrap as root makes no user "
+                       "namespace)")
     if shutil.which("bwrap") is None:
         reasons.append(f"bubblewrap is not installed ({INSTALL})")
     elif not reasons and not _namespaces_work():
@@ -178,7 +179,8 @@ def start(argv, tree, log, *, io=None, limits=Limits(), uid=SANDBOX_UID, pass_fd
     why = _local_why_not()
     if why:
         raise SandboxError(f"the sandbox cannot run here: {why}")
-    binds = [(str(Path(tree).resolve()), "/student", "--ro-bind")] + ([] if io is None else [(str(io), "/io", "--ro-bind")])
+    binds = [(str(Path(tree).resolve()), "/student", "--ro-bind")]
+    binds += [] if io is None else [(str(io), "/io", "--ro-bind")]
     info, info_out = os.pipe()                          # bwrap tells the pid of its init there
     prefix = ["bwrap", "--info-fd", str(info_out), *bwrap_arguments(binds, limits)[1:], *_drop(uid, limits)]
     argv = [part.format(tree="/student", io="/io") for part in argv]
