@@ -30,8 +30,10 @@ sandbox, and nothing it hands back is more than data:
 Without ``--student`` the tree is graded as it is (a student checking their own work: there,
 unfinished prerequisites do cascade).
 
-Each rank count runs in its own ``mpiexec`` (one pytest per rank, as tests/run.py does) with a
-per-test timeout (pytest-timeout). A task's points are its registry points times the fraction of
+Each rank count runs once for every task together, in its own ``mpiexec`` (one pytest per rank, as
+tests/run.py does), visible tests first and hidden ones last, with a per-test timeout
+(pytest-timeout); a task's function is swapped in only while a test of that task runs, so every
+oracle is the reference's. A task's points are its registry points times the fraction of
 its tests that pass (skipped tests, e.g. GPU ones without a GPU, do not count; nor do tests on more
 ranks than ``--max-ranks``). ``--time-limit`` bounds the whole submission: tasks not reached score 0.
 
