@@ -6,19 +6,26 @@ differently, and still be right. What decides those bits besides the code and th
 - the BLAS kernel: OpenBLAS picks one for the CPU when it loads (``OPENBLAS_CORETYPE`` forces
   another), and each kernel orders the additions of a matrix product its own way. Its name is
   OpenBLAS's own answer, ``openblas_get_corename``, asked of the library NumPy loaded;
-- the convolution's block of images, twice the L2 cache (``minidl.conv.im2col_blocked.BLOCK_BYTES``),
-  and the column budget (``MINIDL_CONV_COLUMN_BYTES``): they decide how a batch's products are cut;
+- the convolution's block of images (``minidl.conv.im2col_blocked.BLOCK_BYTES``: twice the L2 cache,
+  or the tuning file's) and the column budget (``MINIDL_CONV_COLUMN_BYTES``, else the tuning file's,
+  else 64 MiB): they decide how a batch's products are cut;
+- where a tuning file is in force (``python -m minidl.tune``, ``minidl/tuning.py``), its per-shape
+  layouts and ``auto``'s thresholds too: another layout sums in another order, another threshold
+  picks another algorithm;
 - the NumPy version, which brings its own OpenBLAS build and its own loops.
 
-``fingerprint()`` names all four. Bits pinned as a regression guard are keyed by it, and a test on a
-machine with another fingerprint skips, naming this one: such a test checks the code, not the CPU.
+``fingerprint()`` names them as they are in force in this process (the tests run on the shipped
+defaults: tests/conftest.py sets MINIDL_TUNING=none). Bits pinned as a regression guard are keyed by
+it, and a test on a machine with another fingerprint skips, naming this one: such a test checks the
+code, not the CPU.
 """
 import ctypes
 import platform
 
 import numpy as np
 
-from minidl.conv import budget, im2col_blocked
+from minidl import tuning
+from minidl.conv import auto, budget, im2col_blocked
 
 # OpenBLAS's symbol under the names NumPy's builds give it: scipy-openblas (NumPy >= 2, 64-bit
 # integers "64_" or 32-bit), the older bundled libopenblas64_, and a plain system OpenBLAS
@@ -56,10 +63,17 @@ def blas_kernel():
 
 
 def fingerprint():
-    """What decides the bits here, as one line: "SkylakeX, L2 1 MiB, columns 64 MiB, NumPy 2.4.6, x86_64"
-    (the L2 as the convolution reads it: its blocks are twice that)."""
-    return (f"{blas_kernel() or 'BLAS kernel unknown'}, L2 {im2col_blocked.BLOCK_BYTES / 2 ** 21:g} MiB, "
+    """What decides the bits here, as one line, read from the settings in force: "SkylakeX, blocks 2 MiB,
+    columns 64 MiB, NumPy 2.4.6, x86_64", and where a tuning file set layouts or thresholds other than the
+    shipped ones, ", tuned layouts of 2 shapes, winograd from 64 channels, fft from 9" after it."""
+    line = (f"{blas_kernel() or 'BLAS kernel unknown'}, blocks {im2col_blocked.BLOCK_BYTES / 2 ** 20:g} MiB, "
             f"columns {budget.current() / 2 ** 20:g} MiB, NumPy {np.__version__}, {platform.machine()}")
+    shipped = tuning.SHIPPED
+    if im2col_blocked.LAYOUTS != shipped.layouts:
+        line += f", tuned layouts of {len(im2col_blocked.LAYOUTS)} shapes"
+    if (auto.WINOGRAD_MIN_CHANNELS, auto.FFT_MIN_KERNEL) != (shipped.winograd_min_channels, shipped.fft_min_kernel):
+        line += f", winograd from {auto.WINOGRAD_MIN_CHANNELS} channels, fft from {auto.FFT_MIN_KERNEL}"
+    return line
 
 
 def another_kernel():

@@ -320,15 +320,15 @@ def test_the_readme_main_job_on_4_ranks_at_batch_32_is_serial_sgd_at_batch_128_u
 # runs, taken with the code before algorithms/ was reshaped around one training loop (and again, on
 # purpose, when conv2d's bias gradient began summing the images first: the same sum in another order).
 # A refactoring that changes one bit of the arithmetic order changes them. They hold only where they were
-# taken: keyed by what decides the bits (tests/machine.py: the BLAS kernel by OpenBLAS's own name, the L2
-# the convolution's blocks follow, the column budget, NumPy, the architecture); anywhere else the test
+# taken: keyed by what decides the bits (tests/machine.py: the BLAS kernel by OpenBLAS's own name, the
+# convolution's blocks and column budget in force, NumPy, the architecture); anywhere else the test
 # skips, naming this machine's fingerprint. Two kernels of one CPU (OPENBLAS_CORETYPE unset, and Haswell
 # forced) each have their pair.
 PINNED = {
-    "SkylakeX, L2 1 MiB, columns 64 MiB, NumPy 2.4.6, x86_64": {
+    "SkylakeX, blocks 2 MiB, columns 64 MiB, NumPy 2.4.6, x86_64": {
         "serial_sgd --epochs 2": "adf3ae10186d1812141e819bf493e7ce0081fd0cad0a40ba4832f4a6527e7450",
         "mpiexec -n 4 allreduce_sgd --epochs 2": "938dece1b67c8b166790c3eb6ae346264cea8b98255352999c699d3a73ee6367"},
-    "Haswell, L2 1 MiB, columns 64 MiB, NumPy 2.4.6, x86_64": {
+    "Haswell, blocks 2 MiB, columns 64 MiB, NumPy 2.4.6, x86_64": {
         "serial_sgd --epochs 2": "73e840487607e9aa86580da56a3ab585315bee9e902637dd23ea0e64d735013b",
         "mpiexec -n 4 allreduce_sgd --epochs 2": "5c1a887fdb760707e4059fc9a96bef1f3715f964a95fd9b71187c30a22ef6e16"},
 }

@@ -66,6 +66,18 @@ def test_a_file_measured_here_sets_the_kernels_settings_at_import(tmp_path):
     assert seen[:2] == [256 << 10, 1000]
 
 
+def test_the_fingerprint_that_keys_pinned_bits_names_the_tuned_settings_in_force(tmp_path):
+    """tests/machine.py's fingerprint reads the settings a process runs on, not the shipped ones: under a
+    tuning file its blocks, budget, layouts and thresholds, so that no digest pinned on the shipped
+    defaults is compared with a tuned run's bits."""
+    code = "import json; from tests import machine; print(json.dumps(machine.fingerprint()))"
+    seen, _ = read_in_a_process(tuning_file(tmp_path), code)
+    assert ", blocks 0.25 MiB, columns 5 MiB, " in seen and seen.endswith(
+        ", tuned layouts of 1 shapes, winograd from 32 channels, fft from 9"), seen
+    seen, _ = read_in_a_process("none", code)
+    assert ", blocks 0.25" not in seen and "tuned" not in seen and "columns 64 MiB" in seen, seen
+
+
 def test_another_machines_file_is_refused_with_a_note_and_the_shipped_defaults_run(tmp_path):
     for key, value in (("numpy", "0.0.1"), ("blas_core", "Prescott"), ("l2_bytes", 1), ("cores", 999)):
         path = tuning_file(tmp_path, machine=dict(tuning.machine(), **{key: value}), name=f"{key}.json")

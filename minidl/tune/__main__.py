@@ -78,7 +78,7 @@ def tune_collectives(file, quick):
     env = dict(os.environ, **dict.fromkeys(THREADS, "1"), **{tuning.ENVIRONMENT: str(file)})
     command = [str(mpiexec), "-n", "2", sys.executable, "-m", "collectives.bench"] + (
         QUICK_COLLECTIVES if quick else COLLECTIVES)
-    print("$", " ".join(command[1:]), flush=True)
+    print("$ mpiexec -n 2 python", " ".join(command[4:]), flush=True)     # as a reader types it
     done = subprocess.run(command, env=env, stdout=subprocess.PIPE, text=True)
     for line in done.stdout.splitlines():
         if line.startswith(("# calibrated (", "# fastest", "# wrote", "# targets")):

@@ -59,7 +59,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT))
-ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+# the book's parts run on the shipped defaults (MINIDL_TUNING=none), whatever the user's tuning file says;
+# only the sweep reads the tuning that part 11 measured, and names it
+ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(ROOT),
+           MINIDL_TUNING="none")
 
 import numpy as np  # noqa: E402
 
@@ -73,9 +76,16 @@ COLOURS = {"direct": "tab:red", "fft": "tab:green", "winograd": "tab:purple", "P
            "im2col": "tab:blue"}
 
 
+def as_typed(path):
+    """``path`` as a reader types it from the repository root (the programs run there): relative inside the
+    repository, so that what they print and record of it names no folder of this machine."""
+    path = Path(path).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def tune(out, quick):
     """02_tuning.json: this machine's tuning file, measured by python -m minidl.tune (02_tuning.txt: its report)."""
-    command = [sys.executable, "-m", "minidl.tune", "--out", str(out / "02_tuning.json")] + (
+    command = [sys.executable, "-m", "minidl.tune", "--out", as_typed(out / "02_tuning.json")] + (
         ["--quick", "--rounds", "1", "--calls", "1", "--no-collectives"] if quick else [])
     (out / "02_tuning.json").unlink(missing_ok=True)
     done = subprocess.run(command, env=ENV, cwd=ROOT, capture_output=True, text=True)
@@ -604,7 +614,7 @@ def main(argv=None):
     if "sweep" in parts:
         tuned = out / "02_tuning.json"
         bench("sweep", out, args.quick, rounds, args.no_torch, extra=["--blas", "native", "--launches", str(launches)],
-              env=dict(ENV, MINIDL_TUNING=str(tuned)) if tuned.exists() else None)
+              env=dict(ENV, MINIDL_TUNING=as_typed(tuned)) if tuned.exists() else None)
         sweep_table(out)
     if "gpu" in parts and (out / "02_layers_gpu.json").exists():
         gpu_tables(out)
