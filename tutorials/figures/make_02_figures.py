@@ -46,7 +46,9 @@ Timing: float32, one thread, this process's CPU time (``--clock cpu``: the other
 machine do not count); the benches in --rounds interleaved rounds (minidl, PyTorch and the floor in
 turn, each turn the minimum of 3 runs), each time the median over rounds and each ratio the median of
 the rounds' ratios with [min, max]; the allocator part the minimum of --repeats runs. --quick shrinks
-every case and writes to /tmp/minidl_02_quick unless --out is given.
+every case and writes to /tmp/minidl_02_quick unless --out is given. Every part runs on the shipped
+defaults (MINIDL_TUNING=none: a user's tuning file never reaches the book) but the sweep, which reads
+the tuning part 11 wrote (named as a reader types it from the repository root).
 """
 import argparse
 import json
