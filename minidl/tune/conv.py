@@ -14,9 +14,10 @@ replaces the default only where it is at least MARGIN faster by that median: a t
     column_budget   keep or rebuild at batch 512 and 1024 (beyond the sweep); the budget is the
                     smallest power of two that holds the largest columns that won by keeping
     thresholds      auto's: Winograd against im2col at 32, 64, 128 channels (batch 16, 32x32, 3x3),
-                    FFT against im2col at 5x5, 7x7, 9x9 (batch 8, 16 channels, 64x64, "same" padding);
-                    the threshold is the smallest size from which the other algorithm stays faster
-                    (by MARGIN)
+                    FFT against im2col at 5x5, 7x7, 9x9 (batch 8, 16 channels, 64x64, "same" padding,
+                    and LeNet-5's conv2 shape, batch 64, 6 -> 16 channels, 14x14); the threshold is
+                    the smallest size from which the other algorithm stays faster (by MARGIN) on
+                    every shape raced
 """
 import math
 from contextlib import contextmanager
@@ -168,26 +169,32 @@ def threshold(sizes, faster, shipped):
 
 
 def thresholds(block_bytes, column_bytes, layouts_table, rounds, calls, report, quick=False):
-    """(winograd_min_channels, fft_min_kernel, measurements): auto's two crossovers, measured."""
+    """(winograd_min_channels, fft_min_kernel, measurements): auto's two crossovers, measured. The rule
+    looks only at the channels or the kernel, so a size counts as the other algorithm's only where it
+    won on every shape raced at that size: FFT's on the kernel sweep's wide images and on LeNet-5's
+    small ones (conv2's 6 -> 16 channels on 14x14, batch 64), where the transforms cost the most."""
     measured = {}
     enter = setting(block_bytes, column_bytes, layouts_table)
     channels = (4, 8) if quick else (32, 64, 128)
     kernels = (3, 5) if quick else (5, 7, 9)
     width, side = (4, 12) if quick else (16, 64)
-    for other, sizes, batch, layer_of, shipped in (
-            ("winograd", channels, 2 if quick else 16, lambda w: (w, w, 8 if quick else 32, 3, 1, 1),
-             tuning.SHIPPED.winograd_min_channels),
-            ("fft", kernels, 2 if quick else 8, lambda k: (width, width, side, k, 1, k // 2),
-             tuning.SHIPPED.fft_min_kernel)):
+    winograd_shapes = [(2 if quick else 16, lambda w: (w, w, 8 if quick else 32, 3, 1, 1))]
+    fft_shapes = [(2 if quick else 8, lambda k: (width, width, side, k, 1, k // 2))] + (
+        [] if quick else [(64, lambda k: (6, 16, 14, k, 1, 0))])
+    for other, sizes, shapes, shipped in (("winograd", channels, winograd_shapes, tuning.SHIPPED.winograd_min_channels),
+                                          ("fft", kernels, fft_shapes, tuning.SHIPPED.fft_min_kernel)):
         faster, ratios = {}, {}
         for size in sizes:
-            times = interleaved({name: (enter, conv_step(batch, layer_of(size), name)) for name in ("im2col", other)},
-                                rounds, calls)
-            ratios[size] = relative(times, "im2col")[other]
-            faster[size] = ratios[size][0] < 1 - MARGIN            # a tie keeps im2col
+            ratios[size] = []
+            for batch, layer_of in shapes:
+                times = interleaved({name: (enter, conv_step(batch, layer_of(size), name))
+                                     for name in ("im2col", other)}, rounds, calls)
+                ratios[size].append(relative(times, "im2col")[other])
+            faster[size] = all(ratio[0] < 1 - MARGIN for ratio in ratios[size])     # a tie keeps im2col
         measured[other] = {str(size): ratio for size, ratio in ratios.items()}
         measured[other + "_threshold"] = threshold(list(sizes), faster, shipped)
-        report(f"auto, {other} against im2col: " + ", ".join(f"{s} {r[0]:.3f}" for s, r in ratios.items())
+        report(f"auto, {other} against im2col: " + ", ".join(f"{s} " + "/".join(f"{r[0]:.3f}" for r in each)
+                                                               for s, each in ratios.items())
                + f" -> from {measured[other + '_threshold']}")
     return measured["winograd_threshold"], measured["fft_threshold"], measured
 
