@@ -50,6 +50,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -259,12 +260,49 @@ def grade_tasks(tree, groups, timeout, env, max_ranks=8, grader=None, deadline=N
     return outcomes
 
 
+SKIPPED = {".git", ".venv", "__pycache__", ".pytest_cache", ".hypothesis", "node_modules"}
+MAX_FILES, MAX_BYTES = 20_000, 512 << 20
+
+
+def copy_submission(out, student, leave_out=()):
+    """Copy the student's tree as root, trusting nothing in it: its regular files only, read without
+    following a link (a symlink to the hidden tests, /etc/shadow or /proc/self/environ is left out, and
+    so are FIFOs and devices), at most MAX_FILES files and MAX_BYTES bytes; no git is run in it (its
+    configuration could name programs for git to run). Returns the relative paths copied."""
+    out, student, copied, total = Path(out), Path(student), [], 0
+    skip = [Path(item) for item in leave_out]
+    for folder, folders, files in os.walk(student, followlinks=False):
+        folders[:] = sorted(name for name in folders if name not in SKIPPED)
+        for name in sorted(files):
+            source = Path(folder) / name
+            relative = source.relative_to(student)
+            if any(relative == item or item in relative.parents for item in skip):
+                continue
+            try:
+                handle = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError:                           # a symlink (ELOOP), or unreadable: left out
+                continue
+            with os.fdopen(handle, "rb") as file:
+                if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+                    continue                          # a FIFO, a device, a socket: left out
+                data = file.read(MAX_BYTES - total + 1)
+            total += len(data)
+            if total > MAX_BYTES or len(copied) >= MAX_FILES:
+                raise ValueError(f"the submission holds more than {MAX_FILES} files or {MAX_BYTES >> 20} MiB")
+            target = out / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+            os.utime(target, ns=(os.stat(source, follow_symlinks=False).st_mtime_ns,) * 2)
+            copied.append(str(relative))
+    return copied
+
+
 def sandbox_tree(out, student, generator):
-    """A world-readable copy of the student's tree for the sandbox, without the solution-only files
-    (a student tree has none; ``--student .`` on the reference checkout must not hand them over), and
-    with this tree's ``TEST_CODE`` in place of the student's copies: those are the grader's, not
-    the student's (a helper that reports what a run did must not be one the student rewrote)."""
-    assignments.copy_tree(out, student, leave_out=generator.get("remove", ()))
+    """A world-readable copy of the student's tree for the sandbox (``copy_submission``), without the
+    solution-only files (a student tree has none; ``--student .`` on the reference checkout must not
+    hand them over), and with this tree's ``TEST_CODE`` in place of the student's copies: those are the
+    grader's, not the student's (a helper that reports what a run did must not be one the student rewrote)."""
+    copy_submission(out, student, leave_out=generator.get("remove", ()))
     for name in TEST_CODE:
         (Path(out) / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(ROOT / name, Path(out) / name)
@@ -385,7 +423,7 @@ def main(argv=None):
         if why:
             print(f"error: grading a submission runs it in a sandbox, which cannot run here: {why}", file=sys.stderr)
             return 2
-        if args.grader_uid in (0, sandbox.SANDBOX_UID):
+        if args.grader_uid in (0, sandbox.SANDBOX_UID) or args.grader_uid in sandbox.SANDBOX_UIDS:
             print(f"error: --grader-uid {args.grader_uid}: the tests need a uid of their own", file=sys.stderr)
             return 2
         if os.environ.get(NAMESPACE) not in ("1", "2"):
@@ -404,7 +442,11 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as scratch:
         grader = Grader(env)
         if student is not None:
-            sandboxed = sandbox_tree(Path(scratch) / "sandbox" / "student", student, generator)
+            try:
+                sandboxed = sandbox_tree(Path(scratch) / "sandbox" / "student", student, generator)
+            except ValueError as error:
+                print(f"error: {student}: {error}", file=sys.stderr)
+                return 2
             home = Path(scratch) / "grader"
             home.mkdir()
             os.chown(home, args.grader_uid, args.grader_uid)
@@ -421,7 +463,7 @@ def main(argv=None):
         for task in chosen:
             if student is not None:
                 try:
-                    forbidden = assignments.forbidden_calls(task, root=student)
+                    forbidden = assignments.forbidden_calls(task, root=sandboxed)
                 except (ValueError, OSError, SyntaxError) as error:
                     graded[task.id] = {**score(task, {}), "failed": [f"no gradable fence: {error}"]}
                     continue
