@@ -358,6 +358,28 @@ def test_the_grader_names_a_missing_student_tree_and_what_a_machine_without_a_sa
     assert grader.main(["--student", str(tmp_path), "--tasks", "1.1"]) == 2
 
 
+def test_the_submission_is_copied_as_its_regular_files_only_without_following_a_link(tmp_path, monkeypatch):
+    # the copy runs as root: a link to the hidden tests or /etc/shadow must not become a file the sandbox
+    # reads, a FIFO must not hang it, and a tree too big is refused, not copied
+    from tests import grade as grader
+    tree, secret = tmp_path / "tree", tmp_path / "secret.txt"
+    (tree / "collectives" / "sub").mkdir(parents=True)
+    (tree / "collectives" / "ring.py").write_text("# mine\n")
+    secret.write_text("the hidden tests")
+    (tree / "collectives" / "hidden.txt").symlink_to(secret)
+    (tree / "collectives" / "linked").symlink_to(tmp_path, target_is_directory=True)
+    os.mkfifo(tree / "collectives" / "sub" / "pipe")
+    (tree / ".git").mkdir()
+    (tree / ".git" / "config").write_text("[core]\n\tfsmonitor = /bin/false\n")
+    copied = grader.copy_submission(tmp_path / "out", tree)
+    assert copied == ["collectives/ring.py"], copied
+    assert sorted(str(p.relative_to(tmp_path / "out")) for p in (tmp_path / "out").rglob("*")) == [
+        "collectives", "collectives/ring.py"]
+    monkeypatch.setattr(grader, "MAX_FILES", 0)
+    with pytest.raises(ValueError, match="more than 0 files"):
+        grader.copy_submission(tmp_path / "again", tree)
+
+
 def test_the_grader_reads_each_tests_rank_count_from_its_marker(tmp_path):
     # a test marked for one size only has no "nprocs=" in its node id: the marker must tell
     (tmp_path / "test_sizes.py").write_text(

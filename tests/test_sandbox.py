@@ -10,6 +10,7 @@ bubblewrap); elsewhere they skip, saying what is missing and the line that insta
 import os
 import socket
 import struct
+import sys
 import tempfile
 import textwrap
 import time
@@ -471,3 +472,30 @@ def test_a_job_carries_values_in_and_data_and_changes_back(tmp_path):
         out = answer(job, target("f", x=x, shape=(4, 5), rng=rng, clocks={1: 2, 2: 5}.values()))
     assert out == {"drawn": np.random.default_rng(3).integers(100), "shape": (4, 5), "total": 7, "kind": "dict_values"}
     assert x.tolist() == [1.0, 1.0] and rng.integers(100) == np.random.default_rng(3).integers(100, size=2)[1]
+
+
+KEYRING = """
+import ctypes, platform, sys
+calls = {"x86_64": (248, 250), "aarch64": (217, 219)}[platform.machine()]   # add_key, keyctl
+libc = ctypes.CDLL(None, use_errno=True)
+if sys.argv[1] == "put":
+    libc.syscall(calls[0], b"user", b"minidl-probe", b"kept", 4, -4)        # -4: the uid's user keyring
+found = libc.syscall(calls[1], 10, -4, b"user", b"minidl-probe", 0)         # 10: KEYCTL_SEARCH
+print("found" if found > 0 else "absent")
+"""
+
+
+@needs_sandbox
+@pytest.mark.skipif(__import__("platform").machine() not in ("x86_64", "aarch64"),
+                    reason="the keyring probe knows the syscall numbers of x86-64 and ARM64 only")
+def test_two_jobs_never_share_what_the_kernel_keeps_per_uid(tmp_path):
+    # a key one job leaves in its uid's user keyring (namespaces do not separate it) is a channel to a
+    # later job of the same uid: a hidden test's inputs, noted at p = 3, said in a visible test at p = 4
+    tree = student(tmp_path, KEYRING)
+    probe = [sys.executable, "{tree}/attack.py"]
+    said = [sandbox.run([*probe, step], tree, 30).output.split()[-1:] for step in ("put", "get")]
+    assert said == [["found"], ["absent"]], said
+    # the control: two jobs given one uid do share it, so the probe would see a shared keyring
+    uid = sandbox.fresh_uid()
+    said = [sandbox.run([*probe, step], tree, 30, uid=uid).output.split()[-1:] for step in ("put", "get")]
+    assert said == [["found"], ["found"]], said
