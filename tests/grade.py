@@ -108,19 +108,25 @@ class Grader:
     def __init__(self, env, scratch=None, broker=None, uid=GRADER_UID):
         self.env, self.scratch, self.broker, self.uid = env, scratch, broker, uid
 
-    def popen(self, argv, env, pass_fds, cwd=ROOT):
+    def popen(self, argv, env, pass_fds, cwd=ROOT, log=None):
+        if log is None:
+            named = os.environ.get("MINIDL_GRADE_LOG")
+            log = open(named, "ab") if named else subprocess.DEVNULL
         if self.scratch is None:
-            return subprocess.Popen(argv, cwd=cwd, env=env, pass_fds=pass_fds, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL, start_new_session=True)
+            return subprocess.Popen(argv, cwd=cwd, env=env, pass_fds=pass_fds, stdout=log, stderr=log,
+                                    start_new_session=True)
         binds = [(str(ROOT), str(ROOT), "--ro-bind"), (str(self.scratch), str(self.scratch), "--bind")]
         prefix = [*sandbox.bwrap_arguments(binds, sandbox.Limits(tmp=1 << 30), chdir=str(ROOT)),
                   "setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", "--no-new-privs",
                   "--inh-caps=-all", "--bounding-set=-all", "--"]
         env = {**env, "HOME": str(self.scratch), "TMPDIR": "/tmp", "PYTHONDONTWRITEBYTECODE": "1",
                sandbox.BROKER: str(self.broker)}
-        log = open(os.environ["MINIDL_GRADE_LOG"], "ab") if os.environ.get("MINIDL_GRADE_LOG") else subprocess.DEVNULL
         return subprocess.Popen([*prefix, *argv], cwd="/", env=env, pass_fds=(*pass_fds, self.broker),
                                 stdout=log, stderr=log, start_new_session=True)
+
+
+class GradingError(Exception):
+    """The grader itself cannot go on (its own tests do not load): nothing is scored, and it says why."""
 
 
 def collect(grader, tasks, env):
@@ -129,13 +135,19 @@ def collect(grader, tasks, env):
     listing = Pipe()
     argv = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-p",
             "tests.grade_record", "--task", ",".join(ids), *test_files(ROOT, ids)]
-    process = grader.popen(argv, dict(env, MINIDL_GRADE_COLLECT_FD=str(listing.write)), (listing.write,))
-    listing.close_writer()
-    try:
-        process.wait(timeout=600)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+    with tempfile.TemporaryFile() as log:
+        process = grader.popen(argv, dict(env, MINIDL_GRADE_COLLECT_FD=str(listing.write)), (listing.write,), log=log)
+        listing.close_writer()
+        try:
+            process.wait(timeout=600)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        if process.returncode not in (0, 5):             # 5: no test selected, which the grade then says
+            log.seek(0)                                  # the grader's own tests did not load: say why, score nothing
+            said = log.read().decode(errors="replace").strip().splitlines()[-6:]
+            raise GradingError(f"the grader's tests could not be collected (pytest exit {process.returncode}): "
+                               + " / ".join(said))
     groups = {task_id: {} for task_id in ids}
     for line in listing.text().splitlines():
         nprocs, marked, nodeid = line.split("\t")
@@ -454,7 +466,11 @@ def main(argv=None):
             os.set_inheritable(lent.fileno(), True)
             threading.Thread(target=sandbox.serve_broker, args=(kept, sandboxed), daemon=True).start()
             grader = Grader(env, home, lent.fileno(), args.grader_uid)
-        groups = collect(grader, chosen, env)
+        try:
+            groups = collect(grader, chosen, env)
+        except GradingError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
         if args.tests is not None:
             wanted = {nodeid.strip() for nodeid in args.tests.split(",") if nodeid.strip()}
             groups = {task_id: {nprocs: [nodeid for nodeid in ids if nodeid in wanted] for nprocs, ids in sizes.items()}

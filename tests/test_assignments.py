@@ -380,6 +380,19 @@ def test_the_submission_is_copied_as_its_regular_files_only_without_following_a_
         grader.copy_submission(tmp_path / "again", tree)
 
 
+def test_when_the_graders_own_tests_do_not_load_it_says_why_instead_of_scoring_zero():
+    # e.g. an interpreter the tests' namespace cannot reach: every task would score 0 of 0 tests, silently
+    from tests import grade as grader
+
+    class Broken(grader.Grader):
+        def popen(self, argv, env, pass_fds, cwd=ROOT, log=None):
+            return super().popen([sys.executable, "-c", "import sys; print('no such interpreter'); sys.exit(3)"],
+                                 env, pass_fds, cwd, log)
+
+    with pytest.raises(grader.GradingError, match=r"could not be collected \(pytest exit 3\): no such interpreter"):
+        grader.collect(Broken(dict(os.environ)), assignments.select(assignments.load()[0], "1.1"), dict(os.environ))
+
+
 def test_the_grader_reads_each_tests_rank_count_from_its_marker(tmp_path):
     # a test marked for one size only has no "nprocs=" in its node id: the marker must tell
     (tmp_path / "test_sizes.py").write_text(

@@ -138,7 +138,10 @@ def bwrap_arguments(binds, limits, chdir="/tmp"):
     args += ["--proc", "/proc", "--dev", "/dev", "--ro-bind", "/sys", "/sys"]
     for place in ("/tmp", "/dev/shm"):
         args += ["--perms", "1777", "--size", str(limits.tmp), "--tmpfs", place]
-    made, mounts = {"/", "/tmp", "/dev"}, [(prefix, prefix, "--ro-bind") for prefix in {sys.prefix, sys.base_prefix}]
+    # the interpreter where it is named and where it really is (a virtual environment may be a link into
+    # another folder, which a later bind of the tree that holds the link would otherwise leave unreachable)
+    prefixes = {place for prefix in (sys.prefix, sys.base_prefix) for place in (prefix, os.path.realpath(prefix))}
+    made, mounts = {"/", "/tmp", "/dev"}, [(prefix, prefix, "--ro-bind") for prefix in prefixes]
     for source, target, how in [*sorted(mounts), *binds]:
         if any(target == done or target.startswith(done + "/") for done in covered):
             continue                                    # e.g. an interpreter under /usr
