@@ -221,9 +221,11 @@ def grade_tasks(tree, groups, timeout, env, max_ranks=8, grader=None, deadline=N
     {rank count: [node ids]}}).
 
     One run per rank count for every task together (starting p pytest processes, and p sandboxed
-    workers, costs seconds: once per rank count, not once per task), the visible tests first and the
-    hidden ones last, so that nothing the student's code sees in a hidden test reaches a visible
-    test's feedback. With ``proxied`` each run grades its tasks through tests/grade_proxy.py.
+    workers, costs seconds: once per rank count, not once per task), first the visible tests at every
+    rank count, then the hidden ones: nothing the student's code sees in a hidden test can reach a
+    visible test's feedback, whatever channel between sandboxed jobs it found (the kernel's page cache
+    of the shared read-only files is one no namespace separates). With ``proxied`` each run grades its
+    tasks through tests/grade_proxy.py.
     If a run dies before every test reported (a deadlock, or a crash), the test that hung fails with
     a timeout message, its task stops there (every test of it not yet run is "not run", at this and
     the larger rank counts), and a new run goes on with the other tasks' tests.
@@ -233,11 +235,11 @@ def grade_tasks(tree, groups, timeout, env, max_ranks=8, grader=None, deadline=N
 
     def done(nodeid, outcome):
         outcomes[task_of[nodeid]][nodeid] = outcome
-    for nprocs in sorted({nprocs for sizes in groups.values() for nprocs in sizes}):
-        ids = [nodeid for task_id in groups for nodeid in groups[task_id].get(nprocs, [])]
-        if nprocs > max_ranks:
-            continue
-        pending = sorted(ids, key=lambda nodeid: nodeid.startswith("tests/hidden/"))   # stable: tasks in order
+    rounds = [(hidden, nprocs) for hidden in (False, True)
+              for nprocs in sorted({nprocs for sizes in groups.values() for nprocs in sizes}) if nprocs <= max_ranks]
+    for hidden, nprocs in rounds:
+        pending = [nodeid for task_id in groups for nodeid in groups[task_id].get(nprocs, [])
+                   if nodeid.startswith("tests/hidden/") == hidden]
         while pending:
             for nodeid in [nodeid for nodeid in pending if task_of[nodeid] in stopped]:
                 done(nodeid, ("not run", stopped[task_of[nodeid]]))

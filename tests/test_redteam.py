@@ -102,6 +102,14 @@ ATTACKS = {
 {indent}import time
 {indent}raise RuntimeError(f"called at {{time.time():.6f}}")
 """, 0, ["called at"]),
+    # the same across rank counts: a hidden test at p = 3, a visible one at p = 4 (the sandboxed jobs of one
+    # grading share channels no namespace separates, such as the page cache of the read-only /usr)
+    "8.3": ("tests/hidden/test_chapter8_hidden.py::test_sparse_allreduce_on_p_ranks_for_hand_made_supports"
+            "[nprocs=3-one entry each],tests/test_sparse_allreduce.py::test_sparse_allreduce_is_the_dense_sum_and_"
+            "sends_what_the_break_even_rule_says[nprocs=4]", """\
+{indent}import time
+{indent}raise RuntimeError(f"called at {{time.time():.6f}}")
+""", 0, ["called at"]),
     # one rank of five waits for a message no rank sends
     "3.1": ("tests/hidden/test_chapter3_hidden.py::test_naive_heart_reads_source_and_writes_data[nprocs=5-sum]", """\
 {indent}if rank == size - 1:
@@ -290,7 +298,8 @@ def test_each_hostile_body_scores_nothing_and_says_why(graded, task_id):
 
 def test_the_hidden_tests_run_after_the_visible_ones_so_their_inputs_reach_no_visible_feedback(graded):
     rows, results, _, _, _ = graded
-    numbers = {test["name"]: float(test["message"].split("called at ")[1].split()[0]) for test in rows["2.2"]["tests"]}
+    numbers = {test["name"]: float(test["message"].split("called at ")[1].split()[0])
+               for task in ("2.2", "8.3") for test in rows[task]["tests"]}
     hidden = [n for name, n in numbers.items() if name.startswith("tests/hidden/")]
     visible = [n for name, n in numbers.items() if not name.startswith("tests/hidden/")]
     assert hidden and visible and max(visible) < min(hidden), numbers

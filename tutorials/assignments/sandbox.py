@@ -30,7 +30,10 @@ bubblewrap as root; ``tests/grade.py`` (root) then lends them an inherited socke
 (``$MINIDL_SANDBOX_BROKER``): a ``Job`` asks it for a sandboxed process and gets back only the
 two pipes' ends, and the broker kills the job when the asker closes its end or dies.
 
-**Not guaranteed.** No seccomp filter: a kernel exploit escapes. p ranks may use p times
+**Not guaranteed.** No seccomp filter: a kernel exploit escapes. Jobs share the kernel's page cache
+of the read-only system files (which pages of ``/usr`` are cached, set and read by any uid): a slow
+side channel between jobs, and between the ranks of one job outside the grader's trace, that no
+namespace closes (tests/grade.py runs every visible test before any hidden one because of it). p ranks may use p times
 ``limits.memory``. Processes of one job share ``limits.processes``. Without root (or a broker)
 nothing runs. The student tree must be world-readable (the sandbox's uid reads it).
 """
