@@ -108,9 +108,9 @@ def zero_step(comm, objective, shard, batch, stage):
     for unit in reversed(shard.units):
         start, out = kept.pop()
         shard.gather(comm, unit)
-        gradient = shard.gradient(unit)
+        shard.gradient(unit)                               # a fresh zero vector, the parameters' .grad views
         out.backward(grad)
-        gradient *= weight
+        unit.gradient *= weight
         shard.release(unit)
         if stage > 1:                                      # my block of the sum at once; the rest let go
             shard.reduce_scatter(comm, unit)

@@ -86,7 +86,7 @@ class Shard:
                 self.optimizer.state[index][key] = value[unit_.offset + unit_.start:unit_.offset + unit_.stop].copy()
         self.optimizer.steps = self.whole.steps
         self.whole.state[0] = {}                 # kept sharded: the whole state only exists while saving
-        self.params = objective.params           # stages 1, 2: the whole weights, which they keep
+        self.params = objective.params if stage < 3 else None       # stages 1, 2 keep the whole weights
         self.let_go_of_whole(objective)
         self.started, self.gathers = None, 0     # --prefetch: the gather in flight, this step's gathers so far
 
