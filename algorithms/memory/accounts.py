@@ -1,7 +1,7 @@
 """The per-rank memory formulas of ``algorithms/memory/__init__.py`` (whose header writes them out), one per method.
 
     rows = accounts.predicted_rows("lenet5", p=4, batch=64, micro_batches=8, k=1, recompute=False)
-    # [(method, {"params": bytes, "grads": ..., "optimizer": ..., "activations": ..., "comm": ...}
+    # [(method, {"params": bytes, "grads": ..., "optimizer": ..., "activations": ..., "extra": ...}
     #   or the reason the method does not apply), ...]
 
 The activations come from ``footprint`` (what minidl's kernels keep per example) and, for the
