@@ -81,6 +81,7 @@ from minidl.tensor import Tensor, no_grad
 DEFAULTS = dict(epochs=10, momentum=0.9)
 
 HALO, GATHER = tags.SPATIAL_HALO, tags.SPATIAL_GATHER
+LAYERS = ("conv", "local")
 
 
 def shift(comm, dest, sendbuf, source, recvbuf, tag=HALO):
@@ -155,14 +156,18 @@ def gather_rows(comm, tile, tiles):
     return numpy.concatenate(parts, axis=2)
 
 
-def run_stage(stage, window, rank, need_grad):
+def run_stage(stage, window, rank, need_grad, piece=None):
     """conv (zero padding only at the map's edges) -> ReLU -> pooling, through minidl's autograd;
-    (the padded window as a leaf, my rows of the next map)."""
+    (the padded window as a leaf, my rows of the next map). ``piece``: (weight, bias) of my output
+    rows of a locally connected stage (``spatial_local``); None: the convolution's shared weights."""
     top, bottom = stage.padding(rank)
     p = stage.conv.padding
     padded = numpy.pad(window, ((0, 0), (0, 0), (top, bottom), (p, p)))
     leaf = Tensor(padded, requires_grad=need_grad)
-    out = F.conv2d(leaf, stage.conv.weight, stage.conv.bias, 1, 0, stage.conv.algorithm)
+    if piece is None:
+        out = F.conv2d(leaf, stage.conv.weight, stage.conv.bias, 1, 0, stage.conv.algorithm)
+    else:
+        out = F.locally_connected2d(leaf, *piece, 1, 0)
     out = F.relu(out) if stage.relu else out
     out = F.max_pool2d(out, stage.pool) if stage.pool > 1 else out
     return leaf, out
@@ -230,11 +235,18 @@ def no_problem(settings):
         raise cli.SettingError("the spatial split needs a convolutional network, not a convex problem")
 
 
-def train(comm=None, recompute=False, **settings):
+def train(comm=None, recompute=False, layer="conv", **settings):
     """Spatially partitioned SGD on ``comm``: one replica, every feature map in P row blocks; returns
-    (final flat parameters, the same on every rank, history). ``recompute``: each stage recomputed."""
+    (final flat parameters, the same on every rank, history). ``recompute``: each stage recomputed.
+    ``layer``: "conv" (this module), or "local": the locally connected twin with every rank owning its
+    region's weights (``algorithms.spatial_local``)."""
     comm = comm or MPI.COMM_WORLD
     settings = Settings.of(settings, **DEFAULTS)
+    if layer not in LAYERS:
+        raise cli.SettingError(f"--layer must be conv or local, got {layer!r}", every_rank=True)
+    if layer == "local":
+        from algorithms import spatial_local  # built on this module's halo exchange: imported here, not above
+        return spatial_local.train_local(comm, recompute, settings, no_problem)
     run = Run.start(comm, settings, check=no_problem, reader=(0, 1),
                     writer=checkpoint.Writer("spatial_parallel", checkpoint.SGD_FAMILY,
                                              layout={"tiles": comm.Get_size()}))
@@ -257,8 +269,12 @@ def train(comm=None, recompute=False, **settings):
 
 
 def main(argv=None):
-    args = cli.parser(__doc__.splitlines()[0], recompute="tile", **DEFAULTS).parse_args(argv)
-    cli.run_main(train, args)
+    parser = cli.parser(__doc__.splitlines()[0], recompute="tile", **DEFAULTS)
+    parser.add_argument("--layer", default="conv", choices=LAYERS, help="conv: the convolutions' shared weights "
+                        "on every rank; local: the model's locally connected twin (--model cnn: local-cnn), each "
+                        "rank owning its region's weights (DistBelief's Figure 1)")
+    args = parser.parse_args(argv)
+    cli.run_main(train, args, layer=args.layer)
 
 
 if __name__ == "__main__":
