@@ -56,7 +56,7 @@ class LocalSplit(Module):
     rows, its rows of the head's first Linear (and its bias on rank 0), the rest of the head whole, and
     where each of these values sits in the serial model's flat vector (``positions``)."""
 
-    def __init__(self, tiling, net, rank, comm, total):
+    def __init__(self, tiling, net, rank, comm, total, flat=True):
         super().__init__()
         head = tiling.head
         if len(head) < 2 or not isinstance(head[0], Flatten) or not isinstance(head[1], Linear):
@@ -68,10 +68,8 @@ class LocalSplit(Module):
         mine, self.positions, self.shared = [], [], []
 
         def own(parameter, rows, shared=False):   # my rows (first axis) of a serial parameter, copied
-            piece = Parameter(parameter.data[rows].copy())
-            per_row = parameter.size // parameter.shape[0]
-            first = offsets[id(parameter)] + numpy.asarray(rows)[:, None] * per_row
-            self.positions.append((first + numpy.arange(per_row)).reshape(-1))
+            piece = Parameter(parameter.data[rows])
+            self.positions.append((offsets[id(parameter)], numpy.asarray(rows), parameter.size // parameter.shape[0]))
             self.shared.append(shared)
             mine.append(piece)
             return piece
@@ -88,8 +86,13 @@ class LocalSplit(Module):
         self.rest = Sequential(*head[2:])
         for parameter in self.rest.parameters():       # whole on every rank: kept by all, saved from rank 0
             own(parameter, numpy.arange(parameter.shape[0]), shared=True)
-        self.n, self.comm, self.total, self.tiling, self.rank = start, comm, total, tiling, rank
-        self.flat = FlatParameters(mine)
+        self.n, self.comm, self.total, self.tiling, self.rank, self.mine = start, comm, total, tiling, rank, mine
+        if flat:
+            self.flatten()
+
+    def flatten(self):
+        """My pieces as one flat vector, and one for their gradient (``minidl.flat``): the optimizer's."""
+        self.flat = FlatParameters(self.mine)
 
     def logits(self, x, comm, total, keep=None):
         """The network on x (N, C, H, W), my region of it: my rows of every map from my window, my rows
@@ -108,6 +111,11 @@ class LocalSplit(Module):
     def forward(self, x):                        # evaluation: the split network, on the plain communicator
         return self.logits(x.data, self.comm, self.total)
 
+    def where(self):
+        """For each of my pieces, the positions of its values in the serial model's flat vector."""
+        return [((offset + rows * per_row)[:, None] + numpy.arange(per_row)).reshape(-1)
+                for offset, rows, per_row in self.positions]
+
     def gather(self, vectors):
         """The serial model's flat vectors, from every rank's pieces of ``vectors`` (my flat vector and its
         momentum, in my order), summed over ranks where each value has one owner (rank 0 for the head's
@@ -116,7 +124,7 @@ class LocalSplit(Module):
         for vector in vectors:
             whole = numpy.zeros(self.n, dtype=vector.dtype)
             start = 0
-            for positions, shared in zip(self.positions, self.shared):
+            for positions, shared in zip(self.where(), self.shared):
                 if self.rank == 0 or not shared:
                     whole[positions] = vector[start:start + positions.size]
                 start += positions.size
@@ -186,7 +194,7 @@ def train_local(comm, recompute, settings, check):
         split = LocalSplit(tiling, objective.net, rank, comm, lambda array: total(array, comm))
     optimizer = SGD([split.flat.as_parameter()], lr=settings.lr, momentum=settings.momentum)
     if "momentum" in run.optimizer.state[0]:                   # --resume: my values of the serial momentum
-        optimizer.state[0]["momentum"] = run.optimizer.state[0]["momentum"][numpy.concatenate(split.positions)]
+        optimizer.state[0]["momentum"] = run.optimizer.state[0]["momentum"][numpy.concatenate(split.where())]
     optimizer.steps = run.optimizer.steps
     let_go_of_serial(run)
 

@@ -2,6 +2,7 @@
 
     mpiexec -n 2 python -m algorithms.spatial_parallel [--model cnn] [--recompute]
     mpiexec -n 4 python -m algorithms.spatial_parallel --model lenet5 --dataset mnist --data-dir DIR
+    mpiexec -n 2 python -m algorithms.spatial_parallel --layer local      # DistBelief's locally connected split
 
 Paper: Dean et al. 2012, section 3 and Figure 1: a locally connected or convolutional layer is
 partitioned by blocks of the feature map, so "only those nodes with edges that cross partition
@@ -43,6 +44,13 @@ Communication per step (batch N, itemsize b; ``bytes_per_step``), all ranks toge
 and with --recompute the halo term is 3 sum_{s >= 1} H_s^halo N C_s W_s b: the backward runs each
 stage again from its input tile, which needs the halo rows again, so every forward halo message
 is sent twice (in the forward and in the backward, before that stage's gradient halo goes back).
+
+--layer local (``algorithms/spatial_local.py``): the paper's own case, a locally connected network
+(the small CNN's twin, ``minidl.models.local_cnn``), whose weights are not shared between positions:
+each rank owns the weights of the rows it computes and its rows of the head, and sends only the
+halo rows, their gradients and the logits' sum; its parameters, gradient and momentum are 1/P of the
+model's. Here, with convolutions, every rank holds every weight: a convolution's weights serve every
+position, so only the activations are split.
 
 The halo pays per boundary row, not per pixel of the map: DistBelief's argument for large maps.
 The channel split (``model_parallel``) sends whole maps at every layer instead: tutorials/06.

@@ -30,6 +30,7 @@ adds, each term measured too:
     GPipe          n_s b            n_s b                 k n_s b    m A(stage, B/m)          (m + 1) B/m out_s b + R
     1F1B           n_s b            n_s b                 k n_s b    min(p, m) A(stage, B/m)  as GPipe
     spatial        n b              n b                   k n b      A_tiles(r, B) + A(fc, B) B C H W b + n_c/p b (5)
+    spatial local  n_r b            n_r b                 k n_r b    A_local(r, B)            B classes / p b   (6)
     hybrid         2-stage 1F1B with p/2 replicas of each stage, plus n_s/(p/2) b of the column's ring
 
 (1) the ring's receive block, and the a vectors of n that minidl's update makes and drops (a = 1
@@ -47,6 +48,10 @@ micro-batch's output, which ``pipeline_gradient``'s Isend holds until the step's
 gradient received, and R = (2 + k)(n - n_s) b, the rest of the whole model's weights, gradient and
 momentum, which every ``pipeline_parallel`` rank keeps and steps (evaluation and checkpoints read
 them). (5) the gathered last map (C, H, W) and the ring's block of the conv weights' gradient.
+(6) ``spatial_parallel --layer local`` on the small CNN's locally connected twin (--model cnn):
+rank r owns the weights of its rows of every stage and of the head's first Linear, n_r values,
+n/p up to the tiles' uneven rows (``accounts.local_region``, which also counts A_local: its tiles'
+windows, columns, outputs and pooling); no weight moves, only the ring's block of the logits' sum.
 
 Data parallelism and ZeRO also report their step's peak (tracemalloc's, over a real step) and the
 bytes rank 0 sends per step (predicted: a ring reduce-scatter sends every block but its own, an

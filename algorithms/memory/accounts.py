@@ -16,6 +16,7 @@ from algorithms.core.tiling import Tiling
 from algorithms.memory import footprint
 from collectives import block_counts
 from minidl.data import shard_sizes
+from minidl.nn import LocallyConnected2d
 
 PARTS = ("params", "grads", "optimizer", "activations", "extra")
 ARRAYS = {"sgd": 1, "adam": 5}    # vectors of the updated size minidl's update makes and drops (measured)
@@ -80,6 +81,35 @@ def zero(stage, layers, p, batch, b, k, recompute, arrays=1):
     return row(params * b, grads * b, k * mine * b, footprint.activations(layers, batch, recompute), extra * b)
 
 
+def local_region(tiling, rank, classes):
+    """(parameters, activations per example) of rank ``rank``'s region of a locally connected network
+    (``spatial_parallel --layer local``): its rows of every stage's weights and of the head's first
+    Linear (the bias on rank 0); per stage its padded window, its columns (C k k values per output
+    position, kept for the backward), output, ReLU and pooling (k k + 1 outputs), and the head's
+    partial logits, g's sum of them and the loss's."""
+    params, kept = classes if rank == 0 else 0, 0
+    for stage in tiling.stages:
+        layer, (lo, hi), (top, bottom) = stage.conv, stage.conv_rows(rank), stage.padding(rank)
+        params += (layer.weight.size + layer.bias.size) // layer.weight.shape[0] * (hi - lo)
+        width, (need_lo, need_hi) = layer.weight.shape[1], stage.needed[rank]
+        out = layer.out_channels * (hi - lo) * width
+        kept += layer.in_channels * (need_hi - need_lo + top + bottom) * (stage.width + 2 * layer.padding)
+        kept += out * layer.in_channels * layer.kernel_size ** 2 // layer.out_channels + out * (2 if stage.relu else 1)
+        kept += out // stage.pool ** 2 * (stage.pool ** 2 + 1) if stage.pool > 1 else 0
+    (lo, hi), (channels, _, width) = tiling.final[0][rank], tiling.final[1]
+    params += channels * (hi - lo) * width * classes
+    return params, kept + 3 * classes + (footprint.LOSS_EXTRA // 4)
+
+
+def spatial_local(p, batch, b, k):
+    """The small CNN's locally connected twin split over p ranks, the rank with the most (``local_region``);
+    extra: the ring's receive block of the (B, classes) logits' sum."""
+    net = build_model("local-cnn", 0, "digits")
+    tiling = Tiling.of(net, 8, 8, p, layer=LocallyConnected2d)
+    params, kept = max(local_region(tiling, rank, 10) for rank in range(p))
+    return row(params * b, params * b, k * params * b, batch * kept * b, share(batch * 10, p) * b if p > 1 else 0)
+
+
 def sent(method, layers, p, b, recompute):
     """Bytes rank 0 sends in one step of data parallelism or ZeRO: a ring reduce-scatter sends every
     block but its own, an allgather every block but the next rank's (None for the other methods)."""
@@ -116,7 +146,8 @@ def tensor(layers, p, batch, b, k, recompute=False):
     activations = footprint.activations(split, batch)
     if recompute:
         inside = [split[first].fresh + split[first + 1].fresh for first, _ in pairs]
-        activations += batch * (max(a + layers[second].out for a, (_, second) in zip(inside, pairs)) - sum(inside))
+        activations += batch * (max((a + layers[second].out for a, (_, second) in zip(inside, pairs)), default=0)
+                                - sum(inside))
     # comm: the ring's receive block of g's allreduce (N o), and of f's (N i) where the block's input
     # needs a gradient (a layer with parameters before it)
     blocks = {share(batch * layers[second].out // b, p) for _, second in pairs}
@@ -193,6 +224,13 @@ def predicted_rows(model, p, batch, micro_batches, k, recompute, optimizer="sgd"
         rows.append(("spatial", spatial(net, layers, example, p, batch, b, k, recompute)))
     except SettingError as error:
         rows.append(("spatial", str(error)))
+    if model != "cnn":
+        rows.append(("spatial local", "the locally connected split runs the small CNN's twin (--model cnn)"))
+    elif not recompute:
+        try:
+            rows.append(("spatial local", spatial_local(p, batch, b, k)))
+        except SettingError as error:
+            rows.append(("spatial local", str(error)))
     if p % 2 == 0:                                           # 2 pipeline stages x p/2 data replicas
         hybrid = pipeline(layers, 2, batch, b, k, recompute, micro_batches, "1f1b")
         hybrid["extra"] += share(hybrid["params"] // b, p // 2) * b if p > 2 else 0    # the column's ring block

@@ -25,7 +25,7 @@ import tracemalloc
 import numpy
 from mpi4py import MPI
 
-from algorithms import pipeline_parallel, spatial_parallel, tensor_parallel
+from algorithms import pipeline_parallel, spatial_local as spatial_local_module, spatial_parallel, tensor_parallel
 from algorithms.core.objective import build_model
 from algorithms.core.run import allreduce_function
 from algorithms.core.tiling import Tiling
@@ -35,7 +35,7 @@ from collectives.buffers import release_scratch
 from minidl import functional as F
 from minidl.conv.scratch import release
 from minidl.flat import FlatParameters, flatten
-from minidl.nn import Sequential
+from minidl.nn import LocallyConnected2d, Sequential
 from minidl.optim import SGD
 from minidl.tensor import Tensor, no_grad
 
@@ -236,6 +236,45 @@ def spatial(comm, model, batch, recompute=False, momentum=0.9, seed=0):
             allreduce_function("ring")(comm, flat.grad[:tiling.conv_parameters()])
         measured["extra"] += meter.take()
         flat.grad[...] = 0
+        optimizer.step()
+        measured["optimizer"] = meter.take()
+    finally:
+        meter.stop()
+    return measured
+
+
+def spatial_local(comm, batch, momentum=0.9, seed=0):
+    """``spatial_parallel --layer local`` on the small CNN's locally connected twin, this rank's region:
+    its pieces of the weights (params), their flat gradient (grads), the forward (activations: its
+    stages' tiles and its rows of the head), the logits' sum (extra: the ring's receive block), the
+    update (optimizer). The serial network it is cut from is let go by the module: not counted."""
+    x, labels = allocations.example_batch(EXAMPLE["cnn"], batch, seed)
+    rank, net = comm.Get_rank(), build_model("local-cnn", seed)
+    tiling = Tiling.of(net, x.shape[2], x.shape[3], comm.Get_size(), layer=LocallyConnected2d)
+    summed = allreduce_function("ring")
+
+    def total(array):
+        summed(comm, array.reshape(-1))
+        return array
+    release_scratch()
+    meter = allocations.Meter()
+    try:
+        split = spatial_local_module.LocalSplit(tiling, net, rank, comm, total, flat=False)
+        del net
+        measured = {"params": meter.take()}
+        split.flatten()
+        measured["grads"] = meter.take()
+        optimizer = SGD([split.flat.as_parameter()], lr=0.01, momentum=momentum)
+        release()
+        meter.take()
+        kept = []                                         # every stage's window and tile, as the step keeps them
+        loss = F.softmax_cross_entropy(split.logits(x, comm, total, keep=kept), labels)
+        measured["activations"] = meter.take()
+        measured["extra"] = freed_scratch(meter)
+        measured["activations"] -= measured["extra"]      # the sum's receive block, cached during the forward
+        del loss, kept
+        release()
+        meter.take()
         optimizer.step()
         measured["optimizer"] = meter.take()
     finally:

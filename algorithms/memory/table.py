@@ -24,6 +24,9 @@ def measure_method(comm, method, model, p, batch, micro_batches, recompute, mome
         return measured.pipeline(model, p, batch, micro_batches, method.split()[1].lower(), recompute, momentum), None
     if method.startswith("hybrid"):
         return measured.hybrid(comm, model, p, batch, micro_batches, recompute, momentum), None
+    if method == "spatial local" and comm.Get_size() == p:
+        mine = measured.spatial_local(comm, batch, momentum)
+        return {part: comm.allreduce(value, op=MPI.MAX) for part, value in mine.items()}, None
     if method == "spatial" and comm.Get_size() == p:
         mine = measured.spatial(comm, model, batch, recompute, momentum)
         return {part: comm.allreduce(value, op=MPI.MAX) for part, value in mine.items()}, None
