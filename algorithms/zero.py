@@ -6,7 +6,7 @@ Paper: Rajbhandari, Rasley, Ruwase & He 2020 (ZeRO: Memory Optimizations Toward 
 Parameter Models), section 5 (ZeRO-DP: P_os, P_os+g, P_os+g+p) and section 7 (communication); the
 unit by unit gathering is also PyTorch FSDP's (Zhao et al. 2023). Full references: tutorials/references.md.
 
-Units (``algorithms/zero_units.py``). The model is cut into gathering units (``units_of``):
+Units (``algorithms/core/units.py``). The model is cut into gathering units (``units_of``):
 ``--unit layer`` (the default) makes each layer with parameters a unit, the parameter-free layers
 after it joining it (the MLP 64-128-64-10: Flatten Linear ReLU | Linear ReLU | Linear); ``--unit
 model`` makes the whole model one unit; with ``--recompute`` a unit is a checkpointed segment. A
@@ -75,7 +75,7 @@ import collectives
 from algorithms.core import checkpoint, cli
 from algorithms.core.objective import evaluate
 from algorithms.core.run import Run, Settings, agreed, sgd
-from algorithms.zero_units import UNITS, Gathered, Shard
+from algorithms.core.units import UNITS, Gathered, Shard
 from minidl import backend, functional as F
 from minidl.optim import Adam
 from minidl.tensor import Tensor
@@ -175,9 +175,9 @@ def main(argv=None):
     parser = cli.parser(__doc__.splitlines()[0], lr=None, recompute=True, **DEFAULTS)
     parser.add_argument("--stage", type=int, default=3, help="1: shard the optimizer state; 2: and the gradients; "
                         "3: and the parameters")
-    parser.add_argument("--unit", default="layer", help="what is gathered and reduced at once: layer (each layer "
-                        "with parameters, the default) or model (the whole model: allreduce_sgd --allreduce ring's "
-                        "bits)")
+    parser.add_argument("--unit", default="layer", choices=UNITS, help="what is gathered and reduced at once: "
+                        "layer (each layer with parameters) or model (the whole model: allreduce_sgd --allreduce "
+                        "ring's bits)")
     parser.add_argument("--prefetch", action="store_true", help="stage 3: start the next unit's gather while this "
                         "one computes")
     parser.add_argument("--optimizer", default="sgd", choices=OPTIMIZERS,

@@ -15,10 +15,11 @@ import pytest
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
-from algorithms import spatial_local, spatial_parallel
+from algorithms import spatial_parallel
 from algorithms.core import run, tags
 from algorithms.core.cli import SettingError
 from algorithms.core.objective import NetworkObjective
+from algorithms.core.regions import Region
 from algorithms.core.tiling import Tiling
 from collectives.tags import ALLGATHER, REDUCE_SCATTER
 from collectives.trace import TracedComm
@@ -64,10 +65,10 @@ def test_the_locally_connected_split_equals_the_whole_network_and_owns_only_its_
     def total(array):
         summed(traced, array.reshape(-1))
         return array
-    split = spatial_local.LocalSplit(tiling, serial, rank, comm, total)
+    split = Region(tiling, serial, rank)
     split.flat.zero_grad()
-    got = spatial_local.local_gradient(traced, tiling, split, data.x_train[ROWS], data.y_train[ROWS], total)
-    gradient, = split.gather([split.flat.grad])
+    got = spatial_parallel.local_gradient(traced, tiling, split, data.x_train[ROWS], data.y_train[ROWS], total)
+    gradient, = split.gather(comm, [split.flat.grad])
     parallel_assert(abs(got - loss) <= 1e-12 * abs(loss), f"P={p}: loss {got} != {loss}")
     parallel_assert_close(gradient, whole.grad, EQUAL_UP_TO_ROUNDING, f"P={p}: gradient")
     # the region's weights only: 1/P of the 4,362 parameters, up to the tiles' uneven rows

@@ -24,8 +24,8 @@ from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
 import collectives
-from algorithms import allreduce_sgd, zero, zero_units
-from algorithms.core import checkpoint, run
+from algorithms import allreduce_sgd, zero
+from algorithms.core import checkpoint, run, units
 from algorithms.core.cli import SettingError
 from algorithms.core.objective import NetworkObjective, evaluate_at
 from collectives.trace import CountingComm, TracedComm
@@ -132,12 +132,12 @@ def test_stages_1_and_2_send_2_psi_and_stage_3_3_psi_per_step_prefetch_or_not():
     block but r + 1; summed over ranks each sends (p - 1) n values. Stages 1, 2: one of each per unit,
     2 (p - 1) n values a step; stage 3: two allgathers and a reduce-scatter, 3 (p - 1) n (the paper's
     section 7). Messages: p - 1 per collective, per unit and rank."""
-    comm, p, n, units = MPI.COMM_WORLD, MPI.COMM_WORLD.size, 555, len(UNIT_SIZES)
+    comm, p, n, count = MPI.COMM_WORLD, MPI.COMM_WORLD.size, 555, len(UNIT_SIZES)
     for stage, times in ((1, 2), (2, 2), (3, 3)):
         sent, messages = bytes_of_one_step(comm, stage)
         total = comm.allreduce(sent)
         parallel_assert(total == times * (p - 1) * n * 8, f"stage {stage}: {total} bytes, not {times} psi")
-        parallel_assert(messages == times * units * (p - 1), f"stage {stage}: {messages} messages")
+        parallel_assert(messages == times * count * (p - 1), f"stage {stage}: {messages} messages")
     prefetched, _ = bytes_of_one_step(comm, 3, prefetch=True)
     parallel_assert(comm.allreduce(prefetched) == 3 * (p - 1) * n * 8, "stage 3 with --prefetch: other bytes")
 
@@ -179,7 +179,7 @@ def test_a_zero_checkpoint_is_the_gathered_model_and_resumes_in_another_layout(o
 
 def test_a_bad_stage_unit_or_prefetch_stops_every_rank_with_an_error():
     for flags, message in ((("--stage", "4"), "--stage must be 1, 2 or 3"),
-                           (("--unit", "row"), "--unit must be layer or model"),
+                           (("--unit", "row"), "argument --unit: invalid choice: 'row'"),
                            (("--stage", "2", "--prefetch"), "stage 2 gathers no weights")):
         done = launch("zero", *flags, "--epochs", "1", ranks=2)
         assert_stopped(done, message, ranks=2)
@@ -199,7 +199,7 @@ def test_more_ranks_than_parameters_and_a_convex_problem_are_refused_on_every_ra
 
 def test_layer_units_are_the_layers_with_parameters_and_what_follows_them():
     net = uneven_mlp()                      # Flatten, Linear, ReLU, Linear, ReLU, Linear
-    units = zero_units.units_of(net, "layer")
-    assert [[type(layer).__name__ for layer in unit] for unit in units] == \
+    layers = units.units_of(net, "layer")
+    assert [[type(layer).__name__ for layer in unit] for unit in layers] == \
         [["Flatten", "Linear", "ReLU"], ["Linear", "ReLU"], ["Linear"]]
-    assert zero_units.units_of(net, "model") == [net]
+    assert units.units_of(net, "model") == [net]

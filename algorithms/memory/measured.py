@@ -25,8 +25,9 @@ import tracemalloc
 import numpy
 from mpi4py import MPI
 
-from algorithms import pipeline_parallel, spatial_local as spatial_local_module, spatial_parallel, tensor_parallel
+from algorithms import pipeline_parallel, spatial_parallel, tensor_parallel
 from algorithms.core.objective import build_model
+from algorithms.core.regions import Region
 from algorithms.core.run import allreduce_function
 from algorithms.core.tiling import Tiling
 from algorithms.memory import allocations
@@ -259,16 +260,17 @@ def spatial_local(comm, batch, momentum=0.9, seed=0):
     release_scratch()
     meter = allocations.Meter()
     try:
-        split = spatial_local_module.LocalSplit(tiling, net, rank, comm, total, flat=False)
+        region = Region(tiling, net, rank, flat=False)
         del net
         measured = {"params": meter.take()}
-        split.flatten()
+        region.flatten()
         measured["grads"] = meter.take()
-        optimizer = SGD([split.flat.as_parameter()], lr=0.01, momentum=momentum)
+        optimizer = SGD([region.flat.as_parameter()], lr=0.01, momentum=momentum)
         release()
         meter.take()
         kept = []                                         # every stage's window and tile, as the step keeps them
-        loss = F.softmax_cross_entropy(split.logits(x, comm, total, keep=kept), labels)
+        loss = F.softmax_cross_entropy(spatial_parallel.local_logits(comm, tiling, region, x, total, keep=kept),
+                                       labels)
         measured["activations"] = meter.take()
         measured["extra"] = freed_scratch(meter)
         measured["activations"] -= measured["extra"]      # the sum's receive block, cached during the forward
