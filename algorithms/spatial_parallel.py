@@ -43,6 +43,7 @@ Communication per step (batch N, itemsize b; ``bytes_per_step``), all ranks toge
 and with --recompute the halo term is 3 sum_{s >= 1} H_s^halo N C_s W_s b: the backward runs each
 stage again from its input tile, which needs the halo rows again, so every forward halo message
 is sent twice (in the forward and in the backward, before that stage's gradient halo goes back).
+The halo pays per boundary row, not per pixel (DistBelief's argument); model_parallel sends whole maps.
 
 --layer local (the paper's own case): a locally connected network, weights unshared between positions
 (``minidl.nn.LocallyConnected2d``; --model cnn runs its twin, ``minidl.models.local_cnn``). Rank r owns
@@ -52,8 +53,6 @@ Per step (``local_gradient``): the halos and one ring allreduce of the (N, class
 gradient summed, no map gathered; parameters, gradient and momentum 1/P of the model's per rank, up
 to uneven tiles. Evaluation runs the split network; --save gathers the pieces. Serial SGD up to the
 order of the additions in the boundary rows' input gradients and the logits (tests/test_spatial_local.py).
-
-The halo pays per boundary row, not per pixel (DistBelief's argument); model_parallel sends whole maps.
 
 --recompute (Chen et al. 2016): the forward runs each stage unrecorded, keeping its output tile; the
 backward, from the last stage, exchanges that stage's halo again, runs it again recording, and back-
@@ -87,7 +86,6 @@ from minidl.tensor import Tensor, no_grad
 # the shared flags' defaults for this algorithm, for train() and --help alike
 DEFAULTS = dict(epochs=10, momentum=0.9)
 
-HEARTS_WITHOUT_A_TASK = ("local_gradient",)      # --layer local's heart: fenced, but no course task (tasks.toml)
 HALO, GATHER = tags.SPATIAL_HALO, tags.SPATIAL_GATHER
 LAYERS = ("conv", "local")
 
@@ -133,6 +131,7 @@ def halo_exchange(comm, tile, stage):
 def return_halo_gradient(comm, grad_window, stage):
     """d window (N, C, needed rows, W) -> d my tile: my rows of it, plus the gradients of the rows my
     neighbours borrowed, sent back by them (the adjoint of ``halo_exchange``: receives become sends)."""
+    # BEGIN SOLUTION
     rank, size = comm.Get_rank(), comm.Get_size()
     (own_lo, own_hi), (need_lo, need_hi) = stage.owned[rank], stage.needed[rank]
     grad_tile = numpy.zeros(grad_window.shape[:2] + (own_hi - own_lo,) + grad_window.shape[3:],
@@ -149,6 +148,7 @@ def return_halo_gradient(comm, grad_window, stage):
               source if recv_hi > recv_lo else None, received)
         grad_tile[:, :, recv_lo - own_lo:recv_hi - own_lo] += received
     return grad_tile
+    # END SOLUTION
 
 
 def gather_rows(comm, tile, tiles):

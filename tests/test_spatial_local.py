@@ -16,7 +16,7 @@ from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
 from algorithms import spatial_parallel
-from algorithms.core import run, tags
+from algorithms.core import tags
 from algorithms.core.cli import SettingError
 from algorithms.core.objective import NetworkObjective
 from algorithms.core.regions import Region
@@ -24,6 +24,7 @@ from algorithms.core.tiling import Tiling
 from collectives.tags import ALLGATHER, REDUCE_SCATTER
 from collectives.trace import TracedComm
 from minidl.nn import Flatten, Linear, LocallyConnected2d, MaxPool2d, ReLU, Sequential
+from tests.handed import in_place_total
 from tests.helpers import (
     EQUAL_UP_TO_ROUNDING,
     assert_stopped,
@@ -51,6 +52,7 @@ def my_share(p, rank):
     return 2 * rows * (8 * 3 * 9 + 8 * 3) + rows * (4 * 4 * 3 * 9 + 4 * 4) + 16 * rows * 10 + (10 if rank == 0 else 0)
 
 
+@pytest.mark.task("11.2")
 @pytest.mark.parallel(nprocs=[1, 2, 3, 4])
 def test_the_locally_connected_split_equals_the_whole_network_and_owns_only_its_region():
     comm, data = MPI.COMM_WORLD, tiny_digits(n_test=20)
@@ -60,14 +62,10 @@ def test_the_locally_connected_split_equals_the_whole_network_and_owns_only_its_
     serial = local_net()
     tiling = Tiling.of(serial, 8, 8, p, layer=LocallyConnected2d)
     traced = TracedComm(comm)
-    summed = run.allreduce_function("ring")
-
-    def total(array):
-        summed(traced, array.reshape(-1))
-        return array
     split = Region(tiling, serial, rank)
     split.flat.zero_grad()
-    got = spatial_parallel.local_gradient(traced, tiling, split, data.x_train[ROWS], data.y_train[ROWS], total)
+    got = spatial_parallel.local_gradient(traced, tiling, split, data.x_train[ROWS], data.y_train[ROWS],
+                                          in_place_total(traced))
     gradient, = split.gather(comm, [split.flat.grad])
     parallel_assert(abs(got - loss) <= 1e-12 * abs(loss), f"P={p}: loss {got} != {loss}")
     parallel_assert_close(gradient, whole.grad, EQUAL_UP_TO_ROUNDING, f"P={p}: gradient")
