@@ -74,7 +74,7 @@ Restrictions: a network that is a Sequential (for --unit layer), not a convex pr
 p <= the training examples; --prefetch only at stage 3.
 
 Default run (the defaults ``--help`` shows): allreduce SGD's accuracy and final losses, 98.05% at p = 4
-as ``allreduce_sgd`` (its weights 2e-3 apart after 20 epochs in float32: the layers' rings add in
+as ``allreduce_sgd`` (its weights at most 2.6e-3 apart after 20 epochs in float32: the layers' rings add in
 another order, and SGD's 900 steps grow the difference), 1.5 times its bytes at stage 3.
 """
 from mpi4py import MPI
