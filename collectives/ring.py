@@ -121,8 +121,21 @@ def reduce_scatter(comm, sendbuf, recvbuf=None, op="sum", check=True):
 
     sendbuf: the full vector, n elements, the same n on every rank; recvbuf: block_counts(n, p)
     [rank] elements (allocated if None). sendbuf is not modified. Returns recvbuf.
+    sendbuf MPI.IN_PLACE (as allgather's): recvbuf is the full vector, and block `rank` of the
+    result lands at its own place in it (the other blocks are left holding partial sums): no copy
+    of the vector, only the ring's cached receive block (ZeRO's gradient, unit by unit).
     """
     rank, size = comm.Get_rank(), comm.Get_size()
+    if sendbuf is MPI.IN_PLACE:
+        validate(comm, "reduce_scatter", [(recvbuf, "recvbuf", None, True)], op, check)
+        counts = block_counts(recvbuf.size, size)
+        start = block_offsets(counts)[rank]
+        data = to_mpi(recvbuf)
+        if size > 1 and data.size > 0:
+            ring_reduce_scatter_in_place(comm, data, base_op(op))
+        finish(data[start:start + counts[rank]], op, size)
+        from_mpi(data, recvbuf)
+        return recvbuf
     counts = block_counts(max(getattr(sendbuf, "size", 0), 0), size)
     if recvbuf is None and hasattr(sendbuf, "dtype"):
         recvbuf = array_module(sendbuf).empty(counts[rank], dtype=sendbuf.dtype)

@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from minidl.flat import FlatParameters
+from minidl.flat import FlatParameters, absent
 from minidl.tensor import Parameter, Tensor
 from tests.helpers import fill
 from tutorials.assignments import channel, replies, values
@@ -100,6 +100,22 @@ def test_a_call_that_changed_an_array_in_place_writes_it_into_the_callers_own_an
     replies.unpack_reply(arrays, sent)
     assert flat.data[:6].tolist() == [1.0] * 6 and flat.data[6:].tolist() == [0.0] * 4
     assert flat.parameters[0].data.base is flat.data, "written in place: still a view of the flat vector"
+
+
+def test_a_read_only_stand_in_that_comes_back_as_it_was_stays_and_one_that_changed_is_replaced():
+    """A weight let go (``minidl.flat.absent``: read-only, no memory) that the call let go again is left
+    alone; given values, the field takes them (it cannot be written in place)."""
+    weight, other = Parameter(np.zeros((2, 3))), Parameter(np.zeros(2))
+    weight.data, other.data = absent((2, 3), np.float64), absent((2,), np.float64)
+    stand_in = weight.data
+
+    def change(args):
+        args[0].data = absent((2, 3), np.float64)               # gathered, used and let go: a new stand-in
+        args[1].data = np.arange(2.0)
+    arrays, sent = through(None, (weight, other), change)
+    replies.unpack_reply(arrays, sent)
+    assert weight.data is stand_in, "an unchanged stand-in is kept"
+    assert other.data.tolist() == [0.0, 1.0], other.data
 
 
 def test_a_task_that_returns_its_result_may_change_nothing_it_was_given():

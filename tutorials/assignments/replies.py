@@ -363,7 +363,10 @@ class ReplyBuilder:
             old = fields[name] if name in fields else _class_default(type(original), name)
             if isinstance(old, np.ndarray) and isinstance(new, np.ndarray) and _kind(old) == _kind(new) \
                     and new is not old and not any(new is thing for thing in self.sent.values()):
-                self.writes.append(lambda old=old, new=new: np.copyto(old, new))     # in place: views stay views
+                if old.flags.writeable:
+                    self.writes.append(lambda old=old, new=new: np.copyto(old, new))     # in place: views stay views
+                elif old.tobytes() != new.tobytes():    # a read-only stand-in (minidl.flat.absent: a weight let go)
+                    self.writes.append(lambda name=name, new=new: fields.__setitem__(name, new))   # is replaced
                 continue
             tensors = self.tensor_class is not None and isinstance(new, self.tensor_class) and (
                 old is None or type(old) is type(new))                     # a Tensor the call made, rebuilt here
