@@ -17,8 +17,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import websocket
-
 # Run in each loaded page: what a reader would see broken. An equation is MathML (tutorials/book/hooks.py):
 # drawn as math when its display is 'math' or 'block math' and a fraction's numerator sits above its
 # denominator; TeX left in the text outside code, or an arithmatex wrapper left over, is an equation not drawn.
@@ -55,6 +53,7 @@ def chromium():
 
 class Browser:
     def __init__(self, executable, width=1280, height=1000, timeout=30):
+        import websocket  # the test extra's websocket-client; chromium() needs none
         self.profile = Path(tempfile.mkdtemp(prefix="minidl-chromium-"))
         command = [executable, "--headless", "--disable-gpu", "--no-first-run", "--no-default-browser-check",
                    "--disable-extensions", "--disable-background-networking", "--disable-dev-shm-usage",

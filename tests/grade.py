@@ -30,8 +30,10 @@ sandbox, and nothing it hands back is more than data:
 Without ``--student`` the tree is graded as it is (a student checking their own work: there,
 unfinished prerequisites do cascade).
 
-Each rank count runs in its own ``mpiexec`` (one pytest per rank, as tests/run.py does) with a
-per-test timeout (pytest-timeout). A task's points are its registry points times the fraction of
+Each rank count runs once for every task together, in its own ``mpiexec`` (one pytest per rank, as
+tests/run.py does), visible tests first and hidden ones last, with a per-test timeout
+(pytest-timeout); a task's function is swapped in only while a test of that task runs, so every
+oracle is the reference's. A task's points are its registry points times the fraction of
 its tests that pass (skipped tests, e.g. GPU ones without a GPU, do not count; nor do tests on more
 ranks than ``--max-ranks``). ``--time-limit`` bounds the whole submission: tasks not reached score 0.
 
@@ -153,7 +155,7 @@ def command(nprocs, selection, timeout, proxy=False):
     return [mpiexec, "-n", "1", *pytest, ":", "-n", str(nprocs - 1), *pytest, "-p", "tests.quiet_rank"]
 
 
-def run(tree, nprocs, selection, timeout, count, env, grader=None):
+def run(tree, nprocs, selection, timeout, count, env, grader=None, deadline=None):
     """Run and return ({node id: ('passed' | 'failed' | 'skipped', message)} for the tests rank 0
     reported, {node id: (rank, message)}: the first failure another rank reported)."""
     grader = grader or Grader(env)
@@ -162,16 +164,22 @@ def run(tree, nprocs, selection, timeout, count, env, grader=None):
                            dict(env, MINIDL_GRADE_RECORD_FD=str(record.write)), (record.write,), cwd=tree)
     record.close_writer()
     try:
-        process.wait(timeout=timeout * count + 300)      # + a test's own longer timeout mark
+        wait = timeout * count + 300                     # + a test's own longer timeout mark
+        process.wait(timeout=wait if deadline is None else max(1.0, min(wait, deadline - time.monotonic())))
     except subprocess.TimeoutExpired:                    # pytest-timeout should have ended it first
         os.killpg(process.pid, signal.SIGKILL)           # mpiexec and every rank: one process group
         process.wait()
-    outcomes, elsewhere = {}, {}
+    outcomes, elsewhere, notes = {}, {}, {}
     for line in record.text().splitlines():
         when, outcome, nodeid, message, rank = (line.split("\t") + ["", "0"])[:5]
+        if when == "note":                       # the sandbox's words on some rank: a stub's first
+            if nodeid not in notes or ("NotImplementedError" in message and "NotImplementedError" not in notes[nodeid]):
+                notes[nodeid] = f"rank {rank}: {message}"
+            continue
         if rank != "0":                          # the root cause first: the sandbox's words
             said = (rank, message if when == "call" else f"{when}: {message}")
-            if nodeid not in elsewhere or ("in the sandbox" in message and "in the sandbox" not in elsewhere[nodeid][1]):
+            sandboxed = "in the sandbox" in message and "in the sandbox" not in elsewhere.get(nodeid, ("", ""))[1]
+            if nodeid not in elsewhere or sandboxed:
                 elsewhere[nodeid] = said
             continue
         before = outcomes.get(nodeid, ("", ""))[0]
@@ -186,42 +194,68 @@ def run(tree, nprocs, selection, timeout, count, env, grader=None):
             outcomes[nodeid] = ("failed", f"rank {rank}: {message}")
         elif nodeid not in outcomes and "timed out after" in message:
             outcomes[nodeid] = ("failed", f"rank {rank} of p = {nprocs}: {message}")
+    for nodeid, said in notes.items():                 # a failure that is not the sandbox's own: its words first
+        if outcomes.get(nodeid, ("",))[0] == "failed" and "in the sandbox" not in outcomes[nodeid][1]:
+            outcomes[nodeid] = ("failed", f"{said} (then: {outcomes[nodeid][1]})")
+        if nodeid in elsewhere and "in the sandbox" not in elsewhere[nodeid][1]:
+            elsewhere[nodeid] = (said.split(":")[0].removeprefix("rank "), f"{said.split(': ', 1)[1]} (then, on rank "
+                                 f"{elsewhere[nodeid][0]}: {elsewhere[nodeid][1]})")
     return outcomes, elsewhere
 
 
-def grade_task(tree, task, timeout, env, max_ranks=8, grader=None, groups=None):
-    """{node id: (outcome, message)} of the task's tests in ``tree``.
+def grade_tasks(tree, groups, timeout, env, max_ranks=8, grader=None, deadline=None, proxied=False):
+    """{task id: {node id: (outcome, message)}} of the tasks' tests in ``tree`` (``groups``: {task id:
+    {rank count: [node ids]}}).
 
-    One run per rank count, in the order of the tests. If a run dies before every test reported (a
-    deadlock, or a crash), its first silent test is the one that hung: it fails with a timeout
-    message, and every test of the task not yet run is "not run" (the task stops there).
+    One run per rank count for every task together (starting p pytest processes, and p sandboxed
+    workers, costs seconds: once per rank count, not once per task), the visible tests first and the
+    hidden ones last, so that nothing the student's code sees in a hidden test reaches a visible
+    test's feedback. With ``proxied`` each run grades its tasks through tests/grade_proxy.py.
+    If a run dies before every test reported (a deadlock, or a crash), the test that hung fails with
+    a timeout message, its task stops there (every test of it not yet run is "not run", at this and
+    the larger rank counts), and a new run goes on with the other tasks' tests.
     """
-    outcomes, stopped = {}, None
-    for nprocs, ids in sorted((groups or {}).items()):
+    task_of = {nodeid: task_id for task_id, sizes in groups.items() for ids in sizes.values() for nodeid in ids}
+    outcomes, stopped = {task_id: {} for task_id in groups}, {}
+
+    def done(nodeid, outcome):
+        outcomes[task_of[nodeid]][nodeid] = outcome
+    for nprocs in sorted({nprocs for sizes in groups.values() for nprocs in sizes}):
+        ids = [nodeid for task_id in groups for nodeid in groups[task_id].get(nprocs, [])]
         if nprocs > max_ranks:
             continue
-        if stopped:
-            outcomes.update({nodeid: ("not run", stopped) for nodeid in ids})
-            continue
-        if not ids:
-            continue
-        got, elsewhere = run(tree, nprocs, ids, timeout, len(ids), env, grader)
-        outcomes.update({nodeid: got[nodeid] for nodeid in ids if nodeid in got})
-        silent = [nodeid for nodeid in ids if nodeid not in got]
-        hung = [nodeid for nodeid in ids if "timed out after" in got.get(nodeid, ("", ""))[1]]
-        if silent and silent[0] in elsewhere:        # one rank failed, the others waited for it
-            rank, message = elsewhere[silent[0]]
-            outcomes[silent[0]] = ("failed", f"rank {rank} of p = {nprocs}: {message} (the other ranks then "
-                                             f"waited for it until the timeout, {timeout} s)")
-            silent = silent[1:]
-        elif silent and not hung:                    # the run died in silent[0]
-            outcomes[silent[0]] = ("failed", f"timed out after {timeout} s at p = {nprocs} (or the run crashed): "
-                                             "probably a receive that no rank's send matches, or a rank that "
-                                             "stopped sending")
-            silent = silent[1:]
-        if silent or hung:
-            stopped = f"not run: an earlier test of this task timed out at p = {nprocs}"
-            outcomes.update({nodeid: ("not run", stopped) for nodeid in silent})
+        pending = sorted(ids, key=lambda nodeid: nodeid.startswith("tests/hidden/"))   # stable: tasks in order
+        while pending:
+            for nodeid in [nodeid for nodeid in pending if task_of[nodeid] in stopped]:
+                done(nodeid, ("not run", stopped[task_of[nodeid]]))
+            pending = [nodeid for nodeid in pending if task_of[nodeid] not in stopped]
+            if not pending:
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                for nodeid in pending:
+                    done(nodeid, ("not run", "not run: the submission's --time-limit ran out"))
+                break
+            run_env = dict(env, MINIDL_GRADE_PROXY=",".join(dict.fromkeys(task_of[n] for n in pending))) \
+                if proxied else env
+            got, elsewhere = run(tree, nprocs, pending, timeout, len(pending), run_env, grader, deadline)
+            for nodeid in pending:
+                if nodeid in got:
+                    done(nodeid, got[nodeid])
+            silent = [nodeid for nodeid in pending if nodeid not in got]
+            if not silent:
+                break
+            hung = [nodeid for nodeid in pending if "timed out after" in got.get(nodeid, ("", ""))[1]]
+            culprit = hung[-1] if hung else silent[0]
+            if culprit == silent[0] and culprit in elsewhere:    # one rank failed, the others waited for it
+                rank, message = elsewhere[culprit]
+                done(culprit, ("failed", f"rank {rank} of p = {nprocs}: {message} (the other ranks then waited for "
+                                         f"it until the timeout, {timeout} s)"))
+            elif culprit == silent[0]:                          # the run died in it
+                done(culprit, ("failed", f"timed out after {timeout} s at p = {nprocs} (or the run crashed): "
+                                         "probably a receive that no rank's send matches, or a rank that stopped "
+                                         "sending"))
+            stopped[task_of[culprit]] = f"not run: an earlier test of this task timed out at p = {nprocs}"
+            pending = [nodeid for nodeid in silent if nodeid != culprit]
     return outcomes
 
 
@@ -234,6 +268,9 @@ def sandbox_tree(out, student, generator):
     for name in TEST_CODE:
         (Path(out) / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(ROOT / name, Path(out) / name)
+    # compiled once here (compiling runs nothing): every sandboxed process then loads the bytecode
+    # instead of compiling the tree again, read-only as the sandbox sees it
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0", str(out)], capture_output=True, timeout=600)
     for folder, _, files in os.walk(out):
         os.chmod(folder, 0o755)
         for name in files:
@@ -286,8 +323,8 @@ def gradescope(results, seconds):
 def in_namespace(argv):
     """Run this grading again as the first process of a new PID namespace (util-linux's unshare): when it
     ends, the kernel ends every process it started, wherever they went. Returns its exit status."""
-    done = subprocess.run(["unshare", "--pid", "--mount", "--mount-proc", "--fork", "--kill-child", sys.executable, __file__,
-                           *argv],
+    done = subprocess.run(["unshare", "--pid", "--mount", "--mount-proc", "--fork", "--kill-child", sys.executable,
+                           __file__, *argv],
                           env=dict(os.environ, **{NAMESPACE: "1"}))
     return done.returncode
 
@@ -354,6 +391,9 @@ def main(argv=None):
         if os.environ.get(NAMESPACE) not in ("1", "2"):
             return in_namespace(argv)
         if os.environ.get(NAMESPACE) == "1":      # the namespace's init: grade in a child, reap orphans here
+            # this checkout's own bytecode, once, as the tests' uid cannot write it in its read-only view
+            subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0", *(str(ROOT / part) for part in
+                            ("minidl", "collectives", "algorithms", "tests", "tutorials"))], capture_output=True)
             return reap_as_init(subprocess.Popen([sys.executable, __file__, *argv],
                                                  env=dict(os.environ, **{NAMESPACE: "2"})))
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
@@ -377,35 +417,33 @@ def main(argv=None):
             wanted = {nodeid.strip() for nodeid in args.tests.split(",") if nodeid.strip()}
             groups = {task_id: {nprocs: [nodeid for nodeid in ids if nodeid in wanted] for nprocs, ids in sizes.items()}
                       for task_id, sizes in groups.items()}
+        graded = {}
         for task in chosen:
-            if time.monotonic() - started > args.time_limit:
-                results.append({**score(task, {}), "failed": [f"not graded: the submission's --time-limit of "
-                                                              f"{args.time_limit} s ran out"]})
-                continue
             if student is not None:
                 try:
                     forbidden = assignments.forbidden_calls(task, root=student)
                 except (ValueError, OSError, SyntaxError) as error:
-                    results.append({**score(task, {}), "failed": [f"no gradable fence: {error}"]})
+                    graded[task.id] = {**score(task, {}), "failed": [f"no gradable fence: {error}"]}
                     continue
                 if forbidden:
-                    results.append({**score(task, {}), "failed": [f"not graded: {forbidden}"]})
-                    print(f"{task.id:<5} {task.title[:44]:<44}   0/-   {0:>5g}/{task.points:g}\n      {forbidden}")
+                    graded[task.id] = {**score(task, {}), "failed": [f"not graded: {forbidden}"]}
                     continue
-                task_env = dict(env, MINIDL_GRADE_PROXY=task.id, MINIDL_GRADE_STUDENT="/student",
-                                MINIDL_GRADE_CALL_TIMEOUT=str(max(1, args.timeout - 5)))
-            else:
-                task_env = env
-            began = time.monotonic()
-            results.append(score(task, grade_task(ROOT, task, args.timeout, task_env, args.max_ranks, grader,
-                                                  groups[task.id])))
-            results[-1]["seconds"] = round(time.monotonic() - began, 1)
-            last = results[-1]
-            print(f"{task.id:<5} {task.title[:44]:<44} {last['passed']:>3}/{last['total']:<3} "
-                  f"{last['points']:>5g}/{task.points:g}", flush=True)
-            for test in last["tests"]:
+        env = dict(env, MINIDL_GRADE_STUDENT="/student", MINIDL_GRADE_CALL_TIMEOUT=str(max(1, args.timeout - 5))) \
+            if student is not None else env
+        sizes = {task.id: {nprocs: ids for nprocs, ids in groups[task.id].items() if nprocs <= args.max_ranks}
+                 for task in chosen if task.id not in graded}
+        everything = grade_tasks(ROOT, sizes, args.timeout, env, args.max_ranks, grader, started + args.time_limit,
+                                 proxied=student is not None)
+        for task in chosen:
+            row = graded.get(task.id) or score(task, everything[task.id])
+            results.append(row)
+            print(f"{task.id:<5} {task.title[:44]:<44} {row['passed']:>3}/{row['total']:<3} "
+                  f"{row['points']:>5g}/{task.points:g}", flush=True)
+            for test in row["tests"]:
                 if test["status"] not in ("passed", "skipped"):
                     print(f"      {test['name']}: {test['message'] or test['status']}"[:400], flush=True)
+            for why in row["failed"] if not row["tests"] else ():
+                print(f"      {why}"[:400], flush=True)
     seconds = time.monotonic() - started
     earned, possible = sum(r["points"] for r in results), sum(r["max_points"] for r in results)
     print(f"{'total':<50} {earned:>9g}/{possible:g}   ({seconds:.0f} s)")

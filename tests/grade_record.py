@@ -74,6 +74,13 @@ def pytest_runtest_logreport(report):
     write(report.when, report.outcome, report.nodeid, message(report), rank)
 
 
+def note(text):
+    """What the sandbox said in the running test (the student's code raised there), noted at once: if the
+    test then fails for another reason on another rank (a worker's ``Stopped`` after a server's stub
+    raised, a timeout), tests/grade.py puts these words first, as the cause."""
+    write("note", "noted", RUNNING["nodeid"] or "?", text[:MESSAGE_CHARS], _rank())
+
+
 def hang(text):
     """The running test failed with ``text`` (a sandboxed call that never came back): say so, then end
     this process at once, so that the task stops here (tests/grade.py marks its later tests "not run")."""

@@ -24,13 +24,14 @@ MIB = 1 << 20
 
 def _can_make_namespaces():
     if os.geteuid() != 0:
-        return "not root: network namespaces need root"
+        return "not root: network namespaces need root and iproute2 (as root: apt-get install iproute2; .ci/run does)"
     if shutil.which("ip") is None or shutil.which("tc") is None:
-        return "no `ip` or `tc` (iproute2) on PATH"
+        return "no `ip` or `tc` on PATH: apt-get install iproute2 (.ci/run does, as root)"
     probe = f"mdlprobe{os.getpid()}"
     made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if made.returncode != 0:
-        return f"`ip netns add` fails here: {made.stderr.strip()}"
+        return (f"`ip netns add` fails here ({made.stderr.strip()}): network namespaces need root and a kernel "
+                f"or container that allows them")
     subprocess.run(["ip", "netns", "del", probe], capture_output=True)
     return None
 
@@ -199,6 +200,10 @@ def test_an_mpiexec_neither_hydra_nor_open_mpi_is_refused(monkeypatch, capsys, t
     fake.write_text("#!/bin/sh\necho 'mpiexec (Intel(R) MPI Library) 2021'\n")
     fake.chmod(0o755)
     monkeypatch.setattr(launch.os, "geteuid", lambda: 0)
+    which = shutil.which                          # the machine's tools pretended present: only mpiexec is refused
+    monkeypatch.setattr(launch.shutil, "which",
+                        lambda tool, *args, **kwargs: "/bin/" + tool if tool in ("ip", "tc", "unshare")
+                        else which(tool, *args, **kwargs))
     assert launch.main(["--hosts", "2", "--ranks-per-host", "1", "--mpiexec", str(fake), "--", "true"]) == 2
     assert "is neither MPICH's hydra mpiexec nor Open MPI's" in capsys.readouterr().err
 

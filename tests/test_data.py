@@ -253,7 +253,7 @@ GOOD = idx_bytes(np.arange(24, dtype=np.int32).reshape(2, 3, 4))
     (GOOD[:-4 * 7], "truncated payload"),
     (GOOD + b"\x00", "1 trailing bytes"),
     (GOOD[:3] + b"\x02" + GOOD[4:], "trailing bytes"),              # ndim 2 reads dims 2 x 3 only
-    (gzip.compress(GOOD, mtime=0)[:-8], "gzip"),                      # truncated gzip stream
+    (gzip.compress(GOOD, mtime=0)[:-8], "gzip"),    # truncated gzip stream (mtime 0: the same test id in every process)
 ])
 def test_corrupt_idx_files_raise_value_error_naming_file_and_problem(tmp_path, data, problem):
     path = tmp_path / "broken-file-idx3-ubyte"

@@ -1,7 +1,8 @@
 """The three packages import one way, plainly: no cycles, no string imports, nothing upward.
 
-DESIGN.md: ``algorithms`` uses ``collectives`` and ``minidl``; ``minidl`` never imports
-``collectives`` or ``algorithms``; ``collectives`` never imports ``minidl`` or ``algorithms``.
+As README.md's "What is where" table says: ``algorithms`` uses ``collectives`` and ``minidl``;
+``minidl`` never imports ``collectives`` or ``algorithms``; ``collectives`` never imports ``minidl``
+or ``algorithms``.
 Inside a package, too, imports go one way: two modules that import each other are one idea
 in two files (or a third module they both need). And every import is written as an import
 statement, so the graph below is the whole truth: no ``importlib.import_module``, no

@@ -14,7 +14,7 @@ import pytest
 from minidl.flat import FlatParameters
 from minidl.tensor import Parameter, Tensor
 from tests.helpers import fill
-from tutorials.assignments import replies, values
+from tutorials.assignments import channel, replies, values
 
 
 def reply(spec, updates=(), **arrays):
@@ -25,11 +25,16 @@ def through(result, args, change=None):
     """``result`` of a call of ``args`` as the sandbox would reply it: sent, built there, changed by
     ``change(theirs)``, packed; returns (the caller's ``args``, the arrays of the reply, sent)."""
     arrays, sent = values.pack_call({"args": args})
-    message, seen = values.unpack_call(arrays, importing=True)
+    message, seen = values.unpack_call(crossed(arrays), importing=True)
     before = replies.snapshot(seen)
     if change is not None:
         result = change(message["args"])
-    return replies.pack_reply(result, seen, before), sent
+    return crossed(replies.pack_reply(result, seen, before)), sent
+
+
+def crossed(arrays):
+    """``arrays`` as the other side reads them: through a frame's bytes (nothing shared)."""
+    return channel.parse(channel.pack(arrays)[8:])
 
 
 def test_plain_data_crosses_back_exactly():
@@ -97,6 +102,23 @@ def test_a_call_that_changed_an_array_in_place_writes_it_into_the_callers_own_an
     assert flat.parameters[0].data.base is flat.data, "written in place: still a view of the flat vector"
 
 
+def test_a_task_that_returns_its_result_may_change_nothing_it_was_given():
+    mine = np.ones(3)
+
+    def change(args):
+        args[0][...] = 0                                    # zero the operand, so that a later check would expect zeros
+        return np.zeros(3)
+    arrays, sent = through(None, (mine,), change)
+    with pytest.raises(ValueError, match="changed what it was given"):
+        replies.unpack_reply(arrays, sent, updates=False)
+    assert mine.tolist() == [1.0] * 3
+    assert replies.unpack_reply(arrays, sent).tolist() == [0.0] * 3 and not mine.any()   # where changes are the task
+    rng = np.random.default_rng(5)                          # drawing from a generator it is handed is no change
+    arrays, sent = through(None, (rng,), lambda args: args[0].integers(10))
+    replies.unpack_reply(arrays, sent, updates=False)
+    assert rng.integers(1 << 30) == np.random.default_rng(5).integers(1 << 30, size=2)[1]
+
+
 @pytest.mark.parametrize("update, why", [
     (["array", "N", ["array", "v0"]], r"came back as float32\[3\], was float64\[3\]"),
     (["array", "N", ["atom", "x"]], "came back as str"),
@@ -139,6 +161,26 @@ def test_an_objects_fields_keep_their_kind_and_no_field_is_added_removed_or_made
     assert tensor.count == 3 and tensor.data.tolist() == [5.0] * 3
 
 
+def test_a_callable_objects_counter_comes_back_and_a_class_default_is_a_field_of_its_kind():
+    from tests.handed import Summing  # calls = 0 on the class; each call counts on the object
+    summing = Summing()
+
+    def change(args):
+        args[0](np.ones(2))
+        args[0](np.ones(2))
+    arrays, sent = through(None, (summing,), change)
+    replies.unpack_reply(arrays, sent)
+    assert summing.calls == 2
+    number = next(n for n, thing in sent.items() if thing is summing)
+    for value, why in ((["atom", "two"], "was a int, came back as a str"),
+                       (["list", []], "was a int, came back as a list")):
+        with pytest.raises(ValueError, match=why):
+            replies.unpack_reply(reply(["atom", None], [["fields", number, [["calls", value]], []]]), sent)
+    with pytest.raises(ValueError, match="that the call did not send"):        # a method's name is no field
+        replies.unpack_reply(reply(["atom", None], [["fields", number, [["__call__", ["int", "1"]]], []]]), sent)
+    assert summing.calls == 2
+
+
 def test_a_tensor_comes_back_rebuilt_here_and_its_backward_is_a_handle_for_the_sandbox():
     x = Tensor(fill(0, 3, "float64"), requires_grad=True)
     arrays, sent = values.pack_call({"args": (x,)})
@@ -150,7 +192,8 @@ def test_a_tensor_comes_back_rebuilt_here_and_its_backward_is_a_handle_for_the_s
     assert type(out) is Tensor and out.data.tolist() == [2.0] * 3 and out._parents == (x,)
     assert isinstance(out._backward, replies.Remote) and out.op == "copy_to_parallel"
     out.backward(np.ones(3))
-    assert asked == [(7, [1.0, 1.0, 1.0])] and x.grad.tolist() == [3.0] * 3, "the grader's autograd, the sandbox's closure"
+    assert asked == [(7, [1.0, 1.0, 1.0])] and x.grad.tolist() == [3.0] * 3, \
+        "the grader's autograd, the sandbox's closure"
     with pytest.raises(ValueError, match="kind 'tensor'"):                 # only where the grader rebuilds Tensors
         replies.unpack_reply(reply(spec, v0=np.full(3, 2.0)), sent)
     for bad, why in [(["tensor", 0, ["array", "v1"], ["atom", None], True, "", [], None], "not a floating-point"),
@@ -179,6 +222,21 @@ def test_a_tensor_the_call_made_crosses_back_with_its_graph_and_its_backward_kep
     assert middle._parents[0] is x and middle is not x, "the graph runs back into the caller's own x"
     out.backward(np.ones(3))
     assert x.grad.tolist() == [0.0, 2.0, 2.0]
+
+
+def test_a_field_that_held_nothing_may_come_back_as_a_tensor_the_call_made():
+    from minidl.nn import Linear
+    layer = Linear(2, 2, rng=np.random.default_rng(0))
+    layer.probe = None                                      # as sufficient factors' wrapper keeps its zero probe
+
+    def change(args):
+        args[0].probe = Tensor(np.zeros(2), requires_grad=True)
+    arrays, sent = through(None, (layer,), change)
+    replies.unpack_reply(arrays, sent, tensor_class=Tensor, remote=print)
+    assert type(layer.probe) is Tensor and layer.probe.data.tolist() == [0.0, 0.0] and layer.probe.requires_grad
+    arrays, sent = through(None, (layer,), lambda args: setattr(args[0], "weight", Tensor(np.zeros(2))))
+    with pytest.raises(ValueError, match="was a Parameter, came back as a Tensor"):      # not in place of another
+        replies.unpack_reply(arrays, sent, tensor_class=Tensor, remote=print)
 
 
 def test_the_sandbox_side_refuses_to_pack_anything_but_data():

@@ -193,7 +193,8 @@ def test_a_frame_too_large_lying_about_its_size_or_holding_objects_is_refused(fo
     eight = np.zeros(1).tobytes()
     data = {"lying header": _frame([["x", "<f8", [1_000_000_000_000]]], eight),
             "objects": _frame([["x", "|O", [1]]], eight), "records": _frame([["x", [["a", "<f8"]], [1]]], eight),
-            "a path": _frame([["../../etc/x", "<f8", [1]]], eight), "bytes after": _frame([["x", "<f8", [1]]], eight * 2),
+            "a path": _frame([["../../etc/x", "<f8", [1]]], eight),
+            "bytes after": _frame([["x", "<f8", [1]]], eight * 2),
             "a header past the end": (10 ** 9).to_bytes(4, "little") + b"[]",
             "a negative shape": _frame([["x", "<f8", [-1]]], eight),
             "not json": len(b"[[").to_bytes(4, "little") + b"[["}.get(forgery, _frame([["x", "<f8", [1]]], eight))

@@ -1,4 +1,4 @@
-"""The shape of the project, checked: fenced hearts, one-way imports, results pinned across refactorings.
+"""The shape of the project, checked: fenced hearts, one-way imports, results kept across refactorings.
 
 - Every heart a course may ask students to write is fenced ``# BEGIN SOLUTION`` / ``# END SOLUTION``
   (otter-grader / nbgrader syntax) inside exactly one function, with the docstring and signature
@@ -6,15 +6,19 @@
 - ``minidl`` never imports MPI, ``collectives`` or ``algorithms``; ``collectives`` never imports
   ``minidl`` or ``algorithms``; ``algorithms`` imports ``collectives`` by name: no string import of
   any kind, and no module reaches collectives through another module (``run.collectives``).
-- The README's main job and serial SGD give the same bits as before algorithms/ was reshaped
-  around one training loop (the hashes were taken from the code before that change).
+- The README's main job, compared on the machine that runs it: twice the same bits, resumed after
+  epoch 1 the bits of epoch 2, on 4 ranks serial SGD at 4 times the batch up to float32 rounding; and,
+  on the machine kind where they were taken, the bits of the code before algorithms/ was reshaped
+  around one training loop (keyed by the machine's fingerprint, tests/machine.py; a skip elsewhere).
 - What the tests share is defined once: ``tiny_digits`` in tests/helpers.py, the fence parser in
   tutorials/assignments/ (a parser is any function that compares a line with a marker).
 """
 import ast
+import functools
 import hashlib
-import os
 import re
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +26,8 @@ import pytest
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
+from tests import machine
+from tests.helpers import parallel_assert_close, same_on_every_rank
 from tutorials import assignments
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,6 +37,16 @@ MARKERS = (BEGIN, END)
 
 def python_files(package):
     return sorted((ROOT / package).rglob("*.py"))
+
+
+@functools.lru_cache(maxsize=None)
+def parsed_source(text):
+    """``ast.parse(text)``, once per distinct text: the checks below read the same few hundred files many times."""
+    return ast.parse(text)
+
+
+def parsed(path):
+    return parsed_source(path.read_text())
 
 
 def fenced_lines(path):
@@ -75,7 +91,7 @@ def test_fence_parser_rejects_broken_fences(tmp_path):
 @pytest.mark.parametrize("path", FENCED, ids=[str(path.relative_to(ROOT)) for path in FENCED])
 def test_each_fenced_heart_sits_inside_one_function_below_its_docstring(path):
     text = path.read_text()
-    tree, lines = ast.parse(text), text.splitlines()
+    tree, lines = parsed_source(text), text.splitlines()
     for begin, end in fenced_lines(path):
         functions = enclosing_functions(tree, lines, begin, end)
         assert functions, f"{path.name}:{begin}: the fence is not inside a function"
@@ -106,7 +122,7 @@ STRING_IMPORTERS = {"importlib", "runpy", "pkgutil"}       # modules whose only 
 def imported_packages(path):
     """The top-level packages ``path`` imports by name, and "<string import>" if it imports anything by
     a string: ``importlib`` / ``runpy`` / ``pkgutil`` used at all, ``__import__(...)``, ``sys.modules[...]``."""
-    tree = ast.parse(path.read_text())
+    tree = parsed(path)
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -150,7 +166,7 @@ def collectives_reached_otherwise(path):
     """Where ``path`` reaches collectives without importing the package itself: the name ``collectives``
     used but never bound by ``import collectives``, taken from another module (``from x import
     collectives``), or reached through one (``run.collectives``)."""
-    tree = ast.parse(path.read_text())
+    tree = parsed(path)
     imports_it = any(isinstance(node, ast.Import) and any(alias.name.split(".")[0] == "collectives"
                                                           and alias.asname is None for alias in node.names)
                      for node in ast.walk(tree))
@@ -170,7 +186,7 @@ def algorithm_modules_imported(path):
     """The modules of algorithms/ that ``path`` imports, named from algorithms/ ("model_parallel",
     "core.run"): ``from algorithms import x``, ``from algorithms.x import y``, ``import algorithms.x``."""
     names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             modules = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
         elif isinstance(node, ast.Import):
@@ -217,51 +233,133 @@ def test_a_module_that_reaches_collectives_through_another_is_seen(tmp_path):
     assert not collectives_reached_otherwise(path)
 
 
-# ---- results pinned across the reshaping --------------------------------------------------------
-# sha256 of the final float32 parameters of two short runs, taken with the code before algorithms/
-# was reshaped (commit 581865d, on this project's CI machine kind: x86-64, NumPy's OpenBLAS), one
-# pair per OpenBLAS kernel, since each kernel rounds its GEMMs its own way: the kernel OpenBLAS picks
-# for the CPU by itself (OPENBLAS_CORETYPE unset), and Haswell, which some machines of that kind
-# force through OPENBLAS_CORETYPE (both pairs checked equal on one machine, with and without it). A
-# refactoring that changes one bit of the arithmetic order changes them. Another kernel or BLAS build
-# has no pinned pair: the test then skips, naming it. Taken again, on purpose, when conv2d's bias
-# gradient began summing the images first, then each channel's pixels (functional.bias_gradient:
-# the same sum in another order, so other last bits).
+# ---- the README's main job, compared on the machine that runs it ---------------------------------------
+# Bits are compared only with bits computed on the same machine: another CPU, BLAS kernel or cache size
+# rounds the same arithmetic otherwise, and is as right. Each claim below would catch what a digest
+# pinned on one machine caught there, everywhere. Beside them, elsewhere: serial SGD run twice and
+# resumed (tests/test_serial_sgd.py), every algorithm's resume on 3 ranks (tests/test_checkpoints.py),
+# p ranks x b = serial p b in float64 for every allreduce (tests/test_sync_sgd.py), the convolution
+# kernels against each other and the direct loop (tests/test_conv_algorithms.py, test_conv_layouts.py).
+README_JOB = dict(epochs=2, quiet=True)            # `mpiexec -n 4 python -m algorithms.allreduce_sgd`, 2 epochs
+# p ranks at batch b against serial SGD at batch p b, both float32: the same gradient summed in another
+# order (each rank's mean first, then the ring's sum of the weighted means), so the parameters differ by
+# float32 rounding carried through the steps: measured 1.2e-7 to 1.5e-7 after 2 epochs (max |difference|
+# over max |parameter|: about one float32 step, 2^-23, of the largest parameter) with three OpenBLAS
+# kernels (SkylakeX, Haswell, Nehalem) and with no columns kept. The tolerance leaves a factor of about
+# 70 for other kernels and CPUs; each rank's gradient weighted 1/p instead of by its rows (wrong in the
+# epoch's last, uneven batch only) is off by 2.7e-3.
+FLOAT32_STEPS = 1e-5
+
+
+def shared_folder(comm):
+    """One temporary folder every rank sees (rank 0 makes it and names it)."""
+    return Path(comm.bcast(tempfile.mkdtemp(prefix="minidl-shape-") if comm.rank == 0 else None, root=0))
+
+
+def logged(history):
+    """A run's per-epoch numbers: losses and accuracy (not its wall time, nor its bytes, which a resumed
+    run counts from its own start)."""
+    return [{key: record[key] for key in ("epoch", "train_loss", "test_loss", "test_accuracy")} for record in history]
+
+
+@functools.lru_cache(maxsize=None)
+def readme_main_job(nprocs):
+    """The README's main job for 2 epochs on the world's ranks, once per process: (params, history).
+    Every rank calls it at the same test, in file order, so the collective run is one."""
+    from algorithms import allreduce_sgd
+    assert MPI.COMM_WORLD.size == nprocs
+    return allreduce_sgd.train(MPI.COMM_WORLD, **README_JOB)
+
+
+@pytest.mark.parallel(nprocs=[4])
+def test_the_readme_main_job_run_twice_gives_the_same_bits_on_every_rank():
+    from algorithms import allreduce_sgd
+    comm = MPI.COMM_WORLD
+    first, history = readme_main_job(comm.size)
+    again, history_again = allreduce_sgd.train(comm, **README_JOB)
+    parallel_assert(np.array_equal(first, again), "two runs of the same command differ in their parameters")
+    parallel_assert(logged(history) == logged(history_again), "two runs of the same command logged different numbers")
+    parallel_assert(same_on_every_rank(comm, first), "the replicas differ across ranks")
+
+
+@pytest.mark.parallel(nprocs=[4])
+def test_the_readme_main_job_resumed_from_its_epoch_1_checkpoint_gives_epoch_2s_bits():
+    """1 epoch, --save, then --resume for the second: the parameters of the unbroken 2-epoch run, bit
+    for bit (the momentum buffer travels in the file; a resume without it differs from the first step on)."""
+    from algorithms import allreduce_sgd
+    comm = MPI.COMM_WORLD
+    straight, history = readme_main_job(comm.size)
+    folder = shared_folder(comm)
+    checkpoint = str(folder / "epoch1.npz")
+    allreduce_sgd.train(comm, **dict(README_JOB, epochs=1), save=checkpoint)
+    resumed, resumed_history = allreduce_sgd.train(comm, **README_JOB, resume=checkpoint)
+    comm.Barrier()
+    if comm.rank == 0:
+        shutil.rmtree(folder)
+    parallel_assert(np.array_equal(resumed, straight),
+                    f"epoch 2 after --resume differs from the unbroken run by {np.max(np.abs(resumed - straight)):.3g}")
+    parallel_assert(logged(resumed_history) == logged(history[1:]),
+                    f"the resumed run logged {logged(resumed_history)}, the unbroken one {logged(history[1:])}")
+
+
+@pytest.mark.parallel(nprocs=[4])
+def test_the_readme_main_job_on_4_ranks_at_batch_32_is_serial_sgd_at_batch_128_up_to_float32_rounding():
+    from algorithms import serial_sgd
+    comm = MPI.COMM_WORLD
+    params, _ = readme_main_job(comm.size)
+    serial = None
+    if comm.rank == 0:                             # one serial run, not one per rank on shared cores
+        serial, _ = serial_sgd.train(**README_JOB, batch_size=32 * comm.size)
+    serial = comm.bcast(serial, root=0)
+    parallel_assert_close(params, serial, FLOAT32_STEPS, f"p = {comm.size} at batch 32 against serial batch "
+                                                         f"{32 * comm.size}")
+
+
+# ---- results pinned across refactorings, where they were pinned ----------------------------------------
+# A regression guard on top of the claims above: sha256 of the final float32 parameters of two short
+# runs, taken with the code before algorithms/ was reshaped around one training loop (and again, on
+# purpose, when conv2d's bias gradient began summing the images first: the same sum in another order).
+# A refactoring that changes one bit of the arithmetic order changes them. They hold only where they were
+# taken: keyed by what decides the bits (tests/machine.py: the BLAS kernel by OpenBLAS's own name, the L2
+# the convolution's blocks follow, the column budget, NumPy, the architecture); anywhere else the test
+# skips, naming this machine's fingerprint. Two kernels of one CPU (OPENBLAS_CORETYPE unset, and Haswell
+# forced) each have their pair.
 PINNED = {
-    None: {"serial_sgd --epochs 2": "adf3ae10186d1812141e819bf493e7ce0081fd0cad0a40ba4832f4a6527e7450",
-           "mpiexec -n 4 allreduce_sgd --epochs 2": "938dece1b67c8b166790c3eb6ae346264cea8b98255352999c699d3a73ee6367"},
-    "haswell": {"serial_sgd --epochs 2": "73e840487607e9aa86580da56a3ab585315bee9e902637dd23ea0e64d735013b",
-                "mpiexec -n 4 allreduce_sgd --epochs 2":
-                    "5c1a887fdb760707e4059fc9a96bef1f3715f964a95fd9b71187c30a22ef6e16"},
+    "SkylakeX, L2 1 MiB, columns 64 MiB, NumPy 2.4.6, x86_64": {
+        "serial_sgd --epochs 2": "adf3ae10186d1812141e819bf493e7ce0081fd0cad0a40ba4832f4a6527e7450",
+        "mpiexec -n 4 allreduce_sgd --epochs 2": "938dece1b67c8b166790c3eb6ae346264cea8b98255352999c699d3a73ee6367"},
+    "Haswell, L2 1 MiB, columns 64 MiB, NumPy 2.4.6, x86_64": {
+        "serial_sgd --epochs 2": "73e840487607e9aa86580da56a3ab585315bee9e902637dd23ea0e64d735013b",
+        "mpiexec -n 4 allreduce_sgd --epochs 2": "5c1a887fdb760707e4059fc9a96bef1f3715f964a95fd9b71187c30a22ef6e16"},
 }
 
 
 def pinned(run):
-    """The pinned digest of ``run`` for the OpenBLAS kernel this process uses (a skip if none is pinned)."""
-    kernel = os.environ.get("OPENBLAS_CORETYPE")
-    kernel = kernel.lower() if kernel else None
-    if kernel not in PINNED:
-        pytest.skip(f"no digest pinned for OPENBLAS_CORETYPE={kernel}: the bits depend on the BLAS kernel")
-    return PINNED[kernel][run]
+    """The digest of ``run`` pinned for this machine's fingerprint (a skip, naming it, if none is)."""
+    here = machine.fingerprint()
+    if here not in PINNED:
+        pytest.skip(f"no digest pinned for this machine ({here}); its bits are compared with its own runs "
+                    f"(twice, resume, p x b) instead")
+    return PINNED[here][run]
 
 
 def digest(params):
     return hashlib.sha256(np.ascontiguousarray(params, dtype=np.float32).tobytes()).hexdigest()
 
 
-def test_serial_sgd_gives_the_pinned_bits():
+def test_serial_sgd_gives_the_bits_pinned_for_this_machine():
     from algorithms import serial_sgd
-    params, _ = serial_sgd.train(epochs=2, quiet=True)
-    assert digest(params) == pinned("serial_sgd --epochs 2"), \
-        "serial SGD's parameters changed bits (or this machine's BLAS rounds differently from CI's)"
+    expected = pinned("serial_sgd --epochs 2")
+    params, _ = serial_sgd.train(**README_JOB)
+    assert digest(params) == expected, f"serial SGD's parameters changed bits on {machine.fingerprint()}"
 
 
 @pytest.mark.parallel(nprocs=[4])
-def test_the_readme_main_job_gives_the_pinned_bits():
-    from algorithms import allreduce_sgd
-    params, _ = allreduce_sgd.train(MPI.COMM_WORLD, epochs=2, quiet=True)
-    parallel_assert(digest(params) == pinned("mpiexec -n 4 allreduce_sgd --epochs 2"),
-                    "allreduce SGD's parameters changed bits (or this machine's BLAS rounds differently)")
+def test_the_readme_main_job_gives_the_bits_pinned_for_this_machine():
+    expected = pinned("mpiexec -n 4 allreduce_sgd --epochs 2")
+    params, _ = readme_main_job(MPI.COMM_WORLD.size)
+    parallel_assert(digest(params) == expected,
+                    f"allreduce SGD's parameters changed bits on {machine.fingerprint()}")
 
 
 # ---- the project speaks of itself -----------------------------------------------------------------
@@ -285,16 +383,25 @@ def repository_python_files():
                   for path in (ROOT / folder).rglob("*.py"))
 
 
-def definitions_of(name, path):
-    """Line numbers where ``path`` defines ``name`` (a def, a class or an assignment to the name)."""
-    lines = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
-            lines.append(node.lineno)
+@functools.lru_cache(maxsize=None)
+def definitions(text):
+    """{name: line numbers where ``text`` defines it} (a def, a class or an assignment to the name)."""
+    found = {}
+    for node in ast.walk(parsed_source(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found.setdefault(node.name, []).append(node.lineno)
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            lines += [node.lineno for target in targets if isinstance(target, ast.Name) and target.id == name]
-    return lines
+            for target in targets:
+                if isinstance(target, ast.Name):
+                    found.setdefault(target.id, []).append(node.lineno)
+    return found
+
+
+def definitions_of(name, path):
+    """Line numbers where ``path`` defines ``name`` (a def, a class or an assignment to the name), in the
+    order ``ast.walk`` meets them."""
+    return list(definitions(path.read_text()).get(name, []))
 
 
 def is_a_marker(node):
@@ -305,26 +412,39 @@ def is_a_marker(node):
         (isinstance(node, ast.Attribute) and node.attr in ("BEGIN", "END"))
 
 
-def parses_fences(function):
-    """True if ``function`` compares a line with a fence marker (``== BEGIN``, ``.startswith(END)``,
-    ``in (BEGIN, END)``): it is a fence parser, whatever its name."""
-    for node in ast.walk(function):
-        if isinstance(node, ast.Compare):
-            sides = [node.left, *node.comparators]
-            sides += [item for side in sides if isinstance(side, (ast.Tuple, ast.List, ast.Set)) for item in side.elts]
-            if any(is_a_marker(side) for side in sides):
-                return True
-        elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") in ("startswith", "endswith") and node.args:
-            argument = node.args[0]
-            items = argument.elts if isinstance(argument, (ast.Tuple, ast.List)) else [argument]
-            if any(is_a_marker(item) for item in items):
-                return True
+def compares_with_a_marker(node):
+    """True if ``node`` compares a line with a fence marker (``== BEGIN``, ``.startswith(END)``,
+    ``in (BEGIN, END)``)."""
+    if isinstance(node, ast.Compare):
+        sides = [node.left, *node.comparators]
+        sides += [item for side in sides if isinstance(side, (ast.Tuple, ast.List, ast.Set)) for item in side.elts]
+        return any(is_a_marker(side) for side in sides)
+    if isinstance(node, ast.Call) and getattr(node.func, "attr", "") in ("startswith", "endswith") and node.args:
+        argument = node.args[0]
+        items = argument.elts if isinstance(argument, (ast.Tuple, ast.List)) else [argument]
+        return any(is_a_marker(item) for item in items)
     return False
 
 
+def parses_fences(function):
+    """True if ``function`` compares a line with a fence marker: it is a fence parser, whatever its name."""
+    return any(compares_with_a_marker(node) for node in ast.walk(function))
+
+
 def fence_parsers(path):
-    return [f"{path.relative_to(ROOT)}:{node.lineno} {node.name}" for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and parses_fences(node)]
+    """The functions of ``path`` that parse fences (``parses_fences``), found in one walk of the file: a
+    comparison with a marker makes every function around it one."""
+    found = {}
+
+    def visit(node, around):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            around = (*around, node)
+        if around and compares_with_a_marker(node):
+            found.update((function.lineno, function) for function in around)
+        for child in ast.iter_child_nodes(node):
+            visit(child, around)
+    visit(parsed(path), ())
+    return [f"{path.relative_to(ROOT)}:{line} {function.name}" for line, function in sorted(found.items())]
 
 
 def test_tiny_digits_and_the_fence_parser_are_each_defined_once():

@@ -26,7 +26,6 @@ import functools
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 if sys.version_info >= (3, 11):
@@ -56,6 +55,7 @@ class Task:
     forbid: tuple = ()          # MPI methods the body may not call (it builds them from point-to-point)
     forward: tuple = ()         # "module.qualname" of functions whose whole call the grader forwards too
     returns: tuple = ()         # "module:qualname" of the namedtuples and dataclasses its calls may return
+    in_place: bool = True       # whether its function may change what it is given (false: it returns its result)
 
     def stub_line(self):
         """The line that replaces the body: it says which task and where the chapter explains it."""
@@ -215,6 +215,7 @@ def body(task, root=ROOT):
 # Names that reach an attribute or a module spelled at run time: in a file whose task forbids MPI calls, any
 # of them would let a body call one without writing its name, so the file is not graded.
 DYNAMIC = {"getattr": "getattr() with a name computed at run time", "eval": "eval()", "exec": "exec()",
+           "__builtins__": "__builtins__", "getattr_static": "inspect.getattr_static()",
            "compile": "compile()", "__import__": "__import__()", "vars": "vars()", "globals": "globals()",
            "locals": "locals()", "attrgetter": "operator.attrgetter()", "methodcaller": "operator.methodcaller()",
            "__getattribute__": "__getattribute__", "__dict__": "__dict__", "import_module": "importlib"}
@@ -269,9 +270,9 @@ def forbidden_calls(task, root=ROOT, text=None, reference=ROOT):
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             modules = [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or ""]
             names = [alias.name for alias in node.names]
-            if any(module.split(".")[0] in ("importlib", "builtins") for module in modules) \
+            if any(module.split(".")[0] in ("importlib", "builtins", "inspect") for module in modules) \
                     or any(name in DYNAMIC for name in names):
-                used.add("an import of importlib, builtins or operator's attrgetter")
+                used.add("an import of importlib, builtins, inspect or operator's attrgetter")
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr"):
             name = node.args[1] if len(node.args) >= 2 else None
             if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):

@@ -9,8 +9,8 @@ each array's raw bytes in order. ``read_frame`` is the grader's parser of bytes 
 process wrote, so it trusts nothing: the length is capped, entry names must be identifiers,
 dtypes are numbers, booleans or strings (never objects or records), every shape must account
 for exactly the bytes that follow, and whatever json or numpy raise on a crafted frame becomes a
-``FrameError``. (No archive, no compression: nothing to unpack bigger than it came.) This file imports nothing of the project: the sandbox loads it from
-beside its driver.
+``FrameError``. (No archive, no compression: nothing to unpack bigger than it came.) This file
+imports nothing of the project: the sandbox loads it from beside its driver.
 """
 import json
 import math

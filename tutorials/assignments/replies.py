@@ -25,6 +25,7 @@ This file imports nothing of the project: the sandbox loads it from beside its d
 """
 import dataclasses
 import functools
+import inspect
 import json
 import numbers
 import types
@@ -63,7 +64,7 @@ def snapshot(seen):
             states[number] = list(thing.items())
         elif isinstance(thing, set):
             states[number] = set(thing)
-        elif hasattr(thing, "__dict__") and not callable(thing):
+        elif hasattr(thing, "__dict__") and not isinstance(thing, CALLABLES):   # objects, callable ones too
             states[number] = dict(vars(thing))
     return states
 
@@ -225,7 +226,9 @@ class Remote:
 
 
 def _kind(value):
-    """The kind a field keeps across a call: numbers are one kind, and so are arrays of one shape and dtype."""
+    """The kind a field keeps across a call: real numbers are one kind, and so are arrays of one shape and dtype."""
+    if isinstance(value, (np.bool_, np.str_, np.bytes_, np.complexfloating, complex)):
+        return type(value)
     if value is None or isinstance(value, (bool, str, tuple, list, dict, set, range, np.dtype)):
         return type(value)
     if isinstance(value, np.ndarray):
@@ -353,18 +356,36 @@ class ReplyBuilder:
         if not isinstance(changed, list):
             raise ValueError("fields: not a list")
         for pair in changed:
-            if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str) and pair[0] in fields):
+            if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str)
+                    and (pair[0] in fields or _class_default(type(original), pair[0]) is not _NONE)):
                 raise ValueError(f"{type(original).__name__}: a field {str(pair)[:60]} that the call did not send")
-            name, old, new = pair[0], fields[pair[0]], self.build(pair[1])
+            name, new = pair[0], self.build(pair[1])
+            old = fields[name] if name in fields else _class_default(type(original), name)
             if isinstance(old, np.ndarray) and isinstance(new, np.ndarray) and _kind(old) == _kind(new) \
                     and new is not old and not any(new is thing for thing in self.sent.values()):
                 self.writes.append(lambda old=old, new=new: np.copyto(old, new))     # in place: views stay views
                 continue
-            if _kind(old) != _kind(new) and not (old is None and _kind(new) in (numbers.Number,)) \
+            tensors = self.tensor_class is not None and isinstance(new, self.tensor_class) and (
+                old is None or type(old) is type(new))                     # a Tensor the call made, rebuilt here
+            if _kind(old) != _kind(new) and not tensors and not (old is None and _kind(new) in (numbers.Number,)) \
                     and not (old is None and isinstance(new, np.ndarray)):
                 raise ValueError(f"{type(original).__name__}.{name}: was a {type(old).__name__}, came back as a "
                                  f"{type(new).__name__} (a field keeps its kind)")
             self.writes.append(lambda name=name, new=new: fields.__setitem__(name, new))
+
+
+_NONE = object()
+
+
+def _class_default(cls, name):
+    """The data a class gives ``name`` (``calls = 0``: an instance's first ``calls += 1`` makes the field), or _NONE."""
+    if not (isinstance(name, str) and name.isidentifier() and not name.startswith("__")):
+        return _NONE
+    value = inspect.getattr_static(cls, name, _NONE)
+    if value is _NONE or callable(value) or hasattr(type(value), "__get__") or _kind(value) not in (
+            type(None), bool, str, numbers.Number, tuple):
+        return _NONE
+    return value
 
 
 def _hashable(key):
@@ -382,12 +403,14 @@ def _state(state):
     return state
 
 
-def unpack_reply(arrays, sent, tensor_class=None, remote=None, records=None):
+def unpack_reply(arrays, sent, tensor_class=None, remote=None, records=None, updates=True):
     """The return value of a reply; every update of ``sent`` (number -> the caller's thing) checked,
     then written. ``tensor_class``: minidl's Tensor, to rebuild the Tensors a call made (else they
     are refused); ``remote(handle, grad)``: what their backward calls; ``records``: {"module:qualname":
     class} of the namedtuples and dataclasses the task may return, rebuilt from their fields by the
-    grader's own class. ValueError if malformed."""
+    grader's own class; ``updates``: False for a task whose function may change nothing it was given
+    but the random generators it draws from (a reply that changes anything else is refused).
+    ValueError if malformed."""
     builder = ReplyBuilder(arrays, sent, tensor_class, remote, records)
     try:
         text = str(arrays["__reply__"])
@@ -397,6 +420,10 @@ def unpack_reply(arrays, sent, tensor_class=None, remote=None, records=None):
         if not (isinstance(spec, dict) and spec.keys() == {"return", "updates"} and isinstance(spec["updates"], list)):
             raise ValueError("not a reply: a dict of 'return' and 'updates'")
         value = builder.build(spec["return"])
+        if not updates and any(not (isinstance(node, list) and node and node[0] == "generator")
+                               for node in spec["updates"]):
+            raise ValueError("the call changed what it was given, which this task's function may not (it returns "
+                             "its result; it may only draw from a random generator it is handed)")
         for node in spec["updates"]:
             builder.update(node)
     except (KeyError, TypeError, IndexError, AttributeError, RecursionError, OverflowError,
@@ -425,9 +452,10 @@ def unpack_op(frame):
     """(name, handle, arrays, fields) of an "op" frame; ValueError unless every piece is of its kind."""
     try:
         name, handle, present, fields = json.loads(str(frame["op"]))
+        plain = isinstance(fields, dict) and all(isinstance(key, str) and (value is None or type(value) in (int, str))
+                                                 for key, value in fields.items())
         if not (isinstance(name, str) and type(handle) is int and isinstance(present, list) and len(present) <= 4
-                and isinstance(fields, dict) and all(isinstance(key, str) and (value is None or type(value) in (int, str))
-                                                     for key, value in fields.items())):
+                and plain):
             raise ValueError("a malformed op")
         arrays = [frame[f"a{i}"] if there is True else None for i, there in enumerate(present)]
         if "__data__" in frame:

@@ -96,13 +96,15 @@ def why_not():
 
 
 def _local_why_not():
-    if shutil.which("bwrap") is None:
-        return f"bubblewrap is not installed ({INSTALL})"
+    reasons = []
     if os.geteuid() != 0:
-        return "the sandbox needs root (it drops to a uid of its own; bubblewrap as root makes no user namespace)"
-    if not _namespaces_work():
-        return "bubblewrap cannot make namespaces here (a container that forbids them?)"
-    return None
+        reasons.append("the sandbox needs root (it drops to a uid of its own; bubblewrap as root makes no user "
+                       "namespace)")
+    if shutil.which("bwrap") is None:
+        reasons.append(f"bubblewrap is not installed ({INSTALL})")
+    elif not reasons and not _namespaces_work():
+        reasons.append("bubblewrap cannot make namespaces here (a container that forbids them?)")
+    return "; ".join(reasons) or None
 
 
 def _drop(uid, limits):
@@ -177,7 +179,8 @@ def start(argv, tree, log, *, io=None, limits=Limits(), uid=SANDBOX_UID, pass_fd
     why = _local_why_not()
     if why:
         raise SandboxError(f"the sandbox cannot run here: {why}")
-    binds = [(str(Path(tree).resolve()), "/student", "--ro-bind")] + ([] if io is None else [(str(io), "/io", "--ro-bind")])
+    binds = [(str(Path(tree).resolve()), "/student", "--ro-bind")]
+    binds += [] if io is None else [(str(io), "/io", "--ro-bind")]
     info, info_out = os.pipe()                          # bwrap tells the pid of its init there
     prefix = ["bwrap", "--info-fd", str(info_out), *bwrap_arguments(binds, limits)[1:], *_drop(uid, limits)]
     argv = [part.format(tree="/student", io="/io") for part in argv]
@@ -313,7 +316,11 @@ def serve_broker(sock, tree, limits=Limits(), uid=SANDBOX_UID):
             os.close(extra)
         if not fds:
             continue
-        control = socket.socket(fileno=fds[0])
+        try:
+            control = socket.socket(fileno=fds[0])
+        except OSError:                             # not a socket: nothing to answer on
+            os.close(fds[0])
+            continue
         try:
             request = json.loads(message)
             job = Job(tree, str(request["mode"]), int(request["nprocs"]), limits=limits, uid=uid)
@@ -325,7 +332,12 @@ def serve_broker(sock, tree, limits=Limits(), uid=SANDBOX_UID):
         if os.environ.get("MINIDL_BROKER_LOG"):
             with open(os.environ["MINIDL_BROKER_LOG"], "a") as log:
                 log.write(f"{time.time():.3f} start {request} pid {job.process.pid} fds {job.to_job} {job.from_job}\n")
-        socket.send_fds(control, [b'{"ok": true}'], [job.to_job, job.from_job])
+        try:
+            socket.send_fds(control, [b'{"ok": true}'], [job.to_job, job.from_job])
+        except OSError:                             # the asker is gone
+            control.close()
+            job.close()
+            continue
         os.close(job.to_job)
         os.close(job.from_job)
         job.to_job = job.from_job = -1
@@ -362,9 +374,11 @@ def _arguments(args, nprocs):
             for kwargs in per_rank]
 
 
-def failure_of(frame, nprocs):
-    """The message of an error frame: which rank raised what, and its traceback."""
-    return (f"rank {int(frame.get('rank', 0))} of p = {nprocs} raised {str(frame.get('__error__', '?'))[:2000]}\n"
+def failure_of(frame, nprocs, rank=None):
+    """The message of an error frame: which rank raised what (``rank``: the caller's, for a worker of its
+    own), and its traceback."""
+    rank = int(frame.get("rank", 0)) if rank is None else rank
+    return (f"rank {rank} of p = {nprocs} raised {str(frame.get('__error__', '?'))[:2000]}\n"
             f"{str(frame.get('__traceback__', ''))[-1500:]}")
 
 

@@ -153,7 +153,8 @@ class Builder:
             cls = codec.resolve(module, name, self.importing)
             if kind == "namedtuple" and isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields"):
                 return cls(*items(rest[1]))
-            if kind == "dataclass" and isinstance(cls, type) and dataclasses.is_dataclass(cls) and isinstance(rest[1], list):
+            if kind == "dataclass" and isinstance(cls, type) and dataclasses.is_dataclass(cls) \
+                    and isinstance(rest[1], list):
                 names = [pair[0] for pair in rest[1] if isinstance(pair, list) and len(pair) == 2]
                 if names != [field.name for field in dataclasses.fields(cls)]:
                     raise ValueError(f"{rest[0]!r}: fields {names[:20]}")

@@ -17,7 +17,8 @@ bench: `mpiexec -n P python -m collectives.bench --calibration none --json ...` 
 OUT/03_bench_pP.json), then
     03_bench_pP.png: each algorithm's time divided by MPI_Allreduce's at the same size (1.0 marked),
     size on a log axis: the median of --repeats launches (default 3), shaded from min to max. --quick: the
-    bench's --quick sizes, one launch. --keep: redraw from the JSON already in OUT without running the
+    bench's --quick sizes, one launch, the one select used (select writes no table then, so the bench
+    would run the same again). --keep: redraw from the JSON already in OUT without running the
     bench (the full run wants an idle machine: minutes, and 4 ranks on 2 cores).
     03_bench_excerpt.txt: the rows of MPI, the ring, Rabenseifner and auto from each p's first launch,
     in the bench's own columns (measured, x MPI, the alpha-beta model and the refined one, each beside
@@ -125,20 +126,28 @@ def excerpt(runs_by_p):
     return "\n".join(lines) + "\n"
 
 
-def select(out, quick, repeats):
-    """Median over launches, per p and size, of each point-to-point algorithm; the fastest -> selection.json."""
+def launches(out, p, quick, repeats):
+    """``repeats`` separate launches of the whole bench on p ranks: a list of the bench's own JSON."""
+    runs = []
+    for _ in range(repeats):                               # separate launches: the noise between runs shows
+        part = out / f"03_bench_p{p}.run.json"
+        mpiexec(p, "-m", "collectives.bench", "--calibration", "none", "--json", str(part),
+                *(["--quick"] if quick else []))
+        runs.append(json.loads(part.read_text()))
+        part.unlink()
+    return runs
+
+
+def select(out, quick, repeats, launched=None):
+    """Median over launches, per p and size, of each point-to-point algorithm; the fastest -> selection.json.
+    ``launched``: {p: runs} already made (--quick: the bench's own, since then nothing is written that
+    its auto rows would read)."""
     import statistics
     sys.path.insert(0, str(ROOT))
     from collectives import auto
     from collectives.bench.measure import describe
     for p in RANKS:
-        runs = []
-        for _ in range(repeats):
-            part = out / f"03_select_p{p}.run.json"
-            mpiexec(p, "-m", "collectives.bench", "--calibration", "none", "--json", str(part),
-                    *(["--quick"] if quick else []))
-            runs.append(json.loads(part.read_text()))
-            part.unlink()
+        runs = launched[p] if launched else launches(out, p, quick, repeats)
         sizes = sorted({r["bytes"] for run in runs for r in run})
         rows = []
         for nbytes in sizes:
@@ -153,18 +162,13 @@ def select(out, quick, repeats):
             auto.write_selection(p, rows)
 
 
-def bench(out, quick, keep, repeats):
-    """03_bench_pP.json: a list of runs, each the bench's own JSON (one record per size and algorithm)."""
+def bench(out, quick, keep, repeats, launched=None):
+    """03_bench_pP.json: a list of runs, each the bench's own JSON (one record per size and algorithm).
+    ``launched``: {p: runs} already made, as for ``select``."""
     for p in RANKS:
         data = out / f"03_bench_p{p}.json"
         if not keep:
-            runs = []
-            for _ in range(repeats):                       # separate launches: the noise between runs shows
-                part = out / f"03_bench_p{p}.run.json"
-                mpiexec(p, "-m", "collectives.bench", "--calibration", "none", "--json", str(part),
-                        *(["--quick"] if quick else []))
-                runs.append(json.loads(part.read_text()))
-                part.unlink()
+            runs = launched[p] if launched else launches(out, p, quick, repeats)
             data.write_text(json.dumps(runs, indent=1))
         runs = json.loads(data.read_text())
         if runs and isinstance(runs[0], dict):             # one run as the bench wrote it
@@ -192,10 +196,14 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     if args.only in (None, "spacetime"):
         spacetime(out, args.quick)
+    repeats = args.repeats or (1 if args.quick else 3)
+    # --quick writes no selection, so the bench that follows runs as select's launches did: one set serves both
+    launched = {p: launches(out, p, True, repeats) for p in RANKS} \
+        if args.quick and args.only is None and not args.keep else None
     if args.only in (None, "select") and not args.keep:
-        select(out, args.quick, args.repeats or (1 if args.quick else 3))
+        select(out, args.quick, repeats, launched)
     if args.only in (None, "bench"):
-        bench(out, args.quick, args.keep, args.repeats or (1 if args.quick else 3))
+        bench(out, args.quick, args.keep, repeats, launched)
 
 
 if __name__ == "__main__":

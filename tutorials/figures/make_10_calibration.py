@@ -76,6 +76,14 @@ def steps_table(model):
     return "\n".join(lines) + "\n"
 
 
+def as_typed(command, out):
+    """The bench's command as a reader types it, with no path of this machine in it: ``mpiexec`` and
+    ``python`` by name, the files it wrote into the output folder as OUT/name."""
+    names = {MPIEXEC: "mpiexec", sys.executable: "python"}
+    return " ".join(names.get(part) or (f"OUT/{Path(part).name}" if Path(part).parent == out else part)
+                    for part in command)
+
+
 def launch(command, model_path, bench_path):
     """One job of the bench: (rows, model, [load before, load after])."""
     load_before = os.getloadavg()
@@ -140,7 +148,7 @@ def main():
     rows, model, load = results[0]
     launched = [summary(r, m) for r, m, _ in results]
     (out / "10_calibrated.json").write_text(json.dumps({"rows": rows, "load_average": load, "launches": launched,
-                                                         "command": " ".join(command[1:])}, indent=1))
+                                                         "command": as_typed(command, out)}, indent=1))
     text = markdown(rows, model, load) + launches_line(launched)
     (out / "10_calibrated.md").write_text(text)
     (out / "10_steps.md").write_text(steps_table(model))
