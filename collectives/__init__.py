@@ -27,6 +27,7 @@ and what every algorithm's command uses (`mpiexec -n 4 python -m collectives.rin
     demo.py     one allreduce, traced and checked against MPI's own
     spacetime.py  space-time diagrams of traced messages
     cli.py      the commands' flags and error contract (`error: ...`, exit status 2)
+    simulate.py   `python -m collectives.simulate`: the name on the command line of sim/'s simulator
 
 The rooms, each with its own map (its `__init__.py`):
 
