@@ -156,7 +156,7 @@ def test_section_3_quotes_the_ports():
                for net in ("", ", 2 NICs", ", a port per rank", ", fat tree"))
     assert all(row["rabenseifner, fat tree"] == row["rabenseifner"] for p, row in times.items() if p <= 128)
     assert all(row["rabenseifner, fat tree"] > row["rabenseifner"] for p, row in times.items() if p >= 256)
-    # the case: p = 1024, c = 16, one NIC per node, 1 MiB: the two-level form beats flat Rabenseifner
+    # p = 1024 in nodes of 16 ranks, one NIC each, 1 MiB: the two-level form beats flat Rabenseifner
     assert sixteen["hierarchical"] < sixteen["rabenseifner"] and min(sixteen, key=sixteen.get) == "hierarchical"
 
 
