@@ -40,7 +40,7 @@ Building blocks, public and tested on their own: `reduce_scatter(comm, sendbuf, 
 import numpy as np
 from mpi4py import MPI
 
-from .buffers import block_counts, block_offsets, copy_into, from_mpi, run_allreduce, scratch, to_mpi, validate
+from .buffers import block_counts, block_offsets, blocks, copy_into, from_mpi, run_allreduce, scratch, to_mpi, validate
 from .ops import array_module, base_op, combine, finish
 from .tags import ALLGATHER, REDUCE_SCATTER
 
@@ -55,8 +55,7 @@ def ring_reduce_scatter_in_place(comm, data, op, source=None):
     into `data` first. Blocks this loop does not write are left as they were.
     """
     rank, size = comm.Get_rank(), comm.Get_size()
-    counts = block_counts(len(data), size)
-    offsets = block_offsets(counts)
+    counts, offsets = blocks(len(data), size)
     source = data if source is None else source
 
     def block(i):
@@ -82,8 +81,7 @@ def ring_reduce_scatter_in_place(comm, data, op, source=None):
 def ring_allgather_in_place(comm, data):
     """p - 1 steps; block `rank` of `data` goes to every rank, so all blocks end everywhere."""
     rank, size = comm.Get_rank(), comm.Get_size()
-    counts = block_counts(len(data), size)
-    offsets = block_offsets(counts)
+    counts, offsets = blocks(len(data), size)
 
     def block(i):
         return data[offsets[i]:offsets[i] + counts[i]]

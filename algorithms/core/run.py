@@ -35,7 +35,7 @@ from algorithms.core.divergence import FiniteCheck, check_divergence
 from algorithms.core.log import Log
 from algorithms.core.objective import build as build_objective
 from algorithms.core.schedule import Schedule
-from collectives.hierarchical import environment_ranks_per_node
+from collectives.nodes import environment_ranks_per_node
 from collectives.trace import CountingComm
 from minidl import backend
 from minidl.conv import budget
@@ -103,11 +103,11 @@ def allreduce_function(name):
         raise SettingError(f"unknown --allreduce {name!r}; choose one of {', '.join(cli.ALLREDUCE_NAMES)}")
     if name == "mpi":
         return mpi_allreduce
-    if name == "hierarchical":                   # its node size may come from the environment: check it now
+    if name in ("hierarchical", "hierarchical_tree"):   # the node size may come from the environment: check it now
         try:
             environment_ranks_per_node()
         except ValueError as error:
-            raise SettingError(f"--allreduce hierarchical: {error}") from None
+            raise SettingError(f"--allreduce {name}: {error}") from None
 
     def allreduce(comm, buffer):
         return collectives.allreduce(comm, MPI.IN_PLACE, buffer, op="sum", algorithm=name, check=False)

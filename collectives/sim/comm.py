@@ -74,12 +74,11 @@ class SimComm:
                  status=None):
         engine, me = self.engine, self.world_rank
         if self.members is None and dest >= 0 and source >= 0 and recvtag >= 0:   # the common case, quickly
-            send = engine.post(me, True, dest, sendtag, sendbuf)
-            receive = engine.post(me, False, source, recvtag, recvbuf)
+            receive = engine.sendrecv(me, sendbuf, dest, sendtag, recvbuf, source, recvtag)
         else:
             send = self.Isend(sendbuf, dest, sendtag)
             receive = self.Irecv(recvbuf, source, recvtag)
-        engine.wait(me, (send, receive))
+            engine.wait(me, (send, receive))
         if status is not None:
             fill_status(status, receive)
 
