@@ -377,8 +377,15 @@ def in_namespace(argv):
     ends, the kernel ends every process it started, wherever they went. Returns its exit status."""
     done = subprocess.run(["unshare", "--pid", "--mount", "--mount-proc", "--fork", "--kill-child", sys.executable,
                            __file__, *argv],
-                          env=dict(os.environ, **{NAMESPACE: "1"}))
+                          env=dict(os.environ, **{NAMESPACE: "1"}), preexec_fn=_die_with_parent)
     return done.returncode
+
+
+def _die_with_parent():
+    """(In the child, before unshare starts.) SIGKILL it when this grade.py dies, even by SIGKILL: unshare
+    then kills the namespace's init, and the kernel every process in the namespace."""
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)          # 1: PR_SET_PDEATHSIG
 
 
 def reap_as_init(child):

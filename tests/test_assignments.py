@@ -23,6 +23,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -343,6 +344,39 @@ def test_the_grader_gives_stubbed_tasks_nothing_in_their_stubs_words_and_the_ref
     grade(*tests, "--json", str(tmp_path / "reference.json"))
     reference = json.loads((tmp_path / "reference.json").read_text())
     assert reference["points"] == reference["max_points"], reference
+
+
+@reference_only
+@needs_grader
+def test_a_grading_killed_outright_takes_every_process_it_started_with_it(tmp_path):
+    # SIGKILL to grade.py itself (an instructor's kill -9, a harness's timeout): nothing it started may
+    # go on grading, or hold a sandbox, after it
+    from tests import grade as grader
+    from tests.test_sandbox import processes_of
+    task = assignments.select(assignments.load()[0], "9.2")[0]
+    tree = tmp_path / "tree"
+    assignments.make(tree, ids=["9.2"])
+    lines, begin, _ = assignments.fence_of(task, tree)
+    indent = lines[begin][:len(lines[begin]) - len(lines[begin].lstrip())]
+    assignments.replace_body(task, tree, [f"{indent}import time\n", f"{indent}time.sleep(10**6)\n"])
+    def ours():                                       # (SANDBOX_UIDS is a range of a billion uids: never a list)
+        return processes_of(sandbox.SANDBOX_UIDS) | processes_of([grader.GRADER_UID])
+    process = subprocess.Popen([sys.executable, str(ROOT / "tests/grade.py"), "--student", str(tree), "--tasks", "9.2",
+                                "--timeout", "120"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(600):                          # until a sandboxed worker is asleep in the body
+            if processes_of(sandbox.SANDBOX_UIDS) or process.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert processes_of(sandbox.SANDBOX_UIDS), "the grading never reached the sandbox"
+    finally:
+        process.kill()
+        process.wait()
+    for _ in range(100):
+        if not ours():
+            break
+        time.sleep(0.1)
+    assert not ours(), "processes of the grading outlived a grade.py killed by SIGKILL"
 
 
 def test_the_grader_names_a_missing_student_tree_and_what_a_machine_without_a_sandbox_lacks(tmp_path, monkeypatch):
