@@ -42,9 +42,9 @@ shared cores it buys nothing and costs time (the MLP's 10 epochs at p = 2: 10-12
 tutorials/figures/out/11_runs.json): the ranks that would overlap share the cores, and each message
 of the started allgather goes through a thread hand-off.
 
-A convolution's kernel keeps its weight array in its cache from the forward to the backward
-(``minidl.conv``), so a conv unit's gathered weights live that long (LeNet-5: 2,572 of 61,706
-values); Linear and locally connected layers read their weights again in the backward.
+Every layer reads its weights again when its backward runs (``weight.data``: Linear's product, the
+convolution's kernel, the locally connected layer) and keeps no array of them in between, so a
+unit's gathered vector is freed at its release: one unit whole at a time, convolutions included.
 
 Communication per step and rank (section 7; ring, alpha-beta, 4-byte values), U units:
 
