@@ -61,9 +61,11 @@ at p >= 3 an element's p values are added in another order. Every stage then giv
 parameters of allreduce SGD whose ring runs unit by unit, and ``--allreduce ring``'s up to rounding
 (tests/test_zero.py: the float64 MLP after one epoch at p = 3..5, within 1e-13 relative).
 
-Evaluation and --save: stages 1 and 2 keep the whole weights; stage 3 evaluates unit by unit, each
-gathered and released (``Gathered``: no whole copy is kept for it), and --save gathers the weights
-and the optimizer state (``whole_model``). None of this is counted in the log's bytes.
+Evaluation, the end and --save: stages 1 and 2 keep the whole weights; stage 3 evaluates unit by
+unit, each gathered and released (``Gathered``: no whole copy is kept for it), and at the end
+gathers the whole weights once, what train() returns (``whole_model``). Only --save gathers the
+optimizer state, onto rank 0, which writes it, and drops it once written. None of this is counted
+in the log's bytes.
 
 --optimizer adam: Adam (``minidl.optim.Adam``) with beta1 = --momentum, beta2 = 0.999, eps 1e-8
 (default --lr 0.001). --save writes the gathered model and optimizer state, layout-free: a
@@ -154,7 +156,8 @@ def check_layout(stage, unit, prefetch):
 
 
 def train(comm=None, stage=3, optimizer="sgd", unit="layer", prefetch=False, **settings):
-    """ZeRO stage ``stage`` on ``comm``; returns (final flat parameters as NumPy, history), the same on every rank."""
+    """ZeRO stage ``stage`` on ``comm``; returns (final flat parameters as NumPy, history), the same on every rank
+    (the whole weights, gathered at the end; the optimizer state stays sharded but for --save)."""
     comm = comm or MPI.COMM_WORLD
     settings = Settings.of(settings, lr=LR.get(optimizer, 0.05), **DEFAULTS)
     adam = optimizer == "adam"
@@ -175,8 +178,10 @@ def train(comm=None, stage=3, optimizer="sgd", unit="layer", prefetch=False, **s
         loss, accuracy = evaluate(Gathered(shard, comm), objective.data.x_test, objective.data.y_test)
         return {"test_loss": loss, "test_accuracy": accuracy}
 
-    return run.loop(step, evaluate=evaluate_gathered if stage == 3 else objective.evaluate,
-                    result=lambda: shard.whole_model(comm))
+    params, history = run.loop(step, evaluate=evaluate_gathered if stage == 3 else objective.evaluate,
+                               result=lambda: shard.whole_model(comm, state=bool(settings.save)))
+    shard.let_go_of_state()                                    # --save has written it
+    return params, history
 
 
 def main(argv=None):
