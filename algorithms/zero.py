@@ -38,7 +38,7 @@ optimizer state: 4 for momentum SGD's v, 8 for Adam's m and v; n parameters, n_m
 gathered, the next gather of the step is started without waiting (``collectives.nonblocking``:
 the ring's own allgather, a message at a time) and advanced whenever the shard is called, so it
 runs while the unit computes; two units are then whole at once. The same bits either way. On 2
-shared cores it buys nothing and costs time (the MLP's 10 epochs at p = 2: 10-12 s against 1-3 s,
+shared cores it buys nothing and costs time (the MLP's 10 epochs at p = 2: 14-22 s against 3-7 s,
 tutorials/figures/out/11_runs.json): the ranks that would overlap share the cores, and each message
 of the started allgather goes through a thread hand-off.
 
