@@ -46,12 +46,12 @@ is sent twice (in the forward and in the backward, before that stage's gradient 
 The halo pays per boundary row, not per pixel (DistBelief's argument); model_parallel sends whole maps.
 
 --layer local (the paper's own case): a locally connected network, weights unshared between positions
-(``minidl.nn.LocallyConnected2d``; --model cnn runs its twin, ``minidl.models.local_cnn``). Rank r owns
-the weights of the rows it computes (``algorithms.core.regions``) and its rows of the head's first
-Linear, Megatron's row split: z = sum_r x_r W[features_r] + b (g, ``reduce_from_parallel``; b on rank 0).
-Per step (``local_gradient``): the halos and one ring allreduce of the (N, classes) logits; no weight
-gradient summed, no map gathered; parameters, gradient and momentum 1/P of the model's per rank, up
-to uneven tiles. Evaluation runs the split network; --save gathers the pieces. Serial SGD up to the
+(``minidl.nn.LocallyConnected2d``; --model cnn runs its twin, ``minidl.models.local_cnn``). Rank r owns the
+weights of the rows it computes (``algorithms.core.regions``) and its rows of the head's first Linear,
+Megatron's row split: z = sum_r x_r W[features_r] + b (g, ``reduce_from_parallel``; b on rank 0). Per step
+(``local_gradient``): the halos and one ring allreduce of the (N, classes) logits; no weight gradient summed,
+no map gathered; parameters, gradient and momentum 1/P of the model's per rank, up to uneven tiles. The split
+network is evaluated; the end gathers its weights, --save its momentum on rank 0 only. Serial SGD up to the
 order of the additions in the boundary rows' input gradients and the logits (tests/test_spatial_local.py).
 
 --recompute (Chen et al. 2016): the forward runs each stage unrecorded, keeping its output tile; the
@@ -168,8 +168,7 @@ def run_stage(stage, window, rank, need_grad, piece=None):
     """conv (zero padding only at the map's edges) -> ReLU -> pooling, through minidl's autograd;
     (the padded window as a leaf, my rows of the next map). ``piece``: (weight, bias) of my output
     rows of a locally connected stage (--layer local); None: the convolution's shared weights."""
-    top, bottom = stage.padding(rank)
-    p = stage.conv.padding
+    (top, bottom), p = stage.padding(rank), stage.conv.padding
     padded = numpy.pad(window, ((0, 0), (0, 0), (top, bottom), (p, p)))
     leaf = Tensor(padded, requires_grad=need_grad)
     if piece is None:
@@ -290,9 +289,11 @@ def train_local(comm, recompute, settings):
         optimizer.step()
         return loss
 
-    return run.loop(step, evaluate=lambda: dict(zip(("test_loss", "test_accuracy"),     # the split network
-                                                    evaluate(region, data.x_test, data.y_test))),
-                    result=lambda: region.saved(comm, optimizer, run.optimizer))
+    params, history = run.loop(step, evaluate=lambda: dict(zip(("test_loss", "test_accuracy"),   # the split network
+                                                               evaluate(region, data.x_test, data.y_test))),
+                               result=lambda: region.saved(comm, optimizer, run.optimizer, bool(settings.save)))
+    run.optimizer.state[0] = {}                                  # written: only my region's momentum stays
+    return params, history
 
 
 def bytes_per_step(tiling, batch, itemsize, recompute=False):
@@ -317,9 +318,8 @@ def train(comm=None, recompute=False, layer="conv", **settings):
         raise cli.SettingError(f"--layer must be conv or local, got {layer!r}", every_rank=True)
     if layer == "local":
         return train_local(comm, recompute, settings)
-    run = Run.start(comm, settings, check=no_problem, reader=(0, 1),
-                    writer=checkpoint.Writer("spatial_parallel", checkpoint.SGD_FAMILY,
-                                             layout={"tiles": comm.Get_size()}))
+    run = Run.start(comm, settings, check=no_problem, reader=(0, 1), writer=checkpoint.Writer(
+        "spatial_parallel", checkpoint.SGD_FAMILY, layout={"tiles": comm.Get_size()}))
     objective = run.objective
     _, _, height, width = objective.data.x_train.shape
     with agreed(comm):                     # after the shared flags' checks, before any message of the run

@@ -38,13 +38,13 @@ optimizer state: 4 for momentum SGD's v, 8 for Adam's m and v; n parameters, n_m
 gathered, the next gather of the step is started without waiting (``collectives.nonblocking``:
 the ring's own allgather, a message at a time) and advanced whenever the shard is called, so it
 runs while the unit computes; two units are then whole at once. The same bits either way. On 2
-shared cores it buys nothing and costs time (the MLP's 10 epochs at p = 2: 10-12 s against 1-3 s,
+shared cores it buys nothing and costs time (the MLP's 10 epochs at p = 2: 14-22 s against 3-7 s,
 tutorials/figures/out/11_runs.json): the ranks that would overlap share the cores, and each message
 of the started allgather goes through a thread hand-off.
 
-A convolution's kernel keeps its weight array in its cache from the forward to the backward
-(``minidl.conv``), so a conv unit's gathered weights live that long (LeNet-5: 2,572 of 61,706
-values); Linear and locally connected layers read their weights again in the backward.
+Every layer reads its weights again when its backward runs (``weight.data``: Linear's product, the
+convolution's kernel, the locally connected layer) and keeps no array of them in between, so a
+unit's gathered vector is freed at its release: one unit whole at a time, convolutions included.
 
 Communication per step and rank (section 7; ring, alpha-beta, 4-byte values), U units:
 
@@ -61,9 +61,11 @@ at p >= 3 an element's p values are added in another order. Every stage then giv
 parameters of allreduce SGD whose ring runs unit by unit, and ``--allreduce ring``'s up to rounding
 (tests/test_zero.py: the float64 MLP after one epoch at p = 3..5, within 1e-13 relative).
 
-Evaluation and --save: stages 1 and 2 keep the whole weights; stage 3 evaluates unit by unit, each
-gathered and released (``Gathered``: no whole copy is kept for it), and --save gathers the weights
-and the optimizer state (``whole_model``). None of this is counted in the log's bytes.
+Evaluation, the end and --save: stages 1 and 2 keep the whole weights; stage 3 evaluates unit by
+unit, each gathered and released (``Gathered``: no whole copy is kept for it), and at the end
+gathers the whole weights once, what train() returns (``whole_model``). Only --save gathers the
+optimizer state, onto rank 0, which writes it, and drops it once written. None of this is counted
+in the log's bytes.
 
 --optimizer adam: Adam (``minidl.optim.Adam``) with beta1 = --momentum, beta2 = 0.999, eps 1e-8
 (default --lr 0.001). --save writes the gathered model and optimizer state, layout-free: a
@@ -154,7 +156,8 @@ def check_layout(stage, unit, prefetch):
 
 
 def train(comm=None, stage=3, optimizer="sgd", unit="layer", prefetch=False, **settings):
-    """ZeRO stage ``stage`` on ``comm``; returns (final flat parameters as NumPy, history), the same on every rank."""
+    """ZeRO stage ``stage`` on ``comm``; returns (final flat parameters as NumPy, history), the same on every rank
+    (the whole weights, gathered at the end; the optimizer state stays sharded but for --save)."""
     comm = comm or MPI.COMM_WORLD
     settings = Settings.of(settings, lr=LR.get(optimizer, 0.05), **DEFAULTS)
     adam = optimizer == "adam"
@@ -175,8 +178,10 @@ def train(comm=None, stage=3, optimizer="sgd", unit="layer", prefetch=False, **s
         loss, accuracy = evaluate(Gathered(shard, comm), objective.data.x_test, objective.data.y_test)
         return {"test_loss": loss, "test_accuracy": accuracy}
 
-    return run.loop(step, evaluate=evaluate_gathered if stage == 3 else objective.evaluate,
-                    result=lambda: shard.whole_model(comm))
+    params, history = run.loop(step, evaluate=evaluate_gathered if stage == 3 else objective.evaluate,
+                               result=lambda: shard.whole_model(comm, state=bool(settings.save)))
+    shard.let_go_of_state()                                    # --save has written it
+    return params, history
 
 
 def main(argv=None):

@@ -151,6 +151,7 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, algorithm="im2col"):
     conv.check_shapes(x.shape, weight.shape, stride, padding)
     kernel = conv.get(algorithm, x.shape, weight.shape, stride, padding)
     out, cache = kernel.forward(x.data, weight.data, stride, padding)
+    cache.pop("weight", None)     # read again in the backward, as Linear does: nothing of it kept in between
     parents = (x, weight)
     if bias is not None:
         bias = as_tensor(bias)
@@ -160,7 +161,7 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, algorithm="im2col"):
         parents = (x, weight, bias)
 
     def backward(grad):
-        grad_x, grad_weight = kernel.backward(grad, cache, need_x=x.requires_grad,
+        grad_x, grad_weight = kernel.backward(grad, {**cache, "weight": weight.data}, need_x=x.requires_grad,
                                               need_weight=weight.requires_grad)
         if bias is None:
             return grad_x, grad_weight

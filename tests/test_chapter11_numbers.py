@@ -208,10 +208,9 @@ def test_section_8_quotes_the_runs():
     gather = (runs["ranks"] - 1) * n * 4       # one ring allgather of a float32 vector, all ranks together
     for record in runs["runs"]:
         extra = round((record["bytes_per_step"] - record["predicted_bytes_per_step"]) * record["steps"])
-        expected = {"ZeRO-1": 1, "ZeRO-2": 1, "ZeRO-3": 12, "ZeRO-3 --prefetch": 12}.get(record["method"], 0) * gather
+        # stage 3: the weights gathered for each of the 10 evaluations and once at the end; the optimizer
+        # state of no stage is gathered without --save
+        expected = {"ZeRO-3": 11, "ZeRO-3 --prefetch": 11}.get(record["method"], 0) * gather
         assert extra == expected, f"{record['method']}: {extra} bytes beyond the formula, the chapter says {expected}"
-    zero1 = runs_of("ZeRO-1", "mlp")[0]
-    quoted(f"{gather} bytes over the run's {zero1['steps']} steps, the "
-           f"{zero1['bytes_per_step'] - zero1['predicted_bytes_per_step']:.0f} a step above the formula",
-           f"12 gathers of {gather} bytes in all (hence its {runs_of('ZeRO-3', 'mlp')[0]['messages_per_step']:.1f} "
+    quoted(f"11 gathers of {gather} bytes in all (hence its {runs_of('ZeRO-3', 'mlp')[0]['messages_per_step']:.1f} "
            f"messages a step)")

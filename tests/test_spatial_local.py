@@ -10,6 +10,10 @@ row of the last map; the head's 10 biases on rank 0. Tolerance: the order of add
 serial SGD's in the halo rows' input gradients and in the logits (a sum over ranks of partial
 products): EQUAL_UP_TO_ROUNDING, float64.
 """
+import os
+import shutil
+import tempfile
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -94,3 +98,47 @@ def test_a_network_without_locally_connected_stages_and_recompute_are_refused_on
     with pytest.raises(SettingError, match="must start with a LocallyConnected2d"):
         spatial_parallel.train(MPI.COMM_SELF, layer="local", model=lambda: Sequential(Flatten(), Linear(
             64, 10, rng=np.random.default_rng(0))), quiet=True)
+
+
+class Watched(Region):
+    """The Region train() makes, remembering what the serial model's optimizer and the run's copy of
+    --resume's file held once it took over (``left``), and after each gather of the model (``seen``)."""
+    made = []
+
+    def take_over(self, run, optimizer):
+        super().take_over(run, optimizer)
+        self.run, self.seen = run, []
+        large = [key for key, value in run.checkpoint.items() if np.size(value) > 1]
+        self.left = sorted(run.optimizer.state[0]) + large
+        Watched.made.append(self)
+
+    def saved(self, comm, optimizer, whole, state=False):
+        params = super().saved(comm, optimizer, whole, state)
+        self.seen.append(sorted(whole.state[0]))
+        return params
+
+
+@pytest.mark.parallel(nprocs=[2])
+def test_a_saved_split_resumes_bit_for_bit_and_holds_the_whole_model_only_to_write_it(monkeypatch):
+    """2 epochs unbroken, and 1 saved then 1 resumed: the same bits. The end gathers the weights on every
+    rank (train()'s return) and the momentum only for --save, onto rank 0, which writes it; a resumed run
+    keeps nothing whole of the file once its region has taken over."""
+    comm, data = MPI.COMM_WORLD, tiny_digits(n_test=20)
+    folder = comm.bcast(tempfile.mkdtemp(prefix="minidl-local-") if comm.rank == 0 else None, root=0)
+    ck = os.path.join(folder, "local.npz")
+    monkeypatch.setattr(spatial_parallel, "Region", Watched)
+    common = dict(layer="local", model=local_net, data=data, lr=0.1, momentum=0.9, batch_size=5, quiet=True)
+    results = {}
+    for name, flags in (("unbroken", dict(epochs=2)), ("saved", dict(epochs=1, save=ck)),
+                        ("resumed", dict(epochs=2, resume=ck))):
+        Watched.made.clear()
+        results[name], _ = spatial_parallel.train(comm, **common, **flags)
+        region = Watched.made[0]
+        gathered = ["momentum"] if name == "saved" and comm.rank == 0 else []
+        parallel_assert(region.seen == [gathered], f"{name}: the whole momentum held at the end: {region.seen}")
+        parallel_assert(not region.left, f"{name}: kept whole after the take-over: {region.left}")
+        parallel_assert(not region.run.optimizer.state[0], f"{name}: the whole momentum outlived the run")
+    parallel_assert(bool(np.array_equal(results["resumed"], results["unbroken"])), "the resumed run differs")
+    comm.Barrier()
+    if comm.rank == 0:
+        shutil.rmtree(folder)

@@ -110,10 +110,15 @@ def test_between_steps_each_stage_keeps_only_its_blocks_and_no_gradient(stage):
                     f"stage {stage}: the layers' weights whole: {[not absent(p.data) for p in layers]}")
     parallel_assert(all((unit.shard.data.base is not None) == (stage < 3) for unit in shard.units),
                     f"stage {stage}: my blocks are views of the whole weights")
-    whole = shard.whole_model(comm)
+    whole = shard.whole_model(comm)                      # the end of a run: the weights only
     parallel_assert(whole.size == 555 and np.isfinite(whole).all() and same_on_every_rank(comm, whole),
                     f"stage {stage}: gather did not assemble the model")
-    parallel_assert(all(job.optimizer.state[0][key].size == 555 for key in ("m", "v")), "gathered state is not whole")
+    parallel_assert(not job.optimizer.state[0], f"stage {stage}: the weights' gather gathered the optimizer state")
+    shard.whole_model(comm, state=True)                  # --save: the state whole on rank 0, which writes it
+    sizes = {key: value.size for key, value in job.optimizer.state[0].items()}
+    parallel_assert(sizes == ({"m": 555, "v": 555} if comm.rank == 0 else {}), f"gathered state: {sizes}")
+    shard.let_go_of_state()
+    parallel_assert(not job.optimizer.state[0], "the whole state outlived its writing")
 
 
 def bytes_of_one_step(comm, stage, prefetch=False):
@@ -174,6 +179,45 @@ def test_a_zero_checkpoint_is_the_gathered_model_and_resumes_in_another_layout(o
         parallel_assert(bool(np.array_equal(params, unbroken)), f"{optimizer}: {name} after the file differs")
     comm.Barrier()
     if comm.Get_rank() == 0:
+        shutil.rmtree(folder)
+
+
+class Watched(units.Shard):
+    """The Shard zero.train makes, remembering its run and what the whole model's optimizer held after
+    each gather of the whole model (``seen``) and when --save wrote it (``written``)."""
+    made = []
+
+    def __init__(self, job, *args):
+        super().__init__(job, *args)
+        self.job, self.seen = job, []
+        Watched.made.append(self)
+
+    def whole_model(self, comm, state=False):
+        params = super().whole_model(comm, state)
+        self.seen.append(sorted(self.whole.state[0]))
+        return params
+
+
+@pytest.mark.parallel(nprocs=[2])
+def test_a_run_gathers_the_whole_state_only_to_save_it_on_rank_0_and_keeps_nothing_whole_of_its_resume(
+        monkeypatch):
+    """Adam, stage 3: the end of a run gathers the weights (train()'s return) and the optimizer state only
+    for --save, onto rank 0, dropped once written; a resumed run keeps of the file only the epoch."""
+    comm, folder = MPI.COMM_WORLD, shared_folder(MPI.COMM_WORLD)
+    ck = str(folder / "zero.npz")
+    monkeypatch.setattr(zero, "Shard", Watched)
+    common = dict(SMALL, data=tiny_digits(), lr=0.01, epochs=1)
+    for flags in (dict(), dict(save=ck), dict(resume=ck, epochs=2)):
+        Watched.made.clear()
+        zero.train(comm, stage=3, optimizer="adam", **common | flags)
+        shard = Watched.made[0]
+        gathered = ["m", "v"] if "save" in flags and comm.rank == 0 else []
+        parallel_assert(shard.seen == [gathered], f"{flags}: the whole state held at the end: {shard.seen}")
+        parallel_assert(not shard.whole.state[0], f"{flags}: the whole state outlived the run")
+        large = {key: value.size for key, value in shard.job.checkpoint.items() if np.size(value) > 1}
+        parallel_assert(not large, f"{flags}: the run keeps the file's {large}")
+    comm.Barrier()
+    if comm.rank == 0:
         shutil.rmtree(folder)
 
 

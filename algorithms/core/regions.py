@@ -63,18 +63,23 @@ class Region(Module):
 
     def take_over(self, run, optimizer):
         """From what Run.start built: my values of a resumed momentum into ``optimizer``; then the serial
-        model (every rank's whole copy) is let go, only my region stays."""
+        model and its momentum (every rank's whole copies) are let go, only my region stays."""
         whole = run.optimizer.params[0]
         if "momentum" in run.optimizer.state[0]:
             optimizer.state[0]["momentum"] = run.optimizer.state[0]["momentum"][numpy.concatenate(self.where())]
-        optimizer.steps = run.optimizer.steps
+        optimizer.steps, run.optimizer.state[0] = run.optimizer.steps, {}
         release(run.objective.flat.parameters)
         run.objective.params = run.objective.grad = run.objective.flat = whole.data = whole.grad = None
 
-    def saved(self, comm, optimizer, whole):
-        """The serial model's flat parameters, gathered, and its momentum into ``whole`` (for --save)."""
-        params, *state = self.gather(comm, [self.flat.data] + list(optimizer.state[0].values()))
-        whole.state[0], whole.steps = dict(zip(optimizer.state[0], state)), optimizer.steps
+    def saved(self, comm, optimizer, whole, state=False):
+        """The serial model's flat parameters, gathered on every rank (train()'s return); with ``state``
+        (--save only) its momentum too, on rank 0 only, into ``whole`` (the serial model's optimizer, which
+        rank 0 writes)."""
+        params, = self.gather(comm, [self.flat.data])
+        momentum = self.gather(comm, list(optimizer.state[0].values()), root=0) if state else []
+        if comm.Get_rank() == 0:
+            whole.state[0] = dict(zip(optimizer.state[0], momentum))
+        whole.steps = optimizer.steps
         return params
 
     def flatten(self):
@@ -86,18 +91,26 @@ class Region(Module):
         return [((offset + rows * per_row)[:, None] + numpy.arange(per_row)).reshape(-1)
                 for offset, rows, per_row in self.positions]
 
-    def gather(self, comm, vectors):
+    def gather(self, comm, vectors, root=None):
         """The serial model's flat vectors from every rank's pieces of ``vectors`` (vectors in my flat order),
-        summed over ranks where each value has one owner (rank 0 for what all hold): exact, x + 0 = x.
-        MPI's own Allreduce: for --save and the end only, not part of the algorithm."""
+        each value from its one owner (rank 0 for what all hold): on every rank, summed over ranks (exact,
+        x + 0 = x); or with ``root``, on that rank only, every rank's own values sent to it (None elsewhere).
+        MPI's own collectives: for --save and the end only, not part of the algorithm."""
+        positions, take, start = [], [], 0
+        for where, shared in zip(self.where(), self.shared):
+            if self.rank == 0 or not shared:
+                positions.append(where)
+                take.append(numpy.arange(start, start + where.size))
+            start += where.size
+        positions, take = numpy.concatenate(positions), numpy.concatenate(take)
         wholes = []
         for vector in vectors:
-            whole, start = numpy.zeros(self.n, dtype=vector.dtype), 0
-            for positions, shared in zip(self.where(), self.shared):
-                if self.rank == 0 or not shared:
-                    whole[positions] = vector[start:start + positions.size]
-                start += positions.size
-            comm.Allreduce(MPI.IN_PLACE, whole, op=MPI.SUM)
+            pieces = [(positions, vector[take])] if root is None else comm.gather((positions, vector[take]), root)
+            whole = None if pieces is None else numpy.zeros(self.n, dtype=vector.dtype)
+            for where, values in pieces or ():
+                whole[where] = values
+            if root is None:
+                comm.Allreduce(MPI.IN_PLACE, whole, op=MPI.SUM)
             wholes.append(whole)
         return wholes
 

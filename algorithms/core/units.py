@@ -10,6 +10,7 @@ The moments of a unit as ``zero.zero_step`` calls them, each a few lines on the 
 ``release``, which make a layer's parameters views into a vector that comes and goes; ``Gathered``
 runs the model unit by unit for evaluation. The algorithm, its memory and its bytes: zero.py's header.
 """
+import numpy
 from mpi4py import MPI
 
 import collectives
@@ -167,22 +168,30 @@ class Shard:
 
     # ---- evaluation and --save -----------------------------------------------------------------------
 
-    def whole_model(self, comm, state=True):
-        """The whole parameter vector (stage 3: gathered unit by unit into a fresh one) and, with ``state``,
-        the whole optimizer state in the whole model's optimizer, on every rank (for --save; a collective)."""
+    def whole_model(self, comm, state=False):
+        """The whole parameter vector on every rank (stage 3: gathered unit by unit into a fresh one), what
+        train() returns; with ``state`` (--save only), the whole optimizer state too, on rank 0 only, in the
+        whole model's optimizer that writes the file (``let_go_of_state`` drops it after). A collective."""
         first = self.units[0].shard.data
         xp = backend.get_array_module(first)
         n = self.units[-1].offset + self.units[-1].n
         params = xp.empty(n, dtype=first.dtype) if self.stage == 3 else None
         for unit in self.units if self.stage == 3 else ():
             collectives.allgather(comm, unit.shard.data, params[unit.offset:unit.offset + unit.n], check=False)
-        for key in self.optimizer.state[0] if state else ():
-            whole = self.whole.state[0][key] = xp.empty(n, dtype=first.dtype)
+        for key in self.optimizer.state[0] if state else ():     # every rank's blocks to rank 0 (MPI's Gatherv)
+            whole = numpy.empty(n, dtype=backend.to_numpy(first).dtype) if comm.Get_rank() == 0 else None
             for index, unit in enumerate(self.units):
-                collectives.allgather(comm, self.optimizer.state[index][key], whole[unit.offset:unit.offset + unit.n],
-                                      check=False)
+                counts = collectives.block_counts(unit.n, self.size)
+                comm.Gatherv(backend.to_numpy(self.optimizer.state[index][key]),
+                             None if whole is None else [whole[unit.offset:unit.offset + unit.n], counts], root=0)
+            if whole is not None:
+                self.whole.state[0][key] = whole
         self.whole.steps = self.optimizer.steps
         return params if self.stage == 3 else self.params
+
+    def let_go_of_state(self):
+        """Drop the whole optimizer state --save gathered (written: only the blocks stay)."""
+        self.whole.state[0] = {}
 
 
 class Gathered(Module):

@@ -69,7 +69,8 @@ def unit_sizes(layers, recompute):
 def zero(stage, layers, p, batch, b, k, recompute, arrays=1):
     """ZeRO stage 1, 2 or 3 unit by unit (the formulas of the header), rank 0 (the largest blocks): the
     paper's model states, where a unit's whole weights (stage 3) and its whole gradient (stages 2, 3)
-    exist from its gather or backward to its release; extra: the ring's receive block, one cached per
+    exist from its gather or backward to its release (every layer, convolutions too, reads its weights
+    again in its backward and keeps none in between); extra: the ring's receive block, one cached per
     block size, and the update's ``arrays`` vectors of the largest block."""
     sizes = unit_sizes(layers, recompute)
     blocks = [share(size, p) for size in sizes]
