@@ -10,7 +10,7 @@ boundaries will need to have their state transmitted between machines". Ben-Nun 
 call it spatial (domain) decomposition. Full references: tutorials/references.md.
 
 Rank r holds rows [lo_r, hi_r) of every feature map, all channels, the whole width and the whole
-batch (``algorithms.core.tiling``: uneven tiles allowed, aligned to the pooling windows). A k x k
+batch (``algorithms.shards.tiling``: uneven tiles allowed, aligned to the pooling windows). A k x k
 convolution with padding p needs, for its output rows, k - 1 rows more than it owns: the halo, which
 the neighbours r - 1 (above) and r + 1 (below) own. Per stage s (``spatial_gradient``):
 
@@ -47,7 +47,7 @@ The halo pays per boundary row, not per pixel (DistBelief's argument); model_par
 
 --layer local (the paper's own case): a locally connected network, weights unshared between positions
 (``minidl.nn.LocallyConnected2d``; --model cnn runs its twin, ``minidl.models.local_cnn``). Rank r owns the
-weights of the rows it computes (``algorithms.core.regions``) and its rows of the head's first Linear,
+weights of the rows it computes (``algorithms.shards.regions``) and its rows of the head's first Linear,
 Megatron's row split: z = sum_r x_r W[features_r] + b (g, ``reduce_from_parallel``; b on rank 0). Per step
 (``local_gradient``): the halos and one ring allreduce of the (N, classes) logits; no weight gradient summed,
 no map gathered; parameters, gradient and momentum 1/P of the model's per rank, up to uneven tiles. The split
@@ -75,9 +75,9 @@ from mpi4py import MPI
 
 from algorithms.core import checkpoint, cli, tags
 from algorithms.core.objective import evaluate
-from algorithms.core.regions import Region, twin
 from algorithms.core.run import Run, Settings, agreed, allreduce_function
-from algorithms.core.tiling import Tiling
+from algorithms.shards.regions import Region, twin
+from algorithms.shards.tiling import Tiling
 from minidl import functional as F
 from minidl.nn import LocallyConnected2d, Sequential
 from minidl.optim import SGD

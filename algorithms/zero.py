@@ -6,7 +6,7 @@ Paper: Rajbhandari, Rasley, Ruwase & He 2020 (ZeRO: Memory Optimizations Toward 
 Parameter Models), section 5 (ZeRO-DP: P_os, P_os+g, P_os+g+p) and section 7 (communication); the
 unit by unit gathering is also PyTorch FSDP's (Zhao et al. 2023). Full references: tutorials/references.md.
 
-Units (``algorithms/core/units.py``). The model is cut into gathering units (``units_of``):
+Units (``algorithms/shards/units.py``). The model is cut into gathering units (``units_of``):
 ``--unit layer`` (the default) makes each layer with parameters a unit, the parameter-free layers
 after it joining it (the MLP 64-128-64-10: Flatten Linear ReLU | Linear ReLU | Linear); ``--unit
 model`` makes the whole model one unit; with ``--recompute`` a unit is a checkpointed segment. A
@@ -85,7 +85,7 @@ import collectives
 from algorithms.core import checkpoint, cli
 from algorithms.core.objective import evaluate
 from algorithms.core.run import Run, Settings, agreed, sgd
-from algorithms.core.units import UNITS, Gathered, Shard
+from algorithms.shards.units import UNITS, Gathered, Shard
 from minidl import backend, functional as F
 from minidl.optim import Adam
 from minidl.tensor import Tensor

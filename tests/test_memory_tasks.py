@@ -19,7 +19,7 @@ from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
 from algorithms import spatial_parallel
-from algorithms.core.tiling import Tiling
+from algorithms.shards.tiling import Tiling
 from collectives.trace import TracedComm
 from minidl import functional as F
 from minidl.flat import flatten

@@ -14,8 +14,8 @@ import pytest
 from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
-from algorithms.core.units import Shard
 from algorithms.memory import sharded
+from algorithms.shards.units import Shard
 from collectives import block_counts
 
 PSI, LARGEST, K, ROWS = 5324810, 1049600, 8, 8

@@ -23,8 +23,8 @@ from algorithms import spatial_parallel
 from algorithms.core import tags
 from algorithms.core.cli import SettingError
 from algorithms.core.objective import NetworkObjective
-from algorithms.core.regions import Region
-from algorithms.core.tiling import Tiling
+from algorithms.shards.regions import Region
+from algorithms.shards.tiling import Tiling
 from collectives.tags import ALLGATHER, REDUCE_SCATTER
 from collectives.trace import TracedComm
 from minidl.nn import Flatten, Linear, LocallyConnected2d, MaxPool2d, ReLU, Sequential

@@ -25,9 +25,10 @@ from pytest_mpi import parallel_assert
 
 import collectives
 from algorithms import allreduce_sgd, zero
-from algorithms.core import checkpoint, run, units
+from algorithms.core import checkpoint, run
 from algorithms.core.cli import SettingError
 from algorithms.core.objective import NetworkObjective, evaluate_at
+from algorithms.shards import units
 from collectives.trace import CountingComm, TracedComm
 from minidl.data import least_squares, rank_batches
 from tests.helpers import assert_stopped, launch, same_on_every_rank, tiny_digits, uneven_mlp

@@ -34,7 +34,7 @@ adds, each term measured too:
     hybrid         2-stage 1F1B with p/2 replicas of each stage, plus n_s/(p/2) b of the column's ring
 
 (1) the ring's receive block, and the a vectors of n that minidl's update makes and drops (a = 1
-for momentum SGD's lr * grad, 5 for Adam's; measured). (2) ZeRO's units (``algorithms.core.units``:
+for momentum SGD's lr * grad, 5 for Adam's; measured). (2) ZeRO's units (``algorithms.shards.units``:
 each layer with parameters; with --recompute each checkpointed segment) hold n_u values; rank 0 keeps
 the largest block of each, n_r = sum_u ceil(n_u / p) in all, c the largest block; n_max the largest
 unit; n_>u the blocks of the units after u, already reduced when u's whole gradient is alive. Stage 3

@@ -12,8 +12,8 @@ import math
 
 from algorithms.core.cli import SettingError
 from algorithms.core.objective import build_model
-from algorithms.core.tiling import Tiling
 from algorithms.memory import footprint
+from algorithms.shards.tiling import Tiling
 from collectives import block_counts
 from minidl.data import shard_sizes
 from minidl.nn import LocallyConnected2d
@@ -50,7 +50,7 @@ def data_parallel(layers, p, batch, b, k, recompute, arrays=1):
 
 
 def unit_sizes(layers, recompute):
-    """The parameters of ZeRO's units, in order (``core.units.units_of``): each layer with parameters and
+    """The parameters of ZeRO's units, in order (``shards.units.units_of``): each layer with parameters and
     the layers without after it; with ``recompute`` each checkpointed segment with parameters."""
     groups = [layers[start:stop] for start, stop in footprint.segments_of(len(layers))] if recompute else \
         [[layer] for layer in layers]

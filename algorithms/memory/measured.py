@@ -27,11 +27,11 @@ from mpi4py import MPI
 
 from algorithms import pipeline_parallel, spatial_parallel, tensor_parallel
 from algorithms.core.objective import build_model
-from algorithms.core.regions import Region
 from algorithms.core.run import allreduce_function
-from algorithms.core.tiling import Tiling
 from algorithms.memory import allocations
 from algorithms.memory.accounts import EXAMPLE, dataset_of, row
+from algorithms.shards.regions import Region
+from algorithms.shards.tiling import Tiling
 from collectives.buffers import release_scratch
 from minidl import functional as F
 from minidl.conv.scratch import release

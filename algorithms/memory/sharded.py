@@ -5,7 +5,7 @@
     #  {"peak": bytes, "sent": bytes this rank sent in the step})
 
 The steps are the algorithms' own: allreduce SGD's ``data_parallel_step`` with the ring allreduce,
-and ``zero.zero_step`` on a ``core.units.Shard`` built as ``zero.train`` builds it (which lets go of
+and ``zero.zero_step`` on a ``shards.units.Shard`` built as ``zero.train`` builds it (which lets go of
 what Run.start made whole). Three steps run: the first two make what persists between steps (the
 optimizer's state, the collectives' cached receive blocks), the third is measured. The parts, in
 the paper's terms, and what this implementation adds:
@@ -40,10 +40,10 @@ from algorithms import zero
 from algorithms.core.objective import Data, NetworkObjective, build_model
 from algorithms.core.run import allreduce_function
 from algorithms.core.step import data_parallel_step
-from algorithms.core.units import Shard
 from algorithms.memory import allocations
 from algorithms.memory.accounts import EXAMPLE, dataset_of, row
 from algorithms.memory.measured import freed_scratch
+from algorithms.shards.units import Shard
 from collectives.buffers import release_scratch
 from collectives.trace import CountingComm
 from minidl.conv.scratch import release

@@ -24,7 +24,7 @@ from pytest_mpi import parallel_assert
 from algorithms import spatial_parallel, tensor_parallel, zero
 from algorithms.core import run
 from algorithms.core.objective import NetworkObjective
-from algorithms.core.tiling import Tiling
+from algorithms.shards.tiling import Tiling
 from collectives.trace import TracedComm
 from minidl import functional as F
 from minidl.data import shard

@@ -35,9 +35,9 @@ from mpi4py import MPI
 
 from algorithms import allreduce_sgd, pipeline_parallel, spatial_parallel, tensor_parallel, zero
 from algorithms.core.objective import build_model, load_data
-from algorithms.core.tiling import Tiling
-from algorithms.core.units import units_of
 from algorithms.memory import table as memory_table
+from algorithms.shards.tiling import Tiling
+from algorithms.shards.units import units_of
 from collectives.trace import WatchedComm
 
 comm = MPI.COMM_WORLD
