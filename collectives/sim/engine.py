@@ -58,12 +58,11 @@ class Deadlock(RuntimeError):
 
 
 class Request:
-    """One posted send or receive; `done` is its completion time once matched (None before)."""
-    __slots__ = ("engine", "owner", "peer", "tag", "buf", "nbytes", "ready", "done", "waited", "is_send", "count")
+    """An Isend's or Irecv's request; `done` is its completion time once matched (None before)."""
+    __slots__ = ("engine", "owner", "is_send", "peer", "tag", "done", "waited", "count")
 
-    def __init__(self, engine, owner, is_send, peer, tag, buf, nbytes, ready):
+    def __init__(self, engine, owner, is_send, peer, tag):
         self.engine, self.owner, self.is_send, self.peer, self.tag = engine, owner, is_send, peer, tag
-        self.buf, self.nbytes, self.ready = buf, nbytes, ready
         self.done, self.waited, self.count = None, False, 0
 
     def Wait(self, status=None):
@@ -119,11 +118,10 @@ class Engine:
         self.nic = [rank // c * nics + rank % c % nics for rank in range(p)] if self.shared else None
         self.nic_out = [0.0] * (topology.nodes * nics)    # when each NIC is free to send again
         self.nic_in = [0.0] * (topology.nodes * nics)
-        self.sends, self.receives = {}, {}     # (source, dest, tag) -> the unmatched Request(s), see post
+        self.sends, self.receives = {}, {}     # (source, dest, tag) -> the unmatched post(s), see post
         self.times, self.due = [], {}          # the queue: a heap of wake-up times; time -> deque of ranks
         self.pending = [0] * p                 # requests a blocked rank still waits for
         self.resume = [0.0] * p                # when a blocked rank may go on (the latest done so far)
-        self.waits_for = [()] * p
         self.at_barrier = []
         self.finished = [None] * p
         self.messages = self.bytes = self.events = 0
@@ -174,8 +172,8 @@ class Engine:
         return body
 
     def describe(self, rank):
-        waiting = [f"{'send to' if q.is_send else 'receive from'} {q.peer} tag {q.tag}"
-                   for q in self.waits_for[rank] if q.done is None]
+        waiting = [f"send to {dest} tag {tag}" for source, dest, tag in self.sends if source == rank]
+        waiting += [f"receive from {source} tag {tag}" for source, dest, tag in self.receives if dest == rank]
         return f"rank {rank}: " + (", ".join(waiting) if waiting else "at a barrier")
 
     def next(self, me):
@@ -201,7 +199,7 @@ class Engine:
     # ---- blocking ---------------------------------------------------------------------------
 
     def wait(self, rank, requests):
-        """Block `rank` until every request is done; it resumes at the latest completion time."""
+        """Block `rank` until every request (Isend, Irecv) is done; it resumes at the latest completion time."""
         latest, pending = self.clock[rank], 0
         for request in requests:
             done = request.done
@@ -211,17 +209,31 @@ class Engine:
             elif done > latest:
                 latest = done
         if pending:
-            self.pending[rank], self.resume[rank], self.waits_for[rank] = pending, latest, requests
+            self.pending[rank], self.resume[rank] = pending, latest
         else:
             self.push(latest, rank)
         self.next(rank)
 
     def sendrecv(self, rank, sendbuf, dest, sendtag, recvbuf, source, recvtag):
-        """Sendrecv: post the send and the receive, then wait for both (every step of most hearts)."""
-        send = self.post(rank, True, dest, sendtag, sendbuf)
-        receive = self.post(rank, False, source, recvtag, recvbuf)
-        self.wait(rank, (send, receive))
-        return receive
+        """A blocking Sendrecv (every step of most hearts): post both, go on when both are done.
+        Blocking calls make no Request: the rank waits for `pending` messages from the start, and
+        each one, matched now or later, counts itself off (finish)."""
+        self.pending[rank], self.resume[rank] = 2, self.clock[rank]
+        self.post(rank, True, dest, sendtag, sendbuf, None)
+        self.post(rank, False, source, recvtag, recvbuf, None)
+        self.next(rank)
+
+    def blocking(self, rank, is_send, peer, tag, buf):
+        """A blocking Send (is_send) or Recv: post it, go on when it is done (no Request: see sendrecv)."""
+        self.pending[rank], self.resume[rank] = 1, self.clock[rank]
+        self.post(rank, is_send, peer, tag, buf, None)
+        self.next(rank)
+
+    def start(self, rank, is_send, peer, tag, buf):
+        """Isend (is_send) or Irecv: post the message and return its Request at once."""
+        request = Request(self, rank, is_send, peer, tag)
+        self.post(rank, is_send, peer, tag, buf, request)
+        return request
 
     def idle(self, rank, until=None):
         """Let time move on: resume `rank` at `until`, or at the next event of another rank."""
@@ -241,29 +253,32 @@ class Engine:
 
     # ---- messages ---------------------------------------------------------------------------
 
-    def post(self, rank, is_send, peer, tag, buf):
+    def post(self, rank, is_send, peer, tag, buf, request):
         """Post a send (to peer) or receive (from peer) at `rank`'s clock; match it if its twin waits.
-        Unmatched requests wait under their (source, dest, tag): one Request, or a deque of them
-        in posting order when several do (a dictionary look-up, not a queue, in the common case)."""
-        if peer < 0 or peer >= self.p:
+
+        request: the Request of an Isend or Irecv (its done time is set when matched), or None for a
+        blocking call's message (its rank waits for it: finish). Unmatched posts wait under their
+        (source, dest, tag) as (buffer, time posted, request): one such tuple, or a deque of them in
+        posting order when several do (a dictionary look-up, not a queue, in the common case)."""
+        if not 0 <= peer < self.p:
             raise ValueError(f"rank {rank}: peer {peer} is not a rank of a {self.p}-rank communicator")
+        clock = self.clock
         if is_send:
             if self.overheads:                         # the sender's CPU posts the message
-                self.clock[rank] += (self.intra if rank // self.c == peer // self.c else self.inter).o
+                clock[rank] += (self.intra if rank // self.c == peer // self.c else self.inter).o
             key, mine, twins = (rank, peer, tag), self.sends, self.receives
         else:
             key, mine, twins = (peer, rank, tag), self.receives, self.sends
-        request = Request(self, rank, is_send, peer, tag, buf, buf.nbytes, self.clock[rank])
         twin = twins.get(key)
         if twin is None:
             held = mine.get(key)
             if held is None:
-                mine[key] = request
+                mine[key] = (buf, clock[rank], request)
             elif type(held) is deque:
-                held.append(request)
+                held.append((buf, clock[rank], request))
             else:
-                mine[key] = deque((held, request))
-            return request
+                mine[key] = deque((held, (buf, clock[rank], request)))
+            return
         if type(twin) is deque:
             first = twin.popleft()
             if not twin:
@@ -271,48 +286,62 @@ class Engine:
             twin = first
         else:
             del twins[key]
+        twin_buf, twin_posted, twin_request = twin
         if is_send:
-            self.transfer(request, twin)
+            done, twin_done = self.transfer(rank, peer, tag, buf, twin_buf, clock[rank], twin_posted)
         else:
-            self.transfer(twin, request)
-        return request
+            twin_done, done = self.transfer(peer, rank, tag, twin_buf, buf, twin_posted, clock[rank])
+        count = (buf if is_send else twin_buf).nbytes
+        if twin_request is None:                       # the twin's rank first, then mine (the order they resume in)
+            self.finish(peer, twin_done)
+        else:
+            twin_request.done, twin_request.count = twin_done, count
+            if twin_request.waited:
+                self.finish(peer, twin_done)
+        if request is None:
+            self.finish(rank, done)
+        else:
+            request.done, request.count = done, count
 
-    def transfer(self, send, receive):
-        """Time one matched message (LogGP, see the header) and move its bytes."""
-        source, dest, nbytes = receive.peer, send.peer, send.nbytes
-        if nbytes > receive.nbytes:
-            raise ValueError(f"message truncated: rank {source} sent {nbytes} bytes (tag {send.tag}) into "
-                             f"rank {dest}'s {receive.nbytes}-byte buffer")
+    def transfer(self, source, dest, tag, sent_buf, into_buf, sent, posted):
+        """Time one matched message (LogGP, see the header) and move its bytes: (send done, receive done)."""
+        nbytes = sent_buf.nbytes
+        if nbytes > into_buf.nbytes:
+            raise ValueError(f"message truncated: rank {source} sent {nbytes} bytes (tag {tag}) into "
+                             f"rank {dest}'s {into_buf.nbytes}-byte buffer")
         out, into = self.send_free[source], self.recv_free[dest]
         if source // self.c == dest // self.c:
-            _, free, send.done, receive.done = message_times(self.intra, nbytes, send.ready, receive.ready, out, into)
+            _, free, send_done, receive_done = message_times(self.intra, nbytes, sent, posted, out, into)
         elif not self.shared:
-            _, free, send.done, receive.done = message_times(self.inter, nbytes, send.ready, receive.ready, out, into)
+            _, free, send_done, receive_done = message_times(self.inter, nbytes, sent, posted, out, into)
         else:                                           # the nodes' NICs too: the later of each pair of ports
             a, b = self.nic[source], self.nic[dest]
             nic_out, nic_in = self.nic_out, self.nic_in
-            _, free, send.done, receive.done = message_times(
-                self.inter, nbytes, send.ready, receive.ready, out if out > nic_out[a] else nic_out[a],
+            _, free, send_done, receive_done = message_times(
+                self.inter, nbytes, sent, posted, out if out > nic_out[a] else nic_out[a],
                 into if into > nic_in[b] else nic_in[b])
             nic_out[a] = nic_in[b] = free
         self.send_free[source] = self.recv_free[dest] = free
-        receive.count = nbytes
         if self.move_data and nbytes:
-            byte_view(receive.buf)[:nbytes] = byte_view(send.buf)
+            byte_view(into_buf)[:nbytes] = byte_view(sent_buf)
         self.messages += 1
         self.bytes += nbytes
         if self.log is not None:
-            self.log.append((source, dest, send.tag, nbytes))
-        if send.waited:
-            self.finish(send)
-        if receive.waited:
-            self.finish(receive)
+            self.log.append((source, dest, tag, nbytes))
+        return send_done, receive_done
 
-    def finish(self, request):
-        """A request its owner waits for is done: wake the owner when it was the last one."""
-        owner, pending, resume = request.owner, self.pending, self.resume
-        if request.done > resume[owner]:
-            resume[owner] = request.done
+    def finish(self, owner, done):
+        """One message `owner` waits for is done: wake the owner when it was the last one (push, inlined:
+        twice per event)."""
+        resume, pending = self.resume, self.pending
+        if done > resume[owner]:
+            resume[owner] = done
         pending[owner] -= 1
         if not pending[owner]:
-            self.push(resume[owner], owner)
+            time = resume[owner]
+            waiting = self.due.get(time)
+            if waiting is None:
+                self.due[time] = deque((owner,))
+                heappush(self.times, time)
+            else:
+                waiting.append(owner)
