@@ -56,6 +56,17 @@ def test_every_algorithm_on_nodes_takes_its_closed_form_time_for_every_number_of
     assert claimed == (7 if powers else 4 if c & (c - 1) else 5), claimed    # the form is claimed where it should be
 
 
+@pytest.mark.parametrize("p", [6, 7, 10])
+@pytest.mark.parametrize("nics", [1, 2])
+def test_a_short_last_node_folds_in_through_its_shared_nics_in_the_closed_form_time(p, nics):
+    # c = 4: p mod 4 = 2, 3, 2 folded ranks, ceil(f / K) of them one after another on a NIC each way
+    c, count = 4, 4 * 2 * 3 * 5
+    assert two_level.exact_on_nodes("hierarchical", p, count, c)
+    seconds, _, _ = simulated("hierarchical", p, c, nics, count)
+    form = two_level.predict_hierarchical(p, 4 * count, c, INTRA, INTER, nics_per_node=nics)
+    assert seconds == pytest.approx(form, rel=1e-12), (p, nics)
+
+
 def test_the_two_level_form_by_hand():
     # p = 8, c = 4, two nodes, one NIC: the node's ring, 3 steps of n/4 each way; across, Rabenseifner
     # on 2 nodes of n/4: a halving and a doubling step of n/8, the 4 ranks' 8 messages through one port
