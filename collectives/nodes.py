@@ -10,8 +10,16 @@ simulator's topology, collectives.sim); else MINIDL_RANKS_PER_NODE from the envi
 shared-memory split (comm.Split_type(MPI.COMM_TYPE_SHARED), the largest node's size, asked once per
 communicator and cached on it). Any c >= 1 gives the right result: c only decides which messages
 go where, so a c that does not match the machine costs time, never correctness.
+
+Block placement is assumed: node k holds ranks k c .. k c + c - 1, as mpiexec places ranks by
+default (--map-by core, or slot). Under round-robin placement (--map-by node) the "nodes" formed
+are not the machine's and every hop may cross the network: the result is the same, the speed is
+lost. So when c comes from the shared-memory split, the split's nodes are checked (`in_blocks`) and
+rank 0 warns once on stderr if they are not blocks of c consecutive ranks (a short last one allowed).
 """
 import os
+import sys
+from collections import Counter
 
 from mpi4py import MPI
 
@@ -68,16 +76,48 @@ def environment_ranks_per_node():
     return int(text)
 
 
+def in_blocks(nodes):
+    """Whether `nodes` (rank r's node: any label, one per rank) lays the ranks in blocks: every node a run
+    of consecutive ranks, all of the largest node's size c but the last, which may be shorter (folded in)."""
+    runs = []                                            # (label, length) of each run of equal labels
+    for label in nodes:
+        if runs and runs[-1][0] == label:
+            runs[-1][1] += 1
+        else:
+            runs.append([label, 1])
+    c = max((length for _, length in runs), default=0)
+    labels = [label for label, _ in runs]
+    return len(set(labels)) == len(labels) and all(length == c for _, length in runs[:-1])
+
+
+_WARNED = False
+
+
+def warn_unless_blocks(comm, nodes):
+    """On rank 0, once per process: a `warning:` line on stderr when `nodes` (each rank's node) is not in_blocks."""
+    global _WARNED
+    if _WARNED or comm.Get_rank() != 0 or in_blocks(nodes):
+        return
+    _WARNED = True
+    sys.stderr.write("warning: the ranks are not placed in blocks of consecutive ranks per node, so the "
+                     "hierarchical allreduce's nodes are not the machine's (right results, lost speed); "
+                     "place ranks in blocks (mpiexec's default, --map-by core) or set MINIDL_RANKS_PER_NODE\n")
+
+
 def shared_memory_size(comm):
     """The largest number of ranks of `comm` sharing one node's memory (MPI_Comm_split_type), cached
-    on the communicator as an MPI attribute: a collective call the first time only."""
+    on the communicator as an MPI attribute: a collective call the first time only, which also checks
+    that the nodes are blocks of consecutive ranks (warn_unless_blocks)."""
     global _KEYVAL
     if _KEYVAL is None:
         _KEYVAL = MPI.Comm.Create_keyval()
     size = comm.Get_attr(_KEYVAL)
     if size is None:
         node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        size = comm.allreduce(node.Get_size(), op=MPI.MAX)
+        first = node.allreduce(comm.Get_rank(), op=MPI.MIN)     # a node's label: its lowest rank
+        nodes = comm.allgather(first)
         node.Free()
+        size = max(Counter(nodes).values())
+        warn_unless_blocks(comm, nodes)
         comm.Set_attr(_KEYVAL, size)
     return size

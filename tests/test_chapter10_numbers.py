@@ -127,12 +127,19 @@ def test_section_3_quotes_the_ports():
     times, bound, runs = scaling_rows()
     links = load("10_scaling.json")["links"]
     b_i, c = links["intra"]["beta"], links["ranks_per_node"]
+    a_i, a_e = links["intra"]["alpha"], links["inter"]["alpha"]
     top, p1024 = times[16384], times[1024]
+    # the two hierarchies' difference less their difference inside the node: what the port's overlap saves
+    inside = 2 * math.log2(c) * (a_i + MIB * b_i) - 2 * (c - 1) * (a_i + MIB / c * b_i)
+    overlap = top["hierarchical_tree"] - top["hierarchical"] - inside
+    assert 0 < overlap <= 21 * a_e
     sixteen = load("10_sixteen.json")["sixteen"]["seconds"]
     exact = [abs(run["seconds"] / run["closed_form"] - 1) for row in runs.values() for run in row.values()
              if run["closed_form"]]
     expected = [
         f"{ms(top['hierarchical']):.2f} against {ms(top['hierarchical_tree']):.2f} ms at p = 16,384",
+        f"and {ms(overlap):.2f} ms on the network, where",
+        f"`(S-1) alpha_e` = 21 alpha_e = {ms(21 * a_e):.2f} ms over Rabenseifner's S = 22 steps across 2048 nodes",
         f"`2 (c-1)/c n beta_i` = {ms(2 * (c - 1) / c * MIB * b_i):.2f} ms against the tree's `2 lg c n beta_i` = "
         f"{ms(2 * math.log2(c) * MIB * b_i):.2f} ms",
         f"{ms(top['hierarchical, 2 NICs']):.2f} ms on two NICs and {ms(top['hierarchical, a port per rank']):.2f} ms "
@@ -171,9 +178,21 @@ def test_section_4_quotes_the_size_sweep():
     ring, two = one["seconds"]["ring"][-1], one["seconds"]["hierarchical"][-1]
     flat = ("ring", "tree", "butterfly", "rabenseifner")
     assert all(min(flat, key=lambda n: own["seconds"][n][k]) == "rabenseifner" for k in range(2, len(sizes)))
+    links = load("10_sizes.json")["links"]
+    a_i, a_e = links["intra"]["alpha"], links["inter"]["alpha"]
+    (one_low, one_high), (own_low, own_high) = one["changes"][0]["bytes"], own["changes"][0]["bytes"]
+    assert one_high - one_low == own_high - own_low == 8 and 2048 < one_low and 1024 < own_low < 2048
+    at = one["changes"][0]
+    simulated, closed = at["seconds_at_high"]["hierarchical"], at["closed_form_at_high"]
+    assert simulated < at["seconds_at_high"]["hierarchical_tree"]
     expected = [
-        f"at about {one['changes'][0]['bytes'] / 1024:.1f} KiB on one NIC and about "
-        f"{own['changes'][0]['bytes'] / 1024:.1f} KiB with a port per rank, interpolated",
+        f"two-level form takes over between {one_low} and {one_high} B on one NIC and between {own_low} and "
+        f"{own_high} B with a port per rank",
+        f"the gap at 256 B, {ms(own['seconds']['hierarchical'][0] - own['seconds']['butterfly'][0]):.3f} ms",
+        f"(7 alpha_e = {7 * a_e * 1e6:.1f} us)",
+        f"cost only {11 * a_i * 1e6:.1f} us more",
+        f"at {one_high} B the two-level form's simulated time is {(simulated / closed - 1) * 100:.0f}% above its "
+        f"closed form on one NIC ({ms(simulated):.3f} against {ms(closed):.3f} ms)",
         f"({ms(one['seconds']['hierarchical_tree'][0]):.3f} and {ms(one['seconds']['hierarchical_tree'][1]):.3f} ms)",
         f"the butterfly ({ms(own['seconds']['butterfly'][0]):.3f} and {ms(own['seconds']['butterfly'][1]):.3f} ms)",
         f"({ms(one['seconds']['butterfly'][0]):.3f} ms at 256 B",

@@ -13,7 +13,7 @@ from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
 import collectives
-from collectives import hierarchical, ring, trace
+from collectives import hierarchical, nodes, ring, trace
 from collectives.model import two_level
 from collectives.sim import Engine, LogGP, SimComm, Sized, Topology
 from collectives.table import HEARTS
@@ -54,6 +54,17 @@ def test_every_algorithm_on_nodes_takes_its_closed_form_time_for_every_number_of
             assert seconds == pytest.approx(form, rel=1e-12), (name, p, c, nics)
     powers = p % c == 0 and all(k & (k - 1) == 0 for k in (c, p // c))
     assert claimed == (7 if powers else 4 if c & (c - 1) else 5), claimed    # the form is claimed where it should be
+
+
+@pytest.mark.parametrize("p", [6, 7, 10])
+@pytest.mark.parametrize("nics", [1, 2])
+def test_a_short_last_node_folds_in_through_its_shared_nics_in_the_closed_form_time(p, nics):
+    # c = 4: p mod 4 = 2, 3, 2 folded ranks, ceil(f / K) of them one after another on a NIC each way
+    c, count = 4, 4 * 2 * 3 * 5
+    assert two_level.exact_on_nodes("hierarchical", p, count, c)
+    seconds, _, _ = simulated("hierarchical", p, c, nics, count)
+    form = two_level.predict_hierarchical(p, 4 * count, c, INTRA, INTER, nics_per_node=nics)
+    assert seconds == pytest.approx(form, rel=1e-12), (p, nics)
 
 
 def test_the_two_level_form_by_hand():
@@ -157,3 +168,35 @@ def test_two_level_gives_the_flat_rings_bits_on_one_node_and_on_nodes_of_one():
     parallel_assert(flat.tobytes() == one_node.tobytes() == nodes_of_one.tobytes(),
                     f"rank {comm.rank}: ring {flat[:3]}, c = p {one_node[:3]}, c = 1 {nodes_of_one[:3]}")
     parallel_assert(collectives.ALGORITHMS[-2:] == ("hierarchical", "hierarchical_tree"), "both forms by name")
+
+
+# ---- rank placement: the hierarchies assume blocks of consecutive ranks per node ----------------
+
+@pytest.mark.parametrize("placement, blocks", [
+    ("AAAABBBB", True), ("AAAABBB", True), ("AAAA", True), ("A", True), ("AABBCC", True),
+    ("ABABABAB", False),                  # round robin (mpiexec --map-by node)
+    ("AAABBBB", False),                   # the short node first: node k is not ranks k c .. k c + c - 1
+    ("AABBAA", False),                    # a node in two runs
+    ("AAAABBCC", False),                  # nodes of unequal size before the last
+])
+def test_block_placement_is_recognised_from_each_ranks_node(placement, blocks):
+    assert nodes.in_blocks(list(placement)) is blocks
+
+
+class _Rank:
+    def __init__(self, rank):
+        self.rank = rank
+
+    def Get_rank(self):
+        return self.rank
+
+
+def test_round_robin_placement_warns_once_on_rank_0_only(monkeypatch, capsys):
+    monkeypatch.setattr(nodes, "_WARNED", False)
+    nodes.warn_unless_blocks(_Rank(1), [0, 1, 0, 1])
+    nodes.warn_unless_blocks(_Rank(0), [0, 0, 2, 2])
+    assert capsys.readouterr().err == ""
+    nodes.warn_unless_blocks(_Rank(0), [0, 1, 0, 1])
+    nodes.warn_unless_blocks(_Rank(0), [0, 1, 0, 1])
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("warning: ") and "MINIDL_RANKS_PER_NODE" in err and "block" in err

@@ -34,7 +34,8 @@ Each algorithm, c | p (the ring and naive: any c; the tree: c a power of two, an
                   + shared_port(doubling: n/N, .., n/2)   (c, N powers of two; the node's steps in between
                   bring its ranks together again: each pairs with all the others within lg c steps)
     hierarchical  2 (c-1) (alpha_i + n/c beta_i) + shared_port(the ring's 2 (N-1) steps of n/(c N),
-                  or Rabenseifner's on n/c for N a power of two)         (collectives.hierarchical)
+                  or Rabenseifner's on n/c for N a power of two)         (collectives.hierarchical; any p:
+                  a short last node of f = p mod c ranks adds 2 (alpha_e + ceil(f / K) n beta_e), its fold)
     hierarchical_tree  2 ceil(lg c) (alpha_i + n beta_i) + the ring's (Rabenseifner's) time on N ranks of n
                   bytes at alpha_e, beta_e: only one rank per node crosses (collectives.hierarchical_tree)
 
@@ -78,7 +79,9 @@ def across_sizes(algorithm, nodes, nbytes):
 
 def predict_hierarchical(p, nbytes, ranks_per_node, intra, inter, gamma=0.0, across=None, nics_per_node=None):
     """Seconds of collectives.hierarchical; intra, inter: (alpha, beta); nics_per_node: K (None: a port
-    per rank). A short last node (c not dividing p) adds its fold, 2 (alpha_e + n beta_e) + n gamma."""
+    per rank). A short last node (c not dividing p) adds its fold, 2 (alpha_e + ceil(f / K) n beta_e) + n gamma:
+    its f = p mod c ranks' vectors in and the results out, on f of the last full node's ranks, whose
+    NICs (rank % c % K) carry ceil(f / K) of them one after another each way."""
     if p == 1 or nbytes == 0:
         return 0.0
     c = min(ranks_per_node, p)
@@ -89,7 +92,9 @@ def predict_hierarchical(p, nbytes, ranks_per_node, intra, inter, gamma=0.0, acr
     block = nbytes / c
     crossing = shared_port(across_sizes(across, nodes, block), inter[0], inter[1], sharing)
     reduced = critical_path(across, nodes, block)[2] * gamma
-    fold = 2 * (inter[0] + nbytes * inter[1]) + nbytes * gamma if p % c else 0.0
+    short = p % c                                        # the folded ranks; ceil(short / K) on the busiest NIC
+    turns = 1 if nics_per_node is None else -(-short // min(nics_per_node, c))
+    fold = 2 * (inter[0] + turns * nbytes * inter[1]) + nbytes * gamma if short else 0.0
     return inside + crossing + reduced + fold
 
 
@@ -141,7 +146,7 @@ def exact_on_nodes(algorithm, p, count, ranks_per_node):
     c = min(ranks_per_node, p)
     nodes, full = -(-p // c), p // c
     if algorithm == "hierarchical":
-        return p % c == 0 and count % c == 0 and (count // c) % full == 0
+        return count % c == 0 and (count // c) % full == 0      # any p: the short node's fold is exact too
     if algorithm == "hierarchical_tree":
         return count % nodes == 0
     if algorithm == "naive":

@@ -107,25 +107,17 @@ def network_bound(p, nbytes, inter):
 
 
 def crossings(sizes, times):
-    """The fastest algorithm at each size, and where it changes: [(size, from, to)], log-interpolated."""
+    """The fastest algorithm at each size, and where it changes: [{from, to, sizes: the two sizes run either side}]."""
     best = [min(times, key=lambda name: times[name][i]) for i in range(len(sizes))]
-    changes = []
-    for i in range(1, len(sizes)):
-        a, b = best[i - 1], best[i]
-        if a != b:
-            # where times[a] and times[b] cross between sizes i-1 and i, on log(size) and log(time)
-            d0 = math.log(times[a][i - 1]) - math.log(times[b][i - 1])
-            d1 = math.log(times[a][i]) - math.log(times[b][i])
-            x0, x1 = math.log(sizes[i - 1]), math.log(sizes[i])
-            where = x0 + (x1 - x0) * d0 / (d0 - d1) if d0 != d1 else x0
-            changes.append({"bytes": math.exp(where), "from": a, "to": b})
+    changes = [{"from": best[i - 1], "to": best[i], "sizes": [sizes[i - 1], sizes[i]]}
+               for i in range(1, len(sizes)) if best[i - 1] != best[i]]
     return best, changes
 
 
-def bisect_crossover(flat, low, high, steps=30):
-    """The size (a multiple of 4 bytes) at which simulated butterfly and Rabenseifner take equal time."""
+def bisect_crossover(topology, low, high, first="butterfly", second="rabenseifner", steps=30):
+    """(low, high), multiples of 4 bytes: `first` simulated faster than `second` at low, not at high."""
     def gap(n):
-        return seconds("butterfly", flat, n) - seconds("rabenseifner", flat, n)
+        return seconds(first, topology, n) - seconds(second, topology, n)
     for _ in range(steps):
         middle = int(math.sqrt(low * high)) // 4 * 4
         if middle in (low, high):

@@ -4,6 +4,7 @@ network ports, p = 2 to 16,384, from the simulator itself.
     python tutorials/figures/make_10_scaling.py            # about 20 minutes on 2 loaded cores
     python tutorials/figures/make_10_scaling.py --quick    # p <= 64, a few sizes: seconds, into --out
     python tutorials/figures/make_10_scaling.py --out DIR
+    python tutorials/figures/make_10_scaling.py --crossovers   # only part 2's crossovers, into 10_sizes.json
 
 Every allreduce runs its real heart on collectives.sim's simulated ranks (sizes only: no data), timed
 by LogGP with o = g = 0, on nodes of 8 ranks and the chapter's two links (make_10_figures.links():
@@ -20,7 +21,9 @@ node reaches the network through K NICs that its ranks share (collectives.sim.To
    Each simulated time beside collectives.model.two_level's closed form where that is exact, and each
    run's events per CPU second              -> 10_scaling.json/.md/.png, 10_ports.md, 10_speed.md
 2. sizes: p = 1024 from 256 B to 64 MiB, one NIC per node and a port per rank: every algorithm, the
-   fastest at each size, and where the fastest changes (log-interpolated)     -> 10_sizes.json/.md/.png
+   fastest at each size, and where the fastest changes: bisected on simulated times between the two
+   sizes run either side, to a pair of sizes 4 bytes apart (--crossovers: only this, from the
+   times already in 10_sizes.json, which it rewrites)                        -> 10_sizes.json/.md/.png
 3. sixteen: p = 1024 in nodes of 16 ranks, one NIC each, 1 MiB: every algorithm -> 10_sixteen.json/.md
 
 The chapter quotes the .md tables verbatim and its other numbers from the JSON
@@ -39,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent.parent))
 
-from make_10_figures import OUT, crossings, fail, links, network_bound  # noqa: E402
+from make_10_figures import OUT, bisect_crossover, crossings, fail, links, network_bound  # noqa: E402
 
 from collectives.model import two_level  # noqa: E402
 from collectives.sim import Topology  # noqa: E402
@@ -96,9 +99,38 @@ def size_sweep(p, sizes, intra, inter):
         topology = Topology(p, PER_NODE, intra, inter, nics)
         times = {name: [run(name, topology, n)["seconds"] for n in sizes] for name in ALGORITHMS}
         best, changes = crossings(sizes, times)
-        result["ports"][label] = {"seconds": times, "fastest": best, "changes": changes}
+        result["ports"][label] = {"seconds": times, "fastest": best, "changes": refined(topology, changes)}
         print(f"sizes at p = {p}, {label}: fastest " + ", ".join(best), flush=True)
     return result
+
+
+def refined(topology, changes):
+    """Each change of the fastest, bisected: bytes = [low, high], the old one faster at low, the new at high;
+    at high both simulated times and the new one's closed form (its blocks taken as equal: not exact there)."""
+    p, c, nics = topology.ranks, topology.ranks_per_node, topology.nics_per_node
+    intra, inter = (topology.intra.L, topology.intra.G), (topology.inter.L, topology.inter.G)
+    for change in changes:
+        change["bytes"] = list(bisect_crossover(topology, *change["sizes"], change["from"], change["to"]))
+        high, names = change["bytes"][1], (change["from"], change["to"])
+        change["seconds_at_high"] = {name: run(name, topology, high)["seconds"] for name in names}
+        change["closed_form_at_high"] = two_level.predict_on_nodes(change["to"], p, high, c, intra, inter,
+                                                                   nics if nics < c else None)
+    return changes
+
+
+def crossovers(out, intra, inter):
+    """Only part 2's crossovers, from the simulated times already in out/10_sizes.json (rewritten)."""
+    with open(out / "10_sizes.json") as handle:
+        saved = json.load(handle)
+    sweep = saved["sizes"]
+    for label, by in sweep["ports"].items():
+        topology = Topology(sweep["ranks"], PER_NODE, intra, inter, 1 if label == "one NIC" else PER_NODE)
+        by["fastest"], changes = crossings(sweep["bytes"], by["seconds"])
+        by["changes"] = refined(topology, changes)
+        print(f"sizes at p = {sweep['ranks']}, {label}: " + ", ".join(
+            f"{c['from']} -> {c['to']} between {c['bytes'][0]} and {c['bytes'][1]} B" for c in changes), flush=True)
+    with open(out / "10_sizes.json", "w") as handle:
+        json.dump(saved, handle, indent=1)
 
 
 def sixteen(intra, inter, p=SIZES_P):
@@ -207,6 +239,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="p <= 64, few sizes, p = 64 for the sizes, no figures")
     parser.add_argument("--out", default=str(OUT), help="folder for the outputs (default tutorials/figures/out)")
+    parser.add_argument("--crossovers", action="store_true", help="only part 2's crossovers, into 10_sizes.json")
     args = parser.parse_args(argv)
     out = Path(args.out)
     try:
@@ -214,6 +247,8 @@ def main(argv=None):
     except OSError as error:
         fail(f"--out {args.out}: {error.strerror}")
     intra, inter, sources = links()
+    if args.crossovers:
+        return crossovers(out, intra, inter)
     top = 64 if args.quick else 16384
     ps = [1 << k for k in range(1, int(math.log2(top)) + 1)]
     sizes = [1 << k for k in (range(8, 27, 9) if args.quick else range(8, 27, 2))]
