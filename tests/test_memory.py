@@ -71,6 +71,10 @@ KIB = 1024
 # more than data parallelism's for the MLP's three units (tracemalloc's snapshot)
 PYTHON_OBJECTS = 4 * KIB
 PER_UNIT = 3 * KIB
+# the extra column is what is left of the measured total once the paper's parts are taken off, so the
+# Python objects of all of them land in it, with either sign: another interpreter's build (3.11.2 against
+# 3.11.7) measured LeNet-5's recomputing pipeline rows at p = 1 at -4,350 and -4,162 bytes
+EXTRA_OBJECTS = 8 * KIB
 
 
 def disagreements(records, measured_methods):
@@ -89,7 +93,8 @@ def disagreements(records, measured_methods):
         objects = PYTHON_OBJECTS + (3 * PER_UNIT if record["method"].startswith("ZeRO") else 0)
         off += [f"{record['method']}, recompute {record['recompute']}, {part}: measured {value}, predicted "
                 f"{record['predicted'][part]}" for part, value in parts.items()
-                if abs(value - record["predicted"][part]) > max(0.1 * record["predicted"][part], objects)]
+                if abs(value - record["predicted"][part]) > max(0.1 * record["predicted"][part],
+                                                                EXTRA_OBJECTS if part == "extra" else objects)]
     return off
 
 
