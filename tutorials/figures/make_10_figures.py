@@ -358,14 +358,19 @@ def main(argv=None):
                                   [1, 4] if args.quick else [1, 2, 4, 8, 16, 32, 64], inter)
     result["wall_seconds"] = time.perf_counter() - start
     result["quick"] = args.quick
-    for name, part in (("10_reproduction.json", "reproduction"),
-                       ("10_emulated.json", "emulated"), ("10_data_parallel.json", "data_parallel"),
-                       ("10_pipeline.json", "pipeline")):
+    return write(result, out, {"10_reproduction.json": "reproduction", "10_emulated.json": "emulated",
+                               "10_data_parallel.json": "data_parallel", "10_pipeline.json": "pipeline"},
+                 markdown, None if args.quick else plots)
+
+
+def write(result, out, parts, markdown, plots=None, kept=("links",)):
+    """Each part of ``result`` to its JSON file (with the ``kept`` fields), its tables, then its plots."""
+    for name, part in parts.items():
         with open(out / name, "w") as handle:
-            json.dump({"links": result["links"], part: result[part]}, handle, indent=1)
+            json.dump({**{key: result[key] for key in kept}, part: result[part]}, handle, indent=1)
     for name, text in markdown(result).items():
         (out / name).write_text(text + "\n")
-    if not args.quick:
+    if plots is not None:
         plots(result, out)
     print(f"wrote {out}: {result['wall_seconds']:.0f} s")
     return result

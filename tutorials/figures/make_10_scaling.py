@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent.parent))
 
-from make_10_figures import OUT, bisect_crossover, crossings, fail, links, network_bound  # noqa: E402
+from make_10_figures import OUT, bisect_crossover, crossings, fail, links, network_bound, write  # noqa: E402
 
 from collectives.model import two_level  # noqa: E402
 from collectives.sim import Topology  # noqa: E402
@@ -261,16 +261,8 @@ def main(argv=None):
     result["wall_seconds"] = time.perf_counter() - start
     result["load_average"] = {"before": load, "after": os.getloadavg(), "cores": os.cpu_count()}
     result["quick"] = args.quick
-    for name, part in (("10_scaling.json", "scaling"), ("10_sizes.json", "sizes"), ("10_sixteen.json", "sixteen")):
-        with open(out / name, "w") as handle:
-            json.dump({"links": result["links"], part: result[part], "load_average": result["load_average"]},
-                      handle, indent=1)
-    for name, text in markdown(result).items():
-        (out / name).write_text(text + "\n")
-    if not args.quick:
-        plots(result, out)
-    print(f"wrote {out}: {result['wall_seconds']:.0f} s")
-    return result
+    return write(result, out, {"10_scaling.json": "scaling", "10_sizes.json": "sizes", "10_sixteen.json": "sixteen"},
+                 markdown, None if args.quick else plots, kept=("links", "load_average"))
 
 
 if __name__ == "__main__":
