@@ -19,11 +19,13 @@ and the rooms, each with its own map (its ``__init__.py``):
     core/         what every algorithm shares: the flags and the error contract, the objective, the
                   run (the one epoch loop, its schedule and log), checkpoints, divergence, MPI tags,
                   a model cut across ranks, the data-parallel step
+    shards/       how the memory-saving methods cut a model's state across ranks: ZeRO's units, the
+                  spatial split's row tiles, the locally connected regions (theirs and memory/'s)
     ps/           the parameter-server machinery of Downpour, SSP, async EASGD and the hierarchical server
     sandblaster/  the roles of Sandblaster L-BFGS (coordinator, shards, workers)
     memory/       the per-rank memory accounts, predicted and measured: python -m algorithms.memory
 
-Nothing in core/, ps/ or sandblaster/ imports a paper module; a paper imports them (and, where it
-builds on another paper's heart, that module). Rank sharding and batching are data
+Nothing in core/, shards/, ps/ or sandblaster/ imports a paper module; a paper imports them (and,
+where it builds on another paper's heart, that module). Rank sharding and batching are data
 (``minidl.data.rank_batches``); collectives come from ``collectives``.
 """

@@ -2,6 +2,7 @@
 
     mpiexec -n 2 python -m algorithms.spatial_parallel [--model cnn] [--recompute]
     mpiexec -n 4 python -m algorithms.spatial_parallel --model lenet5 --dataset mnist --data-dir DIR
+    mpiexec -n 2 python -m algorithms.spatial_parallel --layer local      # DistBelief's locally connected split
 
 Paper: Dean et al. 2012, section 3 and Figure 1: a locally connected or convolutional layer is
 partitioned by blocks of the feature map, so "only those nodes with edges that cross partition
@@ -9,7 +10,7 @@ boundaries will need to have their state transmitted between machines". Ben-Nun 
 call it spatial (domain) decomposition. Full references: tutorials/references.md.
 
 Rank r holds rows [lo_r, hi_r) of every feature map, all channels, the whole width and the whole
-batch (``algorithms.core.tiling``: uneven tiles allowed, aligned to the pooling windows). A k x k
+batch (``algorithms.shards.tiling``: uneven tiles allowed, aligned to the pooling windows). A k x k
 convolution with padding p needs, for its output rows, k - 1 rows more than it owns: the halo, which
 the neighbours r - 1 (above) and r + 1 (below) own. Per stage s (``spatial_gradient``):
 
@@ -28,10 +29,9 @@ so the step is serial SGD's up to the order of the additions in the conv weights
 (tests/test_spatial_parallel.py: loss, gradients and 10 SGD steps against serial, float64).
 
 Pooling and the head, a choice: tiles are aligned to pooling windows (a rank's conv rows are
-[q c_r, q d_r) for its pooled rows [c_r, d_r)), so pooling needs no message; the FC head sees
-every pixel, so the last map is gathered before it (an allgather of (N, C, H, W) per step) and run
-whole everywhere, rather than cutting the FC layers too (that is ``model_parallel``).
-The first convolution reads its halo from the image, which every rank holds: no message.
+[q c_r, q d_r) for its pooled rows [c_r, d_r)), so pooling needs no message; the FC head sees every
+pixel, so the last map is gathered before it (an allgather of (N, C, H, W) per step) and run whole
+everywhere. The first convolution reads its halo from the image, which every rank holds: no message.
 
 Communication per step (batch N, itemsize b; ``bytes_per_step``), all ranks together:
 
@@ -43,26 +43,29 @@ Communication per step (batch N, itemsize b; ``bytes_per_step``), all ranks toge
 and with --recompute the halo term is 3 sum_{s >= 1} H_s^halo N C_s W_s b: the backward runs each
 stage again from its input tile, which needs the halo rows again, so every forward halo message
 is sent twice (in the forward and in the backward, before that stage's gradient halo goes back).
+The halo pays per boundary row, not per pixel (DistBelief's argument); model_parallel sends whole maps.
 
-The halo pays per boundary row, not per pixel of the map: DistBelief's argument for large maps.
-The channel split (``model_parallel``) sends whole maps at every layer instead: tutorials/06.
+--layer local (the paper's own case): a locally connected network, weights unshared between positions
+(``minidl.nn.LocallyConnected2d``; --model cnn runs its twin, ``minidl.models.local_cnn``). Rank r owns the
+weights of the rows it computes (``algorithms.shards.regions``) and its rows of the head's first Linear,
+Megatron's row split: z = sum_r x_r W[features_r] + b (g, ``reduce_from_parallel``; b on rank 0). Per step
+(``local_gradient``): the halos and one ring allreduce of the (N, classes) logits; no weight gradient summed,
+no map gathered; parameters, gradient and momentum 1/P of the model's per rank, up to uneven tiles. The split
+network is evaluated; the end gathers its weights, --save its momentum on rank 0 only. Serial SGD up to the
+order of the additions in the boundary rows' input gradients and the logits (tests/test_spatial_local.py).
 
---recompute (Chen et al. 2016): the forward runs each stage without recording it and keeps only
-its output tile (the next stage's input); the backward, stage by stage from the last, exchanges
-that stage's halo again, runs it again recording, and back-propagates. A rank then holds the
-stages' output tiles and one stage's activations instead of every stage's; the same operations
-on the same rows, so the same bits (tests/test_split_recompute.py).
+--recompute (Chen et al. 2016): the forward runs each stage unrecorded, keeping its output tile; the
+backward, from the last stage, exchanges that stage's halo again, runs it again recording, and back-
+propagates: the stages' output tiles and one stage's activations instead of every stage's, and the
+same bits (tests/test_split_recompute.py).
 
-Restrictions: a network of stages, each a Conv2d of stride 1 (then, optionally, a ReLU and a
-MaxPool2d whose stride is its kernel), then a head of Flatten, Linear and ReLU layers; every rank
-owns >= 1 pooled row of every map (the small CNN on 8x8 digits: P <= 2; LeNet-5 on 28x28: P <= 4,
-its second conv's 4-row halo outgrowing a neighbour's tile at 5); a halo no wider than a neighbour's
-tile.
-Checkpoints: every rank holds the whole model, so --save writes the same layout-free ``params`` as
-allreduce_sgd, and --resume reads any SGD-family file.
+Restrictions: stages of a Conv2d (--layer local: a LocallyConnected2d; no --recompute) of stride 1,
+an optional ReLU and a MaxPool2d of stride = kernel, then a head of Flatten, Linear and ReLU layers;
+>= 1 pooled row of every map per rank (the small CNN on 8x8 digits: P <= 2; LeNet-5 on 28x28: P <= 4)
+and a halo no wider than a neighbour's tile. --save writes the serial model's layout-free ``params``,
+and --resume reads any SGD-family file.
 
-Default run (the defaults ``--help`` shows): serial SGD's trajectory, 98.9% test accuracy at P = 2 as
-``serial_sgd``.
+Default run (the defaults ``--help`` shows): serial SGD's trajectory, 98.9% test accuracy at P = 2.
 """
 import contextlib
 import functools
@@ -71,16 +74,20 @@ import numpy
 from mpi4py import MPI
 
 from algorithms.core import checkpoint, cli, tags
+from algorithms.core.objective import evaluate
 from algorithms.core.run import Run, Settings, agreed, allreduce_function
-from algorithms.core.tiling import Tiling
+from algorithms.shards.regions import Region, twin
+from algorithms.shards.tiling import Tiling
 from minidl import functional as F
-from minidl.nn import Sequential
+from minidl.nn import LocallyConnected2d, Sequential
+from minidl.optim import SGD
 from minidl.tensor import Tensor, no_grad
 
 # the shared flags' defaults for this algorithm, for train() and --help alike
 DEFAULTS = dict(epochs=10, momentum=0.9)
 
 HALO, GATHER = tags.SPATIAL_HALO, tags.SPATIAL_GATHER
+LAYERS = ("conv", "local")
 
 
 def shift(comm, dest, sendbuf, source, recvbuf, tag=HALO):
@@ -124,6 +131,7 @@ def halo_exchange(comm, tile, stage):
 def return_halo_gradient(comm, grad_window, stage):
     """d window (N, C, needed rows, W) -> d my tile: my rows of it, plus the gradients of the rows my
     neighbours borrowed, sent back by them (the adjoint of ``halo_exchange``: receives become sends)."""
+    # BEGIN SOLUTION
     rank, size = comm.Get_rank(), comm.Get_size()
     (own_lo, own_hi), (need_lo, need_hi) = stage.owned[rank], stage.needed[rank]
     grad_tile = numpy.zeros(grad_window.shape[:2] + (own_hi - own_lo,) + grad_window.shape[3:],
@@ -140,6 +148,7 @@ def return_halo_gradient(comm, grad_window, stage):
               source if recv_hi > recv_lo else None, received)
         grad_tile[:, :, recv_lo - own_lo:recv_hi - own_lo] += received
     return grad_tile
+    # END SOLUTION
 
 
 def gather_rows(comm, tile, tiles):
@@ -155,14 +164,17 @@ def gather_rows(comm, tile, tiles):
     return numpy.concatenate(parts, axis=2)
 
 
-def run_stage(stage, window, rank, need_grad):
+def run_stage(stage, window, rank, need_grad, piece=None):
     """conv (zero padding only at the map's edges) -> ReLU -> pooling, through minidl's autograd;
-    (the padded window as a leaf, my rows of the next map)."""
-    top, bottom = stage.padding(rank)
-    p = stage.conv.padding
+    (the padded window as a leaf, my rows of the next map). ``piece``: (weight, bias) of my output
+    rows of a locally connected stage (--layer local); None: the convolution's shared weights."""
+    (top, bottom), p = stage.padding(rank), stage.conv.padding
     padded = numpy.pad(window, ((0, 0), (0, 0), (top, bottom), (p, p)))
     leaf = Tensor(padded, requires_grad=need_grad)
-    out = F.conv2d(leaf, stage.conv.weight, stage.conv.bias, 1, 0, stage.conv.algorithm)
+    if piece is None:
+        out = F.conv2d(leaf, stage.conv.weight, stage.conv.bias, 1, 0, stage.conv.algorithm)
+    else:
+        out = F.locally_connected2d(leaf, *piece, 1, 0)
     out = F.relu(out) if stage.relu else out
     out = F.max_pool2d(out, stage.pool) if stage.pool > 1 else out
     return leaf, out
@@ -218,6 +230,72 @@ def spatial_gradient(comm, tiling, x, labels, sum_conv_gradient, recompute=False
     return float(loss.item())
 
 
+def local_logits(comm, tiling, region, x, total, keep=None):
+    """--layer local: my region of the network on x (the logits, on every rank); ``keep`` receives each
+    stage's (window leaf, output tile), for the backward."""
+    tile, rank = None, comm.Get_rank()
+    for s, stage in enumerate(tiling.stages):
+        leaf, tile = run_stage(stage, window(comm, tiling, s, x, tile), rank, need_grad=keep is not None and s > 0,
+                               piece=region.pieces[s])
+        if keep is not None:
+            keep.append((leaf, tile))
+    mine = F.reshape(tile, (tile.shape[0], -1))                  # my rows' features, in the head's order
+    return region.rest(F.reduce_from_parallel(F.linear(mine, region.head_weight, region.head_bias), total))
+
+
+def local_gradient(comm, tiling, region, x, labels, total):
+    """--layer local: the gradient of my region of the network for the batch (x, labels), into its pieces'
+    .grad (a heart); the mean loss, the same on every rank. ``total(array)`` sums an array over ranks."""
+    # BEGIN SOLUTION
+    kept = []                                       # forward: my rows of every map, my rows of the head
+    loss = F.softmax_cross_entropy(local_logits(comm, tiling, region, x, total, keep=kept), labels)
+    loss.backward()                                 # my head rows, my last stage's weights and window
+    # backward, stage by stage: the halo's gradient back to the rank that owns those rows
+    for s in range(len(tiling.stages) - 1, 0, -1):
+        stage, (leaf, _) = tiling.stages[s], kept[s]
+        top, bottom = stage.padding(comm.Get_rank())
+        p = stage.conv.padding
+        grad = return_halo_gradient(comm, leaf.grad[:, :, top:leaf.shape[2] - bottom, p:leaf.shape[3] - p], stage)
+        kept[s - 1][1].backward(numpy.ascontiguousarray(grad))
+    # no weight gradient is summed over ranks: the weights of my rows are mine alone
+    # END SOLUTION
+    return float(loss.item())
+
+
+def train_local(comm, recompute, settings):
+    """``train(layer="local")``: DistBelief's locally connected network, each rank its region's weights."""
+    with agreed(comm):
+        settings.model = twin(settings.model, recompute)
+    run = Run.start(comm, settings, check=no_problem, reader=(0, 1), writer=checkpoint.Writer(
+        "spatial_parallel", checkpoint.SGD_FAMILY, layout={"tiles": comm.Get_size(), "layer": "local"}))
+    net, data, summed = run.objective.net, run.objective.data, allreduce_function("ring")
+
+    def total(array, over=run.counting):                         # g's sum, in place on its own copy
+        summed(over, array.reshape(-1))
+        return array
+    with agreed(comm):
+        tiling = Tiling.of(net, *data.x_train.shape[2:], comm.Get_size(), f"--model {settings.model}",
+                           layer=LocallyConnected2d)
+        region = Region(tiling, net, comm.Get_rank())
+    optimizer = SGD([region.flat.as_parameter()], lr=settings.lr, momentum=settings.momentum)
+    region.take_over(run, optimizer)                             # the serial model let go: only my region stays
+    region.logits = lambda x: local_logits(comm, tiling, region, x, lambda array: total(array, comm))
+
+    def step(batch):
+        region.flat.zero_grad()
+        optimizer.lr = run.optimizer.lr
+        loss = local_gradient(run.counting, tiling, region, data.x_train[batch.index], data.y_train[batch.index],
+                              total)
+        optimizer.step()
+        return loss
+
+    params, history = run.loop(step, evaluate=lambda: dict(zip(("test_loss", "test_accuracy"),   # the split network
+                                                               evaluate(region, data.x_test, data.y_test))),
+                               result=lambda: region.saved(comm, optimizer, run.optimizer, bool(settings.save)))
+    run.optimizer.state[0] = {}                                  # written: only my region's momentum stays
+    return params, history
+
+
 def bytes_per_step(tiling, batch, itemsize, recompute=False):
     """Bytes all ranks send in one step (the formula of the docstring); ``recompute``: the forward halos twice."""
     weights = 2 * (tiling.size - 1) * tiling.conv_parameters() * itemsize
@@ -230,14 +308,18 @@ def no_problem(settings):
         raise cli.SettingError("the spatial split needs a convolutional network, not a convex problem")
 
 
-def train(comm=None, recompute=False, **settings):
+def train(comm=None, recompute=False, layer="conv", **settings):
     """Spatially partitioned SGD on ``comm``: one replica, every feature map in P row blocks; returns
-    (final flat parameters, the same on every rank, history). ``recompute``: each stage recomputed."""
+    (final flat parameters, the same on every rank, history). ``recompute``: each stage recomputed.
+    ``layer``: "conv", or "local": the locally connected twin, every rank owning its region's weights."""
     comm = comm or MPI.COMM_WORLD
     settings = Settings.of(settings, **DEFAULTS)
-    run = Run.start(comm, settings, check=no_problem, reader=(0, 1),
-                    writer=checkpoint.Writer("spatial_parallel", checkpoint.SGD_FAMILY,
-                                             layout={"tiles": comm.Get_size()}))
+    if layer not in LAYERS:
+        raise cli.SettingError(f"--layer must be conv or local, got {layer!r}", every_rank=True)
+    if layer == "local":
+        return train_local(comm, recompute, settings)
+    run = Run.start(comm, settings, check=no_problem, reader=(0, 1), writer=checkpoint.Writer(
+        "spatial_parallel", checkpoint.SGD_FAMILY, layout={"tiles": comm.Get_size()}))
     objective = run.objective
     _, _, height, width = objective.data.x_train.shape
     with agreed(comm):                     # after the shared flags' checks, before any message of the run
@@ -257,8 +339,11 @@ def train(comm=None, recompute=False, **settings):
 
 
 def main(argv=None):
-    args = cli.parser(__doc__.splitlines()[0], recompute="tile", **DEFAULTS).parse_args(argv)
-    cli.run_main(train, args)
+    parser = cli.parser(__doc__.splitlines()[0], recompute="tile", **DEFAULTS)
+    parser.add_argument("--layer", default="conv", choices=LAYERS, help="conv: shared weights on every rank; local: "
+                        "the locally connected twin (cnn: local-cnn), each rank its region's weights")
+    args = parser.parse_args(argv)
+    cli.run_main(train, args, layer=args.layer)
 
 
 if __name__ == "__main__":

@@ -1,75 +1,94 @@
-"""ZeRO: data-parallel SGD whose optimizer state (stage 1), gradients (2) and parameters (3) are sharded.
+"""ZeRO: data-parallel SGD whose optimizer state (stage 1), gradients (2) and parameters (3) are sharded, unit by unit.
 
-    mpiexec -n 4 python -m algorithms.zero --stage 1|2|3 [--optimizer sgd|adam] [--recompute]
+    mpiexec -n 4 python -m algorithms.zero --stage 1|2|3 [--unit layer|model] [--prefetch] [--optimizer sgd|adam]
 
 Paper: Rajbhandari, Rasley, Ruwase & He 2020 (ZeRO: Memory Optimizations Toward Training Trillion
-Parameter Models), section 5 (ZeRO-DP: P_os, P_os+g, P_os+g+p) and section 7 (communication).
-Full references: tutorials/references.md.
+Parameter Models), section 5 (ZeRO-DP: P_os, P_os+g, P_os+g+p) and section 7 (communication); the
+unit by unit gathering is also PyTorch FSDP's (Zhao et al. 2023). Full references: tutorials/references.md.
 
-The flat parameter vector (n values; ``minidl.flat``) is cut into p blocks as the ring cuts it
-(``collectives.block_counts``: sizes differ by at most one, the first n % p one longer), and rank r
-owns block r, [start, stop): its shard. Every rank still computes the gradient of the whole model
-on its piece of the global batch, exactly as allreduce SGD does (``allreduce_sgd``); what differs is
-what each rank keeps, and so how the sum over ranks is taken (``zero_step``, at step k on rank r):
+Units (``algorithms/shards/units.py``). The model is cut into gathering units (``units_of``):
+``--unit layer`` (the default) makes each layer with parameters a unit, the parameter-free layers
+after it joining it (the MLP 64-128-64-10: Flatten Linear ReLU | Linear ReLU | Linear); ``--unit
+model`` makes the whole model one unit; with ``--recompute`` a unit is a checkpointed segment. A
+unit's parameters, in the flat order, are one vector of n_u values cut into p blocks as the ring
+cuts it (``collectives.block_counts``), and rank r keeps block r of every unit: ``unit.shard``,
+whose ``data`` is that block of the weights and whose ``grad`` that block of the summed gradient.
+Every rank computes the gradient of its piece of the global batch, as allreduce SGD does; what
+differs is what it keeps (``zero_step``, step k, rank r):
 
-    grad_r  = (|index| / total) (1/|index|) sum_{i in index} d loss_i / dw      (as allreduce SGD)
-    stage 1: grad = sum_r grad_r              allreduce (ring: reduce-scatter + allgather); every rank
-                                              keeps the whole gradient but updates only its shard
-    stage 2: grad[start:stop] = (sum_r grad_r)[start:stop]     reduce-scatter (the ring's first loop)
-    stage 3: as stage 2, and before the forward
-             w = allgather_r w[start_r:stop_r]                 allgather (the ring's second loop)
-    w[start:stop] <- optimizer step on the shard, with the shard of the state (momentum v, or Adam's m, v)
-    stages 1, 2: w = allgather_r w[start_r:stop_r]             every rank's updated shard to every rank
-    stage 3:     the whole w is released after backward (filled with nan here: see below)
+    forward,  u = 1..U:  stage 3: w_u = allgather_r w_u[block r]     into a fresh vector (gather)
+                         h_u = unit_u(h_u-1)
+                         stage 3: let go of w_u                                            (release)
+    backward, u = U..1:  stage 3: w_u = allgather again
+                         g_u = (|index| / total) d loss / d w_u         into a fresh vector (gradient)
+                         stages 2, 3: g_u[block r] = reduce-scatter_r g_u; let go of g_u   (reduce_scatter)
+    stage 1, after the backward: the same reduce-scatter of every unit's g_u
+    w_u[block r] <- optimizer step, with the state of block r only; let go of the gradients  (update)
+    stages 1, 2: w_u = allgather_r w_u[block r]           every rank's updated block to every rank
 
-Every value of the sum is the ring's block sum, and every update is elementwise, so each stage
-gives the same bits as ``allreduce_sgd --allreduce ring`` with the same optimizer (tests/test_zero.py).
+Memory per rank (the paper's Figure 1, written for float32: 4 bytes a weight and a gradient, K of
+optimizer state: 4 for momentum SGD's v, 8 for Adam's m and v; n parameters, n_max the largest unit):
 
-Memory per rank (the paper's Figure 1, written for float32, n parameters, K bytes of optimizer
-state per parameter: K = 4 for momentum SGD's v, 8 for Adam's m and v; gradients float32 too):
+    data parallel:  4 n + 4 n + K n
+    stage 1:        4 n + 4 n + K n / p                   the whole gradient from backward to update only
+    stage 2:        4 n + (4 n / p + 4 n_max) + K n / p    one unit's whole gradient at a time
+    stage 3:        (4 n / p + 4 n_max) + (4 n / p + 4 n_max) + K n / p    one unit whole at a time
 
-    data parallel:  4 n (w) + 4 n (grad) + K n
-    stage 1:        4 n + 4 n + K n / p
-    stage 2:        4 n + 4 n / p + K n / p
-    stage 3:        4 n / p + 4 n / p + K n / p        (+ the whole w and grad during one step)
+``--prefetch`` (stage 3; FSDP's forward and backward prefetch): as soon as a unit's weights are
+gathered, the next gather of the step is started without waiting (``collectives.nonblocking``:
+the ring's own allgather, a message at a time) and advanced whenever the shard is called, so it
+runs while the unit computes; two units are then whole at once. The same bits either way. On 2
+shared cores it buys nothing and costs time (the MLP's 10 epochs at p = 2: 14-22 s against 3-7 s,
+tutorials/figures/out/11_runs.json): the ranks that would overlap share the cores, and each message
+of the started allgather goes through a thread hand-off.
 
-Communication per step and rank (ring, alpha-beta, n values of 4 bytes; section 7 of the paper):
+Every layer reads its weights again when its backward runs (``weight.data``: Linear's product, the
+convolution's kernel, the locally connected layer) and keeps no array of them in between, so a
+unit's gathered vector is freed at its release: one unit whole at a time, convolutions included.
 
-    stage 1:  allreduce + allgather        3 (p-1) alpha + 3 (p-1)/p 4n beta
-    stage 2:  reduce-scatter + allgather   2 (p-1) alpha + 2 (p-1)/p 4n beta   (= one allreduce)
-    stage 3:  allgather + reduce-scatter   2 (p-1) alpha + 2 (p-1)/p 4n beta
+Communication per step and rank (section 7; ring, alpha-beta, 4-byte values), U units:
 
-Stage 3 here gathers the whole model at once (one gathering unit; real ZeRO-3 and FSDP gather
-layer by layer, and again in backward, 3 (p-1)/p 4n beta). Our layers' arrays are views into one
-flat vector that cannot be handed back to the allocator between steps, so stage 3 fills the whole
-vector with nan after the update: nothing may read it before the next step's allgather, and a
-forgotten gather shows up as a nan loss instead of as stale weights. Evaluation and --save gather
-the parameters and the optimizer state (not counted in the log's bytes).
+    stages 1, 2:  reduce-scatter + allgather                   2 U (p-1) alpha + 2 (p-1)/p 4 n beta
+    stage 3:      allgather, allgather again, reduce-scatter   3 U (p-1) alpha + 3 (p-1)/p 4 n beta
+
+Stage 3 sends 1.5 times an allreduce, as the paper says: the weights travel twice.
+
+Bits. Every element's sum over ranks is the ring's over its unit, and every update is elementwise.
+With ``--unit model`` that ring is the whole vector's, so every stage gives the bits of
+``allreduce_sgd --allreduce ring``. With ``--unit layer`` each unit's ring starts its blocks at
+other ranks than the whole vector's: at p <= 2 the sum of two values does not care (a + b = b + a),
+at p >= 3 an element's p values are added in another order. Every stage then gives bit for bit the
+parameters of allreduce SGD whose ring runs unit by unit, and ``--allreduce ring``'s up to rounding
+(tests/test_zero.py: the float64 MLP after one epoch at p = 3..5, within 1e-13 relative).
+
+Evaluation, the end and --save: stages 1 and 2 keep the whole weights; stage 3 evaluates unit by
+unit, each gathered and released (``Gathered``: no whole copy is kept for it), and at the end
+gathers the whole weights once, what train() returns (``whole_model``). Only --save gathers the
+optimizer state, onto rank 0, which writes it, and drops it once written. None of this is counted
+in the log's bytes.
 
 --optimizer adam: Adam (``minidl.optim.Adam``) with beta1 = --momentum, beta2 = 0.999, eps 1e-8
 (default --lr 0.001). --save writes the gathered model and optimizer state, layout-free: a
 momentum-SGD file is one of the SGD family (allreduce_sgd, the other stages, any p resume it), an
-Adam file resumes in this module with --optimizer adam, any stage, any p.
+Adam file resumes in this module with --optimizer adam, any stage, any unit, any p.
 
---recompute: the model in about sqrt(layers) checkpointed segments (``minidl.recompute``), as in
-allreduce_sgd: the same bits, fewer activations kept.
+Restrictions: a network that is a Sequential (for --unit layer), not a convex problem; p <= n and
+p <= the training examples; --prefetch only at stage 3.
 
-Restrictions: p <= n (every rank owns a shard) and p <= the training examples; --stage 1, 2 or 3.
-
-Default run (the defaults ``--help`` shows): the trajectory of allreduce_sgd's default run, bit for bit (98.1%
-test accuracy at p = 4, measured on 2 shared cores); --optimizer adam (lr 0.001, 20 epochs): 96.4%. Stage 1's
-log counts 1.5 times the bytes of stages 2 and 3 (its allreduce is a reduce-scatter and an allgather of the
-gradient).
+Default run (the defaults ``--help`` shows): allreduce SGD's accuracy and final losses, 98.05% at p = 4
+as ``allreduce_sgd`` (its weights at most 2.6e-3 apart after 20 epochs in float32: the layers' rings add in
+another order, and SGD's 900 steps grow the difference), 1.5 times its bytes at stage 3.
 """
-import numpy
 from mpi4py import MPI
 
 import collectives
 from algorithms.core import checkpoint, cli
+from algorithms.core.objective import evaluate
 from algorithms.core.run import Run, Settings, agreed, sgd
-from minidl import backend
+from algorithms.shards.units import UNITS, Gathered, Shard
+from minidl import backend, functional as F
 from minidl.optim import Adam
-from minidl.tensor import Parameter
+from minidl.tensor import Tensor
 
 # the shared flags' defaults for this algorithm, for train() and --help alike
 DEFAULTS = dict(epochs=20, momentum=0.9, partition="global")
@@ -79,73 +98,39 @@ OPTIMIZERS = ("sgd", "adam")
 LR = {"sgd": 0.05, "adam": 0.001}       # the default --lr of each optimizer
 
 
-class Shard:
-    """Rank r's block [start, stop) of the flat vector and what this rank keeps only for it: the
-    optimizer state; from stage 2 the gradient's block; in stage 3 the parameters' block too."""
-
-    def __init__(self, run, stage, optimizer):
-        n, rank, size = run.objective.params.size, run.rank, run.size
-        if size > n:
-            raise cli.SettingError(f"--stage {stage}: {size} ranks but the model has only {n} parameters: every "
-                                   f"rank needs a shard (use at most {n} ranks)")
-        self.counts = collectives.block_counts(n, size)
-        self.start = sum(self.counts[:rank])
-        self.stop = self.start + self.counts[rank]
-        whole = run.objective
-        xp = backend.get_array_module(whole.params)
-        # stage 3 keeps its own copy of its block; stages 1 and 2 update their block of the whole vector
-        self.params = whole.params[self.start:self.stop].copy() if stage == 3 else whole.params[self.start:self.stop]
-        # stage 1 reads its block of the whole summed gradient; stages 2 and 3 receive only their block
-        self.grad = whole.grad[self.start:self.stop] if stage == 1 else xp.zeros(self.counts[rank], whole.grad.dtype)
-        parameter = Parameter(self.params)
-        parameter.grad = self.grad
-        self.optimizer = optimizer([parameter], run.settings)
-        self.whole = run.optimizer               # the whole model's optimizer: only for --resume and --save
-        for key, value in self.whole.state[0].items():     # a resumed run's state, cut to my block
-            self.optimizer.state[0][key] = value[self.start:self.stop].copy()
-        self.optimizer.steps = self.whole.steps
-        self.whole.state[0] = {}                 # kept sharded: the whole state only exists while saving
-
-    def gather(self, comm, objective, stage, state=True):
-        """The whole model (stage 3) and with ``state`` the whole optimizer state on every rank, for
-        evaluation and --save (a collective); returns the whole parameter vector."""
-        if stage == 3:
-            collectives.allgather(comm, self.params, objective.params, check=False)
-        for key, value in self.optimizer.state[0].items() if state else ():
-            whole = backend.get_array_module(value).empty(objective.params.size, dtype=value.dtype)
-            self.whole.state[0][key] = collectives.allgather(comm, value, whole, check=False)
-        self.whole.steps = self.optimizer.steps
-        return objective.params
-
-
 def zero_step(comm, objective, shard, batch, stage):
-    """One ZeRO step on this rank (the heart); returns this rank's mean loss on its piece (0.0 if empty)."""
+    """One ZeRO step on this rank, unit by unit (the heart); returns this rank's mean loss on its piece
+    (0.0 if empty: a rank without rows still takes part in every gather and reduction, adding zeros)."""
     # BEGIN SOLUTION
-    # stage 3: allgather every rank's block of w: the whole model, for this step only
-    if stage == 3:
-        collectives.allgather(comm, shard.params, objective.params, check=False)
-    # local gradient on my piece of the global batch, weighted by my share of its rows
-    rows = len(batch.index)
-    if rows:
-        loss = objective.loss_and_grad(batch.index)
-    else:                                                  # no rows of the last batch here: I add zeros
-        loss = 0.0
-        objective.grad[...] = 0
-    objective.grad *= rows / batch.total
-    if stage == 1:
-        # allreduce: the whole summed gradient on every rank (my block of it is shard.grad)
-        collectives.allreduce(comm, MPI.IN_PLACE, objective.grad, algorithm="ring", check=False)
-    else:
-        # reduce-scatter: only my block of the summed gradient reaches me
-        collectives.reduce_scatter(comm, objective.grad, shard.grad, check=False)
-    # my block of the update, with my block of the optimizer state
-    shard.optimizer.step()
-    if stage == 3:
-        # release: nothing reads the whole w before the next step's allgather
-        objective.params[...] = numpy.nan
-    else:
-        # allgather: every rank's updated block to every rank
-        collectives.allgather(comm, MPI.IN_PLACE, objective.params, check=False)
+    weight = len(batch.index) / batch.total                # my share of the global batch's mean
+    rows = batch.index if len(batch.index) else [0]         # no rows here: one, weighted 0, for the collectives
+    # forward, unit by unit: stage 3 gathers a unit's weights just before it runs, releases them after
+    h, kept = Tensor(backend.asarray(objective.data.x_train[rows])), []
+    for unit in shard.units:
+        shard.gather(comm, unit)
+        start = Tensor(h.data, requires_grad=bool(kept))   # the first unit reads the data: no gradient
+        h = unit.layers(start)
+        shard.release(unit)
+        kept.append([start, h])
+    kept[-1][1] = F.softmax_cross_entropy(h, backend.asarray(objective.data.y_train[rows]))
+    loss, grad = float(kept[-1][1].item()) if len(batch.index) else 0.0, None
+    # backward, unit by unit from the last: gathered again, its gradient into a fresh vector, weighted
+    for unit in reversed(shard.units):
+        start, out = kept.pop()
+        shard.gather(comm, unit)
+        shard.gradient(unit)                               # a fresh zero vector, the parameters' .grad views
+        out.backward(grad)
+        unit.gradient *= weight
+        shard.release(unit)
+        if stage > 1:                                      # my block of the sum at once; the rest let go
+            shard.reduce_scatter(comm, unit)
+        grad = start.grad
+    for unit in shard.units if stage == 1 else ():         # stage 1: the whole gradient was kept until now
+        shard.reduce_scatter(comm, unit)
+    # my block of every unit updated with my block of the state; stages 1, 2: every rank's block to every rank
+    shard.update()
+    for unit in shard.units if stage < 3 else ():
+        collectives.allgather(comm, MPI.IN_PLACE, unit.whole, check=False)
     # END SOLUTION
     return loss
 
@@ -159,47 +144,62 @@ def make_optimizer(name):
     return lambda parameters, settings: Adam(parameters, lr=settings.lr, betas=(settings.momentum, 0.999))
 
 
-def check_stage(stage):
+def check_layout(stage, unit, prefetch):
     if stage not in STAGES:
         raise cli.SettingError(f"--stage must be 1, 2 or 3 (shard the optimizer state; and the gradients; and "
                                f"the parameters), got {stage!r}")
+    if unit not in UNITS:
+        raise cli.SettingError(f"--unit must be layer or model (what is gathered and reduced at once), got {unit!r}")
+    if prefetch and stage != 3:
+        raise cli.SettingError(f"--prefetch starts stage 3's next gather early; stage {stage} gathers no weights "
+                               f"before a unit runs")
 
 
-def train(comm=None, stage=3, optimizer="sgd", **settings):
-    """ZeRO stage ``stage`` on ``comm``; returns (final flat parameters as NumPy, history), the same on every rank."""
+def train(comm=None, stage=3, optimizer="sgd", unit="layer", prefetch=False, **settings):
+    """ZeRO stage ``stage`` on ``comm``; returns (final flat parameters as NumPy, history), the same on every rank
+    (the whole weights, gathered at the end; the optimizer state stays sharded but for --save)."""
     comm = comm or MPI.COMM_WORLD
     settings = Settings.of(settings, lr=LR.get(optimizer, 0.05), **DEFAULTS)
     adam = optimizer == "adam"
     writer = checkpoint.Writer("zero", None if adam else checkpoint.SGD_FAMILY,
                                state={"optimizer": "adam"} if adam else {},
                                layout={"stage": stage, "shards": comm.Get_size()})
-    run = Run.start(comm, settings, check=lambda _: (check_stage(stage), make_optimizer(optimizer)), writer=writer,
-                    optimizer=lambda parameters, s: make_optimizer(optimizer)(parameters, s))
+    run = Run.start(comm, settings, check=lambda _: (check_layout(stage, unit, prefetch), make_optimizer(optimizer)),
+                    writer=writer, optimizer=lambda parameters, s: make_optimizer(optimizer)(parameters, s))
     with agreed(comm):
-        shard = Shard(run, stage, make_optimizer(optimizer))
+        shard = Shard(run, stage, make_optimizer(optimizer), unit, prefetch)
+    objective = run.objective
 
     def step(batch):
         shard.optimizer.lr = run.optimizer.lr                  # --lr-scaling and its kin set the whole one's
-        return zero_step(run.counting, run.objective, shard, batch, stage)
+        return zero_step(run.counting, objective, shard, batch, stage)
 
-    def evaluate():
-        shard.gather(comm, run.objective, stage, state=False)
-        return run.objective.evaluate()
+    def evaluate_gathered():                                   # stage 3: unit by unit, on the uncounted comm
+        loss, accuracy = evaluate(Gathered(shard, comm), objective.data.x_test, objective.data.y_test)
+        return {"test_loss": loss, "test_accuracy": accuracy}
 
-    return run.loop(step, evaluate=evaluate, result=lambda: shard.gather(comm, run.objective, stage))
+    params, history = run.loop(step, evaluate=evaluate_gathered if stage == 3 else objective.evaluate,
+                               result=lambda: shard.whole_model(comm, state=bool(settings.save)))
+    shard.let_go_of_state()                                    # --save has written it
+    return params, history
 
 
 def main(argv=None):
     parser = cli.parser(__doc__.splitlines()[0], lr=None, recompute=True, **DEFAULTS)
     parser.add_argument("--stage", type=int, default=3, help="1: shard the optimizer state; 2: and the gradients; "
                         "3: and the parameters")
+    parser.add_argument("--unit", default="layer", choices=UNITS, help="what is gathered and reduced at once: "
+                        "layer (each layer with parameters) or model (the whole model: allreduce_sgd --allreduce "
+                        "ring's bits)")
+    parser.add_argument("--prefetch", action="store_true", help="stage 3: start the next unit's gather while this "
+                        "one computes")
     parser.add_argument("--optimizer", default="sgd", choices=OPTIMIZERS,
                         help="sgd: momentum SGD (--momentum); adam: Adam with beta1 = --momentum, beta2 0.999 "
                              "(default --lr: 0.05 for sgd, 0.001 for adam)")
     args = parser.parse_args(argv)
     if args.lr is None:
         del args.lr                                            # train() picks the optimizer's default
-    cli.run_main(train, args, stage=args.stage, optimizer=args.optimizer)
+    cli.run_main(train, args, stage=args.stage, optimizer=args.optimizer, unit=args.unit, prefetch=args.prefetch)
 
 
 if __name__ == "__main__":

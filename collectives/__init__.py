@@ -8,7 +8,8 @@ header and its heart in one function (`<name>_allreduce_in_place`):
     butterfly.py     recursive doubling                           (small vectors)
     ring.py          reduce-scatter ring + allgather ring         (+ public reduce_scatter, allgather)
     rabenseifner.py  recursive halving + recursive doubling       (large vectors)
-    hierarchical.py  reduce in each node, allreduce across nodes, broadcast in each node
+    hierarchical.py  reduce-scatter in each node, c allreduces across nodes at once, allgather in each node
+    hierarchical_tree.py  reduce in each node, allreduce across the nodes' leaders, broadcast in each node
     auto.py          the algorithm measured fastest here for the size and p (selection.json)
     persistent.py    allreduce_init: arguments checked once, start() per call (MPI 4.0's persistent collectives)
     nonblocking.py   a nonblocking butterfly per bucket, started as backward fills it (overlap)
@@ -16,6 +17,7 @@ header and its heart in one function (`<name>_allreduce_in_place`):
 what every call uses:
 
     buffers.py  in-place use, CuPy staging, block layout       ops.py      sum, max, min, mean
+    nodes.py    ranks on nodes: the node size, a heart on some ranks (the hierarchies')
     tags.py     one MPI tag per phase                          fold.py     MPICH's fold-in for p not a power of two
     check.py    ranks agree on arguments                       table.py    the algorithms by name
     trace.py    message tracer and byte counter
@@ -25,13 +27,14 @@ and what every algorithm's command uses (`mpiexec -n 4 python -m collectives.rin
     demo.py     one allreduce, traced and checked against MPI's own
     spacetime.py  space-time diagrams of traced messages
     cli.py      the commands' flags and error contract (`error: ...`, exit status 2)
+    simulate.py   `python -m collectives.simulate`: the name on the command line of sim/'s simulator
 
 The rooms, each with its own map (its `__init__.py`):
 
     model/        the cost model the algorithms and the bench read: cost.py, calibration.py
     bench/        measured against MPI and the model: `python -m collectives.bench`, the calibration's
                   fitting, MPICH's own algorithms (`python -m collectives.bench.mpich_choice`)
-    sim/          the hearts on a simulated LogGP network, p up to thousands: `python -m collectives.sim`
+    sim/          the hearts on a simulated LogGP network, p up to 16,384: `python -m collectives.simulate`
     cluster/      emulated hosts (network namespaces): `python -m collectives.cluster`
     compression/  gradient compressors, quantizers, the sparse allreduce
 

@@ -15,6 +15,9 @@ in flight at once.
                                 # all started buckets as far as their messages allow (progress)
     summed.finish()             # start what is not started yet, wait for all: grad summed
 
+    gathering = start_allgather(comm, data)     # any one collective, started (``Started``):
+    gathering.test()            # advance it when the caller has a moment; wait() before using data
+
 Why the bits do not depend on the cut: the butterfly reduces every element by the same tree of
 additions (fold-in pairs, then partners at distance 1, 2, 4, ...) and both partners compute
 lower <- lower + higher with the lower rank's vector first. Cutting the vector into buckets
@@ -52,6 +55,7 @@ from mpi4py import MPI
 
 from .butterfly import butterfly_allreduce_in_place
 from .model.cost import predict
+from .ring import ring_allgather_in_place
 
 BASE = 7200                    # above tags.py's range
 STRIDE = 64                    # tags per bucket
@@ -98,24 +102,57 @@ class StepComm:
         self._wait([self.Isend(sendbuf, dest, sendtag), self.Irecv(recvbuf, source, recvtag)])
 
 
-def butterfly_steps(comm, data, tag):
-    """collectives/butterfly.py's heart (sum, in place) as a generator of steps: each ``yield``
-    hands back the requests this rank must see completed before the heart can go on."""
+def heart_steps(comm, heart, tag):
+    """A blocking heart, ``heart(step_comm)``, run one message at a time: a generator whose each
+    ``yield`` hands back the requests this rank must see completed before the heart can go on."""
     steps, outcome = StepComm(comm, tag), []
 
-    def heart():
+    def run():
         try:
-            butterfly_allreduce_in_place(steps, data, "sum")
+            heart(steps)
         except BaseException as error:            # handed to the caller, raised there
             outcome.append(error)
         steps.posted.put(None)
 
-    threading.Thread(target=heart, daemon=True).start()
+    threading.Thread(target=run, daemon=True).start()
     while (requests := steps.posted.get()) is not None:
         yield requests
         steps.go_on.put(True)
     if outcome:
         raise outcome[0]
+
+
+def butterfly_steps(comm, data, tag):
+    """collectives/butterfly.py's heart (sum, in place) as a generator of steps (``heart_steps``)."""
+    return heart_steps(comm, lambda steps: butterfly_allreduce_in_place(steps, data, "sum"), tag)
+
+
+class Started:
+    """One collective started without waiting for it: ``heart(step_comm)`` run a message at a time
+    in tag slot ``slot`` (``BASE + STRIDE slot``); ``test()`` advances it as far as its messages
+    allow and says whether it is done, ``wait()`` finishes it. ZeRO-3's prefetch runs the ring's
+    allgather so, while the previous unit computes (``algorithms.zero``)."""
+
+    def __init__(self, comm, heart, slot):
+        if not 0 <= slot < MAX_BUCKETS:
+            raise ValueError(f"Started: slot {slot} outside 0..{MAX_BUCKETS - 1}")
+        self.steps = heart_steps(comm, heart, BASE + STRIDE * slot)
+        self.requests = next(self.steps, None)
+
+    def test(self):
+        while self.requests is not None and MPI.Request.Testall(self.requests):
+            self.requests = next(self.steps, None)
+        return self.requests is None
+
+    def wait(self):
+        while self.requests is not None:
+            MPI.Request.Waitall(self.requests)
+            self.requests = next(self.steps, None)
+
+
+def start_allgather(comm, data, slot=MAX_BUCKETS - 1):
+    """The ring's allgather of ``data`` (this rank's block already at its place), started (``Started``)."""
+    return Started(comm, lambda steps: ring_allgather_in_place(steps, data), slot)
 
 
 class BucketedAllreduce:

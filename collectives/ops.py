@@ -31,14 +31,25 @@ def base_op(op):
     return "sum" if op == "mean" else op
 
 
+_KINDS = {}           # type -> "cupy", "namespace" or "numpy": what array_module answers for its arrays
+
+
 def array_module(array):
-    """numpy, or cupy for a CuPy array (imported only when one is seen)."""
-    if type(array) is np.ndarray:            # the common case first: every small allreduce asks
+    """numpy, or cupy for a CuPy array (imported only when one is seen), or the namespace another
+    array names itself (the array API's `__array_namespace__`: collectives.sim.Sized's, whose
+    functions compute nothing); numpy for anything else."""
+    kind = type(array)
+    if kind is np.ndarray:                   # the common case first: every small allreduce asks
         return np
-    if type(array).__module__.split(".")[0] == "cupy":
+    which = _KINDS.get(kind)
+    if which is None:
+        which = _KINDS[kind] = ("cupy" if kind.__module__.split(".")[0] == "cupy" else
+                                "namespace" if hasattr(kind, "__array_namespace__") and not issubclass(kind, np.ndarray)
+                                else "numpy")
+    if which == "cupy":
         import cupy
         return cupy
-    return np
+    return array.__array_namespace__() if which == "namespace" else np
 
 
 def combine(into, incoming, op, source=None):
@@ -57,7 +68,7 @@ def combine(into, incoming, op, source=None):
         xp.minimum(first, incoming, out=into)
     else:
         raise ValueError(f"combine: unknown base op {op!r}")
-    if xp is not np:
+    if xp is not np and hasattr(xp, "cuda"):
         # CUDA-aware MPI reads device memory directly: the kernel that wrote `into` must have
         # finished before the next MPI call hands `into` to the network.
         xp.cuda.get_current_stream().synchronize()

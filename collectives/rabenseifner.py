@@ -35,7 +35,7 @@ Deadlock-freedom: every round is one Sendrecv with one partner.
 """
 from mpi4py import MPI
 
-from .buffers import block_counts, block_offsets, run_allreduce, scratch
+from .buffers import blocks, run_allreduce, scratch
 from .fold import fold_in, fold_out, largest_power_of_two, world_rank
 from .ops import combine
 from .tags import ALLGATHER, REDUCE_SCATTER
@@ -52,8 +52,7 @@ def rabenseifner_allreduce_in_place(comm, data, op, source=None):
     size = comm.Get_size()
     pof2 = largest_power_of_two(size)
     rem = size - pof2
-    counts = block_counts(len(data), pof2)       # the survivors' pof2 blocks
-    offsets = block_offsets(counts) + [len(data)]
+    counts, offsets = blocks(len(data), pof2)    # the survivors' pof2 blocks; offsets[pof2] = len(data)
     if source is None or rem:
         if source is not None:
             data[...] = source

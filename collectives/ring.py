@@ -40,7 +40,7 @@ Building blocks, public and tested on their own: `reduce_scatter(comm, sendbuf, 
 import numpy as np
 from mpi4py import MPI
 
-from .buffers import block_counts, block_offsets, copy_into, from_mpi, run_allreduce, scratch, to_mpi, validate
+from .buffers import block_counts, block_offsets, blocks, copy_into, from_mpi, run_allreduce, scratch, to_mpi, validate
 from .ops import array_module, base_op, combine, finish
 from .tags import ALLGATHER, REDUCE_SCATTER
 
@@ -55,8 +55,7 @@ def ring_reduce_scatter_in_place(comm, data, op, source=None):
     into `data` first. Blocks this loop does not write are left as they were.
     """
     rank, size = comm.Get_rank(), comm.Get_size()
-    counts = block_counts(len(data), size)
-    offsets = block_offsets(counts)
+    counts, offsets = blocks(len(data), size)
     source = data if source is None else source
 
     def block(i):
@@ -82,8 +81,7 @@ def ring_reduce_scatter_in_place(comm, data, op, source=None):
 def ring_allgather_in_place(comm, data):
     """p - 1 steps; block `rank` of `data` goes to every rank, so all blocks end everywhere."""
     rank, size = comm.Get_rank(), comm.Get_size()
-    counts = block_counts(len(data), size)
-    offsets = block_offsets(counts)
+    counts, offsets = blocks(len(data), size)
 
     def block(i):
         return data[offsets[i]:offsets[i] + counts[i]]
@@ -121,8 +119,21 @@ def reduce_scatter(comm, sendbuf, recvbuf=None, op="sum", check=True):
 
     sendbuf: the full vector, n elements, the same n on every rank; recvbuf: block_counts(n, p)
     [rank] elements (allocated if None). sendbuf is not modified. Returns recvbuf.
+    sendbuf MPI.IN_PLACE (as allgather's): recvbuf is the full vector, and block `rank` of the
+    result lands at its own place in it (the other blocks are left holding partial sums): no copy
+    of the vector, only the ring's cached receive block (ZeRO's gradient, unit by unit).
     """
     rank, size = comm.Get_rank(), comm.Get_size()
+    if sendbuf is MPI.IN_PLACE:
+        validate(comm, "reduce_scatter", [(recvbuf, "recvbuf", None, True)], op, check)
+        counts = block_counts(recvbuf.size, size)
+        start = block_offsets(counts)[rank]
+        data = to_mpi(recvbuf)
+        if size > 1 and data.size > 0:
+            ring_reduce_scatter_in_place(comm, data, base_op(op))
+        finish(data[start:start + counts[rank]], op, size)
+        from_mpi(data, recvbuf)
+        return recvbuf
     counts = block_counts(max(getattr(sendbuf, "size", 0), 0), size)
     if recvbuf is None and hasattr(sendbuf, "dtype"):
         recvbuf = array_module(sendbuf).empty(counts[rank], dtype=sendbuf.dtype)

@@ -7,8 +7,9 @@
     broadcasting.py  broadcasting's check and its chain rule (a gradient summed back to its operand's shape)
     functional.py    the other operations with hand-written backward passes (conv2d, pooling, losses, ...)
     pool.py          max and average pooling kernels
-    nn.py            layers as Modules (Linear, Conv2d, MaxPool2d, ReLU, Flatten, Sequential), .npz files
-    models.py        the MLP, the small CNN and LeNet-5, by name
+    local.py         locally connected layers' kernel (DistBelief's unshared weights) and its direct loop
+    nn.py            layers as Modules (Linear, Conv2d, LocallyConnected2d, MaxPool2d, ReLU, Flatten, ...), .npz files
+    models.py        the MLP, the small CNN, LeNet-5, the wide MLP and the small CNN's locally connected twin
     flat.py          one flat parameter vector and one flat gradient vector, views for each layer
     optim.py         SGD with momentum, Adagrad, Adam, L-BFGS
     recompute.py     checkpointed segments: activations recomputed in the backward

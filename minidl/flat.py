@@ -11,6 +11,11 @@ their shaped arrays, which after flattening are *views* into the vectors:
 
 Views survive only in-place updates (``data[...] = ``, ``-=``, ``+=``); every optimizer,
 ``zero_grad`` and ``load_state_dict`` in minidl updates in place. ``in_sync()`` checks it.
+
+A vector that comes and goes: ``point(parameters, vector)`` makes the parameters views into any
+vector of their total size, and ``release(parameters)`` lets go of it, leaving a stand-in of the
+right shape (``absent``) that holds no memory. ZeRO-3 (``algorithms.zero``) gathers a layer's
+weights into a fresh vector before each use and releases them after it; the layers never notice.
 """
 from minidl import backend
 from minidl.tensor import Parameter
@@ -87,3 +92,33 @@ class FlatParameters:
 def flatten(model):
     """Flatten ``model``'s parameters in place; returns the ``FlatParameters``."""
     return FlatParameters(model.parameters())
+
+
+def absent(shape, dtype):
+    """A stand-in for an array that is not here: read-only, of ``shape``, one nan broadcast (no
+    memory). Computing with it gives nan, writing into it raises: a forgotten gather shows."""
+    xp = backend.xp()
+    return xp.broadcast_to(xp.full((), xp.nan, dtype=dtype), tuple(shape))
+
+
+def point(parameters, vector, attribute="data"):
+    """Make each parameter's ``data`` (or ``grad``) its piece of ``vector``, in order and reshaped:
+    views, so the layers compute with the vector's values (``data``) or their backward accumulates
+    into it (``grad``, in place). ``vector`` holds exactly the parameters' values, no more."""
+    start = 0
+    for parameter in parameters:
+        stop = start + parameter.size
+        setattr(parameter, attribute, vector[start:stop].reshape(parameter.shape))
+        start = stop
+    if start != vector.size:
+        raise ValueError(f"point: the parameters hold {start} values, the vector {vector.size}")
+
+
+def release(parameters, attribute="data"):
+    """Let go of the parameters' ``data`` (each becomes ``absent``) or ``grad`` (None): the vector
+    they were views into is freed once nothing else holds it."""
+    for parameter in parameters:
+        if attribute == "data":
+            parameter.data = absent(parameter.shape, parameter.dtype)
+        else:
+            parameter.grad = None

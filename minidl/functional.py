@@ -19,7 +19,7 @@ The operations that are ``Tensor``'s operators (``+``, ``*``, ``**``, ``@``, ``.
 ...) are written in ``minidl/tensor.py``, beside the class that calls them, and exported here
 with the others, so that ``F.add`` is the function ``a + b`` calls.
 """
-from minidl import backend, conv, pool
+from minidl import backend, conv, local, pool
 from minidl.broadcasting import unbroadcast
 from minidl.tensor import (  # noqa: F401
     Tensor,
@@ -151,6 +151,7 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, algorithm="im2col"):
     conv.check_shapes(x.shape, weight.shape, stride, padding)
     kernel = conv.get(algorithm, x.shape, weight.shape, stride, padding)
     out, cache = kernel.forward(x.data, weight.data, stride, padding)
+    cache.pop("weight", None)     # read again in the backward, as Linear does: nothing of it kept in between
     parents = (x, weight)
     if bias is not None:
         bias = as_tensor(bias)
@@ -160,12 +161,25 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, algorithm="im2col"):
         parents = (x, weight, bias)
 
     def backward(grad):
-        grad_x, grad_weight = kernel.backward(grad, cache, need_x=x.requires_grad,
+        grad_x, grad_weight = kernel.backward(grad, {**cache, "weight": weight.data}, need_x=x.requires_grad,
                                               need_weight=weight.requires_grad)
         if bias is None:
             return grad_x, grad_weight
         return grad_x, grad_weight, bias_gradient(grad)
     return result(out, parents, backward, "conv2d")
+
+
+def locally_connected2d(x, weight, bias=None, stride=1, padding=0):
+    """DistBelief's locally connected layer (``minidl.local``): a convolution's windows over x (N, C, H, W),
+    each output position with its own weights, weight (Ho, Wo, F, C, k, k) and bias (Ho, Wo, F)."""
+    x, weight = as_tensor(x), as_tensor(weight)
+    bias = None if bias is None else as_tensor(bias)
+    out, cache = local.forward(x.data, weight.data, None if bias is None else bias.data, stride, padding)
+
+    def backward(grad):
+        grad_x, grad_weight, grad_bias = local.backward(grad, cache, weight.data, need_x=x.requires_grad)
+        return (grad_x, grad_weight) if bias is None else (grad_x, grad_weight, grad_bias)
+    return result(out, (x, weight) if bias is None else (x, weight, bias), backward, "locally_connected2d")
 
 
 def add_bias(out, bias):

@@ -1,8 +1,10 @@
-"""The models every algorithm trains: an MLP and a small CNN for the 8x8 digits, LeNet-5 for 28x28.
+"""The models every algorithm trains: an MLP and a small CNN for the 8x8 digits, LeNet-5 for 28x28;
+a wide MLP of 5.3 million parameters, whose model states outweigh its activations (ZeRO's case), and
+the small CNN's locally connected twin (DistBelief's Figure 1 network).
 
 All take images (N, 1, H, W) and return logits (N, 10); all are seeded by ``rng``.
 """
-from minidl.nn import Conv2d, Flatten, Linear, MaxPool2d, ReLU, Sequential
+from minidl.nn import Conv2d, Flatten, Linear, LocallyConnected2d, MaxPool2d, ReLU, Sequential
 
 
 def mlp(rng, in_features=64, hidden=(128, 64), classes=10):
@@ -15,6 +17,12 @@ def mlp(rng, in_features=64, hidden=(128, 64), classes=10):
     return Sequential(*layers)
 
 
+def wide_mlp(rng, in_features=64, classes=10):
+    """Flatten -> [Linear -> ReLU] x 6 of width 1024 -> Linear: 64 x 1024 + 5 x 1024^2 + 1024 x 10
+    weights and their biases: 5,324,810 parameters (20.3 MiB in float32), the largest layer 1,049,600."""
+    return mlp(rng, in_features, hidden=(1024,) * 6, classes=classes)
+
+
 def small_cnn(rng, classes=10):
     """For 8x8 digits: conv 3x3 (16) -> pool -> conv 3x3 (32) -> pool -> 32*2*2 -> 10.
 
@@ -23,6 +31,20 @@ def small_cnn(rng, classes=10):
     return Sequential(
         Conv2d(1, 16, 3, padding=1, rng=rng), ReLU(), MaxPool2d(2),
         Conv2d(16, 32, 3, padding=1, rng=rng), ReLU(), MaxPool2d(2),
+        Flatten(), Linear(32 * 2 * 2, classes, rng=rng, init="glorot"),
+    )
+
+
+def local_cnn(rng, classes=10):
+    """The small CNN's shapes with unshared weights: DistBelief's locally connected network (Dean et al.
+    2012, Figure 1). 10,240 + 74,240 + 1,290 = 85,770 parameters, for 8x8 digits:
+
+        (N, 1, 8, 8) -local 3x3 (16)-> (N, 16, 8, 8) -pool-> (N, 16, 4, 4) -local 3x3 (32)-> (N, 32, 4, 4)
+        -pool-> (N, 32, 2, 2) -> 128 -> 10
+    """
+    return Sequential(
+        LocallyConnected2d(1, 16, 3, (8, 8), padding=1, rng=rng), ReLU(), MaxPool2d(2),
+        LocallyConnected2d(16, 32, 3, (4, 4), padding=1, rng=rng), ReLU(), MaxPool2d(2),
         Flatten(), Linear(32 * 2 * 2, classes, rng=rng, init="glorot"),
     )
 
@@ -43,11 +65,11 @@ def lenet5(rng, classes=10):
     )
 
 
-MODELS = {"mlp": mlp, "cnn": small_cnn, "lenet5": lenet5}
+MODELS = {"mlp": mlp, "cnn": small_cnn, "lenet5": lenet5, "wide-mlp": wide_mlp, "local-cnn": local_cnn}
 
 
 def build(name, rng):
-    """The model called ``name`` ('mlp', 'cnn' or 'lenet5')."""
+    """The model called ``name`` (a key of ``MODELS``)."""
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}")
     return MODELS[name](rng)

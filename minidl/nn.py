@@ -209,6 +209,31 @@ class Conv2d(Module):
                 f"stride={self.stride}, padding={self.padding}")
 
 
+class LocallyConnected2d(Module):
+    """DistBelief's locally connected layer (Dean et al. 2012, Figure 1): a convolution's k x k windows,
+    each output position with weights of its own, weight (Ho, Wo, F, C, k, k) and bias (Ho, Wo, F); the
+    input's (H, W) fixes the positions. See ``functional.locally_connected2d``."""
+
+    def __init__(self, in_channels, out_channels, kernel_size, input_size, *, rng, stride=1, padding=0, bias=True,
+                 init="he", dtype="float32"):
+        super().__init__()
+        dtype = _check_dtype(dtype)
+        self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, kernel_size
+        self.stride, self.padding, self.input_size = stride, padding, tuple(input_size)
+        out_h, out_w = ((size + 2 * padding - kernel_size) // stride + 1 for size in input_size)
+        fan_in, fan_out = in_channels * kernel_size ** 2, out_channels * kernel_size ** 2
+        shape = (out_h, out_w, out_channels, in_channels, kernel_size, kernel_size)
+        self.weight = Parameter(init_weight(shape, fan_in, fan_out, rng, init, dtype))
+        self.bias = Parameter(backend.xp().zeros((out_h, out_w, out_channels), dtype=dtype)) if bias else None
+
+    def forward(self, x):
+        return F.locally_connected2d(x, self.weight, self.bias, self.stride, self.padding)
+
+    def extra_repr(self):
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+                f"input_size={self.input_size}, stride={self.stride}, padding={self.padding}")
+
+
 class MaxPool2d(Module):
     def __init__(self, kernel_size, stride=None, padding=0):
         super().__init__()

@@ -50,6 +50,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -107,19 +108,25 @@ class Grader:
     def __init__(self, env, scratch=None, broker=None, uid=GRADER_UID):
         self.env, self.scratch, self.broker, self.uid = env, scratch, broker, uid
 
-    def popen(self, argv, env, pass_fds, cwd=ROOT):
+    def popen(self, argv, env, pass_fds, cwd=ROOT, log=None):
+        if log is None:
+            named = os.environ.get("MINIDL_GRADE_LOG")
+            log = open(named, "ab") if named else subprocess.DEVNULL
         if self.scratch is None:
-            return subprocess.Popen(argv, cwd=cwd, env=env, pass_fds=pass_fds, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL, start_new_session=True)
+            return subprocess.Popen(argv, cwd=cwd, env=env, pass_fds=pass_fds, stdout=log, stderr=log,
+                                    start_new_session=True)
         binds = [(str(ROOT), str(ROOT), "--ro-bind"), (str(self.scratch), str(self.scratch), "--bind")]
         prefix = [*sandbox.bwrap_arguments(binds, sandbox.Limits(tmp=1 << 30), chdir=str(ROOT)),
                   "setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", "--no-new-privs",
                   "--inh-caps=-all", "--bounding-set=-all", "--"]
         env = {**env, "HOME": str(self.scratch), "TMPDIR": "/tmp", "PYTHONDONTWRITEBYTECODE": "1",
                sandbox.BROKER: str(self.broker)}
-        log = open(os.environ["MINIDL_GRADE_LOG"], "ab") if os.environ.get("MINIDL_GRADE_LOG") else subprocess.DEVNULL
         return subprocess.Popen([*prefix, *argv], cwd="/", env=env, pass_fds=(*pass_fds, self.broker),
                                 stdout=log, stderr=log, start_new_session=True)
+
+
+class GradingError(Exception):
+    """The grader itself cannot go on (its own tests do not load): nothing is scored, and it says why."""
 
 
 def collect(grader, tasks, env):
@@ -128,13 +135,19 @@ def collect(grader, tasks, env):
     listing = Pipe()
     argv = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-p",
             "tests.grade_record", "--task", ",".join(ids), *test_files(ROOT, ids)]
-    process = grader.popen(argv, dict(env, MINIDL_GRADE_COLLECT_FD=str(listing.write)), (listing.write,))
-    listing.close_writer()
-    try:
-        process.wait(timeout=600)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+    with tempfile.TemporaryFile() as log:
+        process = grader.popen(argv, dict(env, MINIDL_GRADE_COLLECT_FD=str(listing.write)), (listing.write,), log=log)
+        listing.close_writer()
+        try:
+            process.wait(timeout=600)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        if process.returncode not in (0, 5):             # 5: no test selected, which the grade then says
+            log.seek(0)                                  # the grader's own tests did not load: say why, score nothing
+            said = log.read().decode(errors="replace").strip().splitlines()[-6:]
+            raise GradingError(f"the grader's tests could not be collected (pytest exit {process.returncode}): "
+                               + " / ".join(said))
     groups = {task_id: {} for task_id in ids}
     for line in listing.text().splitlines():
         nprocs, marked, nodeid = line.split("\t")
@@ -208,9 +221,11 @@ def grade_tasks(tree, groups, timeout, env, max_ranks=8, grader=None, deadline=N
     {rank count: [node ids]}}).
 
     One run per rank count for every task together (starting p pytest processes, and p sandboxed
-    workers, costs seconds: once per rank count, not once per task), the visible tests first and the
-    hidden ones last, so that nothing the student's code sees in a hidden test reaches a visible
-    test's feedback. With ``proxied`` each run grades its tasks through tests/grade_proxy.py.
+    workers, costs seconds: once per rank count, not once per task), first the visible tests at every
+    rank count, then the hidden ones: nothing the student's code sees in a hidden test can reach a
+    visible test's feedback, whatever channel between sandboxed jobs it found (the kernel's page cache
+    of the shared read-only files is one no namespace separates). With ``proxied`` each run grades its
+    tasks through tests/grade_proxy.py.
     If a run dies before every test reported (a deadlock, or a crash), the test that hung fails with
     a timeout message, its task stops there (every test of it not yet run is "not run", at this and
     the larger rank counts), and a new run goes on with the other tasks' tests.
@@ -220,11 +235,11 @@ def grade_tasks(tree, groups, timeout, env, max_ranks=8, grader=None, deadline=N
 
     def done(nodeid, outcome):
         outcomes[task_of[nodeid]][nodeid] = outcome
-    for nprocs in sorted({nprocs for sizes in groups.values() for nprocs in sizes}):
-        ids = [nodeid for task_id in groups for nodeid in groups[task_id].get(nprocs, [])]
-        if nprocs > max_ranks:
-            continue
-        pending = sorted(ids, key=lambda nodeid: nodeid.startswith("tests/hidden/"))   # stable: tasks in order
+    rounds = [(hidden, nprocs) for hidden in (False, True)
+              for nprocs in sorted({nprocs for sizes in groups.values() for nprocs in sizes}) if nprocs <= max_ranks]
+    for hidden, nprocs in rounds:
+        pending = [nodeid for task_id in groups for nodeid in groups[task_id].get(nprocs, [])
+                   if nodeid.startswith("tests/hidden/") == hidden]
         while pending:
             for nodeid in [nodeid for nodeid in pending if task_of[nodeid] in stopped]:
                 done(nodeid, ("not run", stopped[task_of[nodeid]]))
@@ -259,12 +274,49 @@ def grade_tasks(tree, groups, timeout, env, max_ranks=8, grader=None, deadline=N
     return outcomes
 
 
+SKIPPED = {".git", ".venv", "__pycache__", ".pytest_cache", ".hypothesis", "node_modules"}
+MAX_FILES, MAX_BYTES = 20_000, 512 << 20
+
+
+def copy_submission(out, student, leave_out=()):
+    """Copy the student's tree as root, trusting nothing in it: its regular files only, read without
+    following a link (a symlink to the hidden tests, /etc/shadow or /proc/self/environ is left out, and
+    so are FIFOs and devices), at most MAX_FILES files and MAX_BYTES bytes; no git is run in it (its
+    configuration could name programs for git to run). Returns the relative paths copied."""
+    out, student, copied, total = Path(out), Path(student), [], 0
+    skip = [Path(item) for item in leave_out]
+    for folder, folders, files in os.walk(student, followlinks=False):
+        folders[:] = sorted(name for name in folders if name not in SKIPPED)
+        for name in sorted(files):
+            source = Path(folder) / name
+            relative = source.relative_to(student)
+            if any(relative == item or item in relative.parents for item in skip):
+                continue
+            try:
+                handle = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError:                           # a symlink (ELOOP), or unreadable: left out
+                continue
+            with os.fdopen(handle, "rb") as file:
+                if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+                    continue                          # a FIFO, a device, a socket: left out
+                data = file.read(MAX_BYTES - total + 1)
+            total += len(data)
+            if total > MAX_BYTES or len(copied) >= MAX_FILES:
+                raise ValueError(f"the submission holds more than {MAX_FILES} files or {MAX_BYTES >> 20} MiB")
+            target = out / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+            os.utime(target, ns=(os.stat(source, follow_symlinks=False).st_mtime_ns,) * 2)
+            copied.append(str(relative))
+    return copied
+
+
 def sandbox_tree(out, student, generator):
-    """A world-readable copy of the student's tree for the sandbox, without the solution-only files
-    (a student tree has none; ``--student .`` on the reference checkout must not hand them over), and
-    with this tree's ``TEST_CODE`` in place of the student's copies: those are the grader's, not
-    the student's (a helper that reports what a run did must not be one the student rewrote)."""
-    assignments.copy_tree(out, student, leave_out=generator.get("remove", ()))
+    """A world-readable copy of the student's tree for the sandbox (``copy_submission``), without the
+    solution-only files (a student tree has none; ``--student .`` on the reference checkout must not
+    hand them over), and with this tree's ``TEST_CODE`` in place of the student's copies: those are the
+    grader's, not the student's (a helper that reports what a run did must not be one the student rewrote)."""
+    copy_submission(out, student, leave_out=generator.get("remove", ()))
     for name in TEST_CODE:
         (Path(out) / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(ROOT / name, Path(out) / name)
@@ -325,8 +377,15 @@ def in_namespace(argv):
     ends, the kernel ends every process it started, wherever they went. Returns its exit status."""
     done = subprocess.run(["unshare", "--pid", "--mount", "--mount-proc", "--fork", "--kill-child", sys.executable,
                            __file__, *argv],
-                          env=dict(os.environ, **{NAMESPACE: "1"}))
+                          env=dict(os.environ, **{NAMESPACE: "1"}), preexec_fn=_die_with_parent)
     return done.returncode
+
+
+def _die_with_parent():
+    """(In the child, before unshare starts.) SIGKILL it when this grade.py dies, even by SIGKILL: unshare
+    then kills the namespace's init, and the kernel every process in the namespace."""
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)          # 1: PR_SET_PDEATHSIG
 
 
 def reap_as_init(child):
@@ -385,7 +444,7 @@ def main(argv=None):
         if why:
             print(f"error: grading a submission runs it in a sandbox, which cannot run here: {why}", file=sys.stderr)
             return 2
-        if args.grader_uid in (0, sandbox.SANDBOX_UID):
+        if args.grader_uid in (0, sandbox.SANDBOX_UID) or args.grader_uid in sandbox.SANDBOX_UIDS:
             print(f"error: --grader-uid {args.grader_uid}: the tests need a uid of their own", file=sys.stderr)
             return 2
         if os.environ.get(NAMESPACE) not in ("1", "2"):
@@ -404,7 +463,11 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as scratch:
         grader = Grader(env)
         if student is not None:
-            sandboxed = sandbox_tree(Path(scratch) / "sandbox" / "student", student, generator)
+            try:
+                sandboxed = sandbox_tree(Path(scratch) / "sandbox" / "student", student, generator)
+            except ValueError as error:
+                print(f"error: {student}: {error}", file=sys.stderr)
+                return 2
             home = Path(scratch) / "grader"
             home.mkdir()
             os.chown(home, args.grader_uid, args.grader_uid)
@@ -412,7 +475,11 @@ def main(argv=None):
             os.set_inheritable(lent.fileno(), True)
             threading.Thread(target=sandbox.serve_broker, args=(kept, sandboxed), daemon=True).start()
             grader = Grader(env, home, lent.fileno(), args.grader_uid)
-        groups = collect(grader, chosen, env)
+        try:
+            groups = collect(grader, chosen, env)
+        except GradingError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
         if args.tests is not None:
             wanted = {nodeid.strip() for nodeid in args.tests.split(",") if nodeid.strip()}
             groups = {task_id: {nprocs: [nodeid for nodeid in ids if nodeid in wanted] for nprocs, ids in sizes.items()}
@@ -421,7 +488,7 @@ def main(argv=None):
         for task in chosen:
             if student is not None:
                 try:
-                    forbidden = assignments.forbidden_calls(task, root=student)
+                    forbidden = assignments.forbidden_calls(task, root=sandboxed)
                 except (ValueError, OSError, SyntaxError) as error:
                     graded[task.id] = {**score(task, {}), "failed": [f"no gradable fence: {error}"]}
                     continue

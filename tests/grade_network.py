@@ -12,18 +12,21 @@ Every MPI call that graded code makes in the sandbox comes back to its grader ra
 - **No pickle.** Objects of the pickling calls (``send``, ``recv``, ``allreduce``, ...) cross
   between grader ranks as data (tutorials/assignments/replies.py's vocabulary, channel.py's frames),
   read back by the same strict parser as a reply: whatever bytes arrive are data or refused.
-- **The test's watchers watch.** When the test handed over a ``TracedComm`` or ``CountingComm``
-  (collectives.trace) around C, the call is made on the test's own watcher, whose innermost
-  communicator is swapped for the shadow while the call lasts: the watcher records the message
-  exactly as it would have on C, here, where the student's code cannot reach the records. A
-  watched communicator cannot be split or duplicated from the sandbox (an untraced copy would let
-  messages go unrecorded), and handles live for one call (and its Tensors' backward) only.
+- **The test's watchers watch everything.** When the test handed over a ``TracedComm`` or
+  ``CountingComm`` (collectives.trace) around C, the call is made on the test's own watcher, whose
+  innermost communicator is swapped for the shadow while the call lasts: the watcher records the
+  message exactly as it would have on C, here, where the student's code cannot reach the records.
+  A nonblocking send is recorded as it is posted and a receive when it is done; a communicator
+  made from a watched one (Split, Dup) is watched by the same watchers. So nothing goes unrecorded,
+  and graded code cannot ask whether it is watched. Handles live for one call (and its Tensors'
+  backward); requests a call leaves unfinished are kept until done, never freed under MPI.
 
 The task's ``forbid`` (tasks.toml: the collectives a task must build from point-to-point
 messages) are refused here, however the student's code reached them.
 """
 import functools
 import hashlib
+import time
 
 import numpy as np
 from mpi4py import MPI
@@ -292,14 +295,21 @@ class Scope:
 
 
 class Watched:
-    """A test's watcher chain around a communicator, and the shadow that stands in for that communicator."""
+    """A test's watcher chain around a communicator, and the shadow that stands in for that communicator
+    (or for one made from it: a Split or Dup of a watched communicator is watched by the same chain)."""
 
     def __init__(self, outer, shadow):
-        self.outer, self.shadow = outer, shadow
-        inner = outer
-        while isinstance(inner.comm, WatchedComm):
-            inner = inner.comm
-        self.inner = inner                        # the watcher whose .comm is the real communicator
+        self.outer, self.shadow, self.chain = outer, shadow, [outer]
+        while isinstance(self.chain[-1].comm, WatchedComm):
+            self.chain.append(self.chain[-1].comm)
+        self.inner = self.chain[-1]               # the watcher whose .comm is the real communicator
+
+    def record(self, sent=None, received=None):
+        """A nonblocking call's message, told to every watcher as its blocking call would (innermost first):
+        a traced communicator records what sandboxed code sends by Isend too, so no call goes unseen."""
+        now = time.perf_counter()
+        for watcher in reversed(self.chain):
+            watcher.watch(now, now, sent=sent, received=received)
 
     def call(self, name, *args, **kwargs):
         real, self.inner.comm = self.inner.comm, self.shadow
@@ -316,11 +326,29 @@ class Network:
     def __init__(self):
         self.scope, self.forbid, self.task = Scope(), set(), "?"
         self.shadows = {}                         # id(communicator) -> (it, its ShadowComm), kept
+        self.inflight = []                        # sends a call left unfinished: kept alive until they are done
 
     def begin(self, scope=None):
         """A new call's scope (or, for a Tensor's backward, the scope of the call that made it)."""
         self.scope = scope if scope is not None else Scope()
         return self.scope
+
+    def settle(self):
+        """After a call: the requests it started and never finished, counted. MPI still owns their buffers,
+        so none is dropped: a receive is cancelled (and so done), a send kept with its buffer until it is
+        done (the call fails: it must finish what it starts)."""
+        left = [handle for handle, thing in self.scope.things.items() if isinstance(thing, tuple)
+                and thing[:1] == ("request",)]
+        for handle in left:
+            _, request, buffer, world, _, _ = self.scope.things[handle]
+            self.scope.forget(handle)
+            if world is not None:                 # a receive: cancel it, then it is complete
+                request.Cancel()
+                request.Wait()
+            else:
+                self.inflight.append((request, buffer))
+        self.inflight = [(request, buffer) for request, buffer in self.inflight if not request.Test()]
+        return len(left)
 
     def _shadow(self, comm):
         if id(comm) not in self.shadows:
@@ -395,38 +423,44 @@ class Network:
         return buffer, _status_info(status)
 
     def op_Isend(self, target, handle, arrays, fields):
-        data = arrays[0].copy()
-        request = self._call(target, "Isend", data, _int(fields, "dest"), _int(fields, "tag"))
-        return self.scope.register(("request", request, data, None, self._shadow_of(target))), None
+        data, dest, tag = arrays[0].copy(), _int(fields, "dest"), _int(fields, "tag")
+        shadow = self._shadow_of(target)
+        request = shadow.Isend(data, dest, tag)
+        if isinstance(target, Watched):           # recorded as it is posted, as WatchedComm's Isend records it
+            target.record(sent=(dest, data.nbytes, tag))
+        return self.scope.register(("request", request, data, None, shadow, None)), None
 
     def op_Irecv(self, target, handle, arrays, fields):
-        buffer = np.empty_like(arrays[0])
-        request = self._call(target, "Irecv", buffer, _int(fields, "source"), _int(fields, "tag"))
-        return self.scope.register(("request", request, buffer, MPI.Status(), self._shadow_of(target))), None
+        buffer, shadow = np.empty_like(arrays[0]), self._shadow_of(target)
+        request = shadow.Irecv(buffer, _int(fields, "source"), _int(fields, "tag"))
+        watched = target if isinstance(target, Watched) else None        # recorded when it is done
+        return self.scope.register(("request", request, buffer, MPI.Status(), shadow, watched)), None
 
     def _request(self, pending):
-        if not (isinstance(pending, tuple) and len(pending) == 5 and pending[0] == "request"):
+        if not (isinstance(pending, tuple) and len(pending) == 6 and pending[0] == "request"):
             raise ValueError("not a request")
         return pending[1:]
 
-    def _done(self, handle, buffer, world, shadow):
+    def _done(self, handle, buffer, world, shadow, watched):
         self.scope.forget(handle)
         if world is None:
             return None, None
         status = MPI.Status()
         shadow.translate(world, status)
+        if watched is not None:
+            watched.record(received=(status.Get_source(), status.Get_count(MPI.BYTE), status.Get_tag()))
         return buffer, _status_info(status)
 
     def op_Wait(self, pending, handle, arrays, fields):
-        request, buffer, world, shadow = self._request(pending)
+        request, buffer, world, shadow, watched = self._request(pending)
         request.Wait(world)
-        return self._done(handle, buffer, world, shadow)
+        return self._done(handle, buffer, world, shadow, watched)
 
     def op_Test(self, pending, handle, arrays, fields):
-        request, buffer, world, shadow = self._request(pending)
+        request, buffer, world, shadow, watched = self._request(pending)
         if not request.Test(world):
             return False, (None, None)
-        return True, self._done(handle, buffer, world, shadow)
+        return True, self._done(handle, buffer, world, shadow, watched)
 
     def op_Cancel(self, pending, handle, arrays, fields):
         self._request(pending)[0].Cancel()
@@ -486,15 +520,14 @@ class Network:
     def op_allgather(self, target, handle, arrays, fields):
         return self._call(target, "allgather", fields["obj"]), None
 
-    # communicators: never from a watched one (a copy would let messages go unrecorded)
+    # communicators: one made from a watched one is watched by the same watchers (nothing goes unrecorded,
+    # and graded code cannot tell a watched communicator from another by what it may do with it)
     def _make(self, target, name, *args):
-        if isinstance(target, Watched):
-            raise ValueError(f"{name}: the communicator this call was given is watched by the test; graded code "
-                             "may not make another from it (its messages would go unrecorded)")
-        new = getattr(target, name)(*args)
+        new = getattr(self._shadow_of(target), name)(*args)
         if new is None:
             return None, None
-        return self.scope.register(new, made=True), (new.rank, new.size)
+        made = Watched(target.outer, new) if isinstance(target, Watched) else new
+        return self.scope.register(made, made=True), (new.rank, new.size)
 
     def op_Split(self, target, handle, arrays, fields):
         return self._make(target, "Split", _int(fields, "color"), _int(fields, "key"))

@@ -161,6 +161,10 @@ def exchange(arrays, sent, name, scope):
         raise AssertionError(f"{name} (the student's, in the sandbox): {error}") from None
     finally:
         WATCHDOG.disarm()
+        left = NETWORK.settle()                   # requests it never finished: kept safe here, and its fault
+    if left:
+        raise AssertionError(f"{name} (the student's, in the sandbox) returned with {left} nonblocking request(s) "
+                             "it started and never waited for (Isend or Irecv without Wait)")
     try:
         return replies.unpack_reply(frame, sent, tensor_class=Tensor, records=RECORDS, updates=TASK.in_place,
                                     remote=functools.partial(_backward, worker, sent, name, scope))

@@ -23,6 +23,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -345,6 +346,39 @@ def test_the_grader_gives_stubbed_tasks_nothing_in_their_stubs_words_and_the_ref
     assert reference["points"] == reference["max_points"], reference
 
 
+@reference_only
+@needs_grader
+def test_a_grading_killed_outright_takes_every_process_it_started_with_it(tmp_path):
+    # SIGKILL to grade.py itself (an instructor's kill -9, a harness's timeout): nothing it started may
+    # go on grading, or hold a sandbox, after it
+    from tests import grade as grader
+    from tests.test_sandbox import processes_of
+    task = assignments.select(assignments.load()[0], "9.2")[0]
+    tree = tmp_path / "tree"
+    assignments.make(tree, ids=["9.2"])
+    lines, begin, _ = assignments.fence_of(task, tree)
+    indent = lines[begin][:len(lines[begin]) - len(lines[begin].lstrip())]
+    assignments.replace_body(task, tree, [f"{indent}import time\n", f"{indent}time.sleep(10**6)\n"])
+    def ours():                                       # (SANDBOX_UIDS is a range of a billion uids: never a list)
+        return processes_of(sandbox.SANDBOX_UIDS) | processes_of([grader.GRADER_UID])
+    process = subprocess.Popen([sys.executable, str(ROOT / "tests/grade.py"), "--student", str(tree), "--tasks", "9.2",
+                                "--timeout", "120"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(600):                          # until a sandboxed worker is asleep in the body
+            if processes_of(sandbox.SANDBOX_UIDS) or process.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert processes_of(sandbox.SANDBOX_UIDS), "the grading never reached the sandbox"
+    finally:
+        process.kill()
+        process.wait()
+    for _ in range(100):
+        if not ours():
+            break
+        time.sleep(0.1)
+    assert not ours(), "processes of the grading outlived a grade.py killed by SIGKILL"
+
+
 def test_the_grader_names_a_missing_student_tree_and_what_a_machine_without_a_sandbox_lacks(tmp_path, monkeypatch):
     done = subprocess.run([sys.executable, str(ROOT / "tests/grade.py"), "--student", str(tmp_path / "nowhere"),
                            "--tasks", "1.1"], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -356,6 +390,41 @@ def test_the_grader_names_a_missing_student_tree_and_what_a_machine_without_a_sa
     grader.sandbox._namespaces_work.cache_clear()
     assert "apt-get install bubblewrap" in grader.missing_tools() or "needs root" in grader.missing_tools()
     assert grader.main(["--student", str(tmp_path), "--tasks", "1.1"]) == 2
+
+
+def test_the_submission_is_copied_as_its_regular_files_only_without_following_a_link(tmp_path, monkeypatch):
+    # the copy runs as root: a link to the hidden tests or /etc/shadow must not become a file the sandbox
+    # reads, a FIFO must not hang it, and a tree too big is refused, not copied
+    from tests import grade as grader
+    tree, secret = tmp_path / "tree", tmp_path / "secret.txt"
+    (tree / "collectives" / "sub").mkdir(parents=True)
+    (tree / "collectives" / "ring.py").write_text("# mine\n")
+    secret.write_text("the hidden tests")
+    (tree / "collectives" / "hidden.txt").symlink_to(secret)
+    (tree / "collectives" / "linked").symlink_to(tmp_path, target_is_directory=True)
+    os.mkfifo(tree / "collectives" / "sub" / "pipe")
+    (tree / ".git").mkdir()
+    (tree / ".git" / "config").write_text("[core]\n\tfsmonitor = /bin/false\n")
+    copied = grader.copy_submission(tmp_path / "out", tree)
+    assert copied == ["collectives/ring.py"], copied
+    assert sorted(str(p.relative_to(tmp_path / "out")) for p in (tmp_path / "out").rglob("*")) == [
+        "collectives", "collectives/ring.py"]
+    monkeypatch.setattr(grader, "MAX_FILES", 0)
+    with pytest.raises(ValueError, match="more than 0 files"):
+        grader.copy_submission(tmp_path / "again", tree)
+
+
+def test_when_the_graders_own_tests_do_not_load_it_says_why_instead_of_scoring_zero():
+    # e.g. an interpreter the tests' namespace cannot reach: every task would score 0 of 0 tests, silently
+    from tests import grade as grader
+
+    class Broken(grader.Grader):
+        def popen(self, argv, env, pass_fds, cwd=ROOT, log=None):
+            return super().popen([sys.executable, "-c", "import sys; print('no such interpreter'); sys.exit(3)"],
+                                 env, pass_fds, cwd, log)
+
+    with pytest.raises(grader.GradingError, match=r"could not be collected \(pytest exit 3\): no such interpreter"):
+        grader.collect(Broken(dict(os.environ)), assignments.select(assignments.load()[0], "1.1"), dict(os.environ))
 
 
 def test_the_grader_reads_each_tests_rank_count_from_its_marker(tmp_path):

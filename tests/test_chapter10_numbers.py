@@ -74,58 +74,132 @@ def test_section_1_quotes_the_links_the_script_used():
                         f"network's: {a_e * 1e6:.1f} us, {b_e * 1e9:.2f} ns/B)"])
 
 
-def test_sections_2_and_3_quote_the_scaling_run():
-    result = load("10_scaling.json")
-    rows = {row["ranks"]: row for row in result["scaling"]}
-    a_e, b_e = result["links"]["inter"]["alpha"], result["links"]["inter"]["beta"]
-    top, half = rows[1024], rows[512]
+def scaling_rows():
+    """10_scaling.json's rows by p: {p: {run name: simulated seconds}} and {p: the network bound}."""
+    rows = load("10_scaling.json")["scaling"]
+    return ({row["ranks"]: {name: run["seconds"] for name, run in row["runs"].items()} for row in rows},
+            {row["ranks"]: row["network_bound"] for row in rows}, {row["ranks"]: row["runs"] for row in rows})
+
+
+def test_section_2_quotes_the_scaling_run():
+    times, bound, runs = scaling_rows()
+    links = load("10_scaling.json")["links"]
+    (a_e, b_e), b_i = (links["inter"]["alpha"], links["inter"]["beta"]), links["intra"]["beta"]
     loaded = load("10_link.json")["link"]["alpha"]
-    growth = [rows[16][name] / rows[8][name] for name in ALGORITHMS]
+    names = ("ring", "tree", "butterfly", "rabenseifner", "hierarchical", "hierarchical_tree")
+    growth = {name: times[16][name] / times[8][name] for name in names}
+    top, ring = times[16384], times[4096]["ring"]
     expected = [
-        f"every algorithm's time grows {min(growth):.0f} to {max(growth):.0f} times",
-        f"`2 n beta` = {ms(2 * MIB * b_e):.1f} ms of network time",
-        f"`2 (p-1) alpha` = {ms(2 * 1023 * a_e):.1f} ms of latency alone, "
-        f"{2 * 1023 * a_e / top['ring'] * 100:.0f}% of the {ms(top['ring']):.2f} ms",
-        f"(alpha = {loaded * 1e6:.1f} us, section 1) the same 2046 steps would cost {ms(2 * 1023 * loaded):.1f} ms",
-        f"about {ms(top['tree'] - half['tree']):.1f} ms at 1 MiB (from {ms(half['tree']):.2f} to "
-        f"{ms(top['tree']):.2f} ms",
-        f"{ms(top['rabenseifner']):.2f} ms at p = 1024, within "
-        f"{(top['rabenseifner'] / top['network_bound'] - 1) * 100:.1f}% of the bound",
-        f"the butterfly, which sends the whole vector `lg p` times, takes {ms(top['butterfly']):.2f} ms",
-        f"which took {top['ring_wall']:.0f} s of wall time",
-        f"{ms(top['hierarchical']):.2f} ms against the ring's {ms(top['ring']):.2f}",
-        f"{ms(top['hierarchical']):.2f} against {ms(top['rabenseifner']):.2f} ms",
-        f"grows to {ms(top['rabenseifner_one_port']):.2f} ms at p = 1024",
-        f"keeps {ms(top['hierarchical_one_port']):.2f} ms",
+        f"every algorithm's time grows {min(growth.values()):.0f} to {max(growth.values()):.0f} times (the tree "
+        "form's least, flat Rabenseifner's most)",
+        f"never exceeds `2 n beta` = {ms(2 * MIB * b_e):.1f} ms of network time",
+        f"`2 (p-1) alpha` = {ms(2 * 4095 * a_e):.1f} ms of latency alone, {2 * 4095 * a_e / ring * 100:.0f}% of the "
+        f"{ms(ring):.2f} ms the ring takes (at p = 1024, {ms(2 * 1023 * a_e):.1f} ms of "
+        f"{ms(times[1024]['ring']):.2f} ms)",
+        f"(alpha = {loaded * 1e6:.1f} us, section 1) the 2046 steps of p = 1024 would cost "
+        f"{ms(2 * 1023 * loaded):.1f} ms",
+        f"about {ms(top['tree'] - times[8192]['tree']):.1f} ms at 1 MiB (from {ms(times[8192]['tree']):.2f} to "
+        f"{ms(top['tree']):.2f} ms between p = 8192 and 16,384)",
+        f"at p = 16,384 it takes {ms(top['rabenseifner']):.2f} ms, "
+        f"{top['rabenseifner'] / top['rabenseifner, a port per rank']:.1f} times its "
+        f"{ms(top['rabenseifner, a port per rank']):.2f} ms with a port per rank (section 3), and the butterfly, which "
+        f"sends the whole vector at every step, {ms(top['butterfly']):.2f} ms",
+        f"at p = 16,384 the two-level allreduce takes {ms(top['hierarchical']):.2f} ms, within "
+        f"{(top['hierarchical'] / bound[16384] - 1) * 100:.1f}% of the bound's {ms(bound[16384]):.2f} ms, and the tree "
+        f"form {ms(top['hierarchical_tree']):.2f} ms, "
+        f"{(top['hierarchical_tree'] / bound[16384] - 1) * 100:.1f}% above it",
+        f"{runs[4096]['ring']['messages']:,} messages, which took {runs[4096]['ring']['cpu']:.0f} s of CPU time "
+        f"({runs[4096]['ring']['wall']:.0f} s of wall time",
     ]
     assert not missing(expected), missing(expected)
-    assert min(ALGORITHMS, key=lambda n: growth[ALGORITHMS.index(n)]) == "hierarchical"   # "the hierarchy's least,
-    assert max(ALGORITHMS, key=lambda n: growth[ALGORITHMS.index(n)]) == "ring"           # the ring's most"
-    # the claims around them: Rabenseifner the fastest flat algorithm from p = 16; with one port per node the
-    # hierarchy is faster than every flat one; the ring is the same with one port (checked up to p = 128)
-    flat = ("ring", "tree", "butterfly", "rabenseifner")
-    assert all(min(flat, key=lambda name: row[name]) == "rabenseifner" for p, row in rows.items() if p >= 16)
-    assert all(row["hierarchical_one_port"] < min(row.get(f"{n}_one_port", row[n]) for n in flat)
-               for p, row in rows.items() if p >= 16)
-    assert all(row["ring_one_port"] == row["ring"] for p, row in rows.items() if p <= 128)
-    assert all(row["hierarchical_one_port"] == row["hierarchical"] for row in rows.values())
-    assert all(row["rabenseifner"] < row["hierarchical"] for p, row in rows.items() if p >= 16)
+    assert min(growth, key=growth.get) == "hierarchical_tree" and max(growth, key=growth.get) == "rabenseifner"
+    # "every algorithm at p = 16,384 took under 10 s of CPU"; the ring in block order never waits for the NIC
+    assert all(run["cpu"] < 10 for name, run in runs[16384].items())
+    # "Both hierarchies stay at the bound": within 7% of it from p = 16 on, every flat algorithm above them
+    for p, row in times.items():
+        if p >= 16:
+            assert row["hierarchical"] <= row["hierarchical_tree"] < 1.07 * bound[p]
+            assert min(row[name] for name in names[:4] if name in row) > row["hierarchical_tree"]
+    assert b_e / b_i > 80                                                   # "90 times slower per byte"
+
+
+def test_section_3_quotes_the_ports():
+    times, bound, runs = scaling_rows()
+    links = load("10_scaling.json")["links"]
+    b_i, c = links["intra"]["beta"], links["ranks_per_node"]
+    a_i, a_e = links["intra"]["alpha"], links["inter"]["alpha"]
+    top, p1024 = times[16384], times[1024]
+    # the two hierarchies' difference less their difference inside the node: what the port's overlap saves
+    inside = 2 * math.log2(c) * (a_i + MIB * b_i) - 2 * (c - 1) * (a_i + MIB / c * b_i)
+    overlap = top["hierarchical_tree"] - top["hierarchical"] - inside
+    assert 0 < overlap <= 21 * a_e
+    sixteen = load("10_sixteen.json")["sixteen"]["seconds"]
+    exact = [abs(run["seconds"] / run["closed_form"] - 1) for row in runs.values() for run in row.values()
+             if run["closed_form"]]
+    expected = [
+        f"{ms(top['hierarchical']):.2f} against {ms(top['hierarchical_tree']):.2f} ms at p = 16,384",
+        f"and {ms(overlap):.2f} ms on the network, where",
+        f"`(S-1) alpha_e` = 21 alpha_e = {ms(21 * a_e):.2f} ms over Rabenseifner's S = 22 steps across 2048 nodes",
+        f"`2 (c-1)/c n beta_i` = {ms(2 * (c - 1) / c * MIB * b_i):.2f} ms against the tree's `2 lg c n beta_i` = "
+        f"{ms(2 * math.log2(c) * MIB * b_i):.2f} ms",
+        f"{ms(top['hierarchical, 2 NICs']):.2f} ms on two NICs and {ms(top['hierarchical, a port per rank']):.2f} ms "
+        "with a port per rank at p = 16,384",
+        f"keeps its {ms(top['hierarchical_tree']):.2f} ms",
+        f"({ms(top['rabenseifner, 2 NICs']):.2f} ms on two NICs)",
+        f"reaches {ms(top['rabenseifner, a port per rank']):.2f} ms",
+        f"({ms(p1024['hierarchical_tree']):.2f} ms at p = 1024, against flat Rabenseifner's "
+        f"{ms(p1024['rabenseifner, a port per rank']):.2f})",
+        f"flat Rabenseifner takes {ms(top['rabenseifner, fat tree']):.2f} ms at p = 16,384, the two-level form "
+        f"{ms(top['hierarchical, fat tree']):.2f} ms and the tree form {ms(top['hierarchical_tree, fat tree']):.2f} ms",
+        f"{top['hierarchical, fat tree'] / top['hierarchical_tree, fat tree']:.1f} times the tree form's time",
+        f"{len(exact)} runs with a relative difference below {math.ceil(max(exact) * 1e13)}e-13",
+        f"the two-level form takes {ms(sixteen['hierarchical']):.3f} ms against flat Rabenseifner's "
+        f"{ms(sixteen['rabenseifner']):.3f}",
+    ]
+    assert not missing(expected), missing(expected)
+    assert p1024["hierarchical_tree"] > p1024["rabenseifner, a port per rank"]      # "lost to flat Rabenseifner"
+    # "the two-level form beats flat Rabenseifner on every network here"; the fat tree "changes nothing" up to p = 128
+    assert all(row[f"hierarchical{net}"] < row[f"rabenseifner{net}"] for p, row in times.items() if p >= 16
+               for net in ("", ", 2 NICs", ", a port per rank", ", fat tree"))
+    assert all(row["rabenseifner, fat tree"] == row["rabenseifner"] for p, row in times.items() if p <= 128)
+    assert all(row["rabenseifner, fat tree"] > row["rabenseifner"] for p, row in times.items() if p >= 256)
+    # p = 1024 in nodes of 16 ranks, one NIC each, 1 MiB: the two-level form beats flat Rabenseifner
+    assert sixteen["hierarchical"] < sixteen["rabenseifner"] and min(sixteen, key=sixteen.get) == "hierarchical"
 
 
 def test_section_4_quotes_the_size_sweep():
     sweep = load("10_sizes.json")["sizes"]
-    times, a_e = sweep["seconds"], load("10_scaling.json")["links"]["inter"]["alpha"]
-    assert [change["from"] + ">" + change["to"] for change in sweep["changes"]] == ["butterfly>rabenseifner"]
-    # "the butterfly is fastest up to 1 KiB, Rabenseifner from 4 KiB on"; the ring and the tree never
-    assert sweep["fastest"] == ["butterfly" if size <= 1024 else "rabenseifner" for size in sweep["bytes"]]
+    one, own = sweep["ports"]["one NIC"], sweep["ports"]["a port per rank"]
+    sizes = sweep["bytes"]
+    assert one["fastest"] == ["hierarchical_tree"] * 2 + ["hierarchical"] * 8
+    assert own["fastest"] == ["butterfly"] * 2 + ["hierarchical"] * 8
+    assert [change["to"] for change in one["changes"] + own["changes"]] == ["hierarchical", "hierarchical"]
+    assert "ring" not in one["fastest"] + own["fastest"] and "butterfly" not in one["fastest"]
+    ring, two = one["seconds"]["ring"][-1], one["seconds"]["hierarchical"][-1]
+    flat = ("ring", "tree", "butterfly", "rabenseifner")
+    assert all(min(flat, key=lambda n: own["seconds"][n][k]) == "rabenseifner" for k in range(2, len(sizes)))
+    links = load("10_sizes.json")["links"]
+    a_i, a_e = links["intra"]["alpha"], links["inter"]["alpha"]
+    (one_low, one_high), (own_low, own_high) = one["changes"][0]["bytes"], own["changes"][0]["bytes"]
+    assert one_high - one_low == own_high - own_low == 8 and 2048 < one_low and 1024 < own_low < 2048
+    at = one["changes"][0]
+    simulated, closed = at["seconds_at_high"]["hierarchical"], at["closed_form_at_high"]
+    assert simulated < at["seconds_at_high"]["hierarchical_tree"]
     expected = [
-        "The butterfly is fastest up to 1 KiB", "Rabenseifner from 4 KiB on",
-        f"at 256 B it takes {ms(times['butterfly'][0]):.3f} ms",
-        f"about {sweep['changes'][0]['bytes'] / 1024:.1f} KiB, interpolated",
-        f"still {(times['ring'][-1] / times['rabenseifner'][-1] - 1) * 100:.0f}% slower than Rabenseifner",
-        f"only {ms(126 * a_e):.2f} ms of that",
-        f"Rabenseifner's {ms(times['rabenseifner'][-1]):.1f} ms is within "
-        f"{(times['rabenseifner'][-1] / sweep['bound'][-1] - 1) * 100:.1f}% of the bound",
+        f"two-level form takes over between {one_low} and {one_high} B on one NIC and between {own_low} and "
+        f"{own_high} B with a port per rank",
+        f"the gap at 256 B, {ms(own['seconds']['hierarchical'][0] - own['seconds']['butterfly'][0]):.3f} ms",
+        f"(7 alpha_e = {7 * a_e * 1e6:.1f} us)",
+        f"cost only {11 * a_i * 1e6:.1f} us more",
+        f"at {one_high} B the two-level form's simulated time is {(simulated / closed - 1) * 100:.0f}% above its "
+        f"closed form on one NIC ({ms(simulated):.3f} against {ms(closed):.3f} ms)",
+        f"({ms(one['seconds']['hierarchical_tree'][0]):.3f} and {ms(one['seconds']['hierarchical_tree'][1]):.3f} ms)",
+        f"the butterfly ({ms(own['seconds']['butterfly'][0]):.3f} and {ms(own['seconds']['butterfly'][1]):.3f} ms)",
+        f"({ms(one['seconds']['butterfly'][0]):.3f} ms at 256 B",
+        f"within {(ring / two - 1) * 100:.1f}% of the two-level form at 64 MiB ({ms(ring):.3f} against "
+        f"{ms(two):.3f} ms)",
+        f"is {one['seconds']['rabenseifner'][-1] / own['seconds']['rabenseifner'][-1]:.1f} times slower on one NIC at "
+        "64 MiB",
     ]
     assert not missing(expected), missing(expected)
 
@@ -176,21 +250,26 @@ def emulated_phrases():
 
 def test_section_6_quotes_the_emulated_hosts():
     phrases = emulated_phrases()
-    cluster = load("quiet/10_allreduce.json")["rows"]
-    within = sum(1 for r in cluster if r["algorithm"] == "rabenseifner" and r["bytes"] >= MIB
-                 and abs(r["model_over_measured"] - 1) <= 0.25)
+    rows = load("10_emulated.json")["emulated"]
+    cluster = {(r["hosts"], r["algorithm"], r["bytes"]): r for r in load("quiet/10_allreduce.json")["rows"]}
+    # the simulator, one NIC per host, against make_10_cluster.py's two-level model of the same job: "within 1.1%"
+    apart = max(abs(r["simulated"] / cluster[r["hosts"], r["algorithm"], r["bytes"]]["model_seconds"] - 1)
+                for r in rows)
+    assert apart <= 0.011, apart
+    misses = [(r["hosts"], r["algorithm"], r["bytes"]) for r in rows if abs(r["simulated_over_measured"] - 1) > 0.25]
+    assert misses == [(4, "rabenseifner", 16 * MIB)]                       # "Both miss the one row"
     hosts, ranks, algorithm, nbytes = phrases["SMALL"]
     before, after = phrases["SMALL_MS"]
+    worst = min(phrases["rab"])
     expected = [f"The ring at every size**: simulated / measured {phrases['RING']}",
-                f"predicts {phrases['RAB']} of the measured time, about half",
-                f"predicts {['none', 'one', 'two', 'three', 'four', 'five', 'all'][within]} of the six Rabenseifner "
-                "rows",
+                f"**Rabenseifner at every size**: {phrases['RAB']}.",
+                f"gives the same times to within {math.ceil(apart * 1000) / 10:.1f}%",
+                f"Both miss the one row, 4 x 2 at 16 MiB ({worst:.2f})",
                 f"load average at {phrases['LOAD']} (`10_allreduce.json`",
                 f"at up to {phrases['SLOWER']} times these times below 1 MiB (the {algorithm} at {nbytes >> 10} KiB on "
                 f"{hosts} x {ranks}: {before:.2f} against {after:.2f} ms), and at {phrases['LARGE']} times them from "
                 "4 MiB up"]
     assert not missing(expected), missing(expected)
-    assert all(0.3 <= ratio <= 0.6 for ratio in phrases["rab"])                          # "about half"
 
 
 def test_section_7_quotes_the_data_parallel_steps():
@@ -225,7 +304,8 @@ def test_section_7_quotes_the_data_parallel_steps():
     assert not missing(expected), missing(expected)
     assert abs(lenet[1024]["compute"] / lenet[512]["compute"] - 1) < 0.15, \
         "the chapter says one row takes about as long as two"
-    assert all(row["speedup"] < 1 for p, row in mlp.items() if p >= 32), "the chapter says below one from p = 32"
+    below = min(p for p in mlp if all(row["speedup"] < 1 for q, row in mlp.items() if q >= p))
+    assert mlp[below // 2]["speedup"] >= 1 and f"below one from p = {below} on" in chapter()
 
 
 def test_section_8_quotes_the_pipeline():
@@ -260,68 +340,106 @@ def test_section_8_quotes_the_pipeline():
 def test_the_summary_quotes_the_sections_above():
     text = chapter()
     summary = text[text.index("## Summary"):text.index("## Exercises")]
-    scaling = {row["ranks"]: row for row in load("10_scaling.json")["scaling"]}
-    links, top = load("10_scaling.json")["links"]["inter"], scaling[1024]
+    times, bound, runs = scaling_rows()
+    links, top = load("10_scaling.json")["links"]["inter"], times[16384]
+    speed = [run["events"] / run["cpu"] for p, row in runs.items() if p >= 1024 for name, run in row.items()
+             if "," not in name]
+    sixteen = load("10_sixteen.json")["sixteen"]["seconds"]
     parallel = load("10_data_parallel.json")["data_parallel"]
     best = {model: max(row["speedup"] for row in by["strong"]) for model, by in parallel.items()}
     weak = {model: by["weak"][-1] for model, by in parallel.items()}
     pipe = {(row["stages"], row["micro_batches"]): row for row in load("10_pipeline.json")["pipeline"]}[2, 64]
     quiet, loaded = load(LINK)["link"], load("10_link.json")["link"]["alpha"]
-    phrases = emulated_phrases()
+    phrases, hierarchy = emulated_phrases(), hierarchy_phrases()
     expected = [
+        f"{min(speed):,.0f} to {max(speed):,.0f} events per CPU second",
         f"at its quiet-machine fit: alpha = {quiet['alpha'] * 1e6:.1f} us, beta = {quiet['beta'] * 1e9:.2f} ns/B)",
         f"stay under {ms(2 * MIB * links['beta']):.1f} ms of network time at any p",
-        f"latencies add {ms(2 * 1023 * links['alpha']):.1f} ms at p = 1024, where it takes {ms(top['ring']):.2f} ms "
-        f"(at the loaded machine's alpha of {loaded * 1e6:.1f} us they would add {ms(2 * 1023 * loaded):.1f} ms); "
-        f"the tree grows by {ms(top['tree'] - scaling[512]['tree']):.1f} ms",
-        f"within {(top['rabenseifner'] / top['network_bound'] - 1) * 100:.1f}% of the lower bound "
-        f"({ms(top['rabenseifner']):.2f} ms)",
-        f"{ms(top['hierarchical_one_port']):.2f} ms against flat Rabenseifner's "
-        f"{ms(top['rabenseifner_one_port']):.2f} ms",
-        f"for the ring at every size ({phrases['RING']} of the measured time) and not for Rabenseifner "
-        f"({phrases['RAB']})",
+        f"latencies add {ms(2 * 1023 * links['alpha']):.1f} ms at p = 1024, where it takes "
+        f"{ms(times[1024]['ring']):.2f} ms (at the loaded machine's alpha of {loaded * 1e6:.1f} us they would add "
+        f"{ms(2 * 1023 * loaded):.1f} ms)",
+        f"flat Rabenseifner takes {ms(top['rabenseifner']):.2f} ms at p = 16,384, "
+        f"{top['rabenseifner'] / top['rabenseifner, a port per rank']:.1f} times its time with a port per rank",
+        f"the two-level allreduce (task 10.1) takes {ms(top['hierarchical']):.2f} ms, within "
+        f"{(top['hierarchical'] / bound[16384] - 1) * 100:.1f}% of the bound, the tree form "
+        f"{ms(top['hierarchical_tree']):.2f}",
+        f"{ms(top['hierarchical, 2 NICs']):.2f} ms on two NICs per node and "
+        f"{ms(top['hierarchical, a port per rank']):.2f} "
+        "ms with a port per rank",
+        f"{ms(sixteen['hierarchical']):.3f} ms against flat Rabenseifner's {ms(sixteen['rabenseifner']):.3f}",
+        f"for the ring at every size ({phrases['RING']} of the measured time) and for Rabenseifner ({phrases['RAB']})",
         f"allreduces below 1 MiB took up to {phrases['SLOWER']} times as long",
+        f"the two-level allreduce beat the flat ring in {hierarchy['HIER_MEASURED_WINS']} of the 12 measured rows, "
+        f"where the model expected it in {hierarchy['HIER_MODEL_WINS']}",
+        f"{hierarchy['HIER_MIB_TWO']} against {hierarchy['HIER_MIB_RING']} ms at 4 x 2 and 1 MiB, its model "
+        f"{hierarchy['HIER_MIB_FIT']} of the measurement",
         f"a speed-up of {best['lenet5']:.1f} (strong scaling, batch 1024), the MLP {best['mlp']:.1f}",
         f"at p = 1024 is {weak['lenet5']['efficiency']:.2f} for LeNet-5 and {weak['mlp']['efficiency']:.2f} for the "
         "MLP",
         f"GPipe's is {pipe['gpipe_network']:.3f} against the formula's {pipe['formula']:.3f}",
     ]
-    absent = [phrase for phrase in expected if phrase not in summary]
+    absent = [phrase for phrase in expected if " ".join(phrase.split()) not in summary]
     assert not absent, f"chapter 10's summary does not quote these as generated: {absent}"
     assert weak["lenet5"]["ranks"] == weak["mlp"]["ranks"] == 1024
+    assert max(speed) < 200_000                          # the summary says the target is not met on this machine
 
 
 def test_make_10_figures_quick_runs(tmp_path):
-    """The script's quick mode (p <= 16, a few sizes, one repeat, no figures), so that it does not rot;
-    and its error contract for an --out it cannot make."""
-    script = str(ROOT / "tutorials" / "figures" / "make_10_figures.py")
+    """make_10_figures.py and make_10_scaling.py --quick write every file the chapter reads (a few seconds),
+    and keep the error contract for an --out they cannot make."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    done = subprocess.run([sys.executable, script, "--quick", "--out", str(tmp_path)], capture_output=True,
-                          text=True, timeout=120, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    scaling = json.loads((tmp_path / "10_scaling.json").read_text())["scaling"]
-    assert [row["ranks"] for row in scaling] == [2, 4, 8, 16] and scaling[-1]["hierarchical_one_port"] > 0
+    for name, files in (("make_10_figures.py", ("10_reproduction.md", "10_emulated.md", "10_data_parallel.json",
+                                                "10_strong.md", "10_pipeline.json")),
+                        ("make_10_scaling.py", ("10_scaling.json", "10_scaling.md", "10_ports.md", "10_speed.md",
+                                                "10_sizes.json", "10_sixteen.md"))):
+        script = str(ROOT / "tutorials" / "figures" / name)
+        done = subprocess.run([sys.executable, script, "--quick", "--out", str(tmp_path)], capture_output=True,
+                              text=True, timeout=300, env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        for file in files:
+            assert (tmp_path / file).stat().st_size > 0, file
+        bad = subprocess.run([sys.executable, script, "--quick", "--out", str(tmp_path / files[0] / "x")],
+                             capture_output=True, text=True, timeout=60, env=env)
+        assert bad.returncode == 2 and bad.stderr.startswith("error: --out") and len(bad.stderr.splitlines()) == 1
     pipeline = json.loads((tmp_path / "10_pipeline.json").read_text())["pipeline"]
     assert all(abs(row["gpipe_free"] - row["formula"]) < 1e-12 for row in pipeline)
-    for name in ("10_sizes.json", "10_reproduction.md", "10_emulated.md", "10_data_parallel.json", "10_strong.md"):
-        assert (tmp_path / name).stat().st_size > 0, name
-    bad = subprocess.run([sys.executable, script, "--quick", "--out", str(tmp_path / "10_scaling.json" / "x")],
-                         capture_output=True, text=True, timeout=60, env=env)
-    assert bad.returncode == 2 and bad.stderr.startswith("error: --out") and len(bad.stderr.splitlines()) == 1
+    scaling = json.loads((tmp_path / "10_scaling.json").read_text())["scaling"]
+    assert all(abs(run["seconds"] / run["closed_form"] - 1) < 1e-12 for row in scaling
+               for run in row["runs"].values() if run["closed_form"])
 
 
 def hierarchy_phrases():
     """The numbers the hierarchy subsection of section 6 quotes, from 10_hierarchy.json."""
     rows = load("10_hierarchy.json")["rows"]
-    losses = [f"{r['hosts']} x {r['ranks_per_host']} at {r['bytes'] >> 20} MiB" if r["bytes"] >= MIB else
-              f"{r['hosts']} x {r['ranks_per_host']} at {r['bytes'] >> 10} KiB" for r in rows
-              if r["measured_speedup"] <= 1]
-    fits = load("10_hierarchy.json")["fits"].values()
-    slower = sorted(fit["link"]["beta"] / fit["shared_memory"]["beta"] for fit in fits)
-    return {"SLOWER_RANGE": f"{slower[0]:.0f} to {slower[-1]:.0f}",
+    fits = load("10_hierarchy.json")["fits"]
+    lost = [r for r in rows if r["measured_speedup"] <= 1]
+    fit = {(r["hosts"], r["bytes"]): r["hierarchical_model_seconds"] / r["hierarchical_seconds"] for r in rows}
+    large = [value for (hosts, nbytes), value in fit.items() if nbytes >= 256 << 10]
+    small = [value for (hosts, nbytes), value in fit.items() if nbytes < 256 << 10]
+    slower = sorted(f["link"]["beta"] / f["shared_memory"]["beta"] for f in fits.values())
+    mib = next(r for r in rows if r["hosts"] == 4 and r["bytes"] == MIB)
+    tree = sorted(r["hierarchical_tree_seconds"] / r["hierarchical_seconds"] for r in rows)
+    faster, slower_tree = [v for v in tree if v < 1], [v for v in tree if v >= 1]
+    models = [abs(r["hierarchical_tree_model_seconds"] / r["hierarchical_model_seconds"] - 1) for r in rows]
+    close = min(nbytes for nbytes in {r["bytes"] for r in rows}
+                if all(abs(r["hierarchical_tree_model_seconds"] / r["hierarchical_model_seconds"] - 1) <= 0.03
+                       for r in rows if r["bytes"] >= nbytes))
+    alphas = " and ".join(f"{f['link']['alpha'] * 1e6:.0f} us ({hosts} x 2)" for hosts, f in fits.items())
+    return {"HIER_SLOWER": f"{slower[0]:.0f} to {slower[-1]:.0f}", "HIER_ALPHAS": alphas,
             "HIER_MODEL_WINS": f"{sum(r['model_speedup'] > 1 for r in rows)} of {len(rows)}",
             "HIER_MEASURED_WINS": f"{sum(r['measured_speedup'] > 1 for r in rows)}",
-            "HIER_LOSSES": ", ".join(losses) or "none"}
+            "HIER_MIB_TWO": f"{ms(mib['hierarchical_seconds']):.2f}", "HIER_MIB_RING": f"{ms(mib['ring_seconds']):.2f}",
+            "HIER_MIB_MODEL": f"{ms(mib['hierarchical_model_seconds']):.2f}",
+            "HIER_MIB_FIT": f"{mib['hierarchical_model_seconds'] / mib['hierarchical_seconds']:.2f}",
+            "HIER_FIT_RANGE": f"{min(large):.2f} to {max(large):.2f}",
+            "HIER_FIT_SMALL": f"{min(small):.2f}",
+            "HIER_LOSSES": ", ".join(f"{r['hosts']} x 2 at {human(r['bytes'])}" for r in lost) or "none",
+            "HIER_LOSS_FIT": ", ".join(f"{r['hierarchical_model_seconds'] / r['hierarchical_seconds']:.2f}"
+                                       for r in lost),
+            "HIER_LOSS_RING": ", ".join(f"{r['ring_model_seconds'] / r['ring_seconds']:.2f}" for r in lost),
+            "HIER_TREE_CLOSE": human(close), "HIER_TREE_MODELS": f"{max(models) * 100:.0f}%",
+            "HIER_TREE_FASTER": f"{len(faster)} of {len(rows)} rows ({faster[0]:.2f} to {faster[-1]:.2f}",
+            "HIER_TREE_SLOWER": f"{len(slower_tree)} ({slower_tree[0]:.2f} to {slower_tree[-1]:.2f} times"}
 
 
 def human(nbytes):
@@ -360,24 +478,31 @@ def calibration_phrases():
 def test_section_6_quotes_the_hierarchy_on_slow_links():
     phrases = hierarchy_phrases()
     rows = load("10_hierarchy.json")["rows"]
-    two = [r for r in rows if r["hosts"] == 2]
-    large = [r for r in rows if r["bytes"] >= 64 << 10]
-    # "at 2 x 2 ... within 3% of the model's at every size, and both times within 5% of their models from 64 KiB up"
-    deviation = max(abs(r["measured_speedup"] / r["model_speedup"] - 1) for r in two)
-    assert all(abs(r[f"{kind}_seconds"] / r[f"{kind}_model_seconds"] - 1) <= 0.05
-               for r in large if r["hosts"] == 2 for kind in ("ring", "hierarchical"))
-    # "at 4 x 2 the ring stays within 5% of its model from 256 KiB up, but the hierarchy takes X to Y times its model's"
-    assert all(abs(r["ring_seconds"] / r["ring_model_seconds"] - 1) <= 0.05
-               for r in rows if r["hosts"] == 4 and r["bytes"] >= 256 << 10)
-    lost = [r["hierarchical_seconds"] / r["hierarchical_model_seconds"] for r in rows
-            if r["hosts"] == 4 and r["measured_speedup"] <= 1]
-    assert lost and all(r["hosts"] == 4 for r in rows if r["measured_speedup"] <= 1)
-    assert not missing([f"({phrases['SLOWER_RANGE']} times slower per byte than shared memory",
-                        f"The model expects the hierarchy to win in {phrases['HIER_MODEL_WINS']} rows",
-                        f"It won in {phrases['HIER_MEASURED_WINS']} of them. Where it did not "
-                        f"({phrases['HIER_LOSSES']})",
-                        f"within {deviation * 100:.0f}% of the model's at every size",
-                        f"hierarchy takes {min(lost):.2f} to {max(lost):.2f} times its model's time"])
+    mib = next(r for r in rows if r["hosts"] == 4 and r["bytes"] == MIB)
+    # the acceptance: at 4 x 2 and 1 MiB the two-level form beats the flat ring, its model within 25%
+    assert mib["hierarchical_seconds"] < mib["ring_seconds"]
+    assert abs(mib["hierarchical_model_seconds"] / mib["hierarchical_seconds"] - 1) <= 0.25
+    assert all(abs(r["hierarchical_model_seconds"] / r["hierarchical_seconds"] - 1) <= 0.25
+               for r in rows if r["bytes"] >= 256 << 10)                   # "within 25% in every row"
+    tree = {r["bytes"]: r["hierarchical_tree_seconds"] / r["hierarchical_seconds"] for r in rows if r["hosts"] == 4}
+    assert max(tree, key=tree.get) == 16 * MIB                           # "the most at 4 x 2 and 16 MiB"
+    text = chapter()
+    for name, value in phrases.items():
+        assert value in text, f"{name}: {value!r} is not in chapter 10"
+    assert not missing([f"({phrases['HIER_SLOWER']} times slower per byte than shared memory",
+                        f"fitted alphas, {phrases['HIER_ALPHAS']}, are the scheduler's",
+                        f"beat the flat ring in {phrases['HIER_MODEL_WINS']} rows; it did in "
+                        f"{phrases['HIER_MEASURED_WINS']} of them",
+                        f"it took {phrases['HIER_MIB_TWO']} ms against the ring's {phrases['HIER_MIB_RING']} ms, and "
+                        f"its model {phrases['HIER_MIB_MODEL']} ms, {phrases['HIER_MIB_FIT']} of the measurement",
+                        f"is {phrases['HIER_FIT_RANGE']} of the measurement, within 25% in every row",
+                        f"({phrases['HIER_FIT_SMALL']} at 4 KiB)",
+                        f"Where the two-level form lost ({phrases['HIER_LOSSES']}), its model was "
+                        f"{phrases['HIER_LOSS_FIT']} of its time, and the ring's {phrases['HIER_LOSS_RING']}",
+                        f"within 3% of each other from {phrases['HIER_TREE_CLOSE']} up (and at most "
+                        f"{phrases['HIER_TREE_MODELS']} apart below)",
+                        f"the tree form was faster in {phrases['HIER_TREE_FASTER']} of the two-level form's time)",
+                        f"slower in {phrases['HIER_TREE_SLOWER']}"])
 
 
 def test_section_9_quotes_the_calibrated_model():
@@ -405,12 +530,9 @@ def test_section_9_quotes_the_calibrated_model():
     assert sizes[0] == 512 and sizes[-1] == 64 * MIB
 
 
-def test_the_summary_quotes_the_hierarchy_and_the_calibration():
-    hierarchy, calibrated = hierarchy_phrases(), calibration_phrases()
-    assert not missing([f"the hierarchy beat the flat ring in {hierarchy['HIER_MEASURED_WINS']} of the "
-                        f"{len(load('10_hierarchy.json')['rows'])} measured rows, where the model expected it in "
-                        f"{hierarchy['HIER_MODEL_WINS']}",
-                        f"came within 25% of {calibrated['CAL_MET']} measured allreduces at p = 2, the plain "
+def test_the_summary_quotes_the_calibration():
+    calibrated = calibration_phrases()
+    assert not missing([f"came within 25% of {calibrated['CAL_MET']} measured allreduces at p = 2, the plain "
                         f"one of {calibrated['PLAIN_MET']}, and of {calibrated['LAUNCH_MET']} of 40 in three launches"])
 
 

@@ -1,10 +1,12 @@
-"""Chapter 10's course tasks: the hierarchical allreduce's heart (10.1) and the simulator's LogGP
+"""Chapter 10's course tasks: the two-level allreduce's heart (10.1) and the simulator's LogGP
 timing of one message (10.2).
 
 10.1 runs on real ranks (the grader forwards each call to the sandbox): the exact reduction for
-node sizes that divide p, do not divide it, and exceed it, and only the nodes' leaders talk across
-nodes. 10.2 is checked on messages timed by hand from the LogGP rules in collectives/sim/network.py.
-Expected values never come from collectives: numpy reduces every rank's fill.
+node sizes that divide p, do not divide it, and exceed it; every rank talks across nodes, only with
+its own local rank on the other nodes, and sends less than the whole vector there (the tree form
+sends it whole, from the leaders only). 10.2 is checked on messages timed by hand from the LogGP
+rules in collectives/sim/network.py. Expected values never come from collectives: numpy reduces
+every rank's fill.
 """
 import numpy as np
 import pytest
@@ -40,19 +42,23 @@ def test_hierarchical_heart_is_the_exact_reduction_for_every_node_size():
 
 @pytest.mark.task("10.1")
 @pytest.mark.parallel(nprocs=[4])
-def test_hierarchical_heart_reads_source_and_only_leaders_cross_nodes():
+def test_hierarchical_heart_reads_source_and_every_rank_carries_its_share_across_nodes():
     comm = MPI.COMM_WORLD
     traced = TracedComm(comm)
-    source = fill(comm.rank, 9)
-    data = np.full(9, 1e6, np.float32)                       # garbage: the input is in `source`
+    source = fill(comm.rank, 40)
+    data = np.full(40, 1e6, np.float32)                      # garbage: the input is in `source`
     hierarchical_allreduce_in_place(traced, data, "sum", source=source, ranks_per_node=2)
-    exact = np.stack([fill(rank, 9) for rank in range(comm.size)]).sum(axis=0)
-    sent_to = [message.peer for message in traced.messages if message.direction == "send"]
-    crossing = sorted({(comm.rank, peer) for peer in sent_to if peer // 2 != comm.rank // 2})
+    exact = np.stack([fill(rank, 40) for rank in range(comm.size)]).sum(axis=0)
+    sent = [message for message in traced.messages if message.direction == "send"]
+    crossing = [message for message in sent if message.peer // 2 != comm.rank // 2]
     parallel_assert(bool(np.array_equal(data, exact)), f"rank {comm.rank}: {data}, expected {exact}")
-    parallel_assert(all(rank % 2 == 0 and peer % 2 == 0 for rank, peer in crossing),
-                    f"rank {comm.rank} sent across nodes to {crossing}: only the leaders (ranks 0 and 2) should")
-    parallel_assert(bool(np.array_equal(source, fill(comm.rank, 9))), f"rank {comm.rank} changed its source")
+    parallel_assert(bool(crossing) and all(message.peer % 2 == comm.rank % 2 for message in crossing),
+                    f"rank {comm.rank} sent across nodes to {[m.peer for m in crossing]}: every rank should, to "
+                    f"its own local rank on the other node only")
+    parallel_assert(sum(message.nbytes for message in crossing) < data.nbytes,
+                    f"rank {comm.rank} sent {sum(m.nbytes for m in crossing)} bytes across nodes: its block of the "
+                    f"node's sum is half of the {data.nbytes}-byte vector")
+    parallel_assert(bool(np.array_equal(source, fill(comm.rank, 40))), f"rank {comm.rank} changed its source")
 
 
 @pytest.mark.task("10.2")

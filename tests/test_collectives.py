@@ -32,7 +32,7 @@ from collectives.model import cost
 from tests import strategies
 from tests.helpers import fill, results_of, same_on_every_rank, traced_costs
 
-ALGORITHMS = collectives.ALGORITHMS                    # naive, tree, butterfly, ring, rabenseifner, auto, hierarchical
+ALGORITHMS = collectives.ALGORITHMS        # naive, tree, butterfly, ring, rabenseifner, auto, the two hierarchies
 TRACED = cost.ALGORITHMS                               # the five with a cost formula
 NUMPY_OPS = {"sum": np.sum, "max": np.max, "min": np.min, "mean": np.sum}
 SMALL_P = [2, 3, 4]
@@ -49,6 +49,7 @@ BY_ALGORITHM = [
     pytest.param("rabenseifner", marks=pytest.mark.task("3.8")),
     "auto",
     "hierarchical",
+    "hierarchical_tree",
 ]
 assert [getattr(param, "values", (param,))[0] for param in BY_ALGORITHM] == list(ALGORITHMS)
 
@@ -110,8 +111,8 @@ def test_every_allreduce_equals_the_exact_reduction_of_rank_fill_values(algorith
     """30 examples of up to 70 values on 2..4 ranks; 6 of up to 40 on 5..8 (oversubscribed: each
     example costs every rank's time on 2 cores)."""
     small = MPI.COMM_WORLD.size <= max(SMALL_P)
-    if small and algorithm == "hierarchical":
-        pytest.skip("on 2..4 ranks hierarchical's own test draws the node size as well (tests/test_simulate.py); "
+    if small and algorithm in ("hierarchical", "hierarchical_tree"):
+        pytest.skip("on 2..4 ranks the hierarchies' own tests draw the node size as well (tests/test_simulate.py); "
                     "this one would run it at MPI's node size only")
 
     @settings(max_examples=30 if small else 6)

@@ -1,9 +1,11 @@
 """Layers: each kernel against a slow, obviously-correct loop version, and against finite differences."""
+import weakref
+
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from minidl import Tensor, backend, functional as F, gradcheck, nn
+from minidl import Tensor, backend, conv, functional as F, gradcheck, nn
 from tests import strategies
 from tests.helpers import naive_conv2d
 
@@ -130,6 +132,32 @@ def test_models_give_ten_logits_and_a_gradient_for_every_parameter(name, side):
     assert logits.shape == (3, 10)
     F.softmax_cross_entropy(logits, np.array([0, 1, 2])).backward()
     assert all(p.grad is not None and np.any(p.grad != 0) for p in model.parameters())
+
+
+@pytest.mark.parametrize("algorithm", conv.ALGORITHMS)
+def test_a_convolution_reads_its_weight_again_in_the_backward_and_keeps_no_array_of_it_in_between(algorithm):
+    """As Linear's: an array the layer let go of after the forward is freed at once (ZeRO-3 releases a
+    unit's gathered weights there), and the backward computes with the array the layer holds then."""
+    rng = np.random.default_rng(0)
+    layer = nn.Conv2d(2, 3, 3, padding=1, rng=rng)
+    layer.algorithm = algorithm
+    x = rng.standard_normal((2, 2, 6, 6)).astype(np.float32)
+    grad_out = rng.standard_normal((2, 3, 6, 6)).astype(np.float32)
+
+    def gradients(let_go):
+        start = Tensor(x, requires_grad=True)
+        layer.weight.grad = layer.bias.grad = None
+        given = layer.weight.data.copy()
+        layer.weight.data, held = given, weakref.ref(given)
+        out = layer(start)
+        if let_go:                             # the same values, in another array; the forward's let go of
+            layer.weight.data = given.copy()
+            del given
+            assert held() is None, f"{algorithm}: the convolution still holds the forward's weight array"
+        out.backward(grad_out)
+        return start.grad, layer.weight.grad, layer.bias.grad
+    for kept, read_again in zip(gradients(False), gradients(True)):
+        np.testing.assert_array_equal(kept, read_again)
 
 
 def test_conv_errors_name_shapes_and_limits():

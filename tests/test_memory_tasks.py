@@ -1,11 +1,12 @@
-"""The course tasks of the memory methods, piece by piece: the halo exchange (6.6), Megatron's f and g
-(6.7, 6.8) and recomputation's backward (11.1).
+"""The course tasks of the memory methods, piece by piece: the halo exchange (6.6) and its adjoint (6.9),
+Megatron's f and g (6.7, 6.8) and recomputation's backward (11.1).
 
 Run: python tests/run.py --max-ranks 3 -- tests/test_memory_tasks.py
 
 Oracles written from the definitions, not from the code under test. The halo: every rank holds the
 same known map (row i filled with the value i, channel c adding 1000 c, column j adding j / 100), so
-the window a rank must receive is that map's rows [lo, hi) of its ``stage.needed``, read off directly.
+the window a rank must receive is that map's rows [lo, hi) of its ``stage.needed``, read off directly;
+the halo's gradient, every window's gradient added into one map at its rows, read off at the owner's.
 f and g: a stand-in for the sum over ranks (``total``) that multiplies by 3, as three ranks holding
 the same array would sum it, and that counts its calls: f's forward and g's backward are the
 identity and call nothing; f's backward and g's forward are the sum. Recomputation: the gradients
@@ -18,7 +19,8 @@ from mpi4py import MPI
 from pytest_mpi import parallel_assert
 
 from algorithms import spatial_parallel
-from algorithms.core.tiling import Tiling
+from algorithms.shards.tiling import Tiling
+from collectives.trace import TracedComm
 from minidl import functional as F
 from minidl.flat import flatten
 from minidl.nn import Conv2d, Flatten, Linear, MaxPool2d, ReLU, Sequential
@@ -58,6 +60,33 @@ def test_halo_exchange_gives_each_rank_its_window_of_the_whole_map():
                     f"rank {rank}: window of shape {window.shape}, expected rows [{need_lo}, {need_hi})")
     parallel_assert(bool(np.array_equal(window, whole[:, :, need_lo:need_hi])),
                     f"rank {rank}: the window is not rows [{need_lo}, {need_hi}) of the map")
+
+
+@pytest.mark.task("6.9")
+@pytest.mark.parallel(nprocs=[2, 3])
+def test_the_halo_gradient_returns_to_the_rows_owner_and_adds_up_as_on_the_whole_map():
+    """Every rank's window gradient added into one whole map at the window's own rows (the oracle: a sum
+    over ranks written with MPI's allgather), then rank r's rows of that map: whole numbers, so exact."""
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    stage = Tiling.of(cnn_8x8(), 8, 8, comm.Get_size()).stages[1]          # the 4-row map, 3 channels
+    (own_lo, own_hi), (need_lo, need_hi) = stage.owned[rank], stage.needed[rank]
+    rng = np.random.default_rng(rank)
+    grad_window = rng.integers(-50, 50, size=(2, 3, need_hi - need_lo, stage.width)).astype(np.float64)
+    sent = grad_window.copy()
+    traced = TracedComm(comm)
+    grad_tile = spatial_parallel.return_halo_gradient(traced, grad_window, stage)
+    whole = np.zeros((2, 3, stage.rows, stage.width))
+    for r, window in enumerate(comm.allgather(grad_window)):
+        lo, hi = stage.needed[r]
+        whole[:, :, lo:hi] += window
+    parallel_assert(grad_tile.shape == (2, 3, own_hi - own_lo, stage.width),
+                    f"rank {rank}: d tile of shape {grad_tile.shape}, expected my rows [{own_lo}, {own_hi})")
+    parallel_assert(bool(np.array_equal(grad_tile, whole[:, :, own_lo:own_hi])),
+                    f"rank {rank}: not rows [{own_lo}, {own_hi}) of the windows' gradients added on the whole map")
+    parallel_assert(bool(np.array_equal(grad_window, sent)), f"rank {rank}: the window's gradient was changed")
+    peers = {m.peer for m in traced.messages if m.direction == "send"}
+    parallel_assert(peers <= {rank - 1, rank + 1}, f"rank {rank} sent to {sorted(peers)}: only neighbours")
 
 
 @pytest.mark.task("6.7")

@@ -28,8 +28,8 @@ def expected(size, length, dtype, op, step):
 
 
 @pytest.mark.parallel(nprocs=[1, 2, 3, 4])
-@pytest.mark.parametrize("algorithm", [name for name in collectives.ALGORITHMS if name != "hierarchical"])
-@settings(max_examples=15, deadline=None)       # hierarchical: started below, and drawn in tests/test_simulate.py
+@pytest.mark.parametrize("algorithm", [name for name in collectives.ALGORITHMS if not name.startswith("hierarchical")])
+@settings(max_examples=15, deadline=None)       # the hierarchies: started below, and drawn in tests/test_simulate.py
 @given(length=st.integers(0, 70), dtype=strategies.collective_dtypes, op=strategies.reduction_ops,
        mode=st.sampled_from(["separate", "IN_PLACE", "same array"]))
 def test_every_start_gives_the_exact_reduction_of_the_buffers_current_values(algorithm, length, dtype, op, mode):

@@ -129,7 +129,8 @@ def test_every_module_the_readme_runs_answers_help():
     readme = README.read_text()
     table = [f"algorithms.{name}" for name in re.findall(r"^\| `algorithms\.([\w.]+)`", readme, re.M)]
     modules = sorted(set(readme_modules(readme) + table))
-    assert {"algorithms.compare", "collectives.bench", "collectives.sim", "algorithms.memory"} <= set(modules), modules
+    assert {"algorithms.compare", "collectives.bench", "collectives.simulate", "algorithms.memory"} <= set(modules), \
+        modules
     failed = {name: status for name, status in help_status(modules).items() if status != 0}
     assert not failed, f"python -m X --help failed for: {failed}"
 

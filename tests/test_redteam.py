@@ -21,6 +21,7 @@ import pytest
 
 from tests import grade
 from tutorials import assignments
+from tutorials.assignments import sandbox
 
 ROOT = Path(__file__).resolve().parent.parent
 TASKS, GENERATOR = assignments.load()
@@ -101,6 +102,14 @@ ATTACKS = {
 {indent}import time
 {indent}raise RuntimeError(f"called at {{time.time():.6f}}")
 """, 0, ["called at"]),
+    # the same across rank counts: a hidden test at p = 3, a visible one at p = 4 (the sandboxed jobs of one
+    # grading share channels no namespace separates, such as the page cache of the read-only /usr)
+    "8.3": ("tests/hidden/test_chapter8_hidden.py::test_sparse_allreduce_on_p_ranks_for_hand_made_supports"
+            "[nprocs=3-one entry each],tests/test_sparse_allreduce.py::test_sparse_allreduce_is_the_dense_sum_and_"
+            "sends_what_the_break_even_rule_says[nprocs=4]", """\
+{indent}import time
+{indent}raise RuntimeError(f"called at {{time.time():.6f}}")
+""", 0, ["called at"]),
     # one rank of five waits for a message no rank sends
     "3.1": ("tests/hidden/test_chapter3_hidden.py::test_naive_heart_reads_source_and_writes_data[nprocs=5-sum]", """\
 {indent}if rank == size - 1:
@@ -110,8 +119,8 @@ ATTACKS = {
     "3.2": ("tests/hidden/test_chapter3_hidden.py::test_reduce_in_place_on_a_root_that_is_not_rank_0[nprocs=3]", """\
 {indent}getattr(comm, "Reduce")(source, data, root=root)
 """, 0, ["reaches Reduce"]),
-    # not a ring: every whole vector goes all the way round on an untraced copy of the communicator,
-    # and decoys of the right sizes go on the traced one
+    # not a ring: every whole vector goes all the way round on a copy of the communicator (which the
+    # test must watch too), and decoys of the right sizes go on the one the test was given
     "3.4": ("tests/hidden/test_chapter3_hidden.py::test_ring_reduce_scatter_sends_p_minus_1_blocks_of_the_uneven_sizes"
             "[nprocs=3]", """\
 {indent}hidden = comm.Dup()
@@ -129,7 +138,29 @@ ATTACKS = {
 {indent}    decoy = np.zeros(counts[(rank - step - 1) % size], data.dtype)
 {indent}    sink = np.empty(counts[(rank - step - 2) % size], data.dtype)
 {indent}    comm.Sendrecv(decoy, (rank + 1) % size, REDUCE_SCATTER, sink, (rank - 1) % size, REDUCE_SCATTER)
-""", 0, ["watched by the test"]),
+""", 0, ["a ring's, one way or the other"]),        # the copy's messages are traced too
+    # "am I traced?": what a communicator lets one do must not differ between a test that watches it and
+    # one that does not, or a body could run decoys where it is watched and anything else where it is not
+    "3.7": ("tests/hidden/test_chapter3_hidden.py::test_allreduce_every_dtype_and_op[nprocs=3-butterfly],"
+            "tests/hidden/test_chapter3_hidden.py::test_messages_bytes_and_reductions_equal_the_cost_formulas_"
+            "with_other_item_sizes[nprocs=3-butterfly]", """\
+{indent}said = [type(comm).__name__]
+{indent}for make in (lambda: comm.Split(0, comm.Get_rank()), comm.Dup, lambda: comm.Split(comm.Get_rank() % 2, 0)):
+{indent}    try:
+{indent}        other = make()
+{indent}        said.append(f"{{type(other).__name__}} of {{other.Get_size()}}")
+{indent}    except Exception as error:
+{indent}        said.append(f"refused: {{type(error).__name__}}: {{error}}")
+{indent}raise RuntimeError(f"probe <{{said}}>")
+""", 0, ["probe <"]),
+    # a send never waited for: the grader must not free (or reuse) the memory MPI still reads, and the call
+    # that left it fails
+    "4.5": ("tests/hidden/test_chapter4_hidden.py::test_a_gossip_round_on_p_ranks_averages_each_pair_and_leaves_the_"
+            "odd_one_out[nprocs=3-ring-0]", """\
+{indent}import numpy
+{indent}comm.Isend(numpy.full(60000, 65, numpy.uint8), (comm.Get_rank() + 1) % comm.Get_size(), 4242)
+{indent}comm.Irecv(numpy.empty(60000, numpy.uint8), (comm.Get_rank() - 1) % comm.Get_size(), 4343)
+""", 0, ["never waited for"]),                        # (the reference follows: the answer itself is right)
     # raw bytes the grader's own rank would unpickle (code of the student's, run as the grader): sent to
     # itself, received by a pickling receive
     "3.6": ("tests/hidden/test_chapter3_hidden.py::test_fold_in_every_dtype_and_op_reduces_each_pair_and_renumbers"
@@ -186,6 +217,7 @@ ATTACKS = {
 {indent}time.sleep(10**6)
 """, 0, ["timed out after 7 s at p = 1"]),
 }
+ANSWERED = {"4.5"}                            # bodies scored 0 although the reference's answer follows them
 HELPER = '''"""A module the student added: the fence calls it, so the fence's own source names no collective."""
 import pickle
 
@@ -234,7 +266,7 @@ def graded(tmp_path_factory):
         markers[task.id] = folder / f"written-by-{task.id}"
         lines, begin, _ = assignments.fence_of(task, tree)
         indent = lines[begin][:len(lines[begin]) - len(lines[begin].lstrip())]
-        reference = assignments.body(task) if ATTACKS[task.id][2] == "full" else []
+        reference = assignments.body(task) if ATTACKS[task.id][2] == "full" or task.id in ANSWERED else []
         text = body.format(indent=indent, marker=str(markers[task.id]), root=str(ROOT))
         assignments.replace_body(task, tree, [*text.splitlines(keepends=True), *reference])
     (tree / "collectives" / "student_helper.py").write_text(HELPER)
@@ -266,22 +298,31 @@ def test_each_hostile_body_scores_nothing_and_says_why(graded, task_id):
 
 def test_the_hidden_tests_run_after_the_visible_ones_so_their_inputs_reach_no_visible_feedback(graded):
     rows, results, _, _, _ = graded
-    numbers = {test["name"]: float(test["message"].split("called at ")[1].split()[0]) for test in rows["2.2"]["tests"]}
+    numbers = {test["name"]: float(test["message"].split("called at ")[1].split()[0])
+               for task in ("2.2", "8.3") for test in rows[task]["tests"]}
     hidden = [n for name, n in numbers.items() if name.startswith("tests/hidden/")]
     visible = [n for name, n in numbers.items() if not name.startswith("tests/hidden/")]
     assert hidden and visible and max(visible) < min(hidden), numbers
 
 
+def test_a_body_cannot_tell_a_watched_communicator_from_another(graded):
+    rows, _, _, _, _ = graded
+    said = {test["name"]: test["message"].split("probe <")[1].split(">")[0] for test in rows["3.7"]["tests"]}
+    assert len(said) == 2 and len(set(said.values())) == 1, said
+    assert "refused" not in next(iter(said.values())), said
+
+
 def test_nothing_the_bodies_start_writes_outside_the_sandbox_or_outlives_grading(graded):
     _, _, _, _, markers = graded
     assert not [task for task, marker in markers.items() if marker.exists()], "a payload ran outside the sandbox"
-    for uid in (65534, grade.GRADER_UID):                  # (no other grading may run meanwhile: one worker runs these)
+    from tests.test_sandbox import processes_of
+    for uids in (sandbox.SANDBOX_UIDS, [sandbox.SANDBOX_UID, grade.GRADER_UID]):   # (no other grading meanwhile)
         for _ in range(50):                                 # killed processes take a moment to be gone
-            alive = subprocess.run(["pgrep", "-u", str(uid)], capture_output=True, text=True).stdout.split()
+            alive = processes_of(uids)
             if not alive:
                 break
             time.sleep(0.1)
-        assert not alive, f"processes of uid {uid} outlived the grading: {alive}"
+        assert not alive, f"processes of a sandbox's or the grader's uid outlived the grading: {alive}"
 
 
 def test_a_hang_costs_its_task_one_call_timeout_and_the_others_nothing(graded):

@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from minidl.flat import FlatParameters
+from minidl.flat import FlatParameters, absent
 from minidl.tensor import Parameter, Tensor
 from tests.helpers import fill
 from tutorials.assignments import channel, replies, values
@@ -102,6 +102,40 @@ def test_a_call_that_changed_an_array_in_place_writes_it_into_the_callers_own_an
     assert flat.parameters[0].data.base is flat.data, "written in place: still a view of the flat vector"
 
 
+def test_a_read_only_stand_in_that_comes_back_as_it_was_stays_and_one_that_changed_is_replaced():
+    """A weight let go (``minidl.flat.absent``: read-only, no memory) that the call let go again is left
+    alone; given values, the field takes them (it cannot be written in place)."""
+    weight, other = Parameter(np.zeros((2, 3))), Parameter(np.zeros(2))
+    weight.data, other.data = absent((2, 3), np.float64), absent((2,), np.float64)
+    stand_in = weight.data
+
+    def change(args):
+        args[0].data = absent((2, 3), np.float64)               # gathered, used and let go: a new stand-in
+        args[1].data = np.arange(2.0)
+    arrays, sent = through(None, (weight, other), change)
+    replies.unpack_reply(arrays, sent)
+    assert weight.data is stand_in, "an unchanged stand-in is kept"
+    assert other.data.tolist() == [0.0, 1.0], other.data
+
+
+def test_an_array_field_may_come_back_with_another_shape_as_data_in_a_new_array():
+    """A layer that keeps its input (sufficient factors' ``x``) keeps this batch's: another shape than the
+    last batch's. The field is given the new array; the old one is not written; a function never crosses.
+    (A Tensor's data keeps its shape and dtype: the test above.)"""
+    from algorithms.sufficient_factors import Factored
+    from minidl.nn import Linear
+    layer = Factored(Linear(3, 2, rng=np.random.default_rng(0)))
+    layer.x = old = np.zeros((4, 3))
+
+    def change(args):
+        args[0].x = np.ones((2, 3), np.float32)                 # a smaller last batch, in another dtype
+    arrays, sent = through(None, (layer,), change)
+    replies.unpack_reply(arrays, sent)
+    assert layer.x.shape == (2, 3) and layer.x.dtype == np.float32 and layer.x.all() and not old.any()
+    with pytest.raises(TypeError, match="cannot cross back"):                 # refused as the reply is packed
+        through(None, (layer,), lambda args: setattr(args[0], "x", print))
+
+
 def test_a_task_that_returns_its_result_may_change_nothing_it_was_given():
     mine = np.ones(3)
 
@@ -153,7 +187,7 @@ def test_an_objects_fields_keep_their_kind_and_no_field_is_added_removed_or_made
         crafted = reply(["atom", None], [["fields", number, [["count", ["int", "3"]], *fields], deleted]],
                         v0=np.zeros(4))
         with pytest.raises(ValueError, match=why):
-            replies.unpack_reply(crafted, sent)
+            replies.unpack_reply(crafted, sent, tensor_class=Tensor)      # as the grader calls it
         assert tensor.count == 2 and tensor.note == "kept" and tensor._backward is None, "nothing written"
     replies.unpack_reply(reply(["atom", None], [["fields", number, [["count", ["int", "3"]],
                                                                     ["data", ["array", "v0"]]], []]],

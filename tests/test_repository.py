@@ -163,7 +163,7 @@ def test_the_project_cites_only_files_it_contains():
 
 
 def test_a_citation_of_a_missing_document_or_a_path_out_of_the_repository_is_seen():
-    text = ("architecture: DESIGN.md\nsee ../shared/LAYOUT.md\nsee `tests/no_such_test.py`\n"
+    text = ("architecture: DESIGN.md\nsee ../elsewhere/LAYOUT.md\nsee `tests/no_such_test.py`\n"
             "tutorials/NN_name.md is a pattern; see ../references.md\n")
     at_the_top = [(number, kind) for number, _, kind in citations("README.md", text)]
     assert (1, "document") in at_the_top and (2, "document") in at_the_top and (3, "cited") in at_the_top

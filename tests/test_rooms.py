@@ -5,9 +5,11 @@ import one way.
   module in backquotes) and every sub-package (``name/``) beside it, and ``python -m <package>``
   where it has a ``__main__.py``. The papers at the top of algorithms/ are named by README.md's table
   instead (tests/test_readme.py holds that table to the runnable modules).
-- algorithms/: core/ < ps/ < sandblaster/ < the papers < the commands that run or measure several
-  of them (compare.py, bench.py, memory/). A module imports only its own rank and below: no arrow runs
-  back up. Papers may build on each other's hearts (async EASGD on EASGD's elastic step).
+- algorithms/: core/ < shards/ < ps/ < sandblaster/ < the papers < the commands that run or measure
+  several of them (compare.py, bench.py, memory/). A module imports only its own rank and below: no
+  arrow runs back up. shards/ (how the memory-saving methods cut a model's state) stands on core/ alone;
+  the papers and memory/ import it. Papers may build on each other's hearts (async EASGD on EASGD's
+  elastic step).
 - collectives/: the tools and the extensions (bench/, sim/, cluster/, compression/) stand on the
   algorithms, their machinery and the model (model/): nothing outside such a room imports into it.
 """
@@ -78,14 +80,14 @@ def test_a_module_missing_from_a_map_is_seen(tmp_path):
 
 
 def algorithms_rank(module, papers):
-    """core 0, ps 1, sandblaster 2, a paper 3, a command over several papers 4 (None: the package itself)."""
+    """core 0, shards 1, ps 2, sandblaster 3, a paper 4, a command over several papers 5 (None: the package)."""
     parts = module.split(".")[1:]
     if not parts:
         return None
-    rooms = {"core": 0, "ps": 1, "sandblaster": 2, "memory": 4}
+    rooms = {"core": 0, "shards": 1, "ps": 2, "sandblaster": 3, "memory": 5}
     if parts[0] in rooms:
         return rooms[parts[0]]
-    return 3 if parts[0] in papers else 4
+    return 4 if parts[0] in papers else 5
 
 
 def arrows_back_up(graph, papers):
@@ -106,11 +108,26 @@ def test_no_arrow_runs_back_up_inside_algorithms():
 def test_an_arrow_back_up_is_seen():
     graph = {"algorithms.core.run": {"algorithms.core.cli": 1, "algorithms.allreduce_sgd": 2},
              "algorithms.allreduce_sgd": {"algorithms.core.run": 1}, "algorithms.ps.job": {"algorithms.compare": 3}}
-    assert arrows_back_up(graph, {"allreduce_sgd"}) == ["algorithms.core.run (0) imports algorithms.allreduce_sgd (3)",
-                                                        "algorithms.ps.job (1) imports algorithms.compare (4)"]
+    assert arrows_back_up(graph, {"allreduce_sgd"}) == ["algorithms.core.run (0) imports algorithms.allreduce_sgd (4)",
+                                                        "algorithms.ps.job (2) imports algorithms.compare (5)"]
+
+
+def test_the_shards_room_stands_on_core_alone():
+    papers = {"zero", "spatial_parallel"}
+    graph = {"algorithms.shards.units": {"algorithms.core.cli": 1, "algorithms.zero": 2},
+             "algorithms.shards.tiling": {"algorithms.ps.job": 1},
+             "algorithms.core.run": {"algorithms.shards.regions": 1},
+             "algorithms.zero": {"algorithms.shards.units": 1},
+             "algorithms.memory.measured": {"algorithms.shards.tiling": 1, "algorithms.spatial_parallel": 2}}
+    assert arrows_back_up(graph, papers) == ["algorithms.shards.units (1) imports algorithms.zero (4)",
+                                             "algorithms.shards.tiling (1) imports algorithms.ps.job (2)",
+                                             "algorithms.core.run (0) imports algorithms.shards.regions (1)"]
 
 
 TOOL_ROOMS = ("bench", "sim", "cluster", "compression")
+# a room's command under a name of its own (`python -m collectives.simulate`): a file that imports its room's
+# command and nothing else may stand outside the room
+COMMAND_NAMES = {"collectives.simulate": "collectives.sim.simulate"}
 
 
 def reaching_into_rooms(graph):
@@ -118,7 +135,8 @@ def reaching_into_rooms(graph):
         parts = module.split(".")
         return parts[1] if len(parts) > 1 and parts[1] in TOOL_ROOMS else None
     return [f"{source} imports {target}" for source, targets in graph.items() if source.startswith("collectives")
-            for target in targets if room(target) and room(source) != room(target)]
+            for target in targets if room(target) and room(source) != room(target)
+            and not (COMMAND_NAMES.get(source) == target and list(targets) == [target])]
 
 
 def test_nothing_outside_a_tool_room_of_collectives_imports_into_it():
@@ -129,3 +147,7 @@ def test_nothing_outside_a_tool_room_of_collectives_imports_into_it():
     assert not reaching_into_rooms({"collectives.ring": {"collectives.model.cost": 1}})
     assert reaching_into_rooms({"collectives.ring": {"collectives.bench.measure": 1}}) == [
         "collectives.ring imports collectives.bench.measure"]
+    assert not reaching_into_rooms({"collectives.simulate": {"collectives.sim.simulate": 1}})
+    more = {"collectives.simulate": {"collectives.sim.simulate": 1, "collectives.sim.engine": 2}}
+    assert reaching_into_rooms(more) == ["collectives.simulate imports collectives.sim.simulate",
+                                         "collectives.simulate imports collectives.sim.engine"]

@@ -20,7 +20,7 @@ from algorithms import spatial_parallel
 from algorithms.core import run, tags
 from algorithms.core.cli import SettingError
 from algorithms.core.objective import NetworkObjective
-from algorithms.core.tiling import Tiling
+from algorithms.shards.tiling import Tiling
 from collectives.trace import TracedComm
 from minidl.nn import Conv2d, Flatten, Linear, MaxPool2d, ReLU, Sequential
 from tests.helpers import (

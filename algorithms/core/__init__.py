@@ -11,5 +11,7 @@
     evaluate.py    python -m algorithms.core.evaluate FILE: any checkpoint's test loss and accuracy
     tags.py        the MPI tags of every family, in one registry
     partition.py   a model cut into pieces across ranks (model parallelism, its hybrids and replicas)
-    tiling.py      feature maps cut into row tiles across ranks (the spatial split, and its memory account)
+
+How the memory-saving methods cut a model's state across ranks (ZeRO's units, the spatial split's
+tiles and regions) serves only them and their memory accounts: it lives in algorithms/shards/.
 """

@@ -25,7 +25,8 @@ import sys
 from minidl import models
 from minidl.data import PARTITIONS
 
-ALLREDUCE_NAMES = ("ring", "tree", "butterfly", "rabenseifner", "naive", "auto", "hierarchical", "mpi")
+ALLREDUCE_NAMES = ("ring", "tree", "butterfly", "rabenseifner", "naive", "auto", "hierarchical", "hierarchical_tree",
+                   "mpi")
 DECAY_FACTOR = 10.0                     # the default --decay-factor (algorithms.core.schedule)
 
 

@@ -62,8 +62,8 @@ def build_model(name, seed, dataset="digits"):
     if name not in models.MODELS:
         raise ValueError(f"unknown --model {name!r}; choose one of {', '.join(sorted(models.MODELS))}")
     rng = numpy.random.default_rng(seed)
-    if name == "mlp":
-        return models.mlp(rng, in_features=784 if dataset == "mnist" else 64)
+    if name in ("mlp", "wide-mlp"):
+        return models.MODELS[name](rng, in_features=784 if dataset == "mnist" else 64)
     return models.build(name, rng)
 
 

@@ -35,7 +35,7 @@ from algorithms.core.divergence import FiniteCheck, check_divergence
 from algorithms.core.log import Log
 from algorithms.core.objective import build as build_objective
 from algorithms.core.schedule import Schedule
-from collectives.hierarchical import environment_ranks_per_node
+from collectives.nodes import environment_ranks_per_node
 from collectives.trace import CountingComm
 from minidl import backend
 from minidl.conv import budget
@@ -103,11 +103,11 @@ def allreduce_function(name):
         raise SettingError(f"unknown --allreduce {name!r}; choose one of {', '.join(cli.ALLREDUCE_NAMES)}")
     if name == "mpi":
         return mpi_allreduce
-    if name == "hierarchical":                   # its node size may come from the environment: check it now
+    if name in ("hierarchical", "hierarchical_tree"):   # the node size may come from the environment: check it now
         try:
             environment_ranks_per_node()
         except ValueError as error:
-            raise SettingError(f"--allreduce hierarchical: {error}") from None
+            raise SettingError(f"--allreduce {name}: {error}") from None
 
     def allreduce(comm, buffer):
         return collectives.allreduce(comm, MPI.IN_PLACE, buffer, op="sum", algorithm=name, check=False)
@@ -174,7 +174,10 @@ class Run:
         self.counting = CountingComm(comm)
         self.finite = FiniteCheck(self.counting, settings.check_every)
         self.replicated = replicated
-        self.checkpoint = checkpoint or {}
+        # what Run keeps of --resume's arrays: the epoch and this rank's rows of an algorithm's own state
+        # (``keep``); the whole params and optimizer state were loaded into the objective and the optimizer
+        self.checkpoint = {key: value for key, value in (checkpoint or {}).items()
+                           if key not in ("params", "meta") and not key.startswith(("optimizer.", "rank."))}
         self.first_epoch = int(self.checkpoint.get("epoch", 0))
         self.schedule = Schedule.of(settings, self.reader[1])
         self.schedule = None if self.schedule.constant else self.schedule   # None: lr and batch never change
@@ -194,7 +197,7 @@ class Run:
     def keep(self, name, initial):
         """Register per-rank algorithm state (EASGD's centre, ADMM's z and u) for --save / --resume:
         returns ``initial``, overwritten with this rank's row of the checkpoint when resuming."""
-        row = self.checkpoint.get(name)
+        row = self.checkpoint.pop(name, None)      # taken over: not kept twice
         if row is not None:
             initial[...] = backend.asarray(row, dtype=initial.dtype)
         self.kept[name] = initial

@@ -1,7 +1,7 @@
 """The per-rank memory formulas of ``algorithms/memory/__init__.py`` (whose header writes them out), one per method.
 
     rows = accounts.predicted_rows("lenet5", p=4, batch=64, micro_batches=8, k=1, recompute=False)
-    # [(method, {"params": bytes, "grads": ..., "optimizer": ..., "activations": ..., "comm": ...}
+    # [(method, {"params": bytes, "grads": ..., "optimizer": ..., "activations": ..., "extra": ...}
     #   or the reason the method does not apply), ...]
 
 The activations come from ``footprint`` (what minidl's kernels keep per example) and, for the
@@ -12,12 +12,15 @@ import math
 
 from algorithms.core.cli import SettingError
 from algorithms.core.objective import build_model
-from algorithms.core.tiling import Tiling
 from algorithms.memory import footprint
+from algorithms.shards.tiling import Tiling
+from collectives import block_counts
 from minidl.data import shard_sizes
+from minidl.nn import LocallyConnected2d
 
-PARTS = ("params", "grads", "optimizer", "activations", "comm")
-EXAMPLE = {"mlp": (1, 8, 8), "cnn": (1, 8, 8), "lenet5": (1, 28, 28)}      # one example's shape per model
+PARTS = ("params", "grads", "optimizer", "activations", "extra")
+ARRAYS = {"sgd": 1, "adam": 5}    # vectors of the updated size minidl's update makes and drops (measured)
+EXAMPLE = {"mlp": (1, 8, 8), "cnn": (1, 8, 8), "lenet5": (1, 28, 28), "wide-mlp": (1, 8, 8)}   # one example per model
 
 
 def dataset_of(model):
@@ -34,26 +37,95 @@ def scaled(layer, fraction):
                                          for part in ("fresh", "columns", "scratch", "out")})
 
 
-def row(params, grads, optimizer, activations, comm):
-    return dict(zip(PARTS, (params, grads, optimizer, activations, comm)))
+def row(params, grads, optimizer, activations, extra):
+    return dict(zip(PARTS, (params, grads, optimizer, activations, extra)))
 
 
-def data_parallel(layers, p, batch, b, k, recompute):
+def data_parallel(layers, p, batch, b, k, recompute, arrays=1):
+    """Allreduce SGD: every rank the whole model states; extra: the ring's receive block and the
+    ``arrays`` vectors of the model's size that minidl's update makes and drops (momentum SGD 1, Adam 5)."""
     n = footprint.parameters(layers)
-    comm = share(n, p) * b if p > 1 else 0
-    return row(n * b, n * b, k * n * b, footprint.activations(layers, batch, recompute), comm)
+    extra = (share(n, p) if p > 1 else 0) + arrays * n
+    return row(n * b, n * b, k * n * b, footprint.activations(layers, batch, recompute), extra * b)
 
 
-def zero(stage, layers, p, batch, b, k, recompute):
-    """ZeRO stage 1, 2 or 3 (the formulas of the header): the paper's model states, and as comm the
-    units ``algorithms.zero`` keeps whole: stage 2 the gradient the backward fills before the
-    reduce-scatter, stage 3 that and the gathered parameters (one gathering unit, the whole model);
-    plus the ring's receive block."""
-    n = footprint.parameters(layers)
-    units = {1: 0, 2: n * b, 3: 2 * n * b}[stage]
-    comm = units + (share(n, p) * b if p > 1 else 0)
-    return row((share(n, p) if stage >= 3 else n) * b, (share(n, p) if stage >= 2 else n) * b, k * share(n, p) * b,
-               footprint.activations(layers, batch, recompute), comm)
+def unit_sizes(layers, recompute):
+    """The parameters of ZeRO's units, in order (``shards.units.units_of``): each layer with parameters and
+    the layers without after it; with ``recompute`` each checkpointed segment with parameters."""
+    groups = [layers[start:stop] for start, stop in footprint.segments_of(len(layers))] if recompute else \
+        [[layer] for layer in layers]
+    sizes = []
+    for group in groups:
+        params = footprint.parameters(group)
+        if params and sizes and sizes[-1]:
+            sizes.append(params)
+        elif sizes:
+            sizes[-1] += params
+        else:
+            sizes.append(params)
+    return sizes
+
+
+def zero(stage, layers, p, batch, b, k, recompute, arrays=1):
+    """ZeRO stage 1, 2 or 3 unit by unit (the formulas of the header), rank 0 (the largest blocks): the
+    paper's model states, where a unit's whole weights (stage 3) and its whole gradient (stages 2, 3)
+    exist from its gather or backward to its release (every layer, convolutions too, reads its weights
+    again in its backward and keeps none in between); extra: the ring's receive block, one cached per
+    block size, and the update's ``arrays`` vectors of the largest block."""
+    sizes = unit_sizes(layers, recompute)
+    blocks = [share(size, p) for size in sizes]
+    n, mine = sum(sizes), sum(blocks)
+    params = n if stage < 3 else mine + max(sizes)
+    # stage 1: every unit's gradient until the update; 2, 3: one whole beside the blocks reduced before it
+    grads = n if stage == 1 else max(size + sum(blocks[u + 1:]) for u, size in enumerate(sizes))
+    extra = (sum(set(blocks)) if p > 1 else 0) + arrays * max(blocks)
+    return row(params * b, grads * b, k * mine * b, footprint.activations(layers, batch, recompute), extra * b)
+
+
+def local_region(tiling, rank, classes):
+    """(parameters, activations per example) of rank ``rank``'s region of a locally connected network
+    (``spatial_parallel --layer local``): its rows of every stage's weights and of the head's first
+    Linear (the bias on rank 0); per stage its padded window, its columns (C k k values per output
+    position, kept for the backward), output, ReLU and pooling (k k + 1 outputs), and the head's
+    partial logits, g's sum of them and the loss's."""
+    params, kept = classes if rank == 0 else 0, 0
+    for stage in tiling.stages:
+        layer, (lo, hi), (top, bottom) = stage.conv, stage.conv_rows(rank), stage.padding(rank)
+        params += (layer.weight.size + layer.bias.size) // layer.weight.shape[0] * (hi - lo)
+        width, (need_lo, need_hi) = layer.weight.shape[1], stage.needed[rank]
+        out = layer.out_channels * (hi - lo) * width
+        kept += layer.in_channels * (need_hi - need_lo + top + bottom) * (stage.width + 2 * layer.padding)
+        kept += out * layer.in_channels * layer.kernel_size ** 2 // layer.out_channels + out * (2 if stage.relu else 1)
+        kept += out // stage.pool ** 2 * (stage.pool ** 2 + 1) if stage.pool > 1 else 0
+    (lo, hi), (channels, _, width) = tiling.final[0][rank], tiling.final[1]
+    params += channels * (hi - lo) * width * classes
+    return params, kept + 3 * classes + (footprint.LOSS_EXTRA // 4)
+
+
+def spatial_local(p, batch, b, k):
+    """The small CNN's locally connected twin split over p ranks, the rank with the most (``local_region``);
+    extra: the ring's receive block of the (B, classes) logits' sum."""
+    net = build_model("local-cnn", 0, "digits")
+    tiling = Tiling.of(net, 8, 8, p, layer=LocallyConnected2d)
+    params, kept = max(local_region(tiling, rank, 10) for rank in range(p))
+    return row(params * b, params * b, k * params * b, batch * kept * b, share(batch * 10, p) * b if p > 1 else 0)
+
+
+def sent(method, layers, p, b, recompute):
+    """Bytes rank 0 sends in one step of data parallelism or ZeRO: a ring reduce-scatter sends every
+    block but its own, an allgather every block but the next rank's (None for the other methods)."""
+    if method == "data parallel":
+        sizes = [footprint.parameters(layers)]
+    elif method.startswith("ZeRO"):
+        sizes = unit_sizes(layers, recompute)
+    else:
+        return None
+    halves = {"data parallel": (1, 1), "ZeRO-1": (1, 1), "ZeRO-2": (1, 1), "ZeRO-3": (1, 2)}[method]
+    total = 0
+    for size in sizes:
+        counts = block_counts(size, p)
+        total += halves[0] * (size - counts[0]) + halves[1] * (size - counts[1 % p])
+    return total * b
 
 
 def tensor(layers, p, batch, b, k, recompute=False):
@@ -75,13 +147,16 @@ def tensor(layers, p, batch, b, k, recompute=False):
     activations = footprint.activations(split, batch)
     if recompute:
         inside = [split[first].fresh + split[first + 1].fresh for first, _ in pairs]
-        activations += batch * (max(a + layers[second].out for a, (_, second) in zip(inside, pairs)) - sum(inside))
+        activations += batch * (max((a + layers[second].out for a, (_, second) in zip(inside, pairs)), default=0)
+                                - sum(inside))
     # comm: the ring's receive block of g's allreduce (N o), and of f's (N i) where the block's input
     # needs a gradient (a layer with parameters before it)
     blocks = {share(batch * layers[second].out // b, p) for _, second in pairs}
     blocks |= {share(batch * layers[first - 1].out // b, p) for first, _ in pairs
                if footprint.parameters(layers[:first])}
-    return row(params * b, params * b, k * params * b, activations, sum(blocks) * b if p > 1 else 0)
+    # extra: the ring's blocks, and the serial model's flat weights and gradient the module keeps
+    n = footprint.parameters(layers)
+    return row(params * b, params * b, k * params * b, activations, (sum(blocks) if p > 1 else 0) * b + 2 * n * b)
 
 
 def stage_layers(layers, p):
@@ -107,7 +182,9 @@ def pipeline(layers, p, batch, b, k, recompute, micro_batches, kind):
     else:
         activations = footprint.activations(stage, rows, copies=in_flight, loss=last)
     comm = 0 if p == 1 else (micro_batches + 1) * rows * stage[-1].out
-    return row(n * b, n * b, k * n * b, activations, comm)
+    # and the rest of the whole model's weights, gradient and momentum, which every rank keeps
+    serial = (2 + k) * (footprint.parameters(layers) - n) * b
+    return row(n * b, n * b, k * n * b, activations, comm + serial)
 
 
 def spatial(net, layers, example, p, batch, b, k, recompute=False):
@@ -122,14 +199,24 @@ def spatial(net, layers, example, p, batch, b, k, recompute=False):
     return row(n * b, n * b, k * n * b, activations, comm)
 
 
-def predicted_rows(model, p, batch, micro_batches, k, recompute):
-    """[(method, row or the reason it does not apply)] for every method, predicted."""
+def sent_bytes(method, model, p, recompute):
+    """``sent`` for ``model``: bytes rank 0 sends per step of data parallelism or ZeRO (None otherwise)."""
+    net = build_model(model, 0, dataset_of(model))
+    return sent(method, footprint.of(net, EXAMPLE[model]), p, next(iter(net.parameters())).dtype.itemsize, recompute)
+
+
+def predicted_rows(model, p, batch, micro_batches, k, recompute, optimizer="sgd"):
+    """[(method, row or the reason it does not apply)] for every method, predicted; with ``optimizer``
+    "adam" (k = 2) data parallelism and ZeRO only (the other modules train with momentum SGD)."""
     example = EXAMPLE[model]
     net = build_model(model, 0, dataset_of(model))
     layers = footprint.of(net, example)
     b = next(iter(net.parameters())).dtype.itemsize
-    rows = [("data parallel", data_parallel(layers, p, batch, b, k, recompute))]
-    rows += [(f"ZeRO-{stage}", zero(stage, layers, p, batch, b, k, recompute)) for stage in (1, 2, 3)]
+    arrays = ARRAYS[optimizer]
+    rows = [("data parallel", data_parallel(layers, p, batch, b, k, recompute, arrays))]
+    rows += [(f"ZeRO-{stage}", zero(stage, layers, p, batch, b, k, recompute, arrays)) for stage in (1, 2, 3)]
+    if optimizer != "sgd":
+        return rows
     rows.append(("tensor", tensor(layers, p, batch, b, k, recompute)))
     for kind, name in (("gpipe", "pipeline GPipe"), ("1f1b", "pipeline 1F1B")):
         rows.append((name, pipeline(layers, p, batch, b, k, recompute, micro_batches, kind)
@@ -138,9 +225,16 @@ def predicted_rows(model, p, batch, micro_batches, k, recompute):
         rows.append(("spatial", spatial(net, layers, example, p, batch, b, k, recompute)))
     except SettingError as error:
         rows.append(("spatial", str(error)))
+    if model != "cnn":
+        rows.append(("spatial local", "the locally connected split runs the small CNN's twin (--model cnn)"))
+    elif not recompute:
+        try:
+            rows.append(("spatial local", spatial_local(p, batch, b, k)))
+        except SettingError as error:
+            rows.append(("spatial local", str(error)))
     if p % 2 == 0:                                           # 2 pipeline stages x p/2 data replicas
         hybrid = pipeline(layers, 2, batch, b, k, recompute, micro_batches, "1f1b")
-        hybrid["comm"] += share(hybrid["params"] // b, p // 2) * b if p > 2 else 0    # the column's ring block
+        hybrid["extra"] += share(hybrid["params"] // b, p // 2) * b if p > 2 else 0    # the column's ring block
         rows.append(("hybrid 2 x p/2", hybrid))
     else:
         rows.append(("hybrid 2 x p/2", f"{p} ranks do not form a grid of 2 pipeline stages"))

@@ -1,7 +1,7 @@
 """Measured: the bytes one rank allocates for each part of a data-parallel step, by tracemalloc.
 
     measured = allocations.data_parallel(comm, "lenet5", (1, 28, 28), batch=64, recompute=False)
-    # {"params": ..., "grads": ..., "optimizer": ..., "activations": ..., "comm": ...}
+    # {"params": ..., "grads": ..., "optimizer": ..., "activations": ..., "extra": ...}
 
 The step is allreduce SGD's (``algorithms.allreduce_sgd``), taken phase by phase with the objects a
 run uses (the model of ``objective.build_model``, its flat buffer, SGD with momentum, the ring
@@ -14,7 +14,7 @@ phases:
     activations  the forward and the loss, with the conv workspace pool emptied first (its buffers
                  are activation memory too); with --recompute, plus the largest segment's
                  activations recorded again, as the backward does one segment at a time
-    comm         the allreduce, with the collectives' cached receive buffers emptied first
+    extra        the allreduce, with the collectives' cached receive buffers emptied first
     optimizer    the first update: the momentum vector it creates
 
 Each figure also holds a few hundred bytes of Python objects per layer or graph node, which the
@@ -118,7 +118,7 @@ def data_parallel(comm, model, example_shape, batch, recompute=False, momentum=0
         meter.take()
         if allreduce is not None:
             allreduce(comm, flat.grad)
-        measured["comm"] = meter.take()
+        measured["extra"] = meter.take()
         optimizer.step()
         measured["optimizer"] = meter.take()
     finally:

@@ -1,44 +1,42 @@
-"""One step of each sharded or split method, its bytes per part measured by tracemalloc (for algorithms.memory).
+"""One step of each split method, its bytes per part measured by tracemalloc (for algorithms.memory).
 
-    zero(comm, "mlp", p=4, stage=2, batch=64)          # {"params": ..., "grads": ..., "optimizer": ...,
-    tensor(comm, "lenet5", p=2, batch=64)              #  "activations": ..., "comm": ...} on this rank
-    pipeline("mlp", p=4, batch=64, micro_batches=8, kind="gpipe", recompute=True)
-    hybrid(comm, "mlp", p=4, batch=64, micro_batches=8, recompute=False)
+    tensor(comm, "lenet5", p=2, batch=64)              # {"params": ..., "grads": ..., "optimizer": ...,
+    pipeline("mlp", p=4, batch=64, micro_batches=8, kind="gpipe", recompute=True)   # "activations": ...,
+    hybrid(comm, "mlp", p=4, batch=64, micro_batches=8, recompute=False)            # "extra": ...} on this rank
     spatial(comm, "lenet5", batch=64, recompute=True)
 
-Each runs one step with the module's own pieces (``zero.Shard`` and ``zero_step``'s collectives,
-``tensor_parallel.split_network``, ``pipeline_parallel.Stage`` and ``schedule``,
-``spatial_parallel``'s stages), phase by phase as the module's heart runs, and reads tracemalloc's
-live bytes between the phases (``allocations.Meter``), as ``allocations.data_parallel`` does for
-allreduce SGD. The layout is rank ``comm``'s of ``p`` when ``comm`` has p ranks (the collectives
-run for real and their buffers are measured); otherwise rank 0's, in this process, with the sums
-over ranks left out and "comm" None (not measured: no peers). Only spatial needs its p ranks.
+Each runs one step with the module's own pieces (``tensor_parallel.split_network``,
+``pipeline_parallel.Stage`` and ``schedule``, ``spatial_parallel``'s stages), phase by phase as the
+module's heart runs, and reads tracemalloc's live bytes between the phases (``allocations.Meter``), as
+``allocations.data_parallel`` does for allreduce SGD (data parallelism and ZeRO run their real steps:
+``sharded``). The layout is rank ``comm``'s of ``p`` when ``comm`` has p ranks (the collectives run for
+real and their buffers are measured); otherwise rank 0's, in this process, with the sums over ranks
+left out and "extra" None (not measured: no peers). Only spatial needs its p ranks.
 
-Comm buffers are what the collectives keep: the receive blocks the ring caches (measured as the
-bytes ``release_scratch`` hands back), the sends still in flight, and, for ZeRO, the whole vectors
-its stages keep only as gathering or reducing units. What pipeline, tensor and hybrid modules
-also keep, the whole serial model for evaluation and layout-free checkpoints, is no part of the
-method's step and is built before the meter starts.
+"extra" is what the implementation adds beyond the method's own parts: the buffers the collectives
+keep (the receive blocks the ring caches, measured as the bytes ``release_scratch`` hands back; the
+sends still in flight), and the serial copy the tensor, pipeline and hybrid modules keep on every
+rank for evaluation and layout-free checkpoints (``serial_copy``: the whole model's flat weights and
+gradient, and the pipeline's whole momentum, less the stage's own), measured as the module builds it.
 """
 import contextlib
 import tracemalloc
-from types import SimpleNamespace
 
 import numpy
 from mpi4py import MPI
 
-import collectives
-from algorithms import pipeline_parallel, spatial_parallel, tensor_parallel, zero as zero_module
+from algorithms import pipeline_parallel, spatial_parallel, tensor_parallel
 from algorithms.core.objective import build_model
 from algorithms.core.run import allreduce_function
-from algorithms.core.tiling import Tiling
 from algorithms.memory import allocations
 from algorithms.memory.accounts import EXAMPLE, dataset_of, row
+from algorithms.shards.regions import Region
+from algorithms.shards.tiling import Tiling
 from collectives.buffers import release_scratch
 from minidl import functional as F
 from minidl.conv.scratch import release
 from minidl.flat import FlatParameters, flatten
-from minidl.nn import Sequential
+from minidl.nn import LocallyConnected2d, Sequential
 from minidl.optim import SGD
 from minidl.tensor import Tensor, no_grad
 
@@ -56,46 +54,6 @@ def freed_scratch(meter):
     return -meter.take()
 
 
-def zero(comm, model, p, stage, batch, recompute=False, momentum=0.9, seed=0):
-    """ZeRO stage ``stage``, phase by phase as ``zero_step``: the whole vectors (built as a run builds
-    them), the shard (``zero.Shard``), forward, backward, the reduction, the update, the allgather."""
-    rank, real = layout(comm, p)
-    x, labels = allocations.example_batch(EXAMPLE[model], batch, seed)
-    release_scratch()
-    meter = allocations.Meter()
-    try:
-        net, flat, whole, built = allocations.set_up(meter, model, EXAMPLE[model], recompute, momentum, seed)
-        # built: the whole w (stages 1, 2: the parameters; stage 3: the gathering unit) and the whole
-        # gradient (stage 1: the gradients; stages 2, 3: the reducing unit)
-        run = SimpleNamespace(objective=SimpleNamespace(params=flat.data, grad=flat.grad), rank=rank, size=p,
-                              settings=SimpleNamespace(lr=whole.lr, momentum=momentum), optimizer=whole)
-        shard = zero_module.Shard(run, stage, zero_module.make_optimizer("sgd"))
-        own = meter.take()                     # stage 2: the gradient's block; stage 3: and the parameters'
-        shard_grad = shard.grad.nbytes if stage >= 2 else 0
-        loss, activations = allocations.forward(meter, net, x, labels, recompute)
-        loss.backward()
-        del loss
-        release()
-        meter.take()
-        if real and p > 1 and stage == 1:
-            collectives.allreduce(comm, MPI.IN_PLACE, flat.grad, algorithm="ring", check=False)
-        elif real and p > 1:
-            collectives.reduce_scatter(comm, flat.grad, shard.grad, check=False)
-        measured_comm = meter.take()
-        shard.optimizer.step()
-        optimizer = meter.take()
-        if real and p > 1 and stage < 3:
-            collectives.allgather(comm, MPI.IN_PLACE, flat.data, check=False)
-        measured_comm += meter.take()
-    finally:
-        meter.stop()
-    whole_w, whole_grad = built["params"], built["grads"]
-    params, grads = (whole_w, whole_grad) if stage == 1 else (whole_w, shard_grad) if stage == 2 else \
-        (own - shard_grad, shard_grad)
-    units = {1: 0, 2: whole_grad, 3: whole_w + whole_grad}[stage]
-    return row(params, grads, optimizer, activations, units + measured_comm if real else None)
-
-
 def tensor(comm, model, p, batch, recompute=False, momentum=0.9, seed=0, net=None):
     """Tensor parallelism, phase by phase: this rank's pieces (``split_network``) and their flat
     vector, forward (g's allreduce: its receive block is comm; with ``recompute``, plus the largest
@@ -103,8 +61,13 @@ def tensor(comm, model, p, batch, recompute=False, momentum=0.9, seed=0, net=Non
     input shape in its place."""
     rank, real = layout(comm, p)
     x, labels = allocations.example_batch(EXAMPLE[model], batch, seed)
-    net = net or build_model(model, seed, dataset_of(model))       # the serial model: not counted
-    serial = flatten(net)
+    meter = allocations.Meter()
+    try:                                                           # the serial model the module keeps: extra
+        net = net or build_model(model, seed, dataset_of(model))
+        serial = flatten(net)
+        serial_bytes = meter.take()
+    finally:
+        meter.stop()
     summed = allreduce_function("ring") if real and p > 1 else None
 
     def total(array):
@@ -130,7 +93,22 @@ def tensor(comm, model, p, batch, recompute=False, momentum=0.9, seed=0, net=Non
         optimizer_bytes = meter.take()
     finally:
         meter.stop()
-    return row(params, grads, optimizer_bytes, activations, comm_bytes if real else None)
+    return row(params, grads, optimizer_bytes, activations, comm_bytes + serial_bytes if real else None)
+
+
+def serial_copy(model, momentum, seed, own):
+    """The bytes a pipeline rank keeps beyond its stage: the whole model's flat weights and gradient and
+    its whole momentum (``pipeline_parallel``'s optimizer steps the whole vector), measured as the module
+    builds them, less ``own`` (the stage's params, grads and optimizer, which are part of them)."""
+    meter = allocations.Meter()
+    try:
+        flat = flatten(build_model(model, seed, dataset_of(model)))
+        optimizer = SGD([flat.as_parameter()], lr=0.01, momentum=momentum)
+        optimizer.step()                                                  # momentum's v, the whole vector
+        whole = meter.take()
+    finally:
+        meter.stop()
+    return whole - own
 
 
 def stage_state(meter, model, p, sample, recompute, momentum, seed):
@@ -189,17 +167,18 @@ def pipeline(model, p, batch, micro_batches, kind, recompute=False, momentum=0.9
         measured["optimizer"] = meter.take()
     finally:
         meter.stop()
+    own = measured["params"] + measured["grads"] + measured["optimizer"]
     return row(measured["params"], measured["grads"], measured["optimizer"], activations,
-                           sum(buffer.nbytes for buffer in sends) + received)
+               sum(buffer.nbytes for buffer in sends) + received + serial_copy(model, momentum, seed, own))
 
 
 def hybrid(comm, model, p, batch, micro_batches, recompute=False, momentum=0.9, seed=0):
     """Stage 0 of a 2-stage 1F1B pipeline (``pipeline``), and its gradient's ring allreduce over the
-    p/2 replicas of its column (``hybrid_step``), whose receive block is added to the comm buffers."""
+    p/2 replicas of its column (``hybrid_step``), whose receive block is added to the extra buffers."""
     measured = pipeline(model, 2, batch, micro_batches, "1f1b", recompute, momentum, seed)
     rank, real = layout(comm, p)
     if not real:                               # no column to allreduce over at p = 2
-        return {**measured, "comm": None if p > 2 else measured["comm"]}
+        return {**measured, "extra": None if p > 2 else measured["extra"]}
     column = comm.Split(color=rank % 2, key=rank // 2)        # hybrid_parallel's grid: rank = replica * 2 + stage
     net = build_model(model, seed, dataset_of(model))
     stage = pipeline_parallel.Stage(net, rank % 2, 2, allocations.example_batch(EXAMPLE[model], 1)[0])
@@ -214,13 +193,13 @@ def hybrid(comm, model, p, batch, micro_batches, recompute=False, momentum=0.9, 
     finally:
         meter.stop()
         column.Free()
-    return {**measured, "comm": measured["comm"] + comm.allreduce(block if rank % 2 == 0 else 0, op=MPI.MAX)}
+    return {**measured, "extra": measured["extra"] + comm.allreduce(block if rank % 2 == 0 else 0, op=MPI.MAX)}
 
 
 def spatial(comm, model, batch, recompute=False, momentum=0.9, seed=0):
     """This rank's bytes per part of one step of ``spatial_parallel``, phase by phase as its heart runs:
-    the tiles' forward (activations), the gather (comm), the head's forward (activations), the conv
-    gradient's ring (comm), the update (optimizer). ``recompute``: the tiles' forward unrecorded, and
+    the tiles' forward (activations), the gather (extra), the head's forward (activations), the conv
+    gradient's ring (extra), the update (optimizer). ``recompute``: the tiles' forward unrecorded, and
     the activations plus the most one stage keeps when the backward runs it again, halo exchange included."""
     x, labels = allocations.example_batch(EXAMPLE[model], batch, seed)
     rank, meter = comm.Get_rank(), allocations.Meter()
@@ -241,7 +220,7 @@ def spatial(comm, model, batch, recompute=False, momentum=0.9, seed=0):
             del leaf
         measured["activations"] = meter.take()
         whole = Tensor(spatial_parallel.gather_rows(comm, tile.data, tiling.final[0]), requires_grad=True)
-        measured["comm"] = meter.take()
+        measured["extra"] = meter.take()
         loss = F.softmax_cross_entropy(Sequential(*tiling.head)(whole), labels)
         measured["activations"] += meter.take()
         largest = 0
@@ -256,8 +235,48 @@ def spatial(comm, model, batch, recompute=False, momentum=0.9, seed=0):
         meter.take()
         if comm.Get_size() > 1:
             allreduce_function("ring")(comm, flat.grad[:tiling.conv_parameters()])
-        measured["comm"] += meter.take()
+        measured["extra"] += meter.take()
         flat.grad[...] = 0
+        optimizer.step()
+        measured["optimizer"] = meter.take()
+    finally:
+        meter.stop()
+    return measured
+
+
+def spatial_local(comm, batch, momentum=0.9, seed=0):
+    """``spatial_parallel --layer local`` on the small CNN's locally connected twin, this rank's region:
+    its pieces of the weights (params), their flat gradient (grads), the forward (activations: its
+    stages' tiles and its rows of the head), the logits' sum (extra: the ring's receive block), the
+    update (optimizer). The serial network it is cut from is let go by the module: not counted."""
+    x, labels = allocations.example_batch(EXAMPLE["cnn"], batch, seed)
+    rank, net = comm.Get_rank(), build_model("local-cnn", seed)
+    tiling = Tiling.of(net, x.shape[2], x.shape[3], comm.Get_size(), layer=LocallyConnected2d)
+    summed = allreduce_function("ring")
+
+    def total(array):
+        summed(comm, array.reshape(-1))
+        return array
+    release_scratch()
+    meter = allocations.Meter()
+    try:
+        region = Region(tiling, net, rank, flat=False)
+        del net
+        measured = {"params": meter.take()}
+        region.flatten()
+        measured["grads"] = meter.take()
+        optimizer = SGD([region.flat.as_parameter()], lr=0.01, momentum=momentum)
+        release()
+        meter.take()
+        kept = []                                         # every stage's window and tile, as the step keeps them
+        loss = F.softmax_cross_entropy(spatial_parallel.local_logits(comm, tiling, region, x, total, keep=kept),
+                                       labels)
+        measured["activations"] = meter.take()
+        measured["extra"] = freed_scratch(meter)
+        measured["activations"] -= measured["extra"]      # the sum's receive block, cached during the forward
+        del loss, kept
+        release()
+        meter.take()
         optimizer.step()
         measured["optimizer"] = meter.take()
     finally:

@@ -15,11 +15,8 @@ n bytes on p ranks, with lg = log2 and pof2 the largest power of two <= p:
 butterfly and rabenseifner with p not a power of two run on pof2 ranks (p -> pof2 above) and
 add the fold-in's 2 alpha + 2 n beta + n gamma.
 
-Two levels (collectives.hierarchical; `predict_hierarchical`): c ranks per node, N = ceil(p / c)
-nodes, c' = min(c, p), (alpha_i, beta_i) inside a node and (alpha_e, beta_e) between nodes:
-
-    hierarchical  2 ceil(lg c') (alpha_i + n beta_i) + ceil(lg c') n gamma      tree reduce + broadcast
-                  + the ring's (or, N a power of two, Rabenseifner's) time on N ranks at alpha_e, beta_e
+On nodes (c ranks each, a faster link inside than between, the node's network ports shared by its
+ranks): collectives.model.two_level, which also holds the two hierarchies' costs.
 
 Refined model, beside the plain one. On one node a "message" is two memory copies
 (into and out of MPI's shared-memory queue) and a reduction is a read-read-write pass over
@@ -187,24 +184,6 @@ def predict(algorithm, p, nbytes, alpha, beta, gamma=0.0):
     """Predicted seconds: alpha * steps + beta * bytes + gamma * reduced bytes on the critical path."""
     steps, sent, reduced = critical_path(algorithm, p, nbytes)
     return alpha * steps + beta * sent + gamma * reduced
-
-
-def across_nodes(nodes):
-    """The allreduce collectives.hierarchical runs between node leaders: Rabenseifner on a power of
-    two of nodes, the ring otherwise (no fold-in)."""
-    return "rabenseifner" if nodes == largest_power_of_two(nodes) else "ring"
-
-
-def predict_hierarchical(p, nbytes, ranks_per_node, intra, inter, gamma=0.0, across=None):
-    """Predicted seconds of collectives.hierarchical; intra, inter: (alpha, beta) inside a node and
-    between nodes; across: the leaders' algorithm (None: across_nodes)."""
-    if p == 1 or nbytes == 0:
-        return 0.0
-    c = min(ranks_per_node, p)
-    nodes = -(-p // c)
-    lg = ceil_lg(c)
-    inside = 2 * lg * (intra[0] + nbytes * intra[1]) + lg * nbytes * gamma
-    return inside + predict(across or across_nodes(nodes), nodes, nbytes, inter[0], inter[1], gamma)
 
 
 def traffic(algorithm, p, nbytes):

@@ -1,5 +1,6 @@
-"""``python -m collectives.sim``: every allreduce on a simulated network (collectives/sim/simulate.py)."""
-from collectives.sim import simulate
+"""``python -m collectives.sim``: the same command as ``python -m collectives.simulate``
+(collectives/sim/simulate.py)."""
+from collectives.sim.simulate import main
 
 if __name__ == "__main__":
-    simulate.main()
+    main()

@@ -50,21 +50,27 @@ class SimComm:
     def Isend(self, buf, dest, tag=0):
         if dest == MPI.PROC_NULL:
             return _Null(self.engine, self.world_rank)
-        return self.engine.post(self.world_rank, True, self._peer(dest, "destination"), tag, buf)
+        return self.engine.start(self.world_rank, True, self._peer(dest, "destination"), tag, buf)
 
     def Irecv(self, buf, source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG):
         if source == MPI.PROC_NULL:
             return _Null(self.engine, self.world_rank)
         if tag == MPI.ANY_TAG:
             raise NotImplementedError("the simulator matches messages by tag: MPI.ANY_TAG is not supported")
-        return self.engine.post(self.world_rank, False, self._peer(source, "source"), tag, buf)
+        return self.engine.start(self.world_rank, False, self._peer(source, "source"), tag, buf)
 
     def Send(self, buf, dest, tag=0):
-        self.engine.wait(self.world_rank, (self.Isend(buf, dest, tag),))
+        if dest == MPI.PROC_NULL:
+            self.engine.wait(self.world_rank, (self.Isend(buf, dest, tag),))
+        else:                                    # blocking calls make no Request (engine.sendrecv)
+            self.engine.blocking(self.world_rank, True, self._peer(dest, "destination"), tag, buf)
 
     Ssend = Send
 
     def Recv(self, buf, source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=None):
+        if status is None and source != MPI.PROC_NULL and tag != MPI.ANY_TAG:
+            self.engine.blocking(self.world_rank, False, self._peer(source, "source"), tag, buf)
+            return
         request = self.Irecv(buf, source, tag)
         self.engine.wait(self.world_rank, (request,))
         if status is not None:
@@ -73,12 +79,11 @@ class SimComm:
     def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=MPI.ANY_SOURCE, recvtag=MPI.ANY_TAG,
                  status=None):
         engine, me = self.engine, self.world_rank
-        if self.members is None and dest >= 0 and source >= 0 and recvtag >= 0:   # the common case, quickly
-            send = engine.post(me, True, dest, sendtag, sendbuf)
-            receive = engine.post(me, False, source, recvtag, recvbuf)
-        else:
-            send = self.Isend(sendbuf, dest, sendtag)
-            receive = self.Irecv(recvbuf, source, recvtag)
+        if status is None and self.members is None and dest >= 0 and source >= 0 and recvtag >= 0:
+            engine.sendrecv(me, sendbuf, dest, sendtag, recvbuf, source, recvtag)    # the common case, quickly
+            return
+        send = self.Isend(sendbuf, dest, sendtag)
+        receive = self.Irecv(recvbuf, source, recvtag)
         engine.wait(me, (send, receive))
         if status is not None:
             fill_status(status, receive)
@@ -112,5 +117,5 @@ class _Null(Request):
     """A request to or from MPI.PROC_NULL: done at once."""
 
     def __init__(self, engine, owner):
-        super().__init__(engine, owner, True, -1, 0, None, 0, engine.clock[owner])
+        super().__init__(engine, owner, True, -1, 0)
         self.done = engine.clock[owner]

@@ -34,14 +34,14 @@ class FatTree(Engine):
         self.up = [[0.0] * uplinks for _ in range(leaves)]      # when each uplink is free again
         self.down = [[0.0] * uplinks for _ in range(leaves)]
 
-    def transfer(self, send, receive):
-        source, dest = receive.peer, send.peer
+    def transfer(self, source, dest, tag, sent_buf, into_buf, sent, posted):
         a, b = source // self.per_leaf, dest // self.per_leaf
         if a == b:
-            return super().transfer(send, receive)
+            return super().transfer(source, dest, tag, sent_buf, into_buf, sent, posted)
         up, down = self.up[a], self.down[b]
         i, j = up.index(min(up)), down.index(min(down))
         self.send_free[source] = max(self.send_free[source], up[i])
         self.recv_free[dest] = max(self.recv_free[dest], down[j])
-        super().transfer(send, receive)
+        times = super().transfer(source, dest, tag, sent_buf, into_buf, sent, posted)
         up[i] = down[j] = self.send_free[source]
+        return times

@@ -17,7 +17,10 @@ costs alpha + m beta, Hockney's model, which collectives.model.cost uses.)
 Topology: p ranks on nodes of c ranks (rank r on node r // c; the last node holds p mod c ranks
 when c does not divide p). Two ranks on one node talk over the `intra` link (shared memory),
 two on different nodes over the `inter` link (the network). Every rank has one send port and
-one receive port (full duplex): a port carries one message at a time.
+one receive port (full duplex): a port carries one message at a time. Every node has K network
+cards (NICs, `nics_per_node`, default 1), each with a send and a receive port of its own, shared
+by the node's ranks (local rank i = r mod c uses NIC i mod K): a message between nodes holds its
+ranks' ports and the two NICs' (engine.py). K >= c gives every rank a NIC of its own.
 """
 from dataclasses import dataclass
 
@@ -39,11 +42,12 @@ class LogGP:
 
 @dataclass(frozen=True)
 class Topology:
-    """p ranks, c per node, and the link inside a node and the one between nodes."""
+    """p ranks, c per node, K NICs per node, and the link inside a node and the one between nodes."""
     ranks: int
     ranks_per_node: int = None          # None: every rank on one node
     intra: LogGP = LogGP()
     inter: LogGP = LogGP()
+    nics_per_node: int = 1              # the node's network ports, shared by its ranks; >= c: one per rank
 
     def __post_init__(self):
         if not (isinstance(self.ranks, int) and self.ranks >= 1):
@@ -52,6 +56,8 @@ class Topology:
             object.__setattr__(self, "ranks_per_node", self.ranks)
         if not (isinstance(self.ranks_per_node, int) and self.ranks_per_node >= 1):
             raise ValueError(f"ranks_per_node must be an integer >= 1, got {self.ranks_per_node!r}")
+        if not (isinstance(self.nics_per_node, int) and self.nics_per_node >= 1):
+            raise ValueError(f"nics_per_node must be an integer >= 1, got {self.nics_per_node!r}")
 
     @property
     def nodes(self):
@@ -84,9 +90,9 @@ def message_times(link, nbytes, sent, posted, send_free, receive_free):
     return start, free, send_done, send_done + link.o
     # END SOLUTION
 
-def alpha_beta(ranks, alpha, beta, ranks_per_node=None, intra_alpha=None, intra_beta=None):
+def alpha_beta(ranks, alpha, beta, ranks_per_node=None, intra_alpha=None, intra_beta=None, nics_per_node=1):
     """A Topology with only alpha (= L) and beta (= G) set, o = g = 0: the closed forms' model.
     The intra-node link defaults to the inter-node one."""
     inter = LogGP(L=alpha, G=beta)
     intra = LogGP(L=alpha if intra_alpha is None else intra_alpha, G=beta if intra_beta is None else intra_beta)
-    return Topology(ranks, ranks_per_node, intra, inter)
+    return Topology(ranks, ranks_per_node, intra, inter, nics_per_node)

@@ -11,7 +11,9 @@ with x (N, C, H, W), weight (F, C, kh, kw), out (N, F, Ho, Wo) and
     Ho = (H + 2 padding - kh) // stride + 1,   Wo = (W + 2 padding - kw) // stride + 1.
 
 ``cache`` is a dict of what backward needs (named entries, not a positional tuple). Bias is
-added outside (``minidl.functional.conv2d``), since it is the same for every algorithm.
+added outside (``minidl.functional.conv2d``), since it is the same for every algorithm; so is the
+weight's keeping: conv2d takes ``cache["weight"]`` out after the forward and gives the backward the
+layer's ``weight.data`` of that moment, so no array of the weight is held in between (as Linear).
 
 The algorithms (Ben-Nun & Hoefler 2019): ``direct`` (the definition, the test oracle),
 ``im2col`` (one GEMM, the default), ``fft`` (products of spectra), ``winograd`` (F(2x2, 3x3),

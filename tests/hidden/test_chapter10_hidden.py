@@ -1,11 +1,13 @@
-"""Hidden: chapter 10's tasks (10.1 the hierarchical allreduce's heart, 10.2 the LogGP times of one
+"""Hidden: chapter 10's tasks (10.1 the two-level allreduce's heart, 10.2 the LogGP times of one
 message) from angles the visible tests do not take.
 
 10.1 on p = 5 and 6 ranks (the last node short, node sizes 1 .. p + 2), every op on float64 and
 int32, the heart called with a `source` and a `data` full of garbage, lengths below p and around
-2p; and the messages: only the leaders cross nodes, and every odd rank of a node sends (its part of
-the node's reduce). Expected values come
-from numpy over every rank's fill.
+2p; and the messages, counted by hand: on full nodes every rank sends 2 (c - 1) messages inside its
+node (the ring's reduce-scatter and allgather) and the messages of the ring (N not a power of two)
+or Rabenseifner's algorithm (N a power of two) on N ranks across nodes, only to its own local rank
+on the others; a rank of a short last node sends one message, its vector, to the same local rank on
+the node before. Expected values come from numpy over every rank's fill.
 10.2 against the LogGP rules written out here, on 300 drawn messages, including messages of zero
 bytes (the gap alone holds the ports) and links whose gap outlasts the wire.
 """
@@ -46,20 +48,26 @@ def test_hierarchical_heart_on_awkward_ranks_dtypes_ops_and_a_separate_source():
 
 @pytest.mark.task("10.1")
 @pytest.mark.parallel(nprocs=[6])
-def test_only_leaders_cross_nodes_and_the_odd_ranks_of_a_node_send():
+def test_every_rank_sends_its_rings_messages_in_the_node_and_its_own_across():
     comm = MPI.COMM_WORLD
     problems = []
-    for c in (2, 3, 4):
+    # c = 2: 3 nodes, the ring across (4 messages); c = 3: 2 nodes, Rabenseifner (2); c = 4: 1 full node
+    # and ranks 4, 5 on a short one
+    for c, across in ((2, 4), (3, 2), (4, 0)):
         traced = TracedComm(comm)
         data = fill(comm.rank, 17, "float64")
         hierarchical_allreduce_in_place(traced, data, "sum", ranks_per_node=c)
-        leader = comm.rank % c == 0
-        sent_to = [message.peer for message in traced.messages if message.direction == "send"]
-        crossing = [peer for peer in sent_to if peer // c != comm.rank // c]
-        if crossing and not (leader and all(peer % c == 0 for peer in crossing)):
-            problems.append((c, "crossed to", crossing))
-        if not leader and not sent_to and comm.rank % c % 2 == 1:
-            problems.append((c, "an odd rank of its node sent nothing: it must send its part of the reduce"))
+        sent = [message.peer for message in traced.messages if message.direction == "send"]
+        inside = [peer for peer in sent if peer // c == comm.rank // c]
+        crossing = [peer for peer in sent if peer // c != comm.rank // c]
+        short = comm.rank >= comm.size // c * c
+        twin = comm.size // c * c <= comm.rank + c < comm.size    # its twin on the short node folds in
+        if short and sent != [comm.rank - c]:
+            problems.append((c, "a rank of the short node should send its vector once, to", comm.rank - c, sent))
+        if not short and len(inside) != 2 * (c - 1):
+            problems.append((c, f"{len(inside)} messages inside the node, not the ring's {2 * (c - 1)}"))
+        if not short and (len(crossing) != across + twin or any(peer % c != comm.rank % c for peer in crossing)):
+            problems.append((c, f"across nodes to {crossing}: {across + twin} messages to its own local rank"))
     parallel_assert(not problems, f"rank {comm.rank}: {problems}")
 
 

@@ -313,20 +313,51 @@ def test_reduce_scatter_heart_with_source_and_in_place_gives_block_rank(op):
                         f"out of place {data[mine]}, in place {in_place[mine]}, expected {want}")
 
 
+def ring_pattern(messages, rank, size, counts, itemsize, first):
+    """None if ``messages`` are a ring's, step by step, in either direction: every send to one neighbour
+    and every receive from the other, step s sending block first(rank, s, d) and receiving the block the
+    neighbour sent (d = +1: blocks go right; d = -1: left); else what was seen and what a ring sends."""
+    seen = [(m.direction, m.peer, m.nbytes) for m in messages]
+    rings = []
+    for d in (1, -1):
+        want = {"send": [((rank + d) % size, counts[first(rank, s, d) % size] * itemsize) for s in range(size - 1)],
+                "recv": [((rank - d) % size, counts[first(rank - d, s, d) % size] * itemsize)
+                         for s in range(size - 1)]}
+        if all([(peer, nbytes) for way, peer, nbytes in seen if way == direction] == want[direction]
+               for direction in ("send", "recv")):
+            return None
+        rings.append(want)
+    return f"rank {rank}: (direction, peer, bytes) in order {seen}; a ring's, one way or the other: {rings}"
+
+
+def test_the_ring_pattern_takes_a_ring_either_way_and_refuses_a_direct_exchange_of_the_same_sizes():
+    # (a check of the check: the grader trusts it to tell a ring from anything else that sends the same sizes)
+    counts, p = block_counts(3 * 5 + 2, 5), 5
+    first = lambda r, s, d: r - d * (s + 1)                                   # noqa: E731
+    for d in (1, -1):
+        ring_messages = [trace.Message(0, way_peer, way, counts[block % p] * 8, 0, 0, 0, 0)
+                         for s in range(p - 1)
+                         for way, way_peer, block in (("send", d % p, first(0, s, d)),
+                                                      ("recv", -d % p, first(-d, s, d)))]
+        assert ring_pattern(ring_messages, 0, p, counts, 8, first) is None
+    direct = [trace.Message(0, j, "send", counts[j] * 8, 0, 0, 0, 0) for j in range(1, p)] + \
+             [trace.Message(0, j, "recv", counts[0] * 8, 0, 0, 0, 0) for j in range(1, p)]
+    assert ring_pattern(direct, 0, p, counts, 8, first) is not None
+
+
 @pytest.mark.task("3.4")
 @pytest.mark.parallel(nprocs=AWKWARD_P)
 def test_ring_reduce_scatter_sends_p_minus_1_blocks_of_the_uneven_sizes():
-    # rank r sends blocks r - 1, r - 2, ..., r - p + 1 (all but its own), each once
+    # rank r sends blocks r - 1, r - 2, ..., r - p + 1 (all but its own), each once, to its right neighbour
+    # and receives from its left (or all the other way round): peers, sizes and their order, step by step
     comm = MPI.COMM_WORLD
     traced = trace.TracedComm(comm)
     length = 3 * comm.size + 2
     counts = block_counts(length, comm.size)
     data = fill(comm.rank, length, "int64")
     ring.ring_reduce_scatter_in_place(traced, data, "sum")
-    sent = [m for m in traced.messages if m.direction == "send"]
-    want = [counts[(comm.rank - step - 1) % comm.size] * 8 for step in range(comm.size - 1)]
-    parallel_assert(sorted(m.nbytes for m in sent) == sorted(want),
-                    f"rank {comm.rank}: sent {[(m.peer, m.nbytes) for m in sent]}, expected blocks of {want} bytes")
+    wrong = ring_pattern(traced.messages, comm.rank, comm.size, counts, 8, lambda r, s, d: r - d * (s + 1))
+    parallel_assert(wrong is None, str(wrong))
 
 
 @pytest.mark.task("3.5")
@@ -361,6 +392,24 @@ def test_allgather_heart_fills_every_block_from_its_owner():
         ring.ring_allgather_in_place(comm, data)
         want = np.concatenate([fill(r, length, "float32")[offsets[r]:offsets[r] + counts[r]] for r in range(comm.size)])
         parallel_assert(np.array_equal(data, want), report(comm, f"ring_allgather_in_place of {length}", data, want))
+
+
+@pytest.mark.task("3.5")
+@pytest.mark.parallel(nprocs=AWKWARD_P)
+def test_ring_allgather_passes_each_block_on_around_the_ring():
+    # step s: rank r sends block r - s (its own first, then the one it received last) to its right
+    # neighbour and receives block r - s - 1 from its left (or all the other way round)
+    comm = MPI.COMM_WORLD
+    traced = trace.TracedComm(comm)
+    length = 3 * comm.size + 2
+    counts = block_counts(length, comm.size)
+    offsets = block_offsets(counts)
+    data = garbage(length, "float64")
+    mine = slice(offsets[comm.rank], offsets[comm.rank] + counts[comm.rank])
+    data[mine] = fill(comm.rank, length, "float64")[mine]
+    ring.ring_allgather_in_place(traced, data)
+    wrong = ring_pattern(traced.messages, comm.rank, comm.size, counts, 8, lambda r, s, d: r - d * s)
+    parallel_assert(wrong is None, str(wrong))
 
 
 @pytest.mark.task("3.5")

@@ -363,7 +363,17 @@ class ReplyBuilder:
             old = fields[name] if name in fields else _class_default(type(original), name)
             if isinstance(old, np.ndarray) and isinstance(new, np.ndarray) and _kind(old) == _kind(new) \
                     and new is not old and not any(new is thing for thing in self.sent.values()):
-                self.writes.append(lambda old=old, new=new: np.copyto(old, new))     # in place: views stay views
+                if old.flags.writeable:
+                    self.writes.append(lambda old=old, new=new: np.copyto(old, new))     # in place: views stay views
+                elif old.tobytes() != new.tobytes():    # a read-only stand-in (minidl.flat.absent: a weight let go)
+                    self.writes.append(lambda name=name, new=new: fields.__setitem__(name, new))   # is replaced
+                continue
+            if isinstance(old, np.ndarray) and isinstance(new, np.ndarray) and new is not old \
+                    and not any(new is thing for thing in self.sent.values()) \
+                    and not (self.tensor_class is not None and isinstance(original, self.tensor_class)):
+                # an array field of another shape or dtype, not a Tensor's (a layer's kept input: this batch's,
+                # not the last one's): the field is given the new array, data rebuilt here, the old one unwritten
+                self.writes.append(lambda name=name, new=new: fields.__setitem__(name, new))
                 continue
             tensors = self.tensor_class is not None and isinstance(new, self.tensor_class) and (
                 old is None or type(old) is type(new))                     # a Tensor the call made, rebuilt here

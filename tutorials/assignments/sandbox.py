@@ -14,8 +14,9 @@ tests/test_sandbox.py attacks it.
 
 **The sandbox** (root and bubblewrap with namespaces; ``why_not()`` says what is missing, with
 the line to install it): its own network (loopback only), PID, IPC and hostname namespaces, a
-new session, death with its parent; setpriv drops root for ``uid`` (65534) without capabilities
-or new privileges. It sees only the student tree (read-only, ``/student``), the interpreter
+new session, death with its parent; setpriv drops root for a uid of the job's own (drawn afresh for
+each job, so that no two jobs share what the kernel keeps per uid, such as a keyring) without
+capabilities or new privileges. It sees only the student tree (read-only, ``/student``), the interpreter
 (``sys.prefix``, ``sys.base_prefix``), ``/usr``, ``/sys`` (all read-only), its own ``/proc`` and
 ``/dev``, a private ``/tmp`` and ``/dev/shm`` (MPICH needs it), and the grader's driver files
 (read-only, ``/io``): nothing else of the grader's checkout (tests, hidden tests, answers).
@@ -29,9 +30,12 @@ bubblewrap as root; ``tests/grade.py`` (root) then lends them an inherited socke
 (``$MINIDL_SANDBOX_BROKER``): a ``Job`` asks it for a sandboxed process and gets back only the
 two pipes' ends, and the broker kills the job when the asker closes its end or dies.
 
-**Not guaranteed.** No seccomp filter: a kernel exploit escapes. p ranks may use p times
-``limits.memory``. Processes of one uid share ``limits.processes``. Without root (or a broker)
-nothing runs. The student tree must be world-readable (the sandbox uid reads it).
+**Not guaranteed.** No seccomp filter: a kernel exploit escapes. Jobs share the kernel's page cache
+of the read-only system files (which pages of ``/usr`` are cached, set and read by any uid): a slow
+side channel between jobs, and between the ranks of one job outside the grader's trace, that no
+namespace closes (tests/grade.py runs every visible test before any hidden one because of it). p ranks may use p times
+``limits.memory``. Processes of one job share ``limits.processes``. Without root (or a broker)
+nothing runs. The student tree must be world-readable (the sandbox's uid reads it).
 """
 import contextlib
 import dataclasses
@@ -52,7 +56,15 @@ import numpy as np
 
 from tutorials.assignments import channel, replies, values
 
-SANDBOX_UID = 65534
+SANDBOX_UID = 65534                 # the uid of a plain run (tests' ``run``); every job gets one of its own:
+SANDBOX_UIDS = range(1 << 20, 1 << 30)  # a job's uid, drawn afresh: nothing kept per uid (a keyring) is shared
+
+
+def fresh_uid():
+    """A uid for one sandboxed job, unused by any other: processes of one uid share kernel objects (the
+    user keyring) that namespaces do not separate, so two jobs of one uid could talk past the grader."""
+    import secrets
+    return SANDBOX_UIDS.start + secrets.randbelow(len(SANDBOX_UIDS))
 INSTALL = "apt-get install bubblewrap"
 # No user namespace: bwrap run as root would map the sandbox uid back to root outside.
 # The BLAS's settings pass in (OPENBLAS_CORETYPE picks the kernels): the same bits as the grader's.
@@ -129,7 +141,10 @@ def bwrap_arguments(binds, limits, chdir="/tmp"):
     args += ["--proc", "/proc", "--dev", "/dev", "--ro-bind", "/sys", "/sys"]
     for place in ("/tmp", "/dev/shm"):
         args += ["--perms", "1777", "--size", str(limits.tmp), "--tmpfs", place]
-    made, mounts = {"/", "/tmp", "/dev"}, [(prefix, prefix, "--ro-bind") for prefix in {sys.prefix, sys.base_prefix}]
+    # the interpreter where it is named and where it really is (a virtual environment may be a link into
+    # another folder, which a later bind of the tree that holds the link would otherwise leave unreachable)
+    prefixes = {place for prefix in (sys.prefix, sys.base_prefix) for place in (prefix, os.path.realpath(prefix))}
+    made, mounts = {"/", "/tmp", "/dev"}, [(prefix, prefix, "--ro-bind") for prefix in prefixes]
     for source, target, how in [*sorted(mounts), *binds]:
         if any(target == done or target.startswith(done + "/") for done in covered):
             continue                                    # e.g. an interpreter under /usr
@@ -174,7 +189,7 @@ def _driver_folder():
     return folder
 
 
-def start(argv, tree, log, *, io=None, limits=Limits(), uid=SANDBOX_UID, pass_fds=(), timeout=30):
+def start(argv, tree, log, *, io=None, limits=Limits(), uid=None, pass_fds=(), timeout=30):
     """Start ``argv`` (``{tree}``, ``{io}``: those folders inside) in the sandbox: (process, init pidfd)."""
     why = _local_why_not()
     if why:
@@ -182,6 +197,7 @@ def start(argv, tree, log, *, io=None, limits=Limits(), uid=SANDBOX_UID, pass_fd
     binds = [(str(Path(tree).resolve()), "/student", "--ro-bind")]
     binds += [] if io is None else [(str(io), "/io", "--ro-bind")]
     info, info_out = os.pipe()                          # bwrap tells the pid of its init there
+    uid = fresh_uid() if uid is None else uid
     prefix = ["bwrap", "--info-fd", str(info_out), *bwrap_arguments(binds, limits)[1:], *_drop(uid, limits)]
     argv = [part.format(tree="/student", io="/io") for part in argv]
     blas = {name: value for name, value in os.environ.items() if name.startswith(BLAS_SETTINGS)}
@@ -193,12 +209,13 @@ def start(argv, tree, log, *, io=None, limits=Limits(), uid=SANDBOX_UID, pass_fd
     return process, _first_inside(info, time.monotonic() + timeout)
 
 
-def run(argv, tree, timeout, *, limits=Limits(), uid=SANDBOX_UID):
+def run(argv, tree, timeout, *, limits=Limits(), uid=None):
     """Run ``argv`` in the sandbox (``{tree}`` becomes the tree's path there): a ``Result``; a timeout
     is reported there (``timed_out``), not raised."""
     with tempfile.TemporaryFile() as log:
         started = time.monotonic()
-        process, init = start(argv, tree, log, limits=limits, uid=uid, timeout=timeout)
+        process, init = start(argv, tree, log, limits=limits, uid=fresh_uid() if uid is None else uid,
+                              timeout=timeout)
         timed_out = False
         try:
             process.wait(timeout=max(0.0, started + timeout - time.monotonic()))
@@ -223,7 +240,7 @@ class Job:
     started. As root it starts the sandbox itself; else it asks the broker (``$MINIDL_SANDBOX_BROKER``).
     """
 
-    def __init__(self, tree, mode="serve", nprocs=1, *, limits=Limits(), uid=SANDBOX_UID):
+    def __init__(self, tree, mode="serve", nprocs=1, *, limits=Limits(), uid=None):
         if mode not in ("serve", "job") or not (isinstance(nprocs, int) and 1 <= nprocs <= 64) \
                 or (mode == "serve" and nprocs != 1):
             raise ValueError(f"a sandboxed job of mode {mode!r} on {nprocs!r} ranks")
@@ -233,6 +250,8 @@ class Job:
             self.log = None
             return
         self.control = None
+        self.uid = fresh_uid() if uid is None else uid
+        uid = self.uid
         self.folder = _driver_folder()
         self.log = tempfile.TemporaryFile()
         theirs_in, self.to_job = os.pipe()
@@ -301,7 +320,7 @@ def _ask_broker(fd, mode, nprocs):
     return fds[0], fds[1], mine
 
 
-def serve_broker(sock, tree, limits=Limits(), uid=SANDBOX_UID):
+def serve_broker(sock, tree, limits=Limits(), uid=None):
     """The broker (tests/grade.py, as root): start a sandboxed job of ``tree`` for each request on
     ``sock`` and hand back its pipes' ends; kill it once the asker's control socket closes. Until EOF."""
     import threading
@@ -382,7 +401,7 @@ def failure_of(frame, nprocs, rank=None):
             f"{str(frame.get('__traceback__', ''))[-1500:]}")
 
 
-def call(tree, module, function, args=None, nprocs=1, timeout=60, *, limits=Limits(), uid=SANDBOX_UID):
+def call(tree, module, function, args=None, nprocs=1, timeout=60, *, limits=Limits(), uid=None):
     """``module.function(**args)`` from the student ``tree`` in the sandbox: {rank: {name: value}}.
 
     ``args``: {name: array, number or string} for every rank, or a list of one such dict per rank.

@@ -1,47 +1,41 @@
-"""The figures and tables of chapter 10 (scaling past one machine), from the simulated network.
+"""The figures and tables of chapter 10 (scaling past one machine), from the simulated network: sections
+5, 6 (beside the emulated hosts), 7 and 8; sections 2 to 4 come from make_10_scaling.py.
 
-    python tutorials/figures/make_10_figures.py            # about 5 minutes on 2 loaded cores
+    python tutorials/figures/make_10_figures.py            # about 3 minutes on 2 loaded cores
     python tutorials/figures/make_10_figures.py --quick    # p <= 16, a few sizes: seconds, into --out
     python tutorials/figures/make_10_figures.py --out DIR
 
 Every allreduce runs its real heart on collectives.sim's simulated ranks (sizes only: no data),
-timed by LogGP with o = g = 0, on a two-level topology of 8 ranks per node:
+timed by LogGP with o = g = 0, on a two-level topology of 8 ranks per node sharing one NIC:
 
     inside a node   alpha and beta of chapter 3's ping-pong fit on this machine (03_bench_p2.json)
     between nodes   alpha and beta of the emulated link, make_10_cluster.py's fit on a quiet machine
                     (quiet/10_link.json: the one link fit of the whole chapter; the loaded run's
                     10_link.json, whose alpha is the scheduler's, is not used here)
 
-1. scaling: p = 2, 4, ..., 1024 at 1 MiB for ring, tree, butterfly, Rabenseifner, auto and the
-   hierarchical allreduce, beside two lower bounds: the alpha-beta bound at the network's
-   parameters over the nodes (each node one process whose own copies cost nothing) and
-   collectives.sim.simulate's bound at the fastest link; and, with one network port per node instead of
-   one per rank (OnePortPerNode), tree, butterfly, Rabenseifner and the hierarchy again
-                                                                         -> 10_scaling.json/.png
-2. sizes: time against size at p = 64 (256 B .. 64 MiB), the fastest algorithm at each size and
-   the sizes where the fastest changes (interpolated on the log scale)   -> 10_sizes.json/.png
-3. reproduction: Ben-Nun & Hoefler's allreduce table (Tree, Butterfly, Pipeline, RedScat+Gat,
+1. reproduction: Ben-Nun & Hoefler's allreduce table (Tree, Butterfly, Pipeline, RedScat+Gat,
    lower bound), its formulas written out here from the survey, beside our simulated times on a
    flat network (one link: the emulated one) at p = 64, and the table's "butterfly for small vectors,
    RedScat+Gat for large" crossover against the simulated one (found by bisection)
                                                                          -> 10_reproduction.json/.md
-4. emulated hosts: the measured allreduces of make_10_cluster.py's quiet run (quiet/10_allreduce.json,
-   the same job as the link fit) beside the simulator's time for the same hosts x ranks and sizes
-                                                                         -> 10_emulated.json/.md
-5. data parallelism: one step = forward + backward of LeNet-5 or the MLP, measured with minidl
+2. emulated hosts: the measured allreduces of make_10_cluster.py's quiet run (quiet/10_allreduce.json,
+   the same job as the link fit) beside the simulator's time for the same hosts x ranks and sizes,
+   each host one NIC (its one link)                                      -> 10_emulated.json/.md
+3. data parallelism: one step = forward + backward of LeNet-5 or the MLP, measured with minidl
    on one core at the batch each rank gets (the best of a few repeats, in CPU seconds), + the simulated
-   hierarchical allreduce of the gradient (float32); strong scaling (global batch 1024, p up to
-   1024) and weak scaling (32 rows per rank), speed-up and efficiency   -> 10_data_parallel.json/.png
-6. pipeline: GPipe and 1F1B on P = 2 .. 64 stages, one stage per node, m micro-batches; each
+   two-level allreduce of the gradient (float32, one NIC per node); strong scaling (global batch 1024,
+   p up to 1024) and weak scaling (32 rows per rank), speed-up and efficiency
+                                                                         -> 10_data_parallel.json/.png
+4. pipeline: GPipe and 1F1B on P = 2 .. 64 stages, one stage per node, m micro-batches; each
    stage runs algorithms.pipeline_parallel.schedule (the chapter 6 heart) as a simulated rank:
    forward 10 ms, backward 20 ms (chapter 6's), activations and gradients of 32 x 256 float32
    between stages over the network link. Bubble = 1 - busy / (P x span), against
    (P - 1) / (m + P - 1), with messages costed and free                 -> 10_pipeline.json/.png
 
-The chapter quotes 10_scaling.md, 10_reproduction.md, 10_emulated.md and 10_strong.md verbatim and
-its other numbers from the JSON (tests/test_chapter10_numbers.py). The simulated times are
-deterministic (the same inputs give the same seconds); the compute times of part 5 are measured,
-so they move a little from run to run.
+The chapter quotes 10_reproduction.md, 10_emulated.md and 10_strong.md verbatim and its other numbers
+from the JSON (tests/test_chapter10_numbers.py). The simulated times are deterministic (the same
+inputs give the same seconds); the compute times of part 3 are measured, so they move a little from
+run to run.
 """
 import argparse
 import json
@@ -63,18 +57,13 @@ from algorithms.pipeline_parallel import schedule  # noqa: E402
 from collectives.model import cost  # noqa: E402
 from collectives.sim import Engine, LogGP, SimComm, Sized, Topology  # noqa: E402
 from collectives.sim.simulate import simulate  # noqa: E402
-from collectives.table import HEARTS  # noqa: E402
 from minidl import functional as F, models  # noqa: E402
 from minidl.tensor import Tensor  # noqa: E402
 
 OUT = HERE / "out"
 LINK = OUT / "quiet" / "10_link.json"             # make_10_cluster.py --out tutorials/figures/out/quiet
 MEASURED = OUT / "quiet" / "10_allreduce.json"    # the same job's measured allreduces
-ALGORITHMS = ("ring", "tree", "butterfly", "rabenseifner", "auto", "hierarchical")
 PER_NODE = 8
-ONE_PORT = ("tree", "butterfly", "rabenseifner", "hierarchical")   # the ring in block order: one port is all it uses
-SCALING_BYTES = 1 << 20
-SIZES_P = 64
 GLOBAL_BATCH, WEAK_BATCH = 1024, 32
 FORWARD, BACKWARD = 0.010, 0.020                 # seconds per micro-batch and stage (chapter 6's Work layer)
 ACTIVATION_BYTES = 32 * 256 * 4                   # one micro-batch's activations (and gradients) between stages
@@ -111,88 +100,24 @@ def seconds(algorithm, topology, nbytes):
     return simulate(algorithm, topology, nbytes, sizes_only=True)[0]
 
 
-class OnePortPerNode(Engine):
-    """The engine with one network port per node: a message between nodes also waits for its
-    sending node's outgoing port and its receiving node's incoming port (a node's one network card),
-    which it then holds as long as it holds the ranks' own ports. Messages inside a node as before."""
-
-    def __init__(self, topology, **options):
-        super().__init__(topology, **options)
-        self.out_port, self.in_port = [0.0] * topology.nodes, [0.0] * topology.nodes
-
-    def transfer(self, send, receive):
-        source, dest = receive.peer, send.peer
-        a, b = source // self.c, dest // self.c
-        if a == b:
-            return super().transfer(send, receive)
-        self.send_free[source] = max(self.send_free[source], self.out_port[a])
-        self.recv_free[dest] = max(self.recv_free[dest], self.in_port[b])
-        super().transfer(send, receive)
-        self.out_port[a] = self.in_port[b] = self.send_free[source]
-
-
-def seconds_one_port(algorithm, topology, nbytes):
-    """Simulated seconds of `algorithm` (sizes only) when each node has one network port."""
-    heart, count = HEARTS[algorithm], nbytes // 4
-
-    def program(comm):
-        heart(comm, Sized(count, np.float32), "sum")
-    return OnePortPerNode(topology, move_data=False).run(program, SimComm)
-
-
 def network_bound(p, nbytes, inter):
     """The alpha-beta lower bound over the nodes at the network's parameters (each node one process)."""
     nodes = -(-p // PER_NODE)
     return cost.predict("lower bound", nodes, nbytes, inter.L, inter.G) if nodes > 1 else 0.0
 
 
-def scaling(ps, intra, inter):
-    rows = []
-    for p in ps:
-        topology = Topology(p, PER_NODE, intra, inter)
-        row = {"ranks": p, "bytes": SCALING_BYTES, "network_bound": network_bound(p, SCALING_BYTES, inter),
-               "fastest_link_bound": cost.predict("lower bound", p, SCALING_BYTES, intra.L, intra.G)}
-        for name in ALGORITHMS:
-            start = time.perf_counter()
-            row[name] = seconds(name, topology, SCALING_BYTES)
-            row[f"{name}_wall"] = time.perf_counter() - start
-        for name in ONE_PORT + (("ring",) if p <= 128 else ()):      # the ring: to show it does not change
-            row[f"{name}_one_port"] = seconds_one_port(name, topology, SCALING_BYTES)
-        rows.append(row)
-        print(f"scaling p = {p:5d}: " + ", ".join(f"{name} {row[name] * 1e3:.2f} ms" for name in ALGORITHMS),
-              flush=True)
-    return rows
-
-
 def crossings(sizes, times):
-    """The fastest algorithm at each size, and where it changes: [(size, from, to)], log-interpolated."""
+    """The fastest algorithm at each size, and where it changes: [{from, to, sizes: the two sizes run either side}]."""
     best = [min(times, key=lambda name: times[name][i]) for i in range(len(sizes))]
-    changes = []
-    for i in range(1, len(sizes)):
-        a, b = best[i - 1], best[i]
-        if a != b:
-            # where times[a] and times[b] cross between sizes i-1 and i, on log(size) and log(time)
-            d0 = math.log(times[a][i - 1]) - math.log(times[b][i - 1])
-            d1 = math.log(times[a][i]) - math.log(times[b][i])
-            x0, x1 = math.log(sizes[i - 1]), math.log(sizes[i])
-            where = x0 + (x1 - x0) * d0 / (d0 - d1) if d0 != d1 else x0
-            changes.append({"bytes": math.exp(where), "from": a, "to": b})
+    changes = [{"from": best[i - 1], "to": best[i], "sizes": [sizes[i - 1], sizes[i]]}
+               for i in range(1, len(sizes)) if best[i - 1] != best[i]]
     return best, changes
 
 
-def size_sweep(sizes, intra, inter):
-    topology = Topology(SIZES_P, PER_NODE, intra, inter)
-    times = {name: [seconds(name, topology, n) for n in sizes] for name in ALGORITHMS if name != "auto"}
-    best, changes = crossings(sizes, times)
-    print(f"sizes at p = {SIZES_P}: fastest " + ", ".join(best), flush=True)
-    return {"ranks": SIZES_P, "bytes": sizes, "seconds": times, "fastest": best, "changes": changes,
-            "bound": [network_bound(SIZES_P, n, inter) for n in sizes]}
-
-
-def bisect_crossover(flat, low, high, steps=30):
-    """The size (a multiple of 4 bytes) at which simulated butterfly and Rabenseifner take equal time."""
+def bisect_crossover(topology, low, high, first="butterfly", second="rabenseifner", steps=30):
+    """(low, high), multiples of 4 bytes: `first` simulated faster than `second` at low, not at high."""
     def gap(n):
-        return seconds("butterfly", flat, n) - seconds("rabenseifner", flat, n)
+        return seconds(first, topology, n) - seconds(second, topology, n)
     for _ in range(steps):
         middle = int(math.sqrt(low * high)) // 4 * 4
         if middle in (low, high):
@@ -344,13 +269,6 @@ def human(nbytes):
 
 
 def markdown(result):
-    lines = ["| p | " + " | ".join(ALGORITHMS) + " | bound | rabenseifner, one port | hierarchical, one port |",
-             "| --- " * (len(ALGORITHMS) + 4) + "|"]
-    for row in result["scaling"]:
-        lines.append(f"| {row['ranks']} | " + " | ".join(f"{row[name] * 1e3:.2f}" for name in ALGORITHMS)
-                     + f" | {row['network_bound'] * 1e3:.2f} | {row['rabenseifner_one_port'] * 1e3:.2f}"
-                     + f" | {row['hierarchical_one_port'] * 1e3:.2f} |")
-    scaling = "\n".join(lines)
     rep = result["reproduction"]
     lines = ["| Ben-Nun & Hoefler's row | formula | table ms | minidl | simulated ms |", "| --- | --- | --- | --- | "
                                                                                          "--- |"]
@@ -376,7 +294,7 @@ def markdown(result):
                              f"{row['allreduce'] * 1e3:.3f} | "
                              f"{row['step'] * 1e3:.3f} | {row['speedup']:.1f} | {row['efficiency']:.2f} |")
     strong = "\n".join(lines)
-    return {"10_scaling.md": scaling, "10_reproduction.md": reproduction, "10_emulated.md": emulated_,
+    return {"10_reproduction.md": reproduction, "10_emulated.md": emulated_,
             "10_strong.md": strong}
 
 
@@ -384,33 +302,6 @@ def plots(result, out):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    rows = result["scaling"]
-    ps = [row["ranks"] for row in rows]
-    figure, axis = plt.subplots(figsize=(7, 4.5))
-    for name in ALGORITHMS:
-        axis.plot(ps, [row[name] * 1e3 for row in rows], marker="o", ms=3, label=name)
-    for name in ("rabenseifner", "hierarchical"):
-        axis.plot(ps, [row[f"{name}_one_port"] * 1e3 for row in rows], ":", marker="x", ms=4, label=f"{name}, one "
-                                                                                                    "port per node")
-    axis.plot(ps, [row["network_bound"] * 1e3 or np.nan for row in rows], "k--", label="lower bound (one port per "
-                                                                                       "node)")
-    axis.set(xscale="log", yscale="log", xlabel="ranks p (8 per node)", ylabel="ms", title="allreduce of 1 MiB, "
-                                                                                           "simulated")
-    axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(out / "10_scaling.png", dpi=110)
-    plt.close(figure)
-    sweep = result["sizes"]
-    figure, axis = plt.subplots(figsize=(7, 4.5))
-    for name, times in sweep["seconds"].items():
-        axis.plot(sweep["bytes"], [t * 1e3 for t in times], marker="o", ms=3, label=name)
-    axis.plot(sweep["bytes"], [t * 1e3 for t in sweep["bound"]], "k--", label="lower bound (network)")
-    axis.set(xscale="log", yscale="log", xlabel="bytes per rank", ylabel="ms", title="allreduce at p = "
-                                                                                     f"{sweep['ranks']}, simulated")
-    axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(out / "10_sizes.png", dpi=110)
-    plt.close(figure)
     figure, axes = plt.subplots(1, 2, figsize=(10, 4))
     for model, by in result["data_parallel"].items():
         for kind, style in (("strong", "-"), ("weak", "--")):
@@ -457,12 +348,9 @@ def main(argv=None):
     intra, inter, sources = links()
     top = 16 if args.quick else 1024
     ps = [1 << k for k in range(1, int(math.log2(top)) + 1)]
-    sizes = [1 << k for k in (range(8, 27, 6) if args.quick else range(8, 27, 2))]
     start = time.perf_counter()
     result = {"links": {"intra": {"alpha": intra.L, "beta": intra.G}, "inter": {"alpha": inter.L, "beta": inter.G},
                         "sources": sources, "ranks_per_node": PER_NODE}}
-    result["scaling"] = scaling(ps, intra, inter)
-    result["sizes"] = size_sweep(sizes, intra, inter)
     result["reproduction"] = reproduction(inter, p=16 if args.quick else 64)
     result["emulated"] = emulated(intra, inter)
     result["data_parallel"] = data_parallel(ps, intra, inter, 1 if args.quick else 5)
@@ -470,15 +358,19 @@ def main(argv=None):
                                   [1, 4] if args.quick else [1, 2, 4, 8, 16, 32, 64], inter)
     result["wall_seconds"] = time.perf_counter() - start
     result["quick"] = args.quick
-    for name, part in (("10_scaling.json", "scaling"), ("10_sizes.json", "sizes"),
-                       ("10_reproduction.json", "reproduction"),
-                       ("10_emulated.json", "emulated"), ("10_data_parallel.json", "data_parallel"),
-                       ("10_pipeline.json", "pipeline")):
+    return write(result, out, {"10_reproduction.json": "reproduction", "10_emulated.json": "emulated",
+                               "10_data_parallel.json": "data_parallel", "10_pipeline.json": "pipeline"},
+                 markdown, None if args.quick else plots)
+
+
+def write(result, out, parts, markdown, plots=None, kept=("links",)):
+    """Each part of ``result`` to its JSON file (with the ``kept`` fields), its tables, then its plots."""
+    for name, part in parts.items():
         with open(out / name, "w") as handle:
-            json.dump({"links": result["links"], part: result[part]}, handle, indent=1)
+            json.dump({**{key: result[key] for key in kept}, part: result[part]}, handle, indent=1)
     for name, text in markdown(result).items():
         (out / name).write_text(text + "\n")
-    if not args.quick:
+    if plots is not None:
         plots(result, out)
     print(f"wrote {out}: {result['wall_seconds']:.0f} s")
     return result

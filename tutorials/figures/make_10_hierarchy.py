@@ -1,4 +1,4 @@
-"""Hierarchical against flat allreduce across emulated hosts with slow links; needs root.
+"""Both hierarchies against flat allreduce across emulated hosts with slow links; needs root.
 
     python tutorials/figures/make_10_hierarchy.py            # about 4 minutes on 2 cores
     python tutorials/figures/make_10_hierarchy.py --quick    # 2 x 2 only, 2 sizes, into a temporary folder
@@ -13,15 +13,21 @@ r // 2). In each job every rank runs `--worker` below:
    median one-way time of the messages of <= 512 B, beta the slope through those of >= 1 MiB (the
    token bucket lets a short burst through at memory speed, so smaller ones beat the rate); gamma
    from calibrate.fit_gamma;
-2. at each size, the flat ring, flat Rabenseifner and collectives.hierarchical with c = 2 (tree in
-   the host, Rabenseifner between the H leaders, tree back), interleaved, each the median of
-   single calls after a barrier, the best of --rounds; every sum checked.
+2. at each size, the flat ring, flat Rabenseifner, collectives.hierarchical with c = 2 (the two-level
+   allreduce: reduce-scatter in the host, both ranks of a host each allreducing half of the vector with
+   their twin on every other host, Rabenseifner for H a power of two, allgather in the host) and
+   collectives.hierarchical_tree (the tree form: tree in the host, Rabenseifner between the H leaders,
+   tree back), interleaved, each the median of single calls after a barrier, the best of --rounds;
+   every sum checked.
 
 Beside each time, the model: the flat ring's two-level model (make_10_cluster.two_level_model: one
-rank per host crosses a link at each step, so every step costs the link's alpha + n/p beta) and
-cost.predict_hierarchical at the fitted (alpha, beta) of shared memory and of the link. The table
-says where the model expects the hierarchy to win (model ring / model hierarchical > 1), where it
-was measured to win, and the bytes the links carried in each job (the tbf queues' counters).
+rank per host crosses a link at each step, so every step costs the link's alpha + n/p beta),
+collectives.model.two_level.predict_hierarchical with one NIC per host (the host's one link, which its
+two ranks share in the steps across hosts) and predict_hierarchical_tree, at the (alpha, beta) of
+shared memory and of the link that the same job fitted. The table says where the model expects the
+two-level allreduce to beat the flat ring (model ring / model two-level > 1), where it was measured to,
+how far the model of each hierarchy is from its measurement, and the bytes the links carried in each
+job (the tbf queues' counters).
 -> OUT/10_hierarchy.json, OUT/10_hierarchy.md
 """
 import argparse
@@ -39,18 +45,18 @@ sys.path.insert(0, str(HERE.parent.parent))
 
 from make_10_cluster import cluster, prepare, two_level_model  # noqa: E402
 
-from collectives.model import cost  # noqa: E402
+from collectives.model import two_level  # noqa: E402
 
 SIZES, QUICK_SIZES = "4K,64K,256K,1M,4M,16M", "4K,1M"
 PER_HOST = 2
-NAMES = ("ring", "rabenseifner", "hierarchical")
+NAMES = ("ring", "rabenseifner", "hierarchical", "hierarchical_tree")
 
 
 def worker(sizes, rounds, min_time):
     """One rank of the job: rank 0 prints JSON lines (the links, then one per size and algorithm)."""
     from mpi4py import MPI
 
-    from collectives import hierarchical, rabenseifner, ring
+    from collectives import hierarchical, hierarchical_tree, rabenseifner, ring
     from collectives.bench import calibrate
     comm = MPI.COMM_WORLD
     rank, p = comm.Get_rank(), comm.Get_size()
@@ -77,7 +83,8 @@ def worker(sizes, rounds, min_time):
     if rank == 0:
         print(json.dumps({"links": links}), flush=True)
     calls = {"ring": ring.allreduce, "rabenseifner": rabenseifner.allreduce,
-             "hierarchical": lambda *a, **k: hierarchical.allreduce(*a, **k, ranks_per_node=PER_HOST)}
+             "hierarchical": lambda *a, **k: hierarchical.allreduce(*a, **k, ranks_per_node=PER_HOST),
+             "hierarchical_tree": lambda *a, **k: hierarchical_tree.allreduce(*a, **k, ranks_per_node=PER_HOST)}
     for nbytes in sizes:
         sendbuf = np.full(nbytes // 4, rank + 1, np.float32)
         recvbuf = np.empty_like(sendbuf)
@@ -105,10 +112,12 @@ def job(hosts, rate, sizes, rounds, min_time, folder):
     measured = {(r["algorithm"], r["bytes"]): r["seconds"] for r in lines[1:]}
     rows = []
     for nbytes in sorted({n for _, n in measured}):
+        inside, across = (shm["alpha"], shm["beta"]), (link["alpha"], link["beta"])
         model = {"ring": two_level_model("ring", hosts, PER_HOST, nbytes, link, shm, gamma),
                  "rabenseifner": two_level_model("rabenseifner", hosts, PER_HOST, nbytes, link, shm, gamma),
-                 "hierarchical": cost.predict_hierarchical(p, nbytes, PER_HOST, (shm["alpha"], shm["beta"]),
-                                                           (link["alpha"], link["beta"]), gamma)}
+                 "hierarchical": two_level.predict_hierarchical(p, nbytes, PER_HOST, inside, across, gamma,
+                                                                nics_per_node=1),
+                 "hierarchical_tree": two_level.predict_hierarchical_tree(p, nbytes, PER_HOST, inside, across, gamma)}
         rows.append({"hosts": hosts, "ranks_per_host": PER_HOST, "bytes": nbytes,
                      **{f"{name}_seconds": measured[name, nbytes] for name in NAMES},
                      **{f"{name}_model_seconds": model[name] for name in NAMES},
@@ -131,16 +140,19 @@ def markdown(rows, fits, rate, load):
                      f"{link['beta'] * 1e9:.1f} ns/B ({1 / link['beta'] / 1e6:.0f} MB/s); shared memory alpha "
                      f"{shm['alpha'] * 1e6:.1f} us, beta {shm['beta'] * 1e9:.2f} ns/B; {fit['bytes_between_hosts']} "
                      f"bytes crossed the links in the job.")
-    lines += ["", "| hosts x ranks | bytes | ring ms | hierarchical ms | Rabenseifner ms | model ring ms "
-              "| model hierarchical ms | model: ring / hier. | measured: ring / hier. | hierarchy wins: model, "
-              "measured |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines += ["", "| hosts x ranks | bytes | ring ms | two-level ms | tree form ms | Rabenseifner ms | model ring ms "
+              "| model two-level ms | model tree form ms | model: ring / two-level | measured: ring / two-level "
+              "| two-level wins: model, measured | model / measured: two-level, tree form |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         verdict = f"{'yes' if r['model_speedup'] > 1 else 'no'}, {'yes' if r['measured_speedup'] > 1 else 'no'}"
-        lines.append(f"| {r['hosts']} x {r['ranks_per_host']} | {human(r['bytes'])} | {r['ring_seconds'] * 1e3:.2f} | "
-                     f"{r['hierarchical_seconds'] * 1e3:.2f} | {r['rabenseifner_seconds'] * 1e3:.2f} | "
-                     f"{r['ring_model_seconds'] * 1e3:.2f} | {r['hierarchical_model_seconds'] * 1e3:.2f} | "
-                     f"{r['model_speedup']:.2f} | {r['measured_speedup']:.2f} | {verdict} |")
+        fit = [r[f"{name}_model_seconds"] / r[f"{name}_seconds"] for name in ("hierarchical", "hierarchical_tree")]
+        times = " | ".join(f"{r[key] * 1e3:.2f}" for key in (
+            "ring_seconds", "hierarchical_seconds", "hierarchical_tree_seconds", "rabenseifner_seconds",
+            "ring_model_seconds", "hierarchical_model_seconds", "hierarchical_tree_model_seconds"))
+        lines.append(f"| {r['hosts']} x {r['ranks_per_host']} | {human(r['bytes'])} | {times} | "
+                     f"{r['model_speedup']:.2f} | {r['measured_speedup']:.2f} | {verdict} | "
+                     f"{fit[0]:.2f}, {fit[1]:.2f} |")
     lines += ["", f"Load average of the machine ({os.cpu_count()} cores), 1 minute: {load[0][0]:.1f} before, "
               f"{load[1][0]:.1f} after."]
     return "\n".join(lines) + "\n"

@@ -35,8 +35,9 @@ from mpi4py import MPI
 
 from algorithms import allreduce_sgd, pipeline_parallel, spatial_parallel, tensor_parallel, zero
 from algorithms.core.objective import build_model, load_data
-from algorithms.core.tiling import Tiling
 from algorithms.memory import table as memory_table
+from algorithms.shards.tiling import Tiling
+from algorithms.shards.units import units_of
 from collectives.trace import WatchedComm
 
 comm = MPI.COMM_WORLD
@@ -167,6 +168,7 @@ def methods():
         ("ZeRO-1", "mlp", zero.train, dict(data, stage=1)),
         ("ZeRO-2", "mlp", zero.train, dict(data, stage=2)),
         ("ZeRO-3", "mlp", zero.train, dict(data, stage=3)),
+        ("ZeRO-3 --prefetch", "mlp", zero.train, dict(data, stage=3, prefetch=True)),
         ("tensor", "mlp", tensor_parallel.train, dict(whole)),
         ("tensor --recompute", "mlp", tensor_parallel.train, dict(whole, recompute=True)),
         ("pipeline 1F1B", "mlp", pipeline_parallel.train, dict(whole, schedule="1f1b", micro_batches=4)),
@@ -182,7 +184,8 @@ def methods():
 
 # the run whose bits each of these gives (same seed, same bits), checked seed by seed
 BITWISE = {"allreduce SGD --recompute": "allreduce SGD", "ZeRO-1": "allreduce SGD", "ZeRO-2": "allreduce SGD",
-           "ZeRO-3": "allreduce SGD", "pipeline 1F1B --recompute": "pipeline 1F1B", "tensor --recompute": "tensor",
+           "ZeRO-3": "allreduce SGD", "ZeRO-3 --prefetch": "allreduce SGD",
+           "pipeline 1F1B --recompute": "pipeline 1F1B", "tensor --recompute": "tensor",
            "spatial --recompute": "spatial"}
 
 
@@ -199,10 +202,11 @@ def predicted_traffic(name, model):
     n = sum(parameter.size for parameter in net.parameters())
     rows = batch_rows()
     ring_bytes, ring_messages = 2 * (P - 1) * n * ITEMSIZE, 2 * (P - 1) * P     # P ranks, (p-1)/p n each way
-    if name.startswith("allreduce") or name in ("ZeRO-2", "ZeRO-3"):
+    if name.startswith("allreduce"):
         return ring_bytes, ring_messages
-    if name == "ZeRO-1":                         # allreduce + allgather of the updated shards
-        return 3 * (P - 1) * n * ITEMSIZE, 3 * (P - 1) * P
+    if name.startswith("ZeRO"):                  # per layer (3 units): a reduce-scatter and 1 or 2 allgathers
+        halves = 3 if name.startswith("ZeRO-3") else 2
+        return halves * (P - 1) * n * ITEMSIZE, halves * (P - 1) * P * len(units_of(net, "layer"))
     if name.startswith("tensor"):                # one block (64 -> 128 -> 64) that reads the data: g only
         return float(np.mean([2 * (P - 1) * r * 64 * ITEMSIZE for r in rows])), 2 * (P - 1) * P
     if name.startswith("pipeline"):              # the MLP's 5 layers cut 3 | 2: 128 features cross
@@ -255,21 +259,22 @@ def kib(value):
 def memory_markdown(path):
     with open(path) as handle:
         table = json.load(handle)
-    lines = ["| method | recompute | | params | grads | optimizer | activations | comm | total |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| method | recompute | | params | grads | optimizer | activations | extra | total | peak | sent |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for record in table["rows"]:
         head = f"| {record['method']} | {'yes' if record['recompute'] else 'no'} |"
         if record["predicted"] is None:
-            lines.append(f"{head} n/a | {record['note']} | | | | | |")
+            lines.append(f"{head} n/a | {record['note']} | | | | | | | |")
             continue
         for kind in ("predicted", "measured"):
             values = record[kind]
             if values is None:
-                if kind == "measured":
-                    continue
+                continue
             cells = [kib(values[part]) for part in memory_table.PARTS]
-            total = sum(value for value in values.values() if value is not None)
-            lines.append(f"{head} {kind} | " + " | ".join(cells) + f" | {total / 1024:.1f} |")
+            total = kib(sum(values.values())) if None not in values.values() else "-"
+            peak = kib(record.get("peak")) if kind == "measured" else "-"
+            lines.append(f"{head} {kind} | " + " | ".join(cells) + f" | {total} | {peak} | "
+                         f"{kib((record.get('sent') or {}).get(kind))} |")
     return lines
 
 

@@ -2,6 +2,7 @@
 
     tiling = Tiling.of(net, height, width, size)      # SettingError for a model or layout it cannot tile
     stage = tiling.stages[s]                         # conv s (stride 1) -> ReLU? -> max pool q x q (q = 1: none)
+    Tiling.of(net, height, width, size, layer=LocallyConnected2d)   # DistBelief's locally connected stages
     stage.owned[r], stage.needed[r], stage.out[r]    # (lo, hi) rows of conv s's input and its pooled output
 
 What ``algorithms/spatial_parallel.py`` runs (its header tells the algorithm); this module is only
@@ -22,7 +23,10 @@ stage s > 0: the previous stage's out[r]). The rest is the halo, all of it from 
 
 A layout whose halo would reach past a neighbour's tile, or that leaves a rank without a pooled row,
 is refused (``SettingError``). The layers after the last convolution (Flatten, Linear, ReLU) are
-the head, which every rank runs whole on the gathered map.
+the head, which every rank runs whole on the gathered map. The stages may instead be locally
+connected layers (``layer=LocallyConnected2d``: the same windows, unshared weights; ``stage.conv``
+is then that layer): the same geometry, and each rank's rows of their weights are the weights of
+the output rows it computes (``conv_rows``).
 """
 import dataclasses
 
@@ -30,9 +34,10 @@ from algorithms.core.cli import SettingError
 from minidl.conv import im2col_blocked
 from minidl.conv.im2col_blocked import image_blocks
 from minidl.data import shard_sizes
-from minidl.nn import Conv2d, Flatten, Linear, MaxPool2d, ReLU
+from minidl.nn import Conv2d, Flatten, Linear, LocallyConnected2d, MaxPool2d, ReLU
 
 HEAD_LAYERS = (Flatten, Linear, ReLU)
+KIND = {Conv2d: "convolutional layers", LocallyConnected2d: "locally connected layers"}
 
 
 def blocks(lo_hi_sizes):
@@ -46,7 +51,7 @@ def blocks(lo_hi_sizes):
 
 @dataclasses.dataclass
 class Stage:
-    conv: Conv2d
+    conv: Conv2d              # or a LocallyConnected2d
     relu: bool
     pool: int                 # q: pooling window and stride (1: no pooling)
     rows: int                 # H_s, the input map's rows
@@ -71,6 +76,11 @@ class Stage:
         first, last = self.pool * lo - p, self.pool * hi - p + k - 1      # the window, padded coordinates
         return max(0, -first), max(0, last - self.rows)
 
+    def conv_rows(self, rank):
+        """(lo, hi): the rows of the stage's output, before pooling, that rank ``rank`` computes."""
+        lo, hi = self.out[rank]
+        return self.pool * lo, self.pool * hi
+
     def halo_rows(self):
         """Rows received by all ranks together for one exchange (every row sent once)."""
         return sum(hi - lo for rank in range(len(self.owned)) for lo, hi in (self.top(rank), self.bottom(rank)))
@@ -83,10 +93,11 @@ class Tiling:
         self.stages, self.head, self.size = stages, head, size
 
     @classmethod
-    def of(cls, net, height, width, size, name="the model"):
-        """Tile ``net`` (a Sequential) for (C, height, width) inputs over ``size`` ranks; SettingError if it cannot."""
+    def of(cls, net, height, width, size, name="the model", layer=Conv2d):
+        """Tile ``net`` (a Sequential) for (C, height, width) inputs over ``size`` ranks, its stages of ``layer``
+        (Conv2d or LocallyConnected2d); SettingError if it cannot."""
         layers, convs = list(net), []
-        while layers and isinstance(layers[0], Conv2d):
+        while layers and type(layers[0]) is layer:
             conv, relu, pool = layers.pop(0), False, 1
             if conv.stride != 1:
                 raise SettingError(f"{name}: the spatial split here needs convolutions of stride 1, got {conv.stride}")
@@ -100,8 +111,8 @@ class Tiling:
                 pool = window.kernel_size
             convs.append((conv, relu, pool))
         if not convs:
-            raise SettingError(f"{name}: the spatial split tiles convolutional layers; the network must start "
-                               f"with a Conv2d (an MLP has no feature map to tile)")
+            raise SettingError(f"{name}: the spatial split tiles {KIND[layer]}; the network must start "
+                               f"with a {layer.__name__} (an MLP has no feature map to tile)")
         other = [type(layer).__name__ for layer in layers if not isinstance(layer, HEAD_LAYERS)]
         if other:
             raise SettingError(f"{name}: after the convolutions the spatial split runs a head of Flatten, "
