@@ -103,15 +103,20 @@ def human(nbytes):
 
 def excerpt(runs_by_p):
     """The text of 03_bench_excerpt.txt: each p's first launch, a few algorithms, the bench's columns: each
-    time the median over the bench's rounds, `x MPI` the median of the rounds' ratios with [min, max]."""
+    time the median over the bench's rounds, `x MPI` the median of the rounds' ratios with [min, max].
+    A bench JSON written before the bench kept its rounds (each row the best of 7 batches, no spread)
+    prints as it was measured: `x MPI` alone, no rounds named."""
     lines = []
     for p, runs in runs_by_p.items():
         records = runs[0]
         first = records[0]
+        rounds = "rounds" in first
         lines.append(f"p = {p}  # ping-pong fit: alpha = {first['alpha'] * 1e6:.2f} us, beta = "
                      f"{first['beta'] * 1e9:.4f} "
-                     f"ns/B; gamma = {first['gamma'] * 1e9:.4f} ns/B; median of {first['rounds']} rounds")
-        lines.append(f"{'bytes':>9} {'algorithm':<18} {'measured us':>11} {'x MPI [min, max]':>18} {'model us':>9} "
+                     f"ns/B; gamma = {first['gamma'] * 1e9:.4f} ns/B" + (f"; median of {first['rounds']} rounds"
+                                                                         if rounds else ""))
+        lines.append(f"{'bytes':>9} {'algorithm':<18} {'measured us':>11} "
+                     + (f"{'x MPI [min, max]':>18}" if rounds else f"{'x MPI':>6}") + f" {'model us':>9} "
                      f"{'model/meas':>10} "
                      f"{'refined us':>10} {'ref/meas':>8}  {'target':<17} met")
         for record in records:
@@ -122,9 +127,12 @@ def excerpt(runs_by_p):
             refined_text = "-" if refined is None else f"{refined * 1e6:.1f}"
             refined_ratio = "-" if refined is None else f"{record['refined_ratio']:.2f}"
             met = "-" if record["met"] is None else ("met" if record["met"] else "NO")
-            low, high = record["ratio_range"]
-            ratio = f"{record['ratio']:.2f} [{low:.2f}, {high:.2f}]"
-            lines.append(f"{human(record['bytes']):>9} {name:<18} {record['seconds'] * 1e6:11.1f} {ratio:>18} "
+            if rounds:
+                low, high = record["ratio_range"]
+                ratio = f"{record['ratio']:.2f} [{low:.2f}, {high:.2f}]".rjust(18)
+            else:
+                ratio = f"{record['ratio']:6.2f}"
+            lines.append(f"{human(record['bytes']):>9} {name:<18} {record['seconds'] * 1e6:11.1f} {ratio} "
                          f"{record['model_seconds'] * 1e6:9.1f} {record['model_seconds'] / record['seconds']:10.2f} "
                          f"{refined_text:>10} {refined_ratio:>8}  {record['target']:<17} {met}")
     return "\n".join(lines) + "\n"
