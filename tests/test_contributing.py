@@ -146,8 +146,8 @@ def test_a_toy_algorithm_in_three_files_passes_the_suites_checks(tree):
     assert flags.returncode == 0 and " passed" in flags.stdout, flags.stdout[-4000:] + flags.stderr[-2000:]
 
 
-README_TABLE = "tests/test_readme.py::test_the_readmes_algorithm_table_and_the_runnable_modules_are_the_same_and_each_" \
-               "shows_its_run_line"
+README_TABLE = ("tests/test_readme.py::test_the_readmes_algorithm_table_and_the_runnable_modules_are_the_same_and_"
+                "each_shows_its_run_line")
 
 
 # each fault runs the one check about it (its test function, not its whole file: the whole files ran above)
@@ -155,7 +155,8 @@ README_TABLE = "tests/test_readme.py::test_the_readmes_algorithm_table_and_the_r
     ("no README row", README_TABLE, "README's table and algorithms/ disagree"),
     ("an undeclared fence", "tests/test_fences.py::test_every_fence_is_a_task_or_declared_so_in_its_module",
      "toy_step is fenced but is no task"),
-    ("no fence", "tests/test_shape.py::test_every_algorithm_module_fences_its_heart", "toy_sgd.py has no # BEGIN SOLUTION"),
+    ("no fence", "tests/test_shape.py::test_every_algorithm_module_fences_its_heart",
+     "toy_sgd.py has no # BEGIN SOLUTION"),
     ("no run line", README_TABLE, "should open with its run line"),
 ], ids=["no README row", "an undeclared fence", "no fence", "no run line"])
 def test_each_of_the_three_files_half_written_fails_the_check_about_it(tmp_path, fault, check, complaint):
