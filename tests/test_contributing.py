@@ -146,12 +146,19 @@ def test_a_toy_algorithm_in_three_files_passes_the_suites_checks(tree):
     assert flags.returncode == 0 and " passed" in flags.stdout, flags.stdout[-4000:] + flags.stderr[-2000:]
 
 
+README_TABLE = ("tests/test_readme.py::test_the_readmes_algorithm_table_and_the_runnable_modules_are_the_same_and_"
+                "each_shows_its_run_line")
+
+
+# each fault runs the one check about it (its test function, not its whole file: the whole files ran above)
 @pytest.mark.parametrize("fault, check, complaint", [
-    ("no README row", "tests/test_readme.py", "README's table and algorithms/ disagree"),
-    ("an undeclared fence", "tests/test_fences.py", "toy_step is fenced but is no task"),
-    ("no fence", "tests/test_shape.py", "toy_sgd.py has no # BEGIN SOLUTION"),
-    ("no run line", "tests/test_readme.py", "should open with its run line"),
-])
+    ("no README row", README_TABLE, "README's table and algorithms/ disagree"),
+    ("an undeclared fence", "tests/test_fences.py::test_every_fence_is_a_task_or_declared_so_in_its_module",
+     "toy_step is fenced but is no task"),
+    ("no fence", "tests/test_shape.py::test_every_algorithm_module_fences_its_heart",
+     "toy_sgd.py has no # BEGIN SOLUTION"),
+    ("no run line", README_TABLE, "should open with its run line"),
+], ids=["no README row", "an undeclared fence", "no fence", "no run line"])
 def test_each_of_the_three_files_half_written_fails_the_check_about_it(tmp_path, fault, check, complaint):
     if not (ROOT / ".git").exists():
         pytest.skip("not a git checkout: the copy lists its files with git ls-files")
@@ -165,5 +172,6 @@ def test_each_of_the_three_files_half_written_fails_the_check_about_it(tmp_path,
     elif fault == "no run line":
         module = module.replace("    mpiexec -n 2 python -m algorithms.toy_sgd", "    in mpiexec: algorithms.toy_sgd")
     add_toy(tmp_path, module=module, row="" if fault == "no README row" else ROW)
-    done = pytest_in(tmp_path, "-m", "parallel[1]", check, "-k", "not pinned_bits and not answers_help")
+    file, _, function = check.partition("::")
+    done = pytest_in(tmp_path, "-m", "parallel[1]", file, "-k", function)
     assert done.returncode != 0 and complaint in done.stdout, done.stdout[-3000:]
