@@ -111,8 +111,9 @@ def pytest_collection_modifyitems(config, items):
 # one unit of work, handed to the next free worker, so a file's module fixtures are built once and its tests
 # never run beside each other. Some units span files, and go out first (each is among the longest):
 TOGETHER = {
-    # the sandbox runs every job as one uid (65534) and shares its process limit; tests/test_sandbox.py
-    # checks that no process of that uid is left over, so no other sandboxed job may run meanwhile
+    # every sandboxed job runs as a fresh uid of sandbox.SANDBOX_UIDS, and tests/test_sandbox.py and
+    # tests/test_assignments.py check that no process of any of those uids (or the grader's) is left
+    # over, so no other sandboxed job may run meanwhile
     "sandbox": ("tests/test_sandbox.py::", "tests/test_assignments.py::", "tests/test_redteam.py::"),
     # one notebook run of each chapter serves both: it runs the blocks and records the tasks each block
     # runs (tests/chapter_run.py), and the run is kept for the other test in the same worker
