@@ -234,12 +234,12 @@ def test_sign_flip_p_is_exact_at_32_pairs():
 
 @pytest.mark.needs("1.1", "1.2", "1.3", "4.1", "9.2", "9.3")
 @pytest.mark.timeout(120)
-def test_the_quick_mode_of_a_search_part_runs():
+def test_the_quick_mode_of_a_search_part_runs(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MPLBACKEND="Agg")
-    done = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--only", "confirm", "--seeds", "7"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=110)
+    done = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--only", "confirm", "--seeds", "7", "--out",
+                           str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=110)
     assert done.returncode == 0, done.stderr[-2000:]
-    found = json.loads(Path("/tmp/make_09_quick/09_confirm.json").read_text())
+    found = json.loads((tmp_path / "09_confirm.json").read_text())
     assert sorted(found) == ["evolution|7", "pbt|7", "random|7"]
     assert all(run["lineage"]["rounds"] == 2 and math.isfinite(run["final"]["test_loss"]) for run in found.values())
 

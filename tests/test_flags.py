@@ -15,7 +15,9 @@ import argparse
 import contextlib
 import importlib
 import io
+import os
 import pkgutil
+import tempfile
 
 import pytest
 from pytest_mpi import parallel_assert
@@ -52,7 +54,10 @@ MODULES = sorted(info.name.removeprefix("algorithms.")
 SHORT = {"pbt": ["--rounds", "1", "--ready", "2"], "bench": ["--quick", "--no-torch"],
          "sandblaster_lbfgs": ["--epochs", "1", "--max-iter", "2"],
          "memory.table": ["--ranks", "2", "--model", "mlp"],
-         "compare": ["--epochs", "1", "--algorithms", "allreduce_sgd", "--out", "/tmp/minidl-flags-compare.png"]}
+         "compare": ["--epochs", "1", "--algorithms", "allreduce_sgd", "--out",
+                     # one name per run (its ranks share their parent, mpiexec's proxy), so that two runs of
+                     # the suite on one machine never write the same file
+                     os.path.join(tempfile.gettempdir(), f"minidl-flags-compare-{os.getppid()}.png")]}
 
 
 def meaningless(action):

@@ -363,7 +363,10 @@ def seed_list(text):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny settings, output under /tmp")
+    parser.add_argument("--quick", action="store_true", help="tiny settings, output under /tmp/make_09_quick unless "
+                                                              "--out is given")
+    parser.add_argument("--out", help="output folder (default: tutorials/figures/out, or /tmp/make_09_quick with "
+                                      "--quick)")
     parser.add_argument("--keep", action="store_true",
                         help="search parts: reuse the runs already in 09_<part>.json (same seed, same bits)")
     parser.add_argument("--seeds", type=seed_list, default=None,
@@ -376,8 +379,8 @@ def main():
     args = parser.parse_args()
     global KEEP, SEEDS
     KEEP, SEEDS = args.keep, args.seeds
-    out = Path("/tmp/make_09_quick") if args.quick else OUT
-    out.mkdir(exist_ok=True)
+    out = Path(args.out) if args.out else Path("/tmp/make_09_quick") if args.quick else OUT
+    out.mkdir(parents=True, exist_ok=True)
     if args.only in ("lineage", "search-table"):        # redrawn from the JSON, no training
         results = json.loads((out / "09_search_long.json").read_text())
         plot_lineage(results["pbt|0"]["lineage"], out / "09_lineage.png")
