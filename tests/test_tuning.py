@@ -116,6 +116,19 @@ def test_a_broken_tuning_file_stops_a_training_run_and_the_bench_with_one_error_
     assert_stopped(mpiexec(2, "-m", "collectives.bench", "--quick", timeout=60), f"tuning file {path}", ranks=2)
 
 
+def test_a_broken_collectives_section_stops_a_training_run_on_every_rank(monkeypatch, tmp_path):
+    """minidl's section is fine, collectives' is not one (an algorithm auto does not know): a training
+    run that allreduces stops before its first epoch, as for a broken minidl section, instead of a
+    note on rank 0 and a run on the shipped selection."""
+    path = tuning_file(tmp_path)
+    data = json.loads(path.read_text())
+    data["collectives"] = {"machine": tuned.machine(), "selection": {"2": [[0, "sideways"]]}}
+    path.write_text(json.dumps(data))
+    monkeypatch.setitem(helpers.ENV, "MINIDL_TUNING", str(path))
+    done = launch("allreduce_sgd", "--epochs", "1", "--model", "mlp", "--allreduce", "auto", ranks=2)
+    assert_stopped(done, f"tuning file {path}, section collectives: selection['2']", ranks=2)
+
+
 def test_the_layouts_table_picks_the_row_of_the_largest_batch_not_above(monkeypatch):
     rows = {"k": [[16, "blocks"], [64, "im2col order"], [256, "batch inner"]]}
     assert [tuning.layout_for(rows, "k", b) for b in (8, 16, 63, 64, 255, 256, 4096)] == [
