@@ -129,6 +129,23 @@ def test_a_broken_collectives_section_stops_a_training_run_on_every_rank(monkeyp
     assert_stopped(done, f"tuning file {path}, section collectives: selection['2']", ranks=2)
 
 
+def test_the_ddp_benchmark_stops_on_a_broken_tuning_file_and_names_the_tuning_its_rows_ran_with(tmp_path):
+    """A broken file: one error line, exit 2, no job started (each job failed on its own, the bench
+    went on and exited 0). A file measured here: every row says it and the settings in force."""
+    bad = tmp_path / "bad.json"
+    bad.write_text("{oops")
+    done = subprocess.run([sys.executable, "-m", "algorithms.bench", "--quick", "--no-torch"], cwd=ROOT,
+                          env=dict(helpers.ENV, MINIDL_TUNING=str(bad)), capture_output=True, text=True, timeout=120)
+    assert_stopped(done, f"tuning file {bad}: not readable JSON", ranks=1)
+    code = ("import json, sys; from algorithms import bench; "
+            "bench.run_case = lambda side, model, batch, args: {'ms': 1.0, 'phases': None}; "
+            f"bench.main(['--runs', '1', '--no-torch', '--cases', 'mlp:32', '--json', {str(tmp_path / 'r.json')!r}]); "
+            f"print(json.dumps(json.load(open({str(tmp_path / 'r.json')!r}))))")
+    (row,), _ = read_in_a_process(tuning_file(tmp_path), code)
+    assert row["tuning"].startswith(f"tuned: {tmp_path / 'tuning.json'}") and row["ring_ratio"] is None
+    assert row["settings"] == {**SETTINGS, "column_bytes": 5 << 20}
+
+
 def test_the_layouts_table_picks_the_row_of_the_largest_batch_not_above(monkeypatch):
     rows = {"k": [[16, "blocks"], [64, "im2col order"], [256, "batch inner"]]}
     assert [tuning.layout_for(rows, "k", b) for b in (8, 16, 63, 64, 255, 256, 4096)] == [
