@@ -93,7 +93,8 @@ def main(argv=None):
     parser.error = fail
     parser.add_argument("--out", help="the tuning file to write (default: where minidl reads it, "
                                       "$MINIDL_TUNING or ~/.config/minidl/tuning.json)")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per race (default 5)")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per race (default 5; with fewer, "
+                                                              "no gain beats the noise and the shipped defaults stay)")
     parser.add_argument("--calls", type=int, default=3, help="calls per candidate and round, the fastest kept")
     parser.add_argument("--no-collectives", action="store_true", help="minidl's choices only")
     parser.add_argument("--quick", action="store_true", help="tiny races (a test of the tuner itself; needs --out)")
