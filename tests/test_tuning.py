@@ -78,6 +78,20 @@ def test_the_fingerprint_that_keys_pinned_bits_names_the_tuned_settings_in_force
     assert ", blocks 0.25" not in seen and "tuned" not in seen and "columns 64 MiB" in seen, seen
 
 
+def test_a_tuning_file_named_but_missing_is_said_and_the_shipped_defaults_run(tmp_path):
+    """MINIDL_TUNING naming no file (a typo, a file removed) is said once by each package, not passed over
+    in silence; a machine that never tuned (nothing at the default place) says nothing."""
+    missing = tmp_path / "tunning.json"
+    code = SETTINGS_IN_FORCE.replace("import json;", "import json; import collectives;")
+    seen, stderr = read_in_a_process(missing, code)
+    assert seen == [tuning.SHIPPED.block_bytes, tuning.SHIPPED.column_bytes, {}, 256, 7]
+    assert stderr.count(f"MINIDL_TUNING names {missing}: no such file") == 2 and stderr.count("\n") == 2, stderr
+    env = {key: value for key, value in helpers.ENV.items() if key != "MINIDL_TUNING"}
+    done = subprocess.run([sys.executable, "-c", code], env=dict(env, XDG_CONFIG_HOME=str(tmp_path)), cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+
+
 def test_another_machines_file_is_refused_with_a_note_and_the_shipped_defaults_run(tmp_path):
     for key, value in (("numpy", "0.0.1"), ("blas_core", "Prescott"), ("l2_bytes", 1), ("cores", 999)):
         path = tuning_file(tmp_path, machine=dict(tuning.machine(), **{key: value}), name=f"{key}.json")
