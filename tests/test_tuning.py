@@ -160,6 +160,18 @@ def test_the_ddp_benchmark_stops_on_a_broken_tuning_file_and_names_the_tuning_it
     assert row["settings"] == {**SETTINGS, "column_bytes": 5 << 20}
 
 
+def test_the_collectives_bench_records_which_selection_and_calibration_it_ran_with(monkeypatch, tmp_path):
+    path = tmp_path / "tuning.json"
+    tuned.store(path, "selection", {"2": [[0, "ring"]]})
+    monkeypatch.setitem(helpers.ENV, "MINIDL_TUNING", str(path))
+    done = mpiexec(2, "-m", "collectives.bench", "--quick", "--sizes", "4K", "--algorithms", "ring,auto", "--json",
+                   str(tmp_path / "bench.json"), timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    records = json.loads((tmp_path / "bench.json").read_text())
+    assert records and all(r["selection"] == f"tuned here: {path}" for r in records)
+    assert all(r["calibration"].startswith("shipped (") for r in records), records[0]
+
+
 def test_the_layouts_table_picks_the_row_of_the_largest_batch_not_above(monkeypatch):
     rows = {"k": [[16, "blocks"], [64, "im2col order"], [256, "batch inner"]]}
     assert [tuning.layout_for(rows, "k", b) for b in (8, 16, 63, 64, 255, 256, 4096)] == [
