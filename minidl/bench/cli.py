@@ -118,7 +118,8 @@ def settings_in_force():
 
 
 def count_targets(launches):
-    """One row per case with a target: in how many launches its median met it."""
+    """One row per case with a target: in how many launches its median met it, out of every launch (one
+    that could not judge it, a side that failed, did not meet it)."""
     counts = {}
     for rows in launches:
         for row in rows:
@@ -126,9 +127,8 @@ def count_targets(launches):
                 continue
             key = (row["case"], row.get("batch"), row["device"])
             entry = counts.setdefault(key, {"case": row["case"], "batch": row.get("batch"), "device": row["device"],
-                                            "target": row["target"], "met_launches": 0, "launches": 0})
+                                            "target": row["target"], "met_launches": 0, "launches": len(launches)})
             entry["met_launches"] += bool(row["met"])
-            entry["launches"] += 1
     for entry in counts.values():
         entry["launches met"] = f"{entry['met_launches']} of {entry['launches']}"
     return list(counts.values())
