@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 
+import numpy
 import pytest
 
 from collectives.model import tuned
@@ -170,6 +171,14 @@ def test_the_collectives_bench_records_which_selection_and_calibration_it_ran_wi
     records = json.loads((tmp_path / "bench.json").read_text())
     assert records and all(r["selection"] == f"tuned here: {path}" for r in records)
     assert all(r["calibration"].startswith("shipped (") for r in records), records[0]
+
+
+def test_a_checkpoint_records_the_tuning_and_the_conv_settings_that_decided_its_bits(monkeypatch, tmp_path):
+    monkeypatch.setitem(helpers.ENV, "MINIDL_TUNING", str(tuning_file(tmp_path)))
+    done = launch("serial_sgd", "--epochs", "1", "--model", "mlp", "--save", str(tmp_path / "ck.npz"), ranks=1)
+    assert done.returncode == 0, done.stderr[-2000:]
+    meta = json.loads(str(numpy.load(tmp_path / "ck.npz")["meta"]))
+    assert meta["tuning"].startswith(f"tuned: {tmp_path / 'tuning.json'}") and meta["conv"] == SETTINGS
 
 
 def test_the_layouts_table_picks_the_row_of_the_largest_batch_not_above(monkeypatch):
