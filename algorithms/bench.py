@@ -235,8 +235,8 @@ def main(argv=None):
             ms, split = ddp_worker(comm, args.model, args.batch, args.warmup, args.steps), None
         else:
             ms, split = minidl_worker(comm, args.model, args.batch, args.worker, args.warmup, args.steps)
-        if comm.Get_rank() == 0:
-            print(json.dumps({"ms": ms, "phases": split}))
+        if comm.Get_rank() == 0:                       # and the tuning this job ran on (its environment's)
+            print(json.dumps({"ms": ms, "phases": split, "tuning": tuning.ACTIVE.source, "settings": settings}))
         return 0
     if args.quick:
         args.steps, args.warmup, args.runs = 3, 1, 1
@@ -249,7 +249,8 @@ def main(argv=None):
         runs = [{side: None if answer[side] is None else answer[side]["ms"] for side in SIDES} for answer in answers]
         row = {"model": model, "batch": batch, "ranks": args.ranks, "runs": args.runs, "blas": args.blas,
                "blas_forced": blas_environment(dict(os.environ), args.blas),
-               "tuning": tuning.ACTIVE.source, "settings": settings,
+               "tuning": (answers[0]["ring"] or {}).get("tuning", tuning.ACTIVE.source),
+               "settings": (answers[0]["ring"] or {}).get("settings", settings),
                "ring_phases": (answers[0]["ring"] or {}).get("phases")}      # rank 0's, first run
         for side in SIDES:
             measured = [times[side] for times in runs if times[side] is not None]
