@@ -268,6 +268,8 @@ def test_the_block_size_never_buys_lenets_layers_with_a_slower_wide_layer(monkey
     (["--quick"], {}, "--quick measures too little"),
     ([], {"MINIDL_TUNING": "none"}, "MINIDL_TUNING=none: no tuning file to write"),
     (["--rounds", "0", "--out", "x.json"], {}, "--rounds must be at least 1"),
+    ([], {"MINIDL_TUNING": "/"}, "MINIDL_TUNING /: a folder"),          # where the path came from, not --out
+    (["--out", "/"], {}, "--out /: a folder"),
 ])
 def test_the_tuner_refuses_bad_flags_with_one_error_line(flags, env, says):
     done = subprocess.run([sys.executable, "-m", "minidl.tune", *flags], env=dict(helpers.ENV, **env), cwd=ROOT,

@@ -44,8 +44,10 @@ def target(args):
     file = Path(args.out) if args.out else tuning.path()
     if file is None:
         fail(f"{tuning.ENVIRONMENT}=none: no tuning file to write; give --out PATH")
+    named = "--out" if args.out else (tuning.ENVIRONMENT if os.environ.get(tuning.ENVIRONMENT, "").strip()
+                                      else "the tuning file")
     if file.is_dir():
-        fail(f"--out {file}: a folder")
+        fail(f"{named} {file}: a folder")
     try:
         tuning.read(file)
     except ValueError as error:
@@ -54,7 +56,7 @@ def target(args):
     while not folder.exists():
         folder = folder.parent
     if not os.access(folder, os.W_OK):
-        fail(f"--out {file}: cannot write in {folder}")
+        fail(f"{named} {file}: cannot write in {folder}")
     return file
 
 
