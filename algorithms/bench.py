@@ -17,7 +17,8 @@ median of the runs and, for each ratio, [min, max] over them (how far one run ca
 minidl, so both run with the malloc thresholds minidl sets at import (``minidl.backend.keep_freed_memory``). Some
 machines force OpenBLAS's kernel (OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE); ``--blas native`` runs both
 sides' jobs without them, as ``python -m minidl.bench --blas native`` does (PyTorch brings its own
-BLAS, so it mainly changes minidl's side); the table's first line and the JSON say which ran.
+BLAS, so it mainly changes minidl's side); the table's first line and the JSON say which ran, and which tuning
+(``minidl/tuning.py``: the conv settings every job reads; a broken tuning file stops the bench before its first job).
 
 Where the time goes: for minidl's ring side the benchmark also times the step's phases one by
 one (forward, backward, the allreduce, the update; rank 0, each phase's minimum), so a row can be
@@ -42,7 +43,9 @@ from mpi4py import MPI
 from algorithms.core import cli, run
 from algorithms.core.objective import Data, NetworkObjective
 from algorithms.core.step import data_parallel_step
-from minidl import Tensor, backend, functional as F, models
+from collectives.model import tuned
+from minidl import Tensor, backend, functional as F, models, tuning
+from minidl.bench.cli import settings_in_force
 from minidl.bench.measure import blas_environment
 from minidl.data.sharding import Batch
 from minidl.optim import SGD
@@ -221,7 +224,9 @@ def main(argv=None):
         cases = CASES if args.cases is None else parse_cases(args.cases)
         cli.check_output("--json", args.json)
         cli.check_output("--markdown", args.markdown)
-    except cli.SettingError as error:
+        settings = settings_in_force()                 # the tuning file and MINIDL_CONV_COLUMN_BYTES, as each
+        tuned.current()                                # job reads them: a bad one stops the bench, not each job
+    except (cli.SettingError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
     comm = MPI.COMM_WORLD
@@ -230,8 +235,8 @@ def main(argv=None):
             ms, split = ddp_worker(comm, args.model, args.batch, args.warmup, args.steps), None
         else:
             ms, split = minidl_worker(comm, args.model, args.batch, args.worker, args.warmup, args.steps)
-        if comm.Get_rank() == 0:
-            print(json.dumps({"ms": ms, "phases": split}))
+        if comm.Get_rank() == 0:                       # and the tuning this job ran on (its environment's)
+            print(json.dumps({"ms": ms, "phases": split, "tuning": tuning.ACTIVE.source, "settings": settings}))
         return 0
     if args.quick:
         args.steps, args.warmup, args.runs = 3, 1, 1
@@ -244,6 +249,8 @@ def main(argv=None):
         runs = [{side: None if answer[side] is None else answer[side]["ms"] for side in SIDES} for answer in answers]
         row = {"model": model, "batch": batch, "ranks": args.ranks, "runs": args.runs, "blas": args.blas,
                "blas_forced": blas_environment(dict(os.environ), args.blas),
+               "tuning": (answers[0]["ring"] or {}).get("tuning", tuning.ACTIVE.source),
+               "settings": (answers[0]["ring"] or {}).get("settings", settings),
                "ring_phases": (answers[0]["ring"] or {}).get("phases")}      # rank 0's, first run
         for side in SIDES:
             measured = [times[side] for times in runs if times[side] is not None]
@@ -261,7 +268,8 @@ def main(argv=None):
           f"{args.warmup} warm-up, median of {args.runs} run(s); BLAS "
           + (", ".join(f"{k}={v}" for k, v in blas_environment(dict(os.environ), args.blas).items()) or "native")
           + "; "
-          + ("PyTorch DDP (gloo)" if with_torch else "no PyTorch: DDP not measured"))
+          + ("PyTorch DDP (gloo)" if with_torch else "no PyTorch: DDP not measured")
+          + f"; tuning: {tuning.ACTIVE.source}")
     text = table(rows)
     print(text)
     print("\nwhere the time goes (minidl, --allreduce ring, rank 0, each phase's minimum, ms):")

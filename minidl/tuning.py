@@ -4,8 +4,9 @@ Like FFTW's wisdom and cuDNN's benchmark mode, minidl measures what is fastest w
 of trusting constants chosen on another machine. ``python -m minidl.tune`` times the candidates and
 writes one JSON file per user; minidl reads its own section of it when it is first imported:
 
-    path      $MINIDL_TUNING if set ("none": no file, the shipped defaults), else
-              $XDG_CONFIG_HOME/minidl/tuning.json, else ~/.config/minidl/tuning.json
+    path      $MINIDL_TUNING if set ("none": no file, the shipped defaults; a file it names that is
+              not there: a note, the shipped defaults), else $XDG_CONFIG_HOME/minidl/tuning.json,
+              else ~/.config/minidl/tuning.json (none there: a machine that never tuned)
     format    {"format": "minidl tuning", "version": 1, "minidl": {...}, "collectives": {...}}
     minidl    {"machine": {...}, "written": date, "settings": {...}, "measurements": {...}}
 
@@ -212,9 +213,13 @@ def differences(written, here):
 def load(file=None, here=None):
     """(Settings, note): the file's settings where they were measured on this machine, else the shipped
     defaults and a note saying why (None when there is nothing to say). ValueError for a bad file."""
+    named = file is None and os.environ.get(ENVIRONMENT, "").strip()          # by the user, not the default place
     file = path() if file is None else file
     if file is None:
         return SHIPPED, None
+    if named and not Path(file).exists():                                      # named and not there: a typo?
+        return (replace(SHIPPED, source=f"the shipped defaults ({ENVIRONMENT} names {file}: no such file)"),
+                f"minidl: note: {ENVIRONMENT} names {file}: no such file; using the shipped defaults")
     data = read(file)
     section = data.get("minidl")
     if section is None:

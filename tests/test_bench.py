@@ -127,6 +127,15 @@ def test_launches_count_how_many_medians_met_each_target(monkeypatch, tmp_path, 
     assert "2 of 3" in capsys.readouterr().out
 
 
+def test_a_launch_that_could_not_judge_a_target_counts_as_not_meeting_it():
+    """A launch whose PyTorch side failed has no ratio for the row (met None): the count is out of every
+    launch run, 1 of 3, never 1 of 2, which would read as a target met in most launches."""
+    from minidl.bench import cli
+    row = {"case": "lenet5 train step", "batch": 16, "device": "cpu", "target": "<= 1.0x torch"}
+    counts = cli.count_targets([[dict(row, met=True)], [dict(row, met=None)], [dict(row, met=False)]])
+    assert [(c["met_launches"], c["launches"], c["launches met"]) for c in counts] == [(1, 3, "1 of 3")]
+
+
 def test_the_ddp_benchmark_takes_median_ratios_and_judges_the_target_from_them(monkeypatch, tmp_path):
     """algorithms.bench on times written here (no job runs): ratio = minidl / DDP per run, the row's
     ratio their median with [min, max], and "met" only when both minidl sides are <= 0.9x DDP."""

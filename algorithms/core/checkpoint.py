@@ -34,7 +34,8 @@ import numpy
 
 from algorithms.core import cli
 from algorithms.core.cli import SettingError
-from minidl import backend
+from minidl import backend, tuning
+from minidl.conv import auto, budget, im2col_blocked as blocked
 from minidl.nn import read_npz
 
 SGD_FAMILY = "sgd"                      # one model and one SGD state, replicated or gathered
@@ -64,7 +65,14 @@ class Writer:
         model = self.model or model
         return {"algorithm": self.algorithm, "family": self.family or self.algorithm, "model": model,
                 "dataset": settings.dataset, "seed": settings.seed, "ranks": ranks, "layout": self.layout,
-                "state": self.state}
+                "state": self.state, "tuning": tuning.ACTIVE.source, "conv": conv_settings()}
+
+
+def conv_settings():
+    """The conv kernel's settings in force, which decide a run's last bits beside the seed (recorded, free to
+    differ on resume): the tuning file's (``minidl/tuning.py``) or the shipped ones, the budget as set."""
+    return {"block_bytes": blocked.BLOCK_BYTES, "column_bytes": budget.current(), "layouts": blocked.LAYOUTS,
+            "winograd_min_channels": auto.WINOGRAD_MIN_CHANNELS, "fft_min_kernel": auto.FFT_MIN_KERNEL}
 
 
 def save_checkpoint(path, params, optimizer, epoch, meta=None, **extra):

@@ -35,6 +35,7 @@ from algorithms.core.divergence import FiniteCheck, check_divergence
 from algorithms.core.log import Log
 from algorithms.core.objective import build as build_objective
 from algorithms.core.schedule import Schedule
+from collectives.model import tuned
 from collectives.nodes import environment_ranks_per_node
 from collectives.trace import CountingComm
 from minidl import backend
@@ -89,6 +90,7 @@ class Settings:
         Schedule.of(self, 1).check(self.epochs)
         try:                                      # read at the first convolution otherwise: mid-run
             budget.current()
+            tuned.current()                       # collectives' section: a bad one stops the run, not a note
         except ValueError as error:
             raise SettingError(str(error)) from None
 

@@ -191,6 +191,7 @@ def main(argv=None):
             request.Free()
         for name in calls:
             records.append(rows.record(name, size, count * 4, times, rates, (alpha, beta, gamma), model_cal))
+            records[-1].update(calibration=args.model_source, selection=auto.source(size))   # what they read
             if rank == 0:
                 print(rows.line(records[-1]), flush=True)
 

@@ -3,8 +3,8 @@
 minidl's ``python -m minidl.tune`` (or ``mpiexec -n 2 python -m collectives.bench --calibrate
 --write-selection``) writes one JSON file per user, read here when collectives is imported:
 
-    where     $MINIDL_TUNING if set ("none": no file), else $XDG_CONFIG_HOME/minidl/tuning.json,
-              else ~/.config/minidl/tuning.json
+    where     $MINIDL_TUNING if set ("none": no file; a file it names that is not there: a note),
+              else $XDG_CONFIG_HOME/minidl/tuning.json, else ~/.config/minidl/tuning.json
     file      {"format": "minidl tuning", "version": 1, "minidl": {...}, "collectives": {...}}
     section   {"machine": {...}, "calibration": {calibration.py's JSON}, "selection": {"p": [[from_bytes,
               algorithm], ...]}}
@@ -104,6 +104,9 @@ def loaded_at_import():
     try:
         section, note = load(location())
         error = None
+        if location() is not None and not location().exists() and os.environ.get("MINIDL_TUNING", "").strip():
+            note = (f"collectives: note: MINIDL_TUNING names {location()}: no such file; using the shipped "
+                    "calibration and selection")
     except ValueError as problem:
         section, error = None, problem
         note = f"collectives: note: {problem}; using the shipped calibration and selection"

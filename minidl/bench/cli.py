@@ -14,7 +14,7 @@ from minidl import tuning
 from minidl.bench.breakdown import explain_breakdown
 from minidl.bench.cases import SUITES
 from minidl.bench.measure import FORCING, add_costs, conv_summary, measure
-from minidl.bench.steps import minidl_worker
+from minidl.bench.steps import minidl_worker, settings_in_force
 from minidl.bench.table import CONV_COLUMNS, LAYERS_COLUMNS, MAIN_COLUMNS, SWEEP_COLUMNS, plot, print_table
 from minidl.bench.timing import CLOCK
 from minidl.bench.yardstick import torch_worker
@@ -99,7 +99,8 @@ def main(argv=None):
         machine.update(numpy_version=numpy.__version__, threads=args.threads, clock=args.clock, repeats=args.repeats,
                        blas=args.blas, blas_forced={name: os.environ.get(name) for name in FORCING
                                                     if args.blas == "as-set" and os.environ.get(name)},
-                       tuning=tuning.ACTIVE.source, settings=settings_in_force(),
+                       tuning=meta.get("tuning", tuning.ACTIVE.source),        # as the minidl worker read them
+                       settings=meta.get("settings", settings_in_force()),
                        gemm_gflops_launches=[meta["gemm_gflops"] for _, meta, _ in launches])
         summary = dict(summary or {}, machine=machine, launches=args.launches, targets=counts)
         output = [row for rows, _, _ in launches for row in rows] + [{"case": "summary", "kind": "summary", **summary}]
@@ -110,15 +111,9 @@ def main(argv=None):
     return 0
 
 
-def settings_in_force():
-    """The settings that decide bits and speed, as this process reads them (the workers read the same)."""
-    active = tuning.ACTIVE
-    return {"block_bytes": active.block_bytes, "column_bytes": budget.current(), "layouts": active.layouts,
-            "winograd_min_channels": active.winograd_min_channels, "fft_min_kernel": active.fft_min_kernel}
-
-
 def count_targets(launches):
-    """One row per case with a target: in how many launches its median met it."""
+    """One row per case with a target: in how many launches its median met it, out of every launch (one
+    that could not judge it, a side that failed, did not meet it)."""
     counts = {}
     for rows in launches:
         for row in rows:
@@ -126,9 +121,8 @@ def count_targets(launches):
                 continue
             key = (row["case"], row.get("batch"), row["device"])
             entry = counts.setdefault(key, {"case": row["case"], "batch": row.get("batch"), "device": row["device"],
-                                            "target": row["target"], "met_launches": 0, "launches": 0})
+                                            "target": row["target"], "met_launches": 0, "launches": len(launches)})
             entry["met_launches"] += bool(row["met"])
-            entry["launches"] += 1
     for entry in counts.values():
         entry["launches met"] = f"{entry['met_launches']} of {entry['launches']}"
     return list(counts.values())
@@ -153,6 +147,8 @@ def report(rows, meta, args, launch):
         # a forced OpenBLAS kernel (set on some machines for old OpenBLAS bugs) can halve NumPy's GEMM rate
         print(f"note: OPENBLAS_CORETYPE={os.environ['OPENBLAS_CORETYPE']} forces that OpenBLAS kernel; "
               "--blas native (or unsetting it and OPENBLAS_L2_SIZE) measures NumPy's own choice")
+    if meta.get("tuning", tuning.ACTIVE.source) != tuning.ACTIVE.source:
+        print(f"note: the minidl worker runs on {meta['tuning']} (its environment is not this process's)")
     summary = None
     if args.suite == "main":
         print_table(rows, MAIN_COLUMNS)

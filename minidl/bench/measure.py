@@ -108,7 +108,8 @@ def measure(suite, args):
             "cupy_gemm_gflops": gpu.meta["gemm_gflops"] if gpu else None,
             "torch_cuda_gemm_gflops": torch_gpu.meta["gemm_gflops"] if torch_gpu else None,
             "gpu_name": torch_gpu.meta.get("device_name") if torch_gpu else None,
-            "breakdown": breakdown, "rounds": args.rounds}
+            "breakdown": breakdown, "rounds": args.rounds, "tuning": minidl.meta["tuning"],
+            "settings": minidl.meta["settings"]}
     return rows, meta
 
 

@@ -6,11 +6,12 @@ and the per-stage breakdown (main) as the parent asks for them, round after roun
 """
 import numpy
 
-from minidl import Tensor, backend, functional as F, models, nn, optim
+from minidl import Tensor, backend, functional as F, models, nn, optim, tuning
 from minidl.bench.breakdown import breakdown, conv_stages
 from minidl.bench.cases import FLOOR_STAGES, SUITES
 from minidl.bench.rounds import serve
 from minidl.bench.timing import best_ms, gemm_gflops
+from minidl.conv import budget
 
 
 def minidl_step(case, rng):
@@ -97,4 +98,13 @@ def minidl_worker(suite, quick, repeats, clock):
                                                     conv_stages(cases[index]["shape"], rng, xp)
                                                     if stage in FLOOR_STAGES])
         return {"ms": sum(best_ms(fn, repeats, sync, warmup=1, clock=clock) * scale for fn, scale in stages)}
-    serve({"gemm_gflops": gemm, "backend": backend.get_backend()}, answer)
+    serve({"gemm_gflops": gemm, "backend": backend.get_backend(), "tuning": tuning.ACTIVE.source,
+           "settings": settings_in_force()}, answer)
+
+
+def settings_in_force():
+    """The settings that decide bits and speed, as this process reads them: a worker reports its own, since
+    a tuning file accepted here may be refused where the environment differs (``--blas native``)."""
+    active = tuning.ACTIVE
+    return {"block_bytes": active.block_bytes, "column_bytes": budget.current(), "layouts": active.layouts,
+            "winograd_min_channels": active.winograd_min_channels, "fft_min_kernel": active.fft_min_kernel}

@@ -44,8 +44,10 @@ def target(args):
     file = Path(args.out) if args.out else tuning.path()
     if file is None:
         fail(f"{tuning.ENVIRONMENT}=none: no tuning file to write; give --out PATH")
+    named = "--out" if args.out else (tuning.ENVIRONMENT if os.environ.get(tuning.ENVIRONMENT, "").strip()
+                                      else "the tuning file")
     if file.is_dir():
-        fail(f"--out {file}: a folder")
+        fail(f"{named} {file}: a folder")
     try:
         tuning.read(file)
     except ValueError as error:
@@ -54,7 +56,7 @@ def target(args):
     while not folder.exists():
         folder = folder.parent
     if not os.access(folder, os.W_OK):
-        fail(f"--out {file}: cannot write in {folder}")
+        fail(f"{named} {file}: cannot write in {folder}")
     return file
 
 
@@ -93,7 +95,8 @@ def main(argv=None):
     parser.error = fail
     parser.add_argument("--out", help="the tuning file to write (default: where minidl reads it, "
                                       "$MINIDL_TUNING or ~/.config/minidl/tuning.json)")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per race (default 5)")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per race (default 5; with fewer, "
+                                                              "no gain beats the noise and the shipped defaults stay)")
     parser.add_argument("--calls", type=int, default=3, help="calls per candidate and round, the fastest kept")
     parser.add_argument("--no-collectives", action="store_true", help="minidl's choices only")
     parser.add_argument("--quick", action="store_true", help="tiny races (a test of the tuner itself; needs --out)")

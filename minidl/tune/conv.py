@@ -3,11 +3,16 @@
 Every choice is a race between candidates on the layer shapes that decide it, run in interleaved
 rounds (``minidl.bench.timing.interleaved``: A B C, B C A, ...), each candidate's time taken
 relative to the shipped default's in the same round, and the median over rounds kept. A candidate
-replaces the default only where it is at least MARGIN faster by that median: a tie keeps what ships.
+replaces the default only where it is at least MARGIN faster by that median and the gain beats the
+noise: faster in so many rounds that a fair coin would do it with probability under LEVEL (a
+one-sided sign test; with 5 rounds, all 5). A tie, one lucky round, or too few rounds to tell (fewer
+than 5) keep what ships: on a shared machine one round can be 10% off either way.
 
     block_size      im2col's block of images, from half the L2 cache to eight times it: LeNet-5's two
                     layers at batch 64 and 256 and the 64-channel layer at batch 16, the geometric mean
-                    of the median ratios over those five
+                    of the median ratios over those five; one size serves every layer, each with a target
+                    of its own, so a size that is slower on one of them beyond MARGIN and the noise is
+                    not taken, however much it gains on the others
     layouts         per LeNet-5 layer and batch 16 .. 256 where the batch is several blocks: columns
                     kept batch innermost, kept in im2col's order (where backward uses them), or
                     rebuilt per block ("blocks")
@@ -20,6 +25,7 @@ replaces the default only where it is at least MARGIN faster by that median: a t
                     every shape raced
 """
 import math
+import statistics
 from contextlib import contextmanager
 
 import numpy
@@ -29,7 +35,8 @@ from minidl.bench.steps import minidl_step
 from minidl.bench.timing import interleaved, relative
 from minidl.conv import auto, budget, im2col_blocked as blocked
 
-MARGIN = 0.03                # a candidate must beat the default by 3% (median over rounds) to replace it
+MARGIN = 0.03                # a candidate must beat the default by 3% (median over rounds) to replace it,
+LEVEL = 0.05                 # and in so many rounds that chance would do it less often than this
 # LeNet-5's layers and the 64-channel layer: (in channels, out channels, side, kernel, stride, padding)
 LENET = {"conv1": (1, 6, 28, 5, 1, 2), "conv2": (6, 16, 14, 5, 1, 0)}
 WIDE = (64, 64, 32, 3, 1, 1)
@@ -61,34 +68,55 @@ def conv_step(batch, layer, algorithm="im2col"):
                        numpy.random.default_rng(0))
 
 
+def per_round(times, reference):
+    """{name: [its time over ``reference``'s, round by round]}."""
+    return {name: [mine / theirs for mine, theirs in zip(values, times[reference])] for name, values in times.items()}
+
+
+def beats_noise(ratios, faster=True):
+    """True where the per-round ratios are below 1 (``faster=False``: above 1) in so many rounds that a
+    fair coin would be so often with probability under LEVEL: a one-sided sign test, which asks nothing
+    of the noise's shape. Fewer than 5 rounds never are (1/16 > LEVEL)."""
+    rounds = len(ratios)
+    won = sum(ratio < 1 if faster else ratio > 1 for ratio in ratios)
+    return sum(math.comb(rounds, k) for k in range(won, rounds + 1)) / 2 ** rounds < LEVEL
+
+
 def fastest(times, default):
     """(the candidate to take, {name: (median, [min, max]) relative to default}): the lowest median if it
-    beats the default by MARGIN, else the default."""
-    ratios = relative(times, default)
+    beats the default by MARGIN and beats the noise, else the default."""
+    ratios, each = relative(times, default), per_round(times, default)
     best = min(ratios, key=lambda name: ratios[name][0])
-    return (best if ratios[best][0] < 1 - MARGIN else default), ratios
+    return (best if ratios[best][0] < 1 - MARGIN and beats_noise(each[best]) else default), ratios
 
 
 def block_size(rounds, calls, report, quick=False):
-    """(block bytes, measurements): the candidate with the lowest geometric mean of median ratios."""
+    """(block bytes, measurements): the candidate with the lowest geometric mean of median ratios, where it
+    beats the default by MARGIN and the noise (its rounds of every case together), and loses on no case
+    (a median over 1 + MARGIN, slower in rounds beyond the noise); else the default."""
     l2 = tuning.l2_bytes() or 1 << 20
     default = tuning.SHIPPED.block_bytes
     candidates = sorted({l2 // 2, l2, 2 * l2, 4 * l2, 8 * l2, default})
     cases = ([(4, LENET["conv2"])] if quick else
              [(64, LENET["conv1"]), (256, LENET["conv1"]), (64, LENET["conv2"]), (256, LENET["conv2"]), (16, WIDE)])
     logs = {size: [] for size in candidates}
+    rounds_of = {size: [] for size in candidates}             # per case, the per-round ratios
     measured = []
     for batch, layer in cases:
         step = conv_step(batch, layer)
         times = interleaved({size: (setting(size, tuning.SHIPPED.column_bytes, {}), step) for size in candidates},
                             rounds, calls)
-        ratios = relative(times, default)
+        ratios, each = relative(times, default), per_round(times, default)
         for size in candidates:
             logs[size].append(math.log(ratios[size][0]))
+            rounds_of[size].append(each[size])
         measured.append({"batch": batch, "layer": list(layer), "ratios": {str(s): r for s, r in ratios.items()}})
     score = {size: math.exp(sum(values) / len(values)) for size, values in logs.items()}
-    best = min(score, key=score.get)
-    chosen = best if score[best] < 1 - MARGIN else default
+    taken = [size for size in candidates if score[size] < 1 - MARGIN
+             and beats_noise([ratio for case in rounds_of[size] for ratio in case])
+             and not any(statistics.median(case) > 1 + MARGIN and beats_noise(case, faster=False)
+                         for case in rounds_of[size])]
+    chosen = min(taken, key=score.get) if taken else default
     report(f"block size: {', '.join(f'{s >> 10} KiB {score[s]:.3f}' for s in candidates)} (geometric mean of "
            f"median ratios to the shipped {default >> 10} KiB) -> {chosen >> 10} KiB")
     return chosen, {"candidates": candidates, "score": {str(s): v for s, v in score.items()}, "cases": measured}
@@ -183,14 +211,16 @@ def thresholds(block_bytes, column_bytes, layouts_table, rounds, calls, report, 
         [] if quick else [(64, lambda k: (6, 16, 14, k, 1, 0))])
     for other, sizes, shapes, shipped in (("winograd", channels, winograd_shapes, tuning.SHIPPED.winograd_min_channels),
                                           ("fft", kernels, fft_shapes, tuning.SHIPPED.fft_min_kernel)):
-        faster, ratios = {}, {}
+        faster, ratios, by_round = {}, {}, {}
         for size in sizes:
-            ratios[size] = []
+            ratios[size], by_round[size] = [], []
             for batch, layer_of in shapes:
                 times = interleaved({name: (enter, conv_step(batch, layer_of(size), name))
                                      for name in ("im2col", other)}, rounds, calls)
                 ratios[size].append(relative(times, "im2col")[other])
-            faster[size] = all(ratio[0] < 1 - MARGIN for ratio in ratios[size])     # a tie keeps im2col
+                by_round[size].append(per_round(times, "im2col")[other])
+            faster[size] = all(ratio[0] < 1 - MARGIN and beats_noise(each)              # a tie keeps im2col
+                               for ratio, each in zip(ratios[size], by_round[size]))
         measured[other] = {str(size): ratio for size, ratio in ratios.items()}
         measured[other + "_threshold"] = threshold(list(sizes), faster, shipped)
         report(f"auto, {other} against im2col: " + ", ".join(f"{s} " + "/".join(f"{r[0]:.3f}" for r in each)

@@ -24,6 +24,8 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
+# the book runs on the shipped defaults, never on a reader's tuning file (python -m minidl.tune)
+os.environ["MINIDL_TUNING"] = "none"
 from algorithms import serial_sgd  # noqa: E402
 
 

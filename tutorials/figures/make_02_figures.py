@@ -68,6 +68,8 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_TH
 
 import numpy as np  # noqa: E402
 
+# the book runs on the shipped defaults, never on a reader's tuning file (python -m minidl.tune)
+os.environ["MINIDL_TUNING"] = "none"
 from minidl import conv  # noqa: E402
 from minidl.conv import cost, direct, scratch  # noqa: E402
 

@@ -33,6 +33,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+# the book runs on the shipped defaults, never on a reader's tuning file (python -m minidl.tune)
+os.environ["MINIDL_TUNING"] = "none"
+
 ROOT = Path(__file__).resolve().parents[2]
 # the book measures the shipped tables (the selection select writes), never a user's tuning file
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MINIDL_TUNING="none")

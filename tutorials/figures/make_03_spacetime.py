@@ -11,6 +11,7 @@ span and start skew of that call, of a cold first call and of the same call at p
 that is not a power of two all ranks trace Rabenseifner to show the fold-in.
 """
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -19,6 +20,8 @@ from mpi4py import MPI
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 
+# the book runs on the shipped defaults, never on a reader's tuning file (python -m minidl.tune)
+os.environ["MINIDL_TUNING"] = "none"
 import collectives  # noqa: E402
 from collectives import spacetime, trace  # noqa: E402
 from collectives.model import cost  # noqa: E402

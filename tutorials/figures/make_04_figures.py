@@ -43,6 +43,8 @@ sys.path.insert(0, str(ROOT))
 
 from mpi4py import MPI  # noqa: E402
 
+# the book runs on the shipped defaults, never on a reader's tuning file (python -m minidl.tune)
+os.environ["MINIDL_TUNING"] = "none"
 from algorithms import compare, model_averaging  # noqa: E402
 from algorithms.core.objective import load_data  # noqa: E402
 

@@ -37,6 +37,8 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
+# the book runs on the shipped defaults, never on a reader's tuning file (python -m minidl.tune)
+os.environ["MINIDL_TUNING"] = "none"
 from algorithms import allreduce_sgd  # noqa: E402
 from algorithms.core import checkpoint, run  # noqa: E402
 from algorithms.core.objective import build, load_data  # noqa: E402

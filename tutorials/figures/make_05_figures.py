@@ -34,8 +34,10 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from algorithms import downpour_sgd, hogwild, serial_sgd, ssp_sgd
-from algorithms.core import objective
+# the book runs on the shipped defaults, never on a reader's tuning file (python -m minidl.tune)
+os.environ["MINIDL_TUNING"] = "none"
+from algorithms import downpour_sgd, hogwild, serial_sgd, ssp_sgd  # noqa: E402
+from algorithms.core import objective  # noqa: E402
 
 comm = MPI.COMM_WORLD
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out")   # what the figure scripts write

@@ -33,14 +33,16 @@ import tracemalloc
 import numpy as np
 from mpi4py import MPI
 
-from algorithms import downpour_sgd, model_parallel, pipeline_parallel
-from algorithms.core import partition
-from algorithms.core.objective import Data, NetworkObjective, load_data
-from collectives import allreduce
-from collectives.trace import CountingComm, WatchedComm
-from minidl.data import Batch
-from minidl.nn import Linear, Module, ReLU, Sequential
-from minidl.tensor import result
+# the book runs on the shipped defaults, never on a reader's tuning file (python -m minidl.tune)
+os.environ["MINIDL_TUNING"] = "none"
+from algorithms import downpour_sgd, model_parallel, pipeline_parallel  # noqa: E402
+from algorithms.core import partition  # noqa: E402
+from algorithms.core.objective import Data, NetworkObjective, load_data  # noqa: E402
+from collectives import allreduce  # noqa: E402
+from collectives.trace import CountingComm, WatchedComm  # noqa: E402
+from minidl.data import Batch  # noqa: E402
+from minidl.nn import Linear, Module, ReLU, Sequential  # noqa: E402
+from minidl.tensor import result  # noqa: E402
 
 comm = MPI.COMM_WORLD
 P = comm.size

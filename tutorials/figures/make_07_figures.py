@@ -36,6 +36,9 @@ import tempfile
 import time
 from pathlib import Path
 
+# the book runs on the shipped defaults, never on a reader's tuning file (python -m minidl.tune)
+os.environ["MINIDL_TUNING"] = "none"
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 OUT = HERE / "out"                      # what the figure scripts write; the scripts themselves stay in HERE

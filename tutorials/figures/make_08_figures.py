@@ -30,6 +30,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+# the book runs on the shipped defaults, never on a reader's tuning file (python -m minidl.tune)
+os.environ["MINIDL_TUNING"] = "none"
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(ROOT))

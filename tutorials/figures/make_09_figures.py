@@ -49,6 +49,8 @@ MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
 
 from mpi4py import MPI  # noqa: E402
 
+# the book runs on the shipped defaults, never on a reader's tuning file (python -m minidl.tune)
+os.environ["MINIDL_TUNING"] = "none"
 from algorithms import allreduce_sgd  # noqa: E402
 from algorithms.core import divergence  # noqa: E402
 

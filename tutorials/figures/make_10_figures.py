@@ -52,6 +52,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT))
 
+# the book runs on the shipped defaults, never on a reader's tuning file (python -m minidl.tune)
+os.environ["MINIDL_TUNING"] = "none"
 from algorithms.core.objective import Data, NetworkObjective  # noqa: E402
 from algorithms.pipeline_parallel import schedule  # noqa: E402
 from collectives.model import cost  # noqa: E402

@@ -42,6 +42,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent.parent))
 
+# the book runs on the shipped defaults, never on a reader's tuning file (python -m minidl.tune)
+os.environ["MINIDL_TUNING"] = "none"
 from make_10_figures import OUT, bisect_crossover, crossings, fail, links, network_bound, write  # noqa: E402
 
 from collectives.model import two_level  # noqa: E402

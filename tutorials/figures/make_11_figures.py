@@ -33,12 +33,14 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from algorithms import allreduce_sgd, pipeline_parallel, spatial_parallel, tensor_parallel, zero
-from algorithms.core.objective import build_model, load_data
-from algorithms.memory import table as memory_table
-from algorithms.shards.tiling import Tiling
-from algorithms.shards.units import units_of
-from collectives.trace import WatchedComm
+# the book runs on the shipped defaults, never on a reader's tuning file (python -m minidl.tune)
+os.environ["MINIDL_TUNING"] = "none"
+from algorithms import allreduce_sgd, pipeline_parallel, spatial_parallel, tensor_parallel, zero  # noqa: E402
+from algorithms.core.objective import build_model, load_data  # noqa: E402
+from algorithms.memory import table as memory_table  # noqa: E402
+from algorithms.shards.tiling import Tiling  # noqa: E402
+from algorithms.shards.units import units_of  # noqa: E402
+from collectives.trace import WatchedComm  # noqa: E402
 
 comm = MPI.COMM_WORLD
 P = comm.Get_size()

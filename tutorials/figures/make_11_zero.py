@@ -24,7 +24,9 @@ import sys
 
 import numpy as np
 
-from algorithms.memory import accounts
+# the book runs on the shipped defaults, never on a reader's tuning file (python -m minidl.tune)
+os.environ["MINIDL_TUNING"] = "none"
+from algorithms.memory import accounts  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
