@@ -9,8 +9,8 @@ replaces the default only where it is at least MARGIN faster by that median: a t
                     layers at batch 64 and 256 and the 64-channel layer at batch 16, the geometric mean
                     of the median ratios over those five
     layouts         per LeNet-5 layer and batch 16 .. 256 where the batch is several blocks: columns
-                    kept batch innermost, kept in im2col's order (where backward uses them), or
-                    rebuilt per block ("blocks")
+                    kept batch innermost, kept per image, kept in im2col's order (where backward
+                    uses them), or rebuilt per block ("blocks")
     column_budget   keep or rebuild at batch 512 and 1024 (beyond the sweep); the budget is the
                     smallest power of two that holds the largest columns that won by keeping
     thresholds      auto's: Winograd against im2col at 32, 64, 128 channels (batch 16, 32x32, 3x3),
@@ -107,7 +107,7 @@ def layout_candidates(batch, layer, block_bytes, column_bytes):
                                             [[1, "batch inner"]]})()
         if blocked.kept_layout(x_shape, weight_shape, stride, padding, 4, len(blocks)) is None:
             return None, []
-    names = ["batch inner", "blocks"]
+    names = ["batch inner", "per image", "blocks"]
     if not blocked.input_gradient_as_convolution(weight_shape, stride, padding):
         names.insert(1, "im2col order")
     return rule or "blocks", names
