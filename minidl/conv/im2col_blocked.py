@@ -53,7 +53,7 @@ def kept_layout(x_shape, weight_shape, stride, padding, itemsize, block_count):
     more per block. Where the tuning file (``minidl/tuning.py``) names a layout for this shape and
     batch, measured on this machine by ``python -m minidl.tune``, that one ("blocks": none kept).
     Otherwise: per image where the columns have at most PER_IMAGE_ROWS rows (LeNet's conv1, 25: its
-    layer 2-3x faster so at batch 32-128 on an AMD EPYC; conv2's 150 rows lose), else the rule
+    layer about 2x faster so at batch 32 and 128 on an AMD EPYC; conv2's 150 rows lose), else the rule
     measured on chapter 2's machine: where one image's columns fill a block (the
     64-channel 32x32 layer: 2.3 MB) the blocked path is faster (at batch 16, 28.5 ms against 34
     kept in the batch-inner layout). Batch innermost where output rows are short (Wo < SHORT_ROW:
