@@ -55,10 +55,12 @@ def setting(block_bytes, column_bytes, layouts):
 
 
 def conv_step(batch, layer, algorithm="im2col"):
-    """One forward + backward of the layer (in, out, side, kernel, stride, padding) at this batch."""
+    """One forward + backward of the layer (in, out, side, kernel, stride, padding) at this batch, as LeNet-5
+    runs it: conv1 is the model's first layer, whose input (the images) needs no gradient, and the
+    layouts differ most in the input gradient (per image, col2im adds rows of 28 pixels)."""
     c, f, side, k, stride, padding = layer
-    return minidl_step({"kind": "conv", "shape": (batch, c, f, side, k, stride, padding), "algorithm": algorithm},
-                       numpy.random.default_rng(0))
+    return minidl_step({"kind": "conv", "shape": (batch, c, f, side, k, stride, padding), "algorithm": algorithm,
+                        "input_grad": layer != LENET["conv1"]}, numpy.random.default_rng(0))
 
 
 def fastest(times, default):
