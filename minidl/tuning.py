@@ -20,7 +20,7 @@ minidl's settings (each one the shipped default where the file does not say):
     column_bytes           the column budget (``budget.py``; MINIDL_CONV_COLUMN_BYTES and
                            ``set_column_budget`` still win over the file)
     layouts                per conv shape, [[from_batch, layout], ...]: where the kernel keeps its
-                           columns ("batch inner", "im2col order") or keeps none ("blocks")
+                           columns ("batch inner", "per image", "im2col order") or keeps none ("blocks")
                            (``im2col_blocked.kept_layout``; a shape not listed takes the rule there)
     winograd_min_channels  ``auto``'s thresholds (``conv/auto.py``)
     fft_min_kernel
@@ -44,7 +44,7 @@ from pathlib import Path
 
 ENVIRONMENT = "MINIDL_TUNING"
 FORMAT, VERSION = "minidl tuning", 1
-LAYOUTS = ("batch inner", "im2col order", "blocks")
+LAYOUTS = ("batch inner", "per image", "im2col order", "blocks")
 
 
 def path():

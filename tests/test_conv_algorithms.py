@@ -217,8 +217,8 @@ def test_im2col_in_blocks_of_images_equals_direct(monkeypatch, data, seed, block
     """Batches cut into blocks (of a drawn size, a last block shorter) give direct's output and both
     gradients. Budget 0: the weight gradient summed over blocks from rebuilt columns, grad_x by col2im
     per block (stride > 1 or more outputs than inputs) or by the flipped-kernel convolution, itself
-    in blocks. A budget that holds the columns: they are kept (batch innermost for rows under 16
-    pixels), wherever a block holds two images."""
+    in blocks. A budget that holds the columns: they are kept (per image for columns of at most 32
+    rows, batch innermost for rows under 16 pixels), wherever a block holds two images."""
     from minidl.conv import im2col_blocked
     monkeypatch.setattr(im2col_blocked, "BLOCK_BYTES", block_bytes)
     monkeypatch.setattr(conv.budget, "COLUMN_BUDGET", budget)
@@ -247,7 +247,7 @@ def test_im2col_blocks_follow_the_cache_and_the_budget_keeps_lenets_columns(monk
     conv1, conv2 = ((64, 1, 28, 28), (6, 1, 5, 5), 1, 2, 4), ((64, 6, 14, 14), (16, 6, 5, 5), 1, 0, 4)
     assert im2col_blocked.image_blocks(*conv1) == [(0, 26), (26, 52), (52, 64)]
     assert im2col_blocked.image_blocks(*conv2) == [(0, 34), (34, 64)]
-    assert im2col_blocked.kept_layout(*conv1, 3) == "im2col order"         # rows of 28 pixels
+    assert im2col_blocked.kept_layout(*conv1, 3) == "per image"            # columns of 25 rows
     assert im2col_blocked.kept_layout(*conv2, 2) == "batch inner"          # rows of 10
 
 

@@ -1,9 +1,10 @@
 """The im2col kernel's fast paths agree with the textbook im2col (minidl.conv.im2col) on the benchmark's shapes.
 
 The layer (minidl.conv.im2col_blocked) takes one of these paths, by the shape and two settings:
-- kept columns, in blocks of images, whenever they fit the column budget: batch innermost
-  (minidl.conv.batch_inner) for LeNet-5's conv2 (output rows of 10 pixels), in im2col.im2col's
-  order for conv1 (rows of 28);
+- kept columns, in blocks of images, whenever they fit the column budget: per image
+  (minidl.conv.per_image) for LeNet-5's conv1 (columns of 25 rows), batch innermost
+  (minidl.conv.batch_inner) for conv2 (output rows of 10 pixels), in im2col.im2col's order for
+  wider layers with rows of 16 pixels or more;
 - blocks of one image with the output gradient's columns serving both gradients (the 64-channel
   layer: F <= C, one image's columns fill a cache block);
 - blocks with rebuilt columns and col2im on planes (LeNet's layers with the budget at 0).
@@ -21,13 +22,13 @@ Tolerances (max|path - textbook| <= tol * max|textbook| per array):
 - float32 path against the float64 textbook: 5e-6 (test_conv_algorithms.FLOAT32_TOL, about 40
   float32 epsilons); measured on these shapes at most 5e-7 (float32 sums in blocks of a few
   hundred terms, the error growing about as the square root of the number of blocks).
-A planted off-by-one kernel offset in batch_inner.columns or batch_inner.col2im (j + 1 for j),
-or a block's columns read from the wrong offset of the kept buffer, gives errors of order 1.
+A planted off-by-one kernel offset in batch_inner.columns, batch_inner.col2im or per_image.forward
+(j + 1 for j), or a block's columns read from the wrong offset of the kept buffer, gives errors of order 1.
 """
 import numpy as np
 import pytest
 
-from minidl.conv import batch_inner, budget, im2col, im2col_blocked, set_column_budget
+from minidl.conv import batch_inner, budget, im2col, im2col_blocked, per_image, set_column_budget
 
 SWEEP_SHAPES = {            # (n, c, f, side, k, padding): stride 1, as in the benchmark
     "lenet conv1": (64, 1, 6, 28, 5, 2),
@@ -79,9 +80,10 @@ def test_every_path_equals_the_textbook_im2col_on_the_sweep_shapes(two_mib_block
     x, weight, grad_out = arrays(shape, dtype)
     got, cache = layer(x, weight, grad_out, shape[-1])
     # the path taken is the one named in the header: kept columns for LeNet under the budget only,
-    # batch innermost for conv2's rows of 10 pixels, im2col.im2col's order for conv1's 28
+    # batch innermost for conv2's rows of 10 pixels, per image for conv1's 25 rows of columns
     assert (cache.get("layout") == "batch inner") == (budget_bytes > 0 and name == "lenet conv2")
-    assert ("kept" in cache and "layout" not in cache) == (budget_bytes > 0 and name == "lenet conv1")
+    assert (cache.get("layout") == "per image") == (budget_bytes > 0 and name == "lenet conv1")
+    assert "kept" not in cache or "layout" in cache
     # 2 MiB // one image's columns (C kh kw Ho Wo numbers): conv1 26 (float32) / 13 (float64) images,
     # conv2 34 / 17, the 64-channel layer 1 / 1
     assert len(cache["blocks"]) == {"lenet conv1": (3, 5), "lenet conv2": (2, 4), "conv 64->64": (3, 3)}[name][
@@ -106,20 +108,42 @@ def test_batch_inner_in_uneven_blocks_with_strides_equals_the_textbook(stride, p
 
 @pytest.mark.parametrize("stride, padding", [(1, 0), (2, 1), (3, 2)])
 def test_kept_columns_in_im2col_order_with_strides_equal_the_textbook(monkeypatch, stride, padding):
-    """Rows of 16 pixels or more (LeNet's conv1 has 28) keep their columns in im2col.im2col's order,
-    built in two passes of copies; here with strides, in blocks of 2, 2 and 1 images."""
+    """Rows of 16 pixels or more and columns of more than PER_IMAGE_ROWS rows (here 3 * 3 * 4 = 36) keep
+    their columns in im2col.im2col's order, built in two passes of copies; here with strides, in blocks
+    of 2, 2 and 1 images."""
     rng = np.random.default_rng(stride)
-    x, weight = rng.standard_normal((5, 2, 40, 37 * stride)), rng.standard_normal((3, 2, 3, 4))
+    x, weight = rng.standard_normal((5, 3, 40, 37 * stride)), rng.standard_normal((3, 3, 3, 4))
     out_h, out_w = (40 + 2 * padding - 3) // stride + 1, (37 * stride + 2 * padding - 4) // stride + 1
-    monkeypatch.setattr(im2col_blocked, "BLOCK_BYTES", 2 * 2 * 3 * 4 * out_h * out_w * 8)
+    monkeypatch.setattr(im2col_blocked, "BLOCK_BYTES", 2 * 3 * 3 * 4 * out_h * out_w * 8)
     monkeypatch.setattr(budget, "COLUMN_BUDGET", 64 << 20)
     out, cache = im2col_blocked.forward(x, weight, stride, padding)
     assert "kept" in cache and cache["blocks"] == [(0, 2), (2, 4), (4, 5)] and out_w >= im2col_blocked.SHORT_ROW
+    assert 3 * 3 * 4 > im2col_blocked.PER_IMAGE_ROWS
     want, want_cache = im2col.forward(x, weight, stride, padding)
     assert relative_error(out, want) <= FLOAT64_TOL
     grad_out = rng.standard_normal(out.shape)
     for got, expected in zip(im2col_blocked.backward(grad_out, cache), im2col.backward(grad_out, want_cache)):
         assert relative_error(got, expected) <= FLOAT64_TOL
+
+
+@pytest.mark.parametrize("stride, padding", [(1, 0), (2, 1), (3, 2)])
+def test_per_image_columns_in_uneven_blocks_with_strides_equal_the_textbook(stride, padding):
+    """Columns kept per image (minidl.conv.per_image), with strides, in blocks of 1, 3 and 1 images;
+    two runs give the same bits, and need_x / need_weight False leave that gradient out (None)."""
+    rng = np.random.default_rng(stride)
+    x, weight = rng.standard_normal((5, 3, 9, 8)), rng.standard_normal((4, 3, 3, 2))
+    blocks = [(0, 1), (1, 4), (4, 5)]
+    out, cache = per_image.forward(x, weight, stride, padding, blocks)
+    want, want_cache = im2col.forward(x, weight, stride, padding)
+    assert relative_error(out, want) <= FLOAT64_TOL
+    grad_out = rng.standard_normal(out.shape)
+    first = (out.copy(),) + tuple(a.copy() for a in per_image.backward(grad_out, cache))
+    for got, expected in zip(first[1:], im2col.backward(grad_out, want_cache)):
+        assert relative_error(got, expected) <= FLOAT64_TOL
+    out, cache = per_image.forward(x, weight, stride, padding, blocks)
+    assert all(np.array_equal(a, b) for a, b in zip(first, (out,) + per_image.backward(grad_out, cache)))
+    assert per_image.backward(grad_out, cache, need_x=False)[0] is None
+    assert per_image.backward(grad_out, cache, need_weight=False)[1] is None
 
 
 def test_the_same_input_gives_the_same_bits_and_only_needed_gradients():
@@ -145,7 +169,7 @@ def test_the_column_budget_decides_what_is_kept(monkeypatch):
     conv2 = ((64, 6, 14, 14), (16, 6, 5, 5), 1, 0, 4)
     previous = set_column_budget(5_017_600)
     try:
-        assert im2col_blocked.kept_layout(*conv1, 3) == "im2col order"
+        assert im2col_blocked.kept_layout(*conv1, 3) == "per image"
         assert im2col_blocked.kept_layout(*conv2, 2) == "batch inner"
         assert im2col_blocked.kept_layout(*conv1, 1) is None
         assert set_column_budget(5_017_599) == 5_017_600

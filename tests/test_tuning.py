@@ -190,14 +190,15 @@ def test_the_layouts_table_picks_the_row_of_the_largest_batch_not_above(monkeypa
 
 def test_the_kernel_keeps_its_columns_as_the_table_says(monkeypatch):
     """LeNet-5's conv2 at batch 64 in blocks of 256 KiB: the rule keeps them batch innermost (rows of 10);
-    the table can say im2col's order or none; the wide layer (input gradient by convolution) keeps none
+    the table can say im2col's order, per image or none; the wide layer (input gradient by convolution) keeps none
     in im2col's order whatever the table says."""
     monkeypatch.setattr(blocked, "BLOCK_BYTES", 256 << 10)
     monkeypatch.setattr(budget, "COLUMN_BUDGET", 64 << 20)
     key = tuning.shape_key(*CONV2, 4)
     blocks = len(blocked.image_blocks(*CONV2, 4))
     assert blocks > 1 and blocked.kept_layout(*CONV2, 4, blocks) == "batch inner"
-    for name, kept in (("im2col order", "im2col order"), ("blocks", None), ("batch inner", "batch inner")):
+    for name, kept in (("im2col order", "im2col order"), ("blocks", None), ("batch inner", "batch inner"),
+                       ("per image", "per image")):
         monkeypatch.setattr(blocked, "LAYOUTS", {key: [[1, name]]})
         assert blocked.kept_layout(*CONV2, 4, blocks) == kept, name
     wide = ((32, 16, 8, 8), (16, 16, 3, 3), 1, 1)

@@ -24,7 +24,7 @@ def minidl_step(case, rng):
     if case["kind"] == "conv":
         n, c, f, side, k, stride, padding = case["shape"]
         layer = nn.Conv2d(c, f, k, stride=stride, padding=padding, rng=rng, algorithm=case["algorithm"])
-        x = Tensor(array(n, c, side, side), requires_grad=True)
+        x = Tensor(array(n, c, side, side), requires_grad=case.get("input_grad", True))    # False: a first layer
         out_side = (side + 2 * padding - k) // stride + 1
         grad = array(n, f, out_side, out_side)
         return lambda: _forward_backward(layer, x, grad)

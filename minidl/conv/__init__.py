@@ -24,7 +24,8 @@ Around the kernels: ``shapes.py`` (output size, shape checks, padding), ``scratc
 reused scratch arrays), ``kernels.py`` (the kernels by name), ``budget.py`` (the bytes of columns
 a layer may keep for backward: ``set_column_budget``); ``im2col.py`` is the textbook algorithm
 that ``im2col_blocked.py``, the kernel ``"im2col"`` names, is built from (with ``batch_inner.py``,
-its columns in a layout with the batch innermost).
+its columns in a layout with the batch innermost, and ``per_image.py``, every image's columns a
+matrix of its own).
 """
 from minidl.conv import auto, kernels
 from minidl.conv.budget import set_column_budget

@@ -9,7 +9,8 @@ docstring:
    environment's MINIDL_CONV_COLUMN_BYTES; 64 MiB unless set), they are built block by block into
    one buffer and kept for backward, which rebuilds none. Where output rows are short, in the
    layout (C, kh, kw, Ho, Wo, N) whose copies and col2im adds run along rows of Wo*N numbers
-   (``batch_inner.py``). LeNet-5's layers at batch 64 to 512 take it.
+   (``batch_inner.py``); where the columns have few rows, per image (``per_image.py``). LeNet-5's
+   layers at batch 32 to 512 take them.
 1. **Blocks of images** (``image_blocks``): when a whole batch's columns would outgrow the caches,
    the same three products run on a few images at a time, so that each block's columns are still
    in cache when its GEMM reads them; beyond the column budget, the backward pass rebuilds each
@@ -31,7 +32,7 @@ N * C*kh*kw * Ho*Wo elements (one block, or kept under the budget), or one block
 """
 from minidl import tuning
 from minidl.backend import get_array_module
-from minidl.conv import batch_inner, budget
+from minidl.conv import batch_inner, budget, per_image
 from minidl.conv.budget import column_bytes
 from minidl.conv.im2col import columns, forward_block, gradient_2d, input_gradient_by_col2im, weight_gradient, zero_pad
 from minidl.conv.scratch import workspace
@@ -45,13 +46,15 @@ def supports(x_shape, weight_shape, stride, padding):
 # ---- 0. kept columns: the batch's columns kept for backward when they fit the column budget ------
 def kept_layout(x_shape, weight_shape, stride, padding, itemsize, block_count):
     """Where the CPU layer keeps the columns of all its blocks for backward: "batch inner"
-    (``batch_inner.py``), "im2col order" (im2col.im2col's (C, kh, kw, N, Ho, Wo), block after
-    block), or None (one block keeps its own; or none kept).
+    (``batch_inner.py``), "per image" (``per_image.py``), "im2col order" (im2col.im2col's
+    (C, kh, kw, N, Ho, Wo), block after block), or None (one block keeps its own; or none kept).
 
     Kept: several blocks whose columns together fit the budget (``budget.py``), two images or
     more per block. Where the tuning file (``minidl/tuning.py``) names a layout for this shape and
     batch, measured on this machine by ``python -m minidl.tune``, that one ("blocks": none kept).
-    Otherwise the rule measured on chapter 2's machine: where one image's columns fill a block (the
+    Otherwise: per image where the columns have at most PER_IMAGE_ROWS rows (LeNet's conv1, 25: its
+    layer about 2x faster so at batch 32 and 128 on an AMD EPYC; conv2's 150 rows lose), else the rule
+    measured on chapter 2's machine: where one image's columns fill a block (the
     64-channel 32x32 layer: 2.3 MB) the blocked path is faster (at batch 16, 28.5 ms against 34
     kept in the batch-inner layout). Batch innermost where output rows are short (Wo < SHORT_ROW:
     LeNet's conv2, 10 pixels): there numpy's per-row cost dominates the copies and col2im's adds,
@@ -66,6 +69,8 @@ def kept_layout(x_shape, weight_shape, stride, padding, itemsize, block_count):
     tuned = tuning.layout_for(LAYOUTS, tuning.shape_key(x_shape, weight_shape, stride, padding, itemsize), x_shape[0])
     if tuned is not None:
         return None if tuned == "blocks" or (tuned == "im2col order" and by_convolution) else tuned
+    if weight_shape[1] * weight_shape[2] * weight_shape[3] <= PER_IMAGE_ROWS:
+        return "per image"
     if output_size(x_shape[3], weight_shape[3], stride, padding) < SHORT_ROW:
         return "batch inner"
     return None if by_convolution else "im2col order"
@@ -77,6 +82,7 @@ BLOCK_BYTES = tuning.ACTIVE.block_bytes
 LAYOUTS = tuning.ACTIVE.layouts      # {shape key: [[from_batch, layout], ...]}, measured by python -m minidl.tune
 GPU_BLOCK_BYTES = 1 << 30
 SHORT_ROW = 16         # output rows shorter than this (pixels) keep their columns batch innermost
+PER_IMAGE_ROWS = 32    # columns of at most this many rows (C*kh*kw) are kept per image (per_image.py)
 
 
 def image_blocks(x_shape, weight_shape, stride, padding, itemsize, block_bytes=None):
@@ -113,8 +119,8 @@ def forward(x, weight, stride, padding):
     on_gpu = xp.__name__ == "cupy"
     blocks = image_blocks(x.shape, weight.shape, stride, padding, x.dtype.itemsize, GPU_BLOCK_BYTES if on_gpu else None)
     keep = None if on_gpu else kept_layout(x.shape, weight.shape, stride, padding, x.dtype.itemsize, len(blocks))
-    if keep == "batch inner":
-        return batch_inner.forward(x, weight, stride, padding, blocks)
+    if keep in ("batch inner", "per image"):
+        return (batch_inner if keep == "batch inner" else per_image).forward(x, weight, stride, padding, blocks)
     out = xp.empty((n, f, out_h, out_w), dtype=xp.result_type(weight, x))
     cache = {"weight": weight, "x_shape": x.shape, "stride": stride, "padding": padding, "blocks": blocks}
     if len(blocks) == 1:                       # one block: keep the columns for the weight gradient
@@ -298,8 +304,9 @@ def gradients_from_output_columns(grad_out, x, weight, padding, blocks, need_wei
 
 
 def backward(grad_out, cache, need_x=True, need_weight=True):
-    if cache.get("layout") == "batch inner":
-        return batch_inner.backward(grad_out, cache, need_x, need_weight)
+    if cache.get("layout") in ("batch inner", "per image"):
+        return (batch_inner if cache["layout"] == "batch inner" else per_image).backward(grad_out, cache, need_x,
+                                                                                          need_weight)
     xp = get_array_module(grad_out)
     weight, stride, padding, blocks = cache["weight"], cache["stride"], cache["padding"], cache["blocks"]
     f, c, kh, kw = weight.shape

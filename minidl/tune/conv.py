@@ -14,8 +14,8 @@ than 5) keep what ships: on a shared machine one round can be 10% off either way
                     of its own, so a size that is slower on one of them beyond MARGIN and the noise is
                     not taken, however much it gains on the others
     layouts         per LeNet-5 layer and batch 16 .. 256 where the batch is several blocks: columns
-                    kept batch innermost, kept in im2col's order (where backward uses them), or
-                    rebuilt per block ("blocks")
+                    kept batch innermost, kept per image, kept in im2col's order (where backward
+                    uses them), or rebuilt per block ("blocks")
     column_budget   keep or rebuild at batch 512 and 1024 (beyond the sweep); the budget is the
                     smallest power of two that holds the largest columns that won by keeping
     thresholds      auto's: Winograd against im2col at 32, 64, 128 channels (batch 16, 32x32, 3x3),
@@ -62,10 +62,12 @@ def setting(block_bytes, column_bytes, layouts):
 
 
 def conv_step(batch, layer, algorithm="im2col"):
-    """One forward + backward of the layer (in, out, side, kernel, stride, padding) at this batch."""
+    """One forward + backward of the layer (in, out, side, kernel, stride, padding) at this batch, as LeNet-5
+    runs it: conv1 is the model's first layer, whose input (the images) needs no gradient, and the
+    layouts differ most in the input gradient (per image, col2im adds rows of 28 pixels)."""
     c, f, side, k, stride, padding = layer
-    return minidl_step({"kind": "conv", "shape": (batch, c, f, side, k, stride, padding), "algorithm": algorithm},
-                       numpy.random.default_rng(0))
+    return minidl_step({"kind": "conv", "shape": (batch, c, f, side, k, stride, padding), "algorithm": algorithm,
+                        "input_grad": layer != LENET["conv1"]}, numpy.random.default_rng(0))
 
 
 def per_round(times, reference):
@@ -135,7 +137,7 @@ def layout_candidates(batch, layer, block_bytes, column_bytes):
                                             [[1, "batch inner"]]})()
         if blocked.kept_layout(x_shape, weight_shape, stride, padding, 4, len(blocks)) is None:
             return None, []
-    names = ["batch inner", "blocks"]
+    names = ["batch inner", "per image", "blocks"]
     if not blocked.input_gradient_as_convolution(weight_shape, stride, padding):
         names.insert(1, "im2col order")
     return rule or "blocks", names
