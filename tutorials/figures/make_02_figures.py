@@ -36,7 +36,9 @@
 12. sweep: ``python -m minidl.bench sweep --blas native --launches 3`` with MINIDL_TUNING=OUT/02_tuning.json
    where part 11 wrote one (the LeNet-5 and MLP steps and the 64-channel layer at batch 16-256 against
    PyTorch, the layer's BLAS floor beside it, each row's target judged on its median over rounds, and in
-   how many of the launches it was met) -> 02_sweep.json, 02_sweep.txt, 02_sweep.md.
+   how many of the launches it was met) -> 02_sweep.json, 02_sweep.txt, 02_sweep.md (the first launch, with
+   the times) and 02_sweep_launches.md (every launch's ratios side by side).
+13. sweeptables: 02_sweep.md and 02_sweep_launches.md again from the 02_sweep.json in --out (no timing).
 9. allocator: the LeNet-5 and MLP training steps and the 64-channel layer, minidl and PyTorch, each
    case in a fresh process, with glibc malloc's default thresholds (MINIDL_KEEP_FREED_MEMORY=0) and
    with the ones minidl sets at import (``minidl.backend.keep_freed_memory``): time and minor page
@@ -74,7 +76,7 @@ from minidl import conv  # noqa: E402
 from minidl.conv import cost, direct, scratch  # noqa: E402
 
 PARTS = ("conv", "layers", "main", "memory", "plots", "workdepth", "summary", "precision", "allocator", "gpu", "tune",
-         "sweep")
+         "sweep", "sweeptables")
 MEMORY_SHAPE = ((32, 64, 32, 32), (64, 64, 3, 3), 1, 1)     # the chapter's "big" layer (section 3)
 COLOURS = {"direct": "tab:red", "fft": "tab:green", "winograd": "tab:purple", "PyTorch": "tab:orange",
            "im2col": "tab:blue"}
@@ -569,6 +571,39 @@ def sweep_table(out):
                  f"of {machine['rounds']} interleaved rounds (each the minimum of {machine['repeats']} runs); "
                  f"{summary['launches']} launches; {machine['tuning']}")
     (out / "02_sweep.md").write_text("\n".join(lines) + "\n")
+    launches_table(rows, summary, out)
+
+
+def launches_table(rows, summary, out):
+    """02_sweep_launches.md: every launch of the sweep side by side, each cell the median of that launch's
+    per-round ratios (to PyTorch, or to the floor for the conv layer) with [min, max] and whether it met
+    the target, then in how many launches it did; below, the GEMM rate of each launch and the tuning."""
+    launches, machine = summary["launches"], summary["machine"]
+    lines = ["| case | batch | target | " + " | ".join(f"launch {k + 1}" for k in range(launches)) + " | met in |",
+             "|---|---|---|" + "---|" * launches + "---|"]
+    for target in summary["targets"]:
+        if target["device"] != "cpu":
+            continue
+        cells = []
+        for k in range(launches):
+            row = next(r for r in rows if (r["case"], r["batch"], r["device"], r["launch"]) ==
+                       (target["case"], target["batch"], "cpu", k))
+            key, spread = (("median_over_floor", "over_floor_range") if "median_over_floor" in row else
+                           ("median_ratio", "ratio_range"))
+            if row.get(key) is None:
+                cells.append("-")
+                continue
+            low, high = row[spread]
+            cells.append(f"{row[key]:.2f} [{low:.2f}, {high:.2f}] {'yes' if row['met'] else 'NO'}")
+        lines.append(f"| {target['case']} | {target['batch']} | {target['target']} | " + " | ".join(cells) +
+                     f" | {target['met_launches']} of {target['launches']} |")
+    rates = ", ".join(f"{rate:.0f}" for rate in machine["gemm_gflops_launches"])
+    torch = machine["torch_gemm_gflops"]
+    torch = "no PyTorch" if torch is None else f"PyTorch {torch:.0f}"
+    lines += ["", f"NumPy GEMM {rates} GFLOP/s in the {launches} launches ({torch}), "
+              f"one thread, CPU time; each cell the median of {machine['rounds']} interleaved rounds' ratios "
+              f"(each side the minimum of {machine['repeats']} runs a round); {machine['tuning']}"]
+    (out / "02_sweep_launches.md").write_text("\n".join(lines) + "\n")
 
 
 def main(argv=None):
@@ -615,6 +650,8 @@ def main(argv=None):
         allocator(out, args.quick, repeats, args.no_torch)
     if "tune" in parts:
         tune(out, args.quick)
+    if "sweeptables" in parts and "sweep" not in parts:
+        sweep_table(out)
     if "sweep" in parts:
         tuned = out / "02_tuning.json"
         bench("sweep", out, args.quick, rounds, args.no_torch, extra=["--blas", "native", "--launches", str(launches)],
