@@ -117,12 +117,19 @@ def test_launches_count_how_many_medians_met_each_target(monkeypatch, tmp_path, 
         row = {"case": "lenet5 train step", "kind": "step", "device": "cpu", "batch": 16, "minidl_ms": 1.0,
                "torch_ms": 1.0, "median_ratio": 0.9 + 0.2 * (k == 1), "ratio_range": [0.8, 1.3],
                "target": "<= 1.0x torch", "met": k != 1}
-        return [row], {"gemm_gflops": 1.0, "torch_gemm_gflops": 1.0, "torch_version": "x", "gpu": False,
+        return [row], {"gemm_gflops": 1.0 + k, "torch_gemm_gflops": 10.0 + k, "torch_version": "x", "gpu": False,
                        "gpu_name": None, "cupy_gemm_gflops": None, "torch_cuda_gemm_gflops": None, "rounds": 1}
     monkeypatch.setattr(cli, "measure", fake)
+    loads = iter([0.5, 1.5, 2.5])
+    monkeypatch.setattr(cli.os, "getloadavg", lambda: (next(loads), 0.0, 0.0))
     cli.main(["sweep", "--launches", "3", "--json", str(tmp_path / "rows.json")])
     *rows, summary = json.loads((tmp_path / "rows.json").read_text())
     assert [row["launch"] for row in rows] == [0, 1, 2] and summary["launches"] == 3
+    # each launch's own rates and the load as it began, in launch order
+    machine = summary["machine"]
+    assert machine["gemm_gflops_launches"] == [1.0, 2.0, 3.0] and machine["torch_gemm_gflops_launches"] == [10.0, 11.0,
+                                                                                                             12.0]
+    assert machine["load_launches"] == [0.5, 1.5, 2.5]
     assert [(t["case"], t["met_launches"], t["launches"]) for t in summary["targets"]] == [("lenet5 train step", 2, 3)]
     assert "2 of 3" in capsys.readouterr().out
 

@@ -83,7 +83,9 @@ def main(argv=None):
                                                 "; python -m minidl.tune measures this machine's choices first"))
     launches = []
     for launch in range(args.launches):
+        load = os.getloadavg()[0]                   # the neighbours' share as the launch begins
         rows, meta = measure(args.suite, args)
+        meta["load_average"] = load
         for row in rows:
             row["launch"] = launch
         summary = report(rows, meta, args, launch)
@@ -101,7 +103,9 @@ def main(argv=None):
                                                     if args.blas == "as-set" and os.environ.get(name)},
                        tuning=meta.get("tuning", tuning.ACTIVE.source),        # as the minidl worker read them
                        settings=meta.get("settings", settings_in_force()),
-                       gemm_gflops_launches=[meta["gemm_gflops"] for _, meta, _ in launches])
+                       gemm_gflops_launches=[meta["gemm_gflops"] for _, meta, _ in launches],
+                       torch_gemm_gflops_launches=[meta["torch_gemm_gflops"] for _, meta, _ in launches],
+                       load_launches=[meta["load_average"] for _, meta, _ in launches])
         summary = dict(summary or {}, machine=machine, launches=args.launches, targets=counts)
         output = [row for rows, _, _ in launches for row in rows] + [{"case": "summary", "kind": "summary", **summary}]
         with open(args.json, "w") as file:

@@ -544,6 +544,9 @@ def sweep_table(out):
     """02_sweep.md: the batch sweep's first launch, each ratio the median of its rounds with [min, max], its
     target, and in how many launches the median met it, from 02_sweep.json."""
     rows, summary = load(out, "sweep")
+    if "launches" not in summary or "targets" not in summary:
+        raise SystemExit(f"error: {out / '02_sweep.json'} is a sweep from before --launches (no launches or "
+                         "targets in its summary): run --only sweep to measure one")
     machine = summary["machine"]
     forced = machine["blas_forced"]
     met_in = {(t["case"], t["batch"]): f"{t['met_launches']} of {t['launches']}" for t in summary["targets"]}
@@ -576,9 +579,17 @@ def sweep_table(out):
 
 def launches_table(rows, summary, out):
     """02_sweep_launches.md: every launch of the sweep side by side, each cell the median of that launch's
-    per-round ratios (to PyTorch, or to the floor for the conv layer) with [min, max] and whether it met
-    the target, then in how many launches it did; below, the GEMM rate of each launch and the tuning."""
+    per-round ratios (to PyTorch, or to the floor for the conv layer; three decimals, so that a median on
+    the line shows on which side it fell) with [min, max] and whether it met the target, then in how many
+    launches it did; below, each launch's GEMM rates and the tuning. CPU rows only (a GPU row has no floor
+    and no tuning)."""
     launches, machine = summary["launches"], summary["machine"]
+    by = {}
+    for row in rows:
+        key = (row["case"], row["batch"], row["device"], row["launch"])
+        if key in by:
+            raise SystemExit(f"error: {out / '02_sweep.json'}: two rows for {key}")
+        by[key] = row
     lines = ["| case | batch | target | " + " | ".join(f"launch {k + 1}" for k in range(launches)) + " | met in |",
              "|---|---|---|" + "---|" * launches + "---|"]
     for target in summary["targets"]:
@@ -586,23 +597,33 @@ def launches_table(rows, summary, out):
             continue
         cells = []
         for k in range(launches):
-            row = next(r for r in rows if (r["case"], r["batch"], r["device"], r["launch"]) ==
-                       (target["case"], target["batch"], "cpu", k))
+            row = by.get((target["case"], target["batch"], "cpu", k))
+            if row is None:
+                raise SystemExit(f"error: {out / '02_sweep.json'}: no row for {target['case']} at batch "
+                                 f"{target['batch']} in launch {k + 1}")
             key, spread = (("median_over_floor", "over_floor_range") if "median_over_floor" in row else
                            ("median_ratio", "ratio_range"))
-            if row.get(key) is None:
-                cells.append("-")
+            met = {True: "yes", False: "NO"}.get(row.get("met"), "-")
+            if row.get(key) is None or row.get(spread) is None:
+                cells.append(f"- {met}")
                 continue
             low, high = row[spread]
-            cells.append(f"{row[key]:.2f} [{low:.2f}, {high:.2f}] {'yes' if row['met'] else 'NO'}")
+            cells.append(f"{row[key]:.3f} [{low:.3f}, {high:.3f}] {met}")
         lines.append(f"| {target['case']} | {target['batch']} | {target['target']} | " + " | ".join(cells) +
                      f" | {target['met_launches']} of {target['launches']} |")
     rates = ", ".join(f"{rate:.0f}" for rate in machine["gemm_gflops_launches"])
-    torch = machine["torch_gemm_gflops"]
-    torch = "no PyTorch" if torch is None else f"PyTorch {torch:.0f}"
-    lines += ["", f"NumPy GEMM {rates} GFLOP/s in the {launches} launches ({torch}), "
-              f"one thread, CPU time; each cell the median of {machine['rounds']} interleaved rounds' ratios "
-              f"(each side the minimum of {machine['repeats']} runs a round); {machine['tuning']}"]
+    torch = machine.get("torch_gemm_gflops_launches")
+    if machine["torch_gemm_gflops"] is None:
+        torch = "no PyTorch"
+    elif torch:
+        torch = "PyTorch " + ", ".join("-" if rate is None else f"{rate:.0f}" for rate in torch)
+    else:            # a sweep from before the bench kept each launch's rate: the first launch's
+        torch = f"PyTorch {machine['torch_gemm_gflops']:.0f} in launch 1"
+    loads = machine.get("load_launches")
+    loads = f"; load average {', '.join(f'{load:.1f}' for load in loads)} as each launch began" if loads else ""
+    lines += ["", f"GEMM GFLOP/s in the {launches} launches: NumPy {rates} ({torch}); one thread, CPU time; each cell "
+              f"the median of {machine['rounds']} interleaved rounds' ratios (each side the minimum of "
+              f"{machine['repeats']} runs a round){loads}; {machine['tuning']}"]
     (out / "02_sweep_launches.md").write_text("\n".join(lines) + "\n")
 
 
