@@ -162,6 +162,71 @@ def test_chapter_3_sentences_about_the_bench_agree_with_its_json():
     assert_quoted(quoted, text)
 
 
+def test_chapter_3_quotes_the_later_bench_with_rounds():
+    """Section 5's later launches against figures/out/rounds/03_bench_pP.json (make_03_figures.py --only bench
+    --out tutorials/figures/out/rounds): the excerpt and the launch counts are the script's and the chapter
+    prints the excerpt verbatim; the counts of rows met, the speed and refined-model ranges over the three
+    launches and the rows the prose names agree with the JSON."""
+    make, rounds = script(), ROOT / "tutorials" / "figures" / "out" / "rounds"
+    text = (ROOT / "tutorials" / "03_collectives.md").read_text()
+    section = " ".join(text[text.index("### The same bench with rounds"):text.index("## 6. When p")].split())
+    summary = " ".join(text[text.index("## Summary"):text.index("## Exercises")].split())
+    every = {p: json.loads((rounds / f"03_bench_p{p}.json").read_text()) for p in (2, 4)}
+    assert all(len(runs) == 3 and all(r["rounds"] == 7 for run in runs for r in run) for runs in every.values())
+    excerpt = make.excerpt(every)
+    assert excerpt == (rounds / "03_bench_excerpt.txt").read_text()
+    assert "```text\n" + excerpt + "```" in text
+    assert make.launches_met(every) == (rounds / "03_bench_launches.txt").read_text()
+    mib = 1 << 20
+
+    def span(values):
+        return f"{min(values):.2f}-{max(values):.2f}"
+
+    def each(values):
+        return f"{values[0]}, {values[1]} and {values[2]}"
+    met = {p: [sum(bool(r["met"]) for r in run) for run in every[p]] for p in (2, 4)}
+    assert all(sum(r["met"] is not None for r in run) == 28 for p in (2, 4) for run in every[p])
+    large = {p: [r for run in every[p] for r in run if r["algorithm"] in ("ring", "rabenseifner") and r["bytes"] >= mib]
+             for p in (2, 4)}
+    assert all(r["ratio"] < 1 for r in large[2])                           # "under it in every launch"
+    within = [sum(r["ratio"] <= 1 for r in run if r["algorithm"] in ("ring", "rabenseifner") and r["bytes"] >= mib)
+              for run in every[4]]
+    assert all(sum(r["algorithm"] in ("ring", "rabenseifner") and r["bytes"] >= mib for r in run) == 8
+               for run in every[4])
+    raben = next(r for r in every[2][0] if r["algorithm"] == "rabenseifner" and r["bytes"] == 4096)
+    refined = {p: [r for run in every[p] for r in run if r["bytes"] >= mib and r["refined_ratio"] is not None]
+               for p in (2, 4)}
+    close = {p: [sum(abs(r["refined_ratio"] - 1) <= 0.25 for r in run if r["bytes"] >= mib
+                     and r["refined_ratio"] is not None) for run in every[p]] for p in (2, 4)}
+    assert all(sum(r["bytes"] >= mib and r["refined_ratio"] is not None for r in run) == 24
+               for p in (2, 4) for run in every[p])
+    first_1m = {r["algorithm"]: r["refined_ratio"] for r in every[2][0] if r["bytes"] == mib
+                and r["refined_ratio"] is not None}
+    worst = {p: min(refined[p], key=lambda r: r["refined_ratio"]) for p in (2, 4)}
+    worst_high = max(refined[2], key=lambda r: r["refined_ratio"])
+    assert worst[2]["bytes"] == worst_high["bytes"] == mib                 # "its worst rows are at 1 MiB"
+    for phrase in (f"At p = 2, {each(met[2])} of the 28 target rows were met in the three launches; at p = 4, "
+                   f"{each(met[4])}",
+                   f"From 1 MiB up the ring and Rabenseifner ran at {span([r['ratio'] for r in large[2]])}x "
+                   f"MPI_Allreduce's time at p = 2, under it in every launch, and at "
+                   f"{span([r['ratio'] for r in large[4]])}x at p = 4, where they stayed within MPI's time in "
+                   f"{each(within)} of their 8 rows",
+                   f"Rabenseifner took {raben['ratio_range'][0]:.2f}-{raben['ratio_range'][1]:.2f}x MPI's time over "
+                   f"the rounds of the first launch, with a median of {raben['ratio']:.2f}",
+                   f"from 1 MiB up it predicted {span([r['refined_ratio'] for r in refined[2]])} of every algorithm's "
+                   f"time at p = 2 and {span([r['refined_ratio'] for r in refined[4]])} at p = 4 over the three "
+                   f"launches, within 25% in {each(close[2])} of its 24 rows at p = 2 and in {each(close[4])} at p = 4",
+                   f"it predicted {first_1m['naive']:.2f} of the naive root's and the tree's times and "
+                   f"{first_1m['butterfly']:.2f} of the butterfly's"):
+        assert phrase in section, f"chapter 3 does not quote rounds/03_bench_pP.json: {phrase}"
+    lowest = sorted(first_1m, key=first_1m.get)
+    assert set(lowest[:2]) == {"naive", "tree"} and lowest[-1] == "butterfly"      # the rows the prose names
+    assert f"{first_1m['naive']:.2f}" == f"{first_1m['tree']:.2f}"
+    phrase = (f"put it at {span([r['refined_ratio'] for r in refined[2]])} (p = 2) and "
+              f"{span([r['refined_ratio'] for r in refined[4]])} (p = 4), worst at 1 MiB")
+    assert phrase in summary, f"chapter 3's summary does not quote rounds/03_bench_pP.json: {phrase}"
+
+
 def test_chapter_3_quotes_mpichs_forced_algorithms_at_p4():
     """The p = 4 comparisons in section 5 against figures/out/03_mpich_p4_*.json (mpich_choice)."""
     text = " ".join((ROOT / "tutorials" / "03_collectives.md").read_text().split())
