@@ -456,6 +456,8 @@ def test_chapter_two_quotes_the_tuned_sweep_in_three_launches(tmp_path):
                    f"{min(torch_rates):.0f}-{max(torch_rates):.0f}",
                    f"one row's median moved from {min(lenet_16):.3f} to {max(lenet_16):.3f} between launches"):
         assert phrase in summary_text, f"chapter 2's summary does not quote tuned/02_sweep.json: {phrase}"
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"chapter 2's later sweep met {len(held)} of its 15 rows in at least 2 of 3 launches" in readme
 
 
 def test_chapter_two_quotes_the_float32_errors_its_script_measured():
