@@ -137,7 +137,7 @@ def test_chapter_3_sentences_about_the_bench_agree_with_its_json():
               f"{span(refined[4])} at p = 4 in this launch ({span(refined_all[2])} and {span(refined_all[4])} over "
               "the three)",
               f"predicts {span([r['model_seconds'] / r['seconds'] for r in excerpt])} of the times measured in "
-              "section 5's excerpt",
+              "section 5's first excerpt",
               f"it predicts {span(refined[2])} of every algorithm's time at p = 2, and {span(refined[4])} at p = 4"]
     # 'under MPI's time ... in all three'
     assert all(r["ratio"] < 1 for run in every[4] for r in rows(run, ("rabenseifner",), mib))
@@ -165,14 +165,16 @@ def test_chapter_3_sentences_about_the_bench_agree_with_its_json():
 def test_chapter_3_quotes_the_later_bench_with_rounds():
     """Section 5's later launches against figures/out/rounds/03_bench_pP.json (make_03_figures.py --only bench
     --out tutorials/figures/out/rounds): the excerpt and the launch counts are the script's and the chapter
-    prints the excerpt verbatim; the counts of rows met, the speed and refined-model ranges over the three
-    launches and the rows the prose names agree with the JSON."""
+    prints the excerpt verbatim; each row's target is judged again here from its ratios and the thresholds the
+    chapter states, and the counts, ranges, named rows, loads and rates the prose quotes agree with the JSON."""
     make, rounds = script(), ROOT / "tutorials" / "figures" / "out" / "rounds"
     text = (ROOT / "tutorials" / "03_collectives.md").read_text()
     section = " ".join(text[text.index("### The same bench with rounds"):text.index("## 6. When p")].split())
     summary = " ".join(text[text.index("## Summary"):text.index("## Exercises")].split())
     every = {p: json.loads((rounds / f"03_bench_p{p}.json").read_text()) for p in (2, 4)}
+    # "three launches for each p", "the median of 7 rounds", "a later 2-core machine" (a rank a core at p = 2)
     assert all(len(runs) == 3 and all(r["rounds"] == 7 for run in runs for r in run) for runs in every.values())
+    assert all(r["rates"]["share"] == p / 2 for p in (2, 4) for run in every[p] for r in run if r["rates"])
     excerpt = make.excerpt(every)
     assert excerpt == (rounds / "03_bench_excerpt.txt").read_text()
     assert "```text\n" + excerpt + "```" in text
@@ -184,15 +186,44 @@ def test_chapter_3_quotes_the_later_bench_with_rounds():
 
     def each(values):
         return f"{values[0]}, {values[1]} and {values[2]}"
-    met = {p: [sum(bool(r["met"]) for r in run) for run in every[p]] for p in (2, 4)}
-    assert all(sum(r["met"] is not None for r in run) == 28 for p in (2, 4) for run in every[p])
-    large = {p: [r for run in every[p] for r in run if r["algorithm"] in ("ring", "rabenseifner") and r["bytes"] >= mib]
-             for p in (2, 4)}
-    assert all(r["ratio"] < 1 for r in large[2])                           # "under it in every launch"
-    within = [sum(r["ratio"] <= 1 for r in run if r["algorithm"] in ("ring", "rabenseifner") and r["bytes"] >= mib)
-              for run in every[4]]
-    assert all(sum(r["algorithm"] in ("ring", "rabenseifner") and r["bytes"] >= mib for r in run) == 8
-               for run in every[4])
+
+    def judged(r):
+        """The target as the chapter states it, from the ratios (not the bench's own verdict)."""
+        if r["target"] == "-":
+            return None
+        ok = True
+        if "<=1.5x" in r["target"]:
+            ok &= r["ratio"] <= 1.5
+        if "<=1.0x" in r["target"]:
+            ok &= r["ratio"] <= 1.0
+        if "model+-25%" in r["target"]:
+            ok &= abs(r["refined_ratio"] - 1) <= 0.25
+        return ok
+    for p in (2, 4):
+        for run in every[p]:
+            assert sum(judged(r) is not None for r in run) == 28
+            assert all(judged(r) == r["met"] for r in run if r["met"] is not None)
+    met = {p: [sum(bool(judged(r)) for r in run) for run in every[p]] for p in (2, 4)}
+    speed_misses = [(p, k, r["algorithm"], r["bytes"], r["ratio"]) for p in (2, 4) for k, run in enumerate(every[p])
+                    for r in run if judged(r) is False and (("<=1.5x" in r["target"] and r["ratio"] > 1.5)
+                                                            or ("<=1.0x" in r["target"] and r["ratio"] > 1.0))]
+    assert [(p, name, n) for p, _, name, n, _ in speed_misses] == [(4, "ring", mib)] * 2
+    assert all(r["ratio"] <= 1.5 for p in (2, 4) for run in every[p] for r in run if r["algorithm"] == "auto")
+    loads = {p: [run[0]["load_average"] for run in every[p]] for p in (2, 4)}
+    assert all(r["load_average"] == run[0]["load_average"] for p in (2, 4) for run in every[p] for r in run)
+    mpi_1m = [next(r for r in run if r["algorithm"] == "mpi" and r["bytes"] == mib)["seconds"] * 1e6
+              for run in every[2]]
+    slow = [all(next(x for x in every[2][0] if (x["algorithm"], x["bytes"]) == (r["algorithm"], r["bytes"]))["seconds"]
+                > r["seconds"] for run in every[2][1:] for r in run if r["algorithm"] == name
+                and 1 << 16 <= r["bytes"] <= 4 * mib) for name in {r["algorithm"] for r in every[2][0]}]
+    assert all(slow)                          # "slower than the other two on every algorithm, MPI's own included"
+
+    def large(run):
+        return [r["ratio"] for r in run if r["algorithm"] in ("ring", "rabenseifner") and r["bytes"] >= mib]
+    all_large = {p: [v for run in every[p] for v in large(run)] for p in (2, 4)}
+    assert all(v < 1 for v in all_large[2])                                 # "under it in every launch"
+    within = [sum(v <= 1 for v in large(run)) for run in every[4]]
+    assert all(len(large(run)) == 8 for run in every[4])
     raben = next(r for r in every[2][0] if r["algorithm"] == "rabenseifner" and r["bytes"] == 4096)
     refined = {p: [r for run in every[p] for r in run if r["bytes"] >= mib and r["refined_ratio"] is not None]
                for p in (2, 4)}
@@ -202,29 +233,48 @@ def test_chapter_3_quotes_the_later_bench_with_rounds():
                for p in (2, 4) for run in every[p])
     first_1m = {r["algorithm"]: r["refined_ratio"] for r in every[2][0] if r["bytes"] == mib
                 and r["refined_ratio"] is not None}
-    worst = {p: min(refined[p], key=lambda r: r["refined_ratio"]) for p in (2, 4)}
-    worst_high = max(refined[2], key=lambda r: r["refined_ratio"])
-    assert worst[2]["bytes"] == worst_high["bytes"] == mib                 # "its worst rows are at 1 MiB"
-    for phrase in (f"At p = 2, {each(met[2])} of the 28 target rows were met in the three launches; at p = 4, "
-                   f"{each(met[4])}",
-                   f"From 1 MiB up the ring and Rabenseifner ran at {span([r['ratio'] for r in large[2]])}x "
-                   f"MPI_Allreduce's time at p = 2, under it in every launch, and at "
-                   f"{span([r['ratio'] for r in large[4]])}x at p = 4, where they stayed within MPI's time in "
-                   f"{each(within)} of their 8 rows",
-                   f"Rabenseifner took {raben['ratio_range'][0]:.2f}-{raben['ratio_range'][1]:.2f}x MPI's time over "
-                   f"the rounds of the first launch, with a median of {raben['ratio']:.2f}",
-                   f"from 1 MiB up it predicted {span([r['refined_ratio'] for r in refined[2]])} of every algorithm's "
-                   f"time at p = 2 and {span([r['refined_ratio'] for r in refined[4]])} at p = 4 over the three "
-                   f"launches, within 25% in {each(close[2])} of its 24 rows at p = 2 and in {each(close[4])} at p = 4",
-                   f"it predicted {first_1m['naive']:.2f} of the naive root's and the tree's times and "
-                   f"{first_1m['butterfly']:.2f} of the butterfly's"):
-        assert phrase in section, f"chapter 3 does not quote rounds/03_bench_pP.json: {phrase}"
     lowest = sorted(first_1m, key=first_1m.get)
     assert set(lowest[:2]) == {"naive", "tree"} and lowest[-1] == "butterfly"      # the rows the prose names
     assert f"{first_1m['naive']:.2f}" == f"{first_1m['tree']:.2f}"
+    for p in (2, 4):                                           # "its most extreme ratios are at 1 MiB"
+        assert min(refined[p], key=lambda r: r["refined_ratio"])["bytes"] == mib
+        assert max(refined[p], key=lambda r: r["refined_ratio"])["bytes"] == mib
+    beta_ring = [next(r for r in run if r["algorithm"] == "ring" and r["bytes"] == mib)["rates"]["beta_ring"] * 1e9
+                 for run in every[2]]
+    assert max(beta_ring) / min(beta_ring) > 5                 # "moved 5x from one launch to the next"
+    others = [v for run in every[2][1:] for v in large(run)]
+    low, high = raben["ratio_range"]
+    for phrase in (f"with the load average at {min(loads[2]):.1f}-{max(loads[2]):.1f} (p = 2) and "
+                   f"{min(loads[4]):.1f}-{max(loads[4]):.1f} (p = 4) as the bench recorded it",
+                   f"(MPI at 1 MiB: {mpi_1m[0]:.0f} us against {mpi_1m[1]:.0f} and {mpi_1m[2]:.0f})",
+                   f"from 1 MiB up the ring's and Rabenseifner's run at {span(large(every[2][0]))}x MPI's time in it, "
+                   f"against {span(others)}x in the other two launches",
+                   f"At p = 2, {each(met[2])} of the 28 target rows were met in the three launches; at p = 4, "
+                   f"{each(met[4])}",
+                   "Every miss is the refined model's but two: the ring over MPI's time at 1 MiB and p = 4 in two "
+                   f"launches ({speed_misses[0][4]:.2f}x and {speed_misses[1][4]:.2f}x)",
+                   f"From 1 MiB up the ring and Rabenseifner ran at {span(all_large[2])}x MPI_Allreduce's time at "
+                   f"p = 2, under it in every launch, and at {span(all_large[4])}x at p = 4, where their medians were "
+                   f"within MPI's time in {each(within)} of their 8 rows",
+                   f"at p = 2 and 4 KiB, Rabenseifner took {low:.2f}-{high:.2f}x "
+                   f"MPI's time over the rounds of the first launch, with a median of {raben['ratio']:.2f}",
+                   f"from 1 MiB up it predicted {span([r['refined_ratio'] for r in refined[2]])} of every algorithm's "
+                   f"time at p = 2 and {span([r['refined_ratio'] for r in refined[4]])} at p = 4 over the three "
+                   f"launches, within 25% in {each(close[2])} of its 24 rows at p = 2 and in {each(close[4])} at p = 4",
+                   f"in the first launch at p = 2 it predicted {first_1m['naive']:.2f} of the naive root's and the "
+                   f"tree's times and {first_1m['butterfly']:.2f} of the butterfly's",
+                   "at p = 2 and 1 MiB the ring shift's beta_ring measured "
+                   f"{beta_ring[0]:.2f}, {beta_ring[1]:.2f} and {beta_ring[2]:.2f} ns/B in the three launches"):
+        assert phrase in section, f"chapter 3 does not quote rounds/03_bench_pP.json: {phrase}"
     phrase = (f"put it at {span([r['refined_ratio'] for r in refined[2]])} (p = 2) and "
-              f"{span([r['refined_ratio'] for r in refined[4]])} (p = 4), worst at 1 MiB")
+              f"{span([r['refined_ratio'] for r in refined[4]])} (p = 4), most extreme at 1 MiB")
     assert phrase in summary, f"chapter 3's summary does not quote rounds/03_bench_pP.json: {phrase}"
+    # "further off than above": the Xeon launches' refined ratios from 1 MiB, pooled, lay inside a narrower band
+    xeon = [r["refined_ratio"] for p in (2, 4)
+            for run in json.loads((ROOT / "tutorials" / "figures" / "out" / f"03_bench_p{p}.json").read_text())
+            for r in (run if isinstance(run, list) else [run]) if r["bytes"] >= mib and r["refined_ratio"] is not None]
+    later = [r["refined_ratio"] for p in (2, 4) for r in refined[p]]
+    assert min(later) < min(xeon) and max(later) > max(xeon)
 
 
 def test_chapter_3_quotes_mpichs_forced_algorithms_at_p4():
